@@ -1,0 +1,41 @@
+# The two commands a newcomer needs: `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TEST_DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:5432/omnipost
+
+.PHONY: run test lint check install install-dev clean
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+## make run: venv, install, migrate (SQLite by default), demo tenant + admin login, serve on :8000
+run: $(VENV)/.installed
+	DEBUG=$${DEBUG:-true} $(PY) manage.py run_all
+
+## make test: install, make sure PostgreSQL is reachable, lint, checks, the whole suite
+test: $(VENV)/.installed-dev
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} scripts/ensure_test_services.sh
+	$(MAKE) --no-print-directory lint check
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+
+check: $(VENV)/.installed-dev
+	DJANGO_SETTINGS_MODULE=omnipost_site.settings_test DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) manage.py check
+	DJANGO_SETTINGS_MODULE=omnipost_site.settings_test DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) manage.py makemigrations --check --dry-run
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

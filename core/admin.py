@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from core.admin_scoping import TenantScopedAdmin, visible_tenants
+from core.models import ApiKey, AuditEvent, Tenant, TenantMembership
+
+admin.site.site_header = "OmniPost operations"
+admin.site.site_title = "OmniPost operations"
+admin.site.index_title = "Operations console"
+
+
+class MembershipInline(admin.TabularInline):
+    model = TenantMembership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["name", "id", "is_active", "rate_per_second", "created_at"]
+    search_fields = ["name", "id"]
+    inlines = [MembershipInline]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return visible_tenants(request)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(TenantScopedAdmin):
+    list_display = ["__str__", "tenant", "name", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["prefix", "name"]
+    fields = ["tenant", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    actions = ["revoke"]
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        raw = obj.assign_new_secret()
+        super().save_model(request, obj, form, change)
+        AuditEvent.record(actor=f"user:{request.user.get_username()}", action="api_key.created", target=obj)
+        self.message_user(request, f"New API key (shown once, copy it now): {raw}", messages.WARNING)
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request: HttpRequest, queryset: Any) -> None:
+        revoked = sum(key.revoke() for key in queryset)
+        self.message_user(request, f"Revoked {revoked} key(s).")
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(TenantScopedAdmin):
+    list_display = ["created_at", "tenant", "actor", "action", "target_type", "target_id"]
+    list_filter = ["action"]
+    search_fields = ["target_id", "actor", "action"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["tenant", "actor", "action", "target_type", "target_id", "details", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

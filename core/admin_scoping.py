@@ -1,0 +1,41 @@
+"""Admin base class: superusers see every tenant, other staff only the tenants they belong to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from core.models import Tenant
+
+
+def visible_tenants(request: HttpRequest) -> QuerySet[Tenant]:
+    if request.user.is_superuser:
+        return Tenant.objects.all()
+    return Tenant.objects.filter(memberships__user=request.user)
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    """For models with a `tenant` field; list, detail, actions and FK choices are all scoped."""
+
+    list_select_related = ("tenant",)
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(tenant__in=visible_tenants(request))
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "tenant":
+            kwargs["queryset"] = visible_tenants(request)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        filters = list(super().get_list_filter(request))
+        if request.user.is_superuser and "tenant" not in filters:
+            filters.insert(0, "tenant")
+        return filters

@@ -1,0 +1,33 @@
+"""Refuses request bodies over OMNIPOST_MAX_REQUEST_BYTES with 413 before anything reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+
+def error_response(status: int, code: str, message: str, details: dict | None = None) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
+
+
+class RequestSizeLimitMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        raw = request.META.get("CONTENT_LENGTH") or "0"
+        try:
+            length = int(raw)
+        except ValueError:
+            return error_response(400, "bad_request", "Content-Length is not a number.")
+        limit = settings.OMNIPOST_MAX_REQUEST_BYTES
+        if length > limit:
+            return error_response(
+                413,
+                "request_too_large",
+                f"Request body is {length} bytes; the limit is {limit} bytes.",
+                {"limit_bytes": limit},
+            )
+        return self.get_response(request)

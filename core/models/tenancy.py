@@ -1,0 +1,64 @@
+"""Tenants, staff membership, and the tenant-scoped QuerySet every tenant-owned model uses."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+class Tenant(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    is_active = models.BooleanField(default=True)
+    # Optional shared token bucket over all of the tenant's deliveries (None: unlimited).
+    rate_per_second = models.FloatField(null=True, blank=True)
+    rate_burst = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "tenants"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TenantMembership(models.Model):
+    """A staff user who may see one tenant in the admin (superusers see every tenant)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "tenant_memberships"
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="tenant_membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant}"
+
+
+class TenantQuerySet(models.QuerySet):
+    """Base for every tenant-owned model: API paths start with `for_tenant(tenant)`."""
+
+    def for_tenant(self, tenant: Tenant | uuid.UUID | str) -> TenantQuerySet:
+        tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
+        return self.filter(tenant_id=tenant_id)
+
+    def visible_to(self, user: Any) -> TenantQuerySet:
+        """What a staff user may see in the admin: all for superusers, else their tenants only."""
+        if user.is_superuser:
+            return self
+        return self.filter(tenant__memberships__user=user)
+
+
+class TenantOwned(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        abstract = True

@@ -1,0 +1,241 @@
+"""Notifications, their delivery attempts, providers, templates, sequences and idempotency records."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from core.fields import EncryptedJSONField, EncryptedTextField
+from core.models import TenantOwned, TenantQuerySet
+
+
+class Channel(models.TextChoices):
+    EMAIL = "email"
+    SMS = "sms"
+    PUSH = "push"
+    WEBHOOK = "webhook"
+
+
+class ProviderKind(models.TextChoices):
+    WEBHOOK = "webhook"
+    SMTP = "smtp"
+    TWILIO = "twilio"
+    CONSOLE = "console"
+
+
+class Status(models.TextChoices):
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    DISPATCHING = "dispatching"
+    DELIVERED = "delivered"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+
+
+CANCELLABLE = (Status.SCHEDULED, Status.QUEUED, Status.RETRYING)
+FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCELLED)
+
+
+class Provider(TenantOwned):
+    name = models.SlugField(max_length=100)
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    kind = models.CharField(max_length=10, choices=ProviderKind.choices)
+    config = models.JSONField(default=dict, blank=True)
+    secrets = EncryptedJSONField(default=dict, blank=True)
+    rate_per_second = models.FloatField(null=True, blank=True)
+    burst = models.PositiveIntegerField(null=True, blank=True)
+    max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
+    is_default = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "providers"
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="provider_name_unique_per_tenant"),
+            models.UniqueConstraint(
+                fields=["tenant", "channel"], condition=Q(is_default=True), name="provider_one_default_per_channel"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class Template(TenantOwned):
+    key = models.SlugField(max_length=100)
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    subject = models.TextField(blank=True, default="")
+    body = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "templates"
+        ordering = ["key"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="template_key_unique_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class NotificationQuerySet(TenantQuerySet):
+    def finished(self) -> NotificationQuerySet:
+        return self.filter(status__in=FINISHED)
+
+
+class Notification(TenantOwned):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    recipient = EncryptedTextField()
+    recipient_masked = models.CharField(max_length=200)
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="notifications")
+    template = models.ForeignKey(Template, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    context = models.JSONField(default=dict, blank=True)
+    subject = models.TextField(blank=True, default="")
+    body = models.TextField(blank=True, default="")
+    priority = models.PositiveSmallIntegerField(default=5)
+    queue = models.CharField(max_length=100, default="default")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    # Attempts spent before the last redrive; the budget for the current run is max_attempts.
+    attempt_offset = models.PositiveIntegerField(default=0)
+    last_error_code = models.CharField(max_length=100, blank=True, default="")
+    enrollment = models.ForeignKey(
+        "Enrollment", on_delete=models.SET_NULL, null=True, blank=True, related_name="notifications"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NotificationQuerySet.as_manager()
+
+    class Meta:
+        db_table = "notifications"
+        constraints = [
+            models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="notification_priority_0_9"),
+        ]
+        indexes = [
+            # GET notifications: a tenant's newest first, cursor-paginated on (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="notif_tenant_recent_idx"),
+            # prune: finished rows past retention.
+            models.Index(fields=["status", "updated_at"], name="notif_status_updated_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} to {self.recipient_masked} ({self.status})"
+
+
+class AttemptOutcome(models.TextChoices):
+    DELIVERED = "delivered"
+    TRANSIENT_ERROR = "transient_error"
+    PERMANENT_ERROR = "permanent_error"
+
+
+class DeliveryAttempt(TenantOwned):
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    provider = models.ForeignKey(Provider, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices)
+    error_class = models.CharField(max_length=100, blank=True, default="")
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "delivery_attempts"
+        ordering = ["notification", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["notification", "number"], name="attempt_number_unique"),
+        ]
+        indexes = [
+            # dashboard: outcomes over the last hour.
+            models.Index(fields=["finished_at"], name="attempt_finished_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.notification_id}: {self.outcome}"
+
+
+class IdempotencyRecord(TenantOwned):
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        COMPLETED = "completed"
+
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.IN_FLIGHT)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = EncryptedTextField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "idempotency_records"
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_key_unique_per_tenant")]
+        indexes = [models.Index(fields=["expires_at"], name="idempotency_expiry_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.state})"
+
+
+class Sequence(TenantOwned):
+    key = models.SlugField(max_length=100)
+    name = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "sequences"
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="sequence_key_unique_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class SequenceStep(TenantOwned):
+    sequence = models.ForeignKey(Sequence, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveSmallIntegerField()
+    offset_seconds = models.PositiveIntegerField()
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        db_table = "sequence_steps"
+        ordering = ["sequence", "position"]
+        constraints = [models.UniqueConstraint(fields=["sequence", "position"], name="sequence_step_position_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.sequence_id} step {self.position}"
+
+
+class Enrollment(TenantOwned):
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        CANCELLED = "cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    sequence = models.ForeignKey(Sequence, on_delete=models.CASCADE, related_name="enrollments")
+    recipient = EncryptedTextField()
+    recipient_masked = models.CharField(max_length=200)
+    context = models.JSONField(default=dict, blank=True)
+    starts_at = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "sequence_enrollments"
+
+    def __str__(self) -> str:
+        return f"{self.recipient_masked} in {self.sequence_id}"

@@ -1,0 +1,187 @@
+"""OmniPost settings, read from the environment (django-environ; `.env` is read if present).
+
+Every variable is listed in README.md. Dev-only defaults apply only when DEBUG is on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+from omnipost_site.keys import load_encryption_keys
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DEBUG", default=False)
+
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is required when DEBUG is off")
+    SECRET_KEY = "dev-only-insecure-secret-key-do-not-use-in-production"  # noqa: S105
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"] if DEBUG else [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "core",
+    "notifications",
+    "queueing",
+    "dlq",
+]
+
+MIDDLEWARE = [
+    "core.middleware.RequestSizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "omnipost_site.urls"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "omnipost_site.wsgi.application"
+
+# --- database -----------------------------------------------------------------------------------
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'omnipost.sqlite3'}")}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    if _db["NAME"] != ":memory:":
+        Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN, so two
+    # claimers serialise instead of deadlocking on a lock upgrade.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+        }
+    )
+elif _db["ENGINE"] in ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"):
+    _db.setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    _db["CONN_HEALTH_CHECKS"] = True
+    _db.setdefault("OPTIONS", {}).setdefault("application_name", env.str("OMNIPOST_APP_NAME", default="omnipost-web"))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- encryption at rest ---------------------------------------------------------------------------
+OMNIPOST_ENCRYPTION_KEYS = load_encryption_keys(
+    env.str("OMNIPOST_ENCRYPTION_KEYS", default=""), debug=DEBUG, dev_key_file=VAR_DIR / "encryption.key"
+)
+
+# --- queue, retries, limits -----------------------------------------------------------------------
+OMNIPOST_LEASE_SECONDS = env.float("OMNIPOST_LEASE_SECONDS", default=30.0)
+OMNIPOST_STARVATION_SECONDS = env.float("OMNIPOST_STARVATION_SECONDS", default=300.0)
+OMNIPOST_RETRY_BASE_SECONDS = env.float("OMNIPOST_RETRY_BASE_SECONDS", default=2.0)
+OMNIPOST_RETRY_MAX_SECONDS = env.float("OMNIPOST_RETRY_MAX_SECONDS", default=3600.0)
+OMNIPOST_MAX_ATTEMPTS = env.int("OMNIPOST_MAX_ATTEMPTS", default=8)
+OMNIPOST_RATE_LIMIT_API = env.int("OMNIPOST_RATE_LIMIT_API", default=6000)
+OMNIPOST_ALLOW_PRIVATE_DESTINATIONS = env.bool("OMNIPOST_ALLOW_PRIVATE_DESTINATIONS", default=False)
+OMNIPOST_MAX_REQUEST_BYTES = env.int("OMNIPOST_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
+OMNIPOST_WORKER_STALE_SECONDS = env.float("OMNIPOST_WORKER_STALE_SECONDS", default=60.0)
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
+
+# --- HTTPS hardening ------------------------------------------------------------------------------
+OMNIPOST_HTTPS = env.bool("OMNIPOST_HTTPS", default=False)
+if OMNIPOST_HTTPS:
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = 31_536_000
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# --- API ------------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["core.api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["core.api.permissions.IsTenantAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["core.api.throttling.TenantRateThrottle"],
+    "DEFAULT_PAGINATION_CLASS": "core.api.pagination.CreatedCursorPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["core.api.parsers.StrictJSONParser"],
+    "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "OmniPost API",
+    "DESCRIPTION": "Multi-tenant notification dispatch. Authenticate with "
+    "`Authorization: Bearer op_<prefix>_<secret>`.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+}
+
+# --- logging --------------------------------------------------------------------------------------
+OMNIPOST_LOG_FORMAT = env.str("OMNIPOST_LOG_FORMAT", default="text")
+OMNIPOST_LOG_LEVEL = env.str("OMNIPOST_LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"mask_pii": {"()": "core.logging.MaskingFilter"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "core.logging.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if OMNIPOST_LOG_FORMAT == "json" else "text",
+            "filters": ["mask_pii"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": OMNIPOST_LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

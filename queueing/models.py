@@ -1,0 +1,164 @@
+"""The durable queue (`queue_state`), scheduled jobs, worker heartbeats and shared rate buckets.
+
+Queue operations live in `queueing/queue.py`; this module holds the tables and the small
+per-row/per-set questions about them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from core.models import TenantOwned, TenantQuerySet
+
+
+class QueueItemQuerySet(TenantQuerySet):
+    def ready(self) -> QueueItemQuerySet:
+        return self.filter(available_at__lte=Now())
+
+    def leased(self) -> QueueItemQuerySet:
+        return self.filter(lock_token__isnull=False, locked_until__gt=Now())
+
+
+class QueueItem(TenantOwned):
+    """One live unit of work. Deleted on ack, so `notification` is unique while live."""
+
+    item_id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(max_length=100, default="default")
+    priority = models.PositiveSmallIntegerField(default=5)
+    payload_json = models.JSONField(default=dict)
+    lock_token = models.UUIDField(null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(db_default=Now())
+    # Ready when available_at <= now(). A claim moves it to the lease's end, so an expired lease
+    # makes the item ready again without any sweeper.
+    available_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(default=0)
+    notification = models.ForeignKey("notifications.Notification", on_delete=models.CASCADE, related_name="+")
+    provider = models.ForeignKey("notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+")
+
+    objects = QueueItemQuerySet.as_manager()
+
+    class Meta:
+        db_table = "queue_state"
+        constraints = [
+            models.UniqueConstraint(fields=["notification"], name="queue_state_one_live_item_per_notification"),
+            models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="queue_state_priority_0_9"),
+        ]
+        indexes = [
+            # claim(): ORDER BY priority DESC, enqueued_at, with available_at filtered on the scan.
+            models.Index(fields=["-priority", "enqueued_at"], name="queue_state_claim_idx"),
+            # claim() starvation branch and oldest-age stats: ORDER BY enqueued_at.
+            models.Index(fields=["enqueued_at"], name="queue_state_age_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"item {self.item_id} ({self.queue_name}, p{self.priority})"
+
+
+class ScheduledJobQuerySet(TenantQuerySet):
+    def pending(self) -> ScheduledJobQuerySet:
+        return self.filter(status=ScheduledJob.Status.PENDING)
+
+    def due(self) -> ScheduledJobQuerySet:
+        return self.pending().filter(run_at__lte=Now())
+
+
+class ScheduledJob(TenantOwned):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        EXECUTED = "executed"
+        CANCELLED = "cancelled"
+
+    job_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    notification = models.OneToOneField(
+        "notifications.Notification", on_delete=models.CASCADE, related_name="scheduled_job"
+    )
+    run_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    executed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ScheduledJobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "scheduled_jobs"
+        indexes = [
+            # scheduler: WHERE status = 'pending' AND run_at <= now() ORDER BY run_at.
+            models.Index(fields=["run_at"], condition=Q(status="pending"), name="scheduled_jobs_due_idx"),
+            models.Index(fields=["tenant", "-created_at"], name="scheduled_jobs_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} at {self.run_at:%Y-%m-%d %H:%M:%S} ({self.status})"
+
+
+class WorkerQuerySet(models.QuerySet):
+    def live(self) -> WorkerQuerySet:
+        cutoff = timezone.now() - timedelta(seconds=settings.OMNIPOST_WORKER_STALE_SECONDS)
+        return self.filter(stopped_at__isnull=True, last_seen__gte=cutoff)
+
+    def stale(self) -> WorkerQuerySet:
+        cutoff = timezone.now() - timedelta(seconds=settings.OMNIPOST_WORKER_STALE_SECONDS)
+        return self.filter(stopped_at__isnull=True, last_seen__lt=cutoff)
+
+
+class Worker(models.Model):
+    """A dispatcher or scheduler process, as its heartbeat last described it."""
+
+    class Kind(models.TextChoices):
+        DISPATCHER = "dispatcher"
+        SCHEDULER = "scheduler"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    processed = models.PositiveBigIntegerField(default=0)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        db_table = "workers"
+        ordering = ["-last_seen"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.host}:{self.pid}"
+
+    @property
+    def is_alive(self) -> bool:
+        stale = timedelta(seconds=settings.OMNIPOST_WORKER_STALE_SECONDS)
+        return self.stopped_at is None and timezone.now() - self.last_seen < stale
+
+
+class RateBucket(models.Model):
+    """A token bucket shared by every process: `tokens = min(burst, tokens + elapsed * rate)`.
+
+    Keys are `provider:<id>` and `tenant:<id>`. `effective_rate` is the adaptive rate (lowered
+    on 429s, raised back toward `rate` on success); `blocked_until` lets claims skip the key's
+    items while it has no tokens.
+    """
+
+    key = models.CharField(primary_key=True, max_length=100)
+    rate = models.FloatField()
+    effective_rate = models.FloatField()
+    burst = models.FloatField()
+    tokens = models.FloatField()
+    updated_at = models.DateTimeField(db_default=Now())
+    blocked_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "rate_limit_buckets"
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.effective_rate:g}/s"

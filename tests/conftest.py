@@ -1,0 +1,80 @@
+"""Shared fixtures: two tenants and an outsider, API clients for each, and database plumbing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from core.models import ApiKey, Tenant
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
+    """Let Django's flush TRUNCATE the append-only audit table, on the throwaway test database only."""
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            name = connection.settings_dict["NAME"]
+            with connection.cursor() as cursor:
+                cursor.execute(f'ALTER DATABASE "{name}" SET omnipost.allow_audit_truncate = on')
+                cursor.execute("SET omnipost.allow_audit_truncate = on")
+    yield
+
+
+@pytest.fixture
+def tenant_a(db) -> Tenant:  # noqa: ANN001
+    return Tenant.objects.create(name="tenant-a")
+
+
+@pytest.fixture
+def tenant_b(db) -> Tenant:  # noqa: ANN001
+    return Tenant.objects.create(name="tenant-b")
+
+
+@pytest.fixture
+def key_a(tenant_a: Tenant) -> str:
+    return ApiKey.issue(tenant_a, name="a")[1]
+
+
+@pytest.fixture
+def key_b(tenant_b: Tenant) -> str:
+    return ApiKey.issue(tenant_b, name="b")[1]
+
+
+def client_for(raw_key: str | None) -> APIClient:
+    client = APIClient()
+    if raw_key:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return client
+
+
+@pytest.fixture
+def api_a(key_a: str) -> APIClient:
+    return client_for(key_a)
+
+
+@pytest.fixture
+def api_b(key_b: str) -> APIClient:
+    return client_for(key_b)
+
+
+@pytest.fixture
+def anonymous() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """Environment for real worker processes: same settings and the test database."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test",
+        "DATABASE_URL": url,
+        "PYTHONUNBUFFERED": "1",
+    }
