@@ -42,6 +42,9 @@ class QueueItem(TenantOwned):
     attempts = models.PositiveIntegerField(default=0)
     notification = models.ForeignKey("notifications.Notification", on_delete=models.CASCADE, related_name="+")
     provider = models.ForeignKey("notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+")
+    # True when the provider or tenant has a rate limit: such items are claimed only in per-provider
+    # lanes capped by the tokens already granted, so an exhausted tenant costs no claims.
+    rate_limited = models.BooleanField(default=False)
 
     objects = QueueItemQuerySet.as_manager()
 
@@ -52,8 +55,16 @@ class QueueItem(TenantOwned):
             models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="queue_state_priority_0_9"),
         ]
         indexes = [
-            # claim(): ORDER BY priority DESC, enqueued_at, with available_at filtered on the scan.
-            models.Index(fields=["-priority", "enqueued_at"], name="queue_state_claim_idx"),
+            # claim(), main lane: WHERE NOT rate_limited ORDER BY priority DESC, enqueued_at.
+            models.Index(
+                fields=["-priority", "enqueued_at"], condition=Q(rate_limited=False), name="queue_state_claim_idx"
+            ),
+            # claim(), rate-limited lanes: WHERE rate_limited AND provider_id = ? ORDER BY priority DESC, enqueued_at.
+            models.Index(
+                fields=["provider", "-priority", "enqueued_at"],
+                condition=Q(rate_limited=True),
+                name="queue_state_lane_idx",
+            ),
             # claim() starvation branch and oldest-age stats: ORDER BY enqueued_at.
             models.Index(fields=["enqueued_at"], name="queue_state_age_idx"),
         ]

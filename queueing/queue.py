@@ -1,0 +1,426 @@
+"""The queue API every other part uses: enqueue, claim, ack, release, extend.
+
+Each operation is a fixed number of SQL statements per call, whatever the number of items, and
+all times come from the database's clock (`now()`), so clock skew between machines never matters.
+A claim hands each item to exactly one claimer: on PostgreSQL through `FOR UPDATE SKIP LOCKED`
+inside one `UPDATE … RETURNING`; on SQLite through the IMMEDIATE transaction that serialises writers.
+
+Every claim gets a fresh `lock_token`; ack, release and extend only touch rows whose
+(item_id, lock_token) still match, so a worker whose lease expired and was re-claimed (a zombie)
+changes nothing and learns which items it lost from the returned ids.
+
+Raw SQL lives here because the ORM cannot express the claim (CTE + SKIP LOCKED + RETURNING).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.utils.dateparse import parse_datetime
+
+NOTIFY_CHANNEL = "omnipost_queue"
+
+
+@dataclass(slots=True)
+class NewItem:
+    notification_id: uuid.UUID
+    tenant_id: uuid.UUID
+    provider_id: int | None
+    queue_name: str = "default"
+    priority: int = 5
+    payload: dict[str, Any] = field(default_factory=dict)
+    delay_seconds: float = 0.0
+    rate_limited: bool = False
+
+
+@dataclass(slots=True)
+class Lease:
+    item_id: int
+    lock_token: uuid.UUID
+    notification_id: uuid.UUID
+    tenant_id: uuid.UUID
+    provider_id: int | None
+    queue_name: str
+    priority: int
+    payload: dict[str, Any]
+    attempts: int
+    enqueued_at: datetime
+    locked_until: datetime
+    rate_limited: bool
+
+
+_RETURNING = (
+    "item_id, lock_token, notification_id, tenant_id, provider_id, queue_name, priority, payload_json, attempts, "
+    "enqueued_at, locked_until, rate_limited"
+)
+
+
+def _is_pg(alias: str) -> bool:
+    return connections[alias].vendor == "postgresql"
+
+
+# --- SQLite time helpers (Django stores UTC as 'YYYY-MM-DD HH:MM:SS.ffffff' text) -----------------
+# Literal % is doubled: Django's SQLite cursor turns %s into ? and %% into %.
+_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def _sqlite_now_plus(param: str = "%s") -> str:
+    return f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', {param})"
+
+
+def _seconds_modifier(seconds: float) -> str:
+    return f"{float(seconds):+.6f} seconds"
+
+
+def _as_datetime(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    parsed = parse_datetime(str(value))
+    assert parsed is not None, value
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _lease_from_row(row: Sequence[Any]) -> Lease:
+    payload = row[7]
+    return Lease(
+        item_id=row[0],
+        lock_token=_as_uuid(row[1]),
+        notification_id=_as_uuid(row[2]),
+        tenant_id=_as_uuid(row[3]),
+        provider_id=row[4],
+        queue_name=row[5],
+        priority=row[6],
+        payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
+        attempts=row[8],
+        enqueued_at=_as_datetime(row[9]),
+        locked_until=_as_datetime(row[10]),
+        rate_limited=bool(row[11]),
+    )
+
+
+# --- enqueue ---------------------------------------------------------------------------------------
+def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
+    """Insert items in the caller's transaction; a notification already queued is skipped.
+
+    On PostgreSQL the same transaction sends NOTIFY, so idle workers wake only once it commits
+    (a rolled-back enqueue wakes no one and leaves nothing behind).
+    Returns how many items were inserted.
+    """
+    if not items:
+        return 0
+    with connections[using].cursor() as cursor:
+        if _is_pg(using):
+            cursor.execute(
+                """
+                INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                                         tenant_id, notification_id, provider_id, rate_limited)
+                SELECT q, p, pl::jsonb, now() + d * interval '1 second', now() + d * interval '1 second', 0,
+                       t, n, pr, rl
+                FROM unnest(%s::text[], %s::int[], %s::text[], %s::float8[], %s::uuid[], %s::uuid[],
+                            %s::bigint[], %s::bool[]) AS u(q, p, pl, d, t, n, pr, rl)
+                ON CONFLICT (notification_id) DO NOTHING
+                """,
+                [
+                    [i.queue_name for i in items],
+                    [i.priority for i in items],
+                    [json.dumps(i.payload) for i in items],
+                    [max(0.0, float(i.delay_seconds)) for i in items],
+                    [i.tenant_id for i in items],
+                    [i.notification_id for i in items],
+                    [i.provider_id for i in items],
+                    [i.rate_limited for i in items],
+                ],
+            )
+            inserted = cursor.rowcount
+            queue_names = ",".join(sorted({i.queue_name for i in items}))
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_names])
+        else:
+            rows = [
+                (
+                    i.queue_name,
+                    i.priority,
+                    json.dumps(i.payload),
+                    _seconds_modifier(max(0.0, i.delay_seconds)),
+                    _seconds_modifier(max(0.0, i.delay_seconds)),
+                    i.tenant_id.hex,
+                    i.notification_id.hex,
+                    i.provider_id,
+                    i.rate_limited,
+                )
+                for i in items
+            ]
+            before = connections[using].connection.total_changes
+            cursor.executemany(
+                f"""
+                INSERT OR IGNORE INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at,
+                                                   attempts, tenant_id, notification_id, provider_id, rate_limited)
+                VALUES (%s, %s, %s, {_sqlite_now_plus()}, {_sqlite_now_plus()}, 0, %s, %s, %s, %s)
+                """,
+                rows,
+            )
+            inserted = connections[using].connection.total_changes - before
+    return inserted
+
+
+# --- claim -----------------------------------------------------------------------------------------
+def claim(
+    n: int,
+    *,
+    lease_seconds: float | None = None,
+    queues: Sequence[str] | None = None,
+    lanes: Mapping[int, int] | None = None,
+    starvation_seconds: float | None = None,
+    using: str = "default",
+) -> list[Lease]:
+    """Lease up to `n` ready items, highest priority first, then oldest; items older than the
+    starvation threshold first of all (oldest first). An expired lease counts as ready.
+
+    `lanes` maps a rate-limited provider id to how many of its items may be taken (the tokens
+    already granted); rate-limited items are never taken otherwise.
+    """
+    lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    starve = float(settings.OMNIPOST_STARVATION_SECONDS if starvation_seconds is None else starvation_seconds)
+    lanes = {pid: cap for pid, cap in (lanes or {}).items() if cap > 0}
+    if n <= 0 and not lanes:
+        return []
+    token = uuid.uuid4()
+    if _is_pg(using):
+        rows = _claim_pg(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
+    else:
+        rows = _claim_sqlite(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
+    leases = [_lease_from_row(r) for r in rows]
+    leases.sort(key=lambda x: (-x.priority, x.enqueued_at))
+    return leases
+
+
+def _claim_pg(
+    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
+) -> list[tuple]:
+    queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
+    lane_cte = ""
+    lane_union = ""
+    if lanes:
+        lane_cte = f"""
+        , lanes AS (
+            SELECT l.item_id FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
+            CROSS JOIN LATERAL (
+                SELECT item_id FROM queue_state
+                WHERE rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
+                ORDER BY priority DESC, enqueued_at
+                LIMIT k.cap
+                FOR UPDATE SKIP LOCKED
+            ) l
+        )"""
+        lane_union = "UNION ALL SELECT item_id FROM lanes"
+    sql = f"""
+        WITH starving AS (
+            SELECT item_id FROM queue_state
+            WHERE NOT rate_limited AND available_at <= now()
+              AND enqueued_at <= now() - %(starve)s * interval '1 second' {queue_filter}
+            ORDER BY enqueued_at
+            LIMIT %(n)s
+            FOR UPDATE SKIP LOCKED
+        ), main AS (
+            SELECT item_id FROM queue_state
+            WHERE NOT rate_limited AND available_at <= now() {queue_filter}
+            ORDER BY priority DESC, enqueued_at
+            LIMIT %(n)s
+            FOR UPDATE SKIP LOCKED
+        ), picked_main AS (
+            -- starving items first, then by priority; the two branches may overlap, hence DISTINCT
+            SELECT item_id FROM (
+                SELECT DISTINCT ON (item_id) item_id, branch, pos FROM (
+                    SELECT item_id, 0 AS branch, row_number() OVER () AS pos FROM starving
+                    UNION ALL
+                    SELECT item_id, 1 AS branch, row_number() OVER () AS pos FROM main
+                ) both_branches
+                ORDER BY item_id, branch, pos
+            ) distinct_items
+            ORDER BY branch, pos
+            LIMIT %(n)s
+        ){lane_cte}, picked AS (
+            SELECT item_id FROM picked_main {lane_union}
+        )
+        UPDATE queue_state q
+        SET lock_token = %(token)s,
+            locked_until = now() + %(lease)s * interval '1 second',
+            available_at = now() + %(lease)s * interval '1 second',
+            attempts = q.attempts + 1
+        FROM picked
+        WHERE q.item_id = picked.item_id
+        RETURNING {", ".join("q." + c.strip() for c in _RETURNING.split(","))}
+    """
+    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}
+    if lanes:
+        params["lane_ids"] = list(lanes.keys())
+        params["lane_caps"] = list(lanes.values())
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _claim_sqlite(
+    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
+) -> list[tuple]:
+    queue_filter = f"AND queue_name IN ({', '.join(['%s'] * len(queues))})" if queues else ""
+    qparams: list[Any] = list(queues or [])
+    cutoff = _sqlite_now_plus("%s")
+    selects = [
+        f"""SELECT item_id FROM (
+                SELECT item_id FROM queue_state
+                WHERE NOT rate_limited AND available_at <= {_SQLITE_NOW} {queue_filter}
+                ORDER BY (enqueued_at <= {cutoff}) DESC,
+                         CASE WHEN enqueued_at <= {cutoff} THEN enqueued_at END,
+                         priority DESC, enqueued_at
+                LIMIT %s)"""
+    ]
+    params: list[Any] = [*qparams, _seconds_modifier(-starve), _seconds_modifier(-starve), n]
+    for provider_id, cap in lanes.items():
+        selects.append(
+            f"""SELECT item_id FROM (
+                SELECT item_id FROM queue_state
+                WHERE rate_limited AND provider_id = %s AND available_at <= {_SQLITE_NOW} {queue_filter}
+                ORDER BY priority DESC, enqueued_at LIMIT %s)"""
+        )
+        params += [provider_id, *qparams, cap]
+    until = _sqlite_now_plus("%s")
+    sql = f"""
+        UPDATE queue_state
+        SET lock_token = %s, locked_until = {until}, available_at = {until}, attempts = attempts + 1
+        WHERE item_id IN ({" UNION ALL ".join(selects)})
+        RETURNING {_RETURNING}
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [token.hex, _seconds_modifier(lease), _seconds_modifier(lease), *params])
+        return cursor.fetchall()
+
+
+# --- ack / release / extend (fenced by lock_token) ------------------------------------------------
+def _pairs(leases: Iterable[Lease]) -> tuple[list[int], list[uuid.UUID]]:
+    ids, tokens = [], []
+    for lease in leases:
+        ids.append(lease.item_id)
+        tokens.append(lease.lock_token)
+    return ids, tokens
+
+
+def _sqlite_pair_filter(ids: list[int], tokens: list[uuid.UUID]) -> tuple[str, list[Any]]:
+    clause = " OR ".join(["(item_id = %s AND lock_token = %s)"] * len(ids))
+    params: list[Any] = []
+    for item_id, token in zip(ids, tokens, strict=True):
+        params += [item_id, token.hex]
+    return f"({clause})", params
+
+
+def ack(leases: Sequence[Lease], *, using: str = "default") -> set[int]:
+    """Remove finished items. Returns the ids that were still ours; the rest were lost to a peer."""
+    if not leases:
+        return set()
+    ids, tokens = _pairs(leases)
+    with connections[using].cursor() as cursor:
+        if _is_pg(using):
+            cursor.execute(
+                """
+                DELETE FROM queue_state q USING unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
+                WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
+                RETURNING q.item_id
+                """,
+                [ids, tokens],
+            )
+        else:
+            clause, params = _sqlite_pair_filter(ids, tokens)
+            cursor.execute(f"DELETE FROM queue_state WHERE {clause} RETURNING item_id", params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def release(
+    leases: Sequence[Lease],
+    delays: Sequence[float] | float = 0.0,
+    *,
+    refund_attempt: bool = False,
+    using: str = "default",
+) -> set[int]:
+    """Give items back, ready after `delays` seconds (one per lease, or one for all).
+
+    A delayed item re-enters the queue at the end of its delay (its `enqueued_at` moves there), so
+    waiting retries neither count as old for starvation nor sit in front of ready work.
+    `refund_attempt` undoes the claim's attempt count (rate-limit deferrals are not attempts).
+    """
+    if not leases:
+        return set()
+    ids, tokens = _pairs(leases)
+    per_item = [float(delays)] * len(ids) if isinstance(delays, int | float) else [float(d) for d in delays]
+    refund = 1 if refund_attempt else 0
+    with connections[using].cursor() as cursor:
+        if _is_pg(using):
+            cursor.execute(
+                """
+                UPDATE queue_state q
+                SET lock_token = NULL, locked_until = NULL,
+                    available_at = now() + mine.delay * interval '1 second',
+                    enqueued_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
+                                       ELSE q.enqueued_at END,
+                    attempts = greatest(q.attempts - %s, 0)
+                FROM unnest(%s::bigint[], %s::uuid[], %s::float8[]) AS mine(item_id, lock_token, delay)
+                WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
+                RETURNING q.item_id
+                """,
+                [refund, ids, tokens, per_item],
+            )
+            return {row[0] for row in cursor.fetchall()}
+        released: set[int] = set()
+        for item_id, token, delay in zip(ids, tokens, per_item, strict=True):
+            modifier = _seconds_modifier(max(0.0, delay))
+            cursor.execute(
+                f"""
+                UPDATE queue_state
+                SET lock_token = NULL, locked_until = NULL, available_at = {_sqlite_now_plus("%s")},
+                    enqueued_at = CASE WHEN %s > 0 THEN {_sqlite_now_plus("%s")} ELSE enqueued_at END,
+                    attempts = max(attempts - %s, 0)
+                WHERE item_id = %s AND lock_token = %s
+                RETURNING item_id
+                """,
+                [modifier, delay, modifier, refund, item_id, token.hex],
+            )
+            released.update(row[0] for row in cursor.fetchall())
+        return released
+
+
+def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using: str = "default") -> set[int]:
+    """Push the lease of items still held further out; returns the ids still ours."""
+    if not leases:
+        return set()
+    lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    ids, tokens = _pairs(leases)
+    with connections[using].cursor() as cursor:
+        if _is_pg(using):
+            cursor.execute(
+                """
+                UPDATE queue_state q
+                SET locked_until = now() + %s * interval '1 second', available_at = now() + %s * interval '1 second'
+                FROM unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
+                WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
+                RETURNING q.item_id
+                """,
+                [lease, lease, ids, tokens],
+            )
+        else:
+            clause, params = _sqlite_pair_filter(ids, tokens)
+            until = _sqlite_now_plus("%s")
+            cursor.execute(
+                f"UPDATE queue_state SET locked_until = {until}, available_at = {until} WHERE {clause} "
+                "RETURNING item_id",
+                [_seconds_modifier(lease), _seconds_modifier(lease), *params],
+            )
+        return {row[0] for row in cursor.fetchall()}

@@ -1,0 +1,93 @@
+"""Low-latency wake-ups: LISTEN on a dedicated autocommit psycopg connection (PostgreSQL).
+
+Notifications carry queue names only and merely wake a loop, which then reads the table; polling
+stays the fallback (and the only mechanism on SQLite). The connection is re-established with
+backoff after errors, and LISTEN is re-issued each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from django.db import connections
+
+from queueing.queue import NOTIFY_CHANNEL
+
+logger = logging.getLogger("omnipost.wakeup")
+
+
+def _conninfo(alias: str, application_name: str) -> dict | None:
+    """psycopg connection parameters from Django's settings, or None when not PostgreSQL."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return None
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    params.pop("server_side_binding", None)
+    params.pop("pool", None)
+    params["application_name"] = application_name
+    params["autocommit"] = True
+    return params
+
+
+class Doorbell:
+    """Calls `on_ring(payload)` from a background thread whenever a NOTIFY arrives on `channel`."""
+
+    def __init__(
+        self,
+        on_ring: Callable[[str], None],
+        *,
+        channel: str = NOTIFY_CHANNEL,
+        using: str = "default",
+        application_name: str | None = None,
+    ) -> None:
+        self.on_ring = on_ring
+        self.channel = channel
+        name = application_name or f"omnipost-listen-{socket.gethostname()}-{os.getpid()}"
+        self._params = _conninfo(using, name)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+
+    @property
+    def available(self) -> bool:
+        return self._params is not None
+
+    def start(self) -> Doorbell:
+        if self.available and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"doorbell-{self.channel}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**self._params) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    self.connected.set()
+                    backoff = 0.1
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self.on_ring(note.payload)
+                            if self._stop.is_set():
+                                break
+            except Exception as exc:  # noqa: BLE001 - reconnect after any connection failure
+                self.connected.clear()
+                logger.warning("LISTEN connection failed (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)

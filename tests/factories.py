@@ -1,0 +1,76 @@
+"""Small builders for test data (tenants come from conftest fixtures)."""
+
+from __future__ import annotations
+
+import uuid
+
+from core.masking import mask_recipient
+from core.models import Tenant
+from notifications.models import Notification, Provider
+from queueing import queue
+
+
+def provider(tenant: Tenant, name: str = "hook", *, kind: str = "webhook", channel: str = "webhook",
+             config: dict | None = None, secrets: dict | None = None, **extra) -> Provider:
+    return Provider.objects.create(
+        tenant=tenant, name=name, kind=kind, channel=channel,
+        config=config if config is not None else {"url": "http://127.0.0.1:9/hook"},
+        secrets=secrets if secrets is not None else {}, **extra,
+    )
+
+
+def notifications(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, queue_name: str = "default",
+                  recipient: str = "https://example.test/hook", status: str = "queued") -> list[Notification]:
+    rows = [
+        Notification(
+            id=uuid.uuid4(), tenant=tenant, channel=prov.channel, provider=prov, recipient=recipient,
+            recipient_masked=mask_recipient(prov.channel, recipient), subject="s", body="b",
+            priority=priority, queue=queue_name, status=status,
+        )
+        for _ in range(count)
+    ]
+    return Notification.objects.bulk_create(rows, batch_size=2000)
+
+
+def queued(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, queue_name: str = "default",
+           rate_limited: bool = False, delay: float = 0.0) -> list[Notification]:
+    """Notifications with their live queue items."""
+    rows = notifications(tenant, prov, count, priority=priority, queue_name=queue_name)
+    items = [
+        queue.NewItem(notification_id=n.id, tenant_id=tenant.pk, provider_id=prov.pk, queue_name=queue_name,
+                      priority=priority, payload={"n": str(n.id)}, rate_limited=rate_limited, delay_seconds=delay)
+        for n in rows
+    ]
+    for start in range(0, len(items), 5000):
+        queue.enqueue(items[start:start + 5000])
+    return rows
+
+
+def bulk_queued_sql(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5) -> None:
+    """PostgreSQL only: `count` queued notifications with live items in two INSERT … SELECT statements."""
+    from django.db import connection
+
+    sample = Notification(tenant=tenant, provider=prov, channel=prov.channel, recipient="https://example.test/h")
+    token = Notification._meta.get_field("recipient").get_prep_value(sample.recipient)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
+                subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
+                created_at, updated_at)
+            SELECT gen_random_uuid(), %s, %s, %s, 'h***', %s, '{}', 's', 'b', %s, 'default', 'queued', '{}', 0, 0, '',
+                   now(), now()
+            FROM generate_series(1, %s)
+            RETURNING id
+            """,
+            [tenant.pk, prov.channel, token, prov.pk, priority, count],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        cursor.execute(
+            """
+            INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                                     tenant_id, notification_id, provider_id, rate_limited)
+            SELECT 'default', %s, '{}'::jsonb, now(), now(), 0, %s, n, %s, false FROM unnest(%s::uuid[]) AS n
+            """,
+            [priority, tenant.pk, prov.pk, ids],
+        )

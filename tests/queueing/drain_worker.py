@@ -1,0 +1,78 @@
+"""A real worker process for the queue tests: claims, "processes" (writes the id), acks.
+
+    python -m tests.queueing.drain_worker --out FILE [--batch N] [--lease S] [--idle-exit S]
+    python -m tests.queueing.drain_worker --seed N          # create N queued items (any database)
+    python -m tests.queueing.drain_worker --hold --out FILE # claim once, report leases, never ack
+
+Lines written: `P <notification_id> <unix time>` per processed item, `L <item_id> <lock_token>` per held lease,
+`A <count>` per ack with the number acked, `X <count>` for leases lost to a peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--idle-exit", type=float, default=1.5)
+    parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--hold", action="store_true")
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
+    import django
+
+    django.setup()
+    from django.db import transaction
+
+    from queueing import queue
+
+    if args.seed:
+        from core.models import Tenant
+        from tests import factories
+
+        tenant = Tenant.objects.create(name=f"seed-{os.getpid()}")
+        factories.queued(tenant, factories.provider(tenant), args.seed)
+        return 0
+
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115 - line-buffered for the parent to read
+    if args.hold:
+        leases = queue.claim(args.batch, lease_seconds=args.lease)
+        for lease in leases:
+            out.write(f"L {lease.item_id} {lease.lock_token}\n")
+        out.write("READY\n")
+        time.sleep(args.max_seconds)
+        return 0
+
+    deadline = time.monotonic() + args.max_seconds
+    idle_since = time.monotonic()
+    while time.monotonic() < deadline:
+        with transaction.atomic():
+            leases = queue.claim(args.batch, lease_seconds=args.lease)
+        if not leases:
+            if time.monotonic() - idle_since > args.idle_exit:
+                break
+            time.sleep(0.02)
+            continue
+        idle_since = time.monotonic()
+        now = time.time()
+        out.write("".join(f"P {lease.notification_id} {now:.3f}\n" for lease in leases))
+        with transaction.atomic():
+            acked = queue.ack(leases)
+        out.write(f"A {len(acked)}\n")
+        if len(acked) != len(leases):
+            out.write(f"X {len(leases) - len(acked)}\n")
+    out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The queue API on PostgreSQL: ordering, starvation, leases, fencing, transactions, query counts."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from django.db import connection, transaction
+
+from queueing import queue
+from queueing.models import QueueItem
+from queueing.wakeup import Doorbell
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def hook(tenant_a):
+    return factories.provider(tenant_a)
+
+
+def age_items(seconds: float, ids=None) -> None:
+    """Move items back in time (enqueued and available) by `seconds` on the database clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queue_state SET enqueued_at = enqueued_at - %s * interval '1 second', "
+            "available_at = available_at - %s * interval '1 second' WHERE %s OR item_id = ANY(%s)",
+            [seconds, seconds, ids is None, ids or []],
+        )
+
+
+def test_enqueue_is_one_item_per_notification(tenant_a, hook):
+    notes = factories.queued(tenant_a, hook, 3)
+    again = [queue.NewItem(notification_id=n.id, tenant_id=tenant_a.pk, provider_id=hook.pk) for n in notes]
+    assert queue.enqueue(again) == 0
+    assert QueueItem.objects.count() == 3
+
+
+def test_claim_orders_by_priority_then_age(tenant_a, hook):
+    low = factories.queued(tenant_a, hook, 2, priority=1)
+    high = factories.queued(tenant_a, hook, 2, priority=9)
+    mid = factories.queued(tenant_a, hook, 1, priority=5)
+    leases = queue.claim(10)
+    assert [lease.notification_id for lease in leases] == [n.id for n in high + mid + low]
+    assert all(lease.attempts == 1 for lease in leases)
+    assert queue.claim(10) == []  # all leased
+
+
+def test_starving_items_outrank_priority_oldest_first(tenant_a, hook):
+    old_low = factories.queued(tenant_a, hook, 2, priority=0)
+    age_items(10)
+    factories.queued(tenant_a, hook, 5, priority=9)
+    leases = queue.claim(3, starvation_seconds=5)
+    ids = {lease.notification_id for lease in leases}
+    assert {n.id for n in old_low} <= ids  # the two old priority-0 items made the cut
+    assert sum(1 for lease in leases if lease.priority == 9) == 1
+    # Without the threshold passed, priority wins.
+    queue.release(leases)
+    leases = queue.claim(3, starvation_seconds=3600)
+    assert [lease.priority for lease in leases] == [9, 9, 9]
+
+
+def test_delayed_items_wait(tenant_a, hook):
+    factories.queued(tenant_a, hook, 1, delay=60)
+    assert queue.claim(5) == []
+    age_items(61)
+    assert len(queue.claim(5)) == 1
+
+
+def test_expired_lease_is_reclaimed_and_zombie_is_fenced(tenant_a, hook):
+    factories.queued(tenant_a, hook, 2)
+    zombie = queue.claim(2, lease_seconds=30)
+    assert queue.claim(2) == []
+    age_items(31)  # leases expire on the database clock
+    peer = queue.claim(2)
+    assert {lease.item_id for lease in peer} == {lease.item_id for lease in zombie}
+    assert all(lease.attempts == 2 for lease in peer)
+    assert queue.ack(zombie) == set()
+    assert queue.extend(zombie) == set()
+    assert queue.release(zombie) == set()
+    assert queue.ack(peer) == {lease.item_id for lease in peer}
+    assert QueueItem.objects.count() == 0
+
+
+def test_extend_keeps_the_lease(tenant_a, hook):
+    factories.queued(tenant_a, hook, 1)
+    (lease,) = queue.claim(1, lease_seconds=5)
+    age_items(4)
+    assert queue.extend([lease], 30) == {lease.item_id}
+    age_items(10)  # the original lease would have expired by now
+    assert queue.claim(1) == []
+
+
+def test_release_with_delay_and_refund(tenant_a, hook):
+    factories.queued(tenant_a, hook, 2)
+    leases = queue.claim(2)
+    assert queue.release(leases[:1], 0, refund_attempt=True) == {leases[0].item_id}
+    assert queue.release(leases[1:], 120) == {leases[1].item_id}
+    (again,) = queue.claim(5)
+    assert again.item_id == leases[0].item_id and again.attempts == 1  # the refund undid the first claim
+    item = QueueItem.objects.get(pk=leases[1].item_id)
+    assert item.lock_token is None and item.attempts == 1
+
+
+def test_rate_limited_items_only_through_lanes(tenant_a, hook):
+    limited = factories.provider(tenant_a, "limited", rate_per_second=1, burst=1)
+    factories.queued(tenant_a, limited, 5, rate_limited=True)
+    free = factories.queued(tenant_a, hook, 2)
+    leases = queue.claim(10)
+    assert {lease.notification_id for lease in leases} == {n.id for n in free}
+    lane = queue.claim(0, lanes={limited.pk: 3})
+    assert len(lane) == 3 and all(lease.provider_id == limited.pk for lease in lane)
+    assert len(queue.claim(10, lanes={limited.pk: 10})) == 2
+
+
+def test_queue_filter(tenant_a, hook):
+    factories.queued(tenant_a, hook, 2, queue_name="email")
+    factories.queued(tenant_a, hook, 3, queue_name="sms")
+    assert {lease.queue_name for lease in queue.claim(10, queues=["sms"])} == {"sms"}
+    assert len(queue.claim(10, queues=["email", "sms"])) == 2
+
+
+def test_fixed_number_of_statements_per_call(tenant_a, hook, django_assert_num_queries):
+    notes = factories.notifications(tenant_a, hook, 300)
+    items = [queue.NewItem(notification_id=n.id, tenant_id=tenant_a.pk, provider_id=hook.pk) for n in notes]
+    with django_assert_num_queries(2):  # INSERT … SELECT unnest, NOTIFY
+        assert queue.enqueue(items) == 300
+    with django_assert_num_queries(1):
+        leases = queue.claim(300)
+    with django_assert_num_queries(1):
+        queue.extend(leases)
+    with django_assert_num_queries(1):
+        queue.release(leases[:100], [1.0] * 100)
+    with django_assert_num_queries(1):
+        assert len(queue.ack(leases[100:])) == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rolled_back_enqueue_leaves_nothing_and_wakes_no_one(tenant_a, hook):
+    rings: list[str] = []
+    rang = threading.Event()
+    bell = Doorbell(lambda payload: (rings.append(payload), rang.set()), application_name="test-doorbell").start()
+    try:
+        assert bell.connected.wait(5)
+        notes = factories.notifications(tenant_a, hook, 2)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            queue.enqueue([queue.NewItem(notification_id=n.id, tenant_id=tenant_a.pk, provider_id=hook.pk,
+                                         queue_name="rolled") for n in notes])
+            raise RuntimeError("abort")
+        assert QueueItem.objects.count() == 0
+        assert not rang.wait(0.3)
+        with transaction.atomic():
+            queue.enqueue([queue.NewItem(notification_id=notes[0].id, tenant_id=tenant_a.pk, provider_id=hook.pk,
+                                         queue_name="committed")])
+        assert rang.wait(5)
+        assert rings == ["committed"]
+    finally:
+        bell.stop()
+
+
+def test_claim_uses_the_index_at_depth(tenant_a, hook):
+    """EXPLAIN at 200k waiting items: the claim reads an index, never the whole table."""
+    n = factories.notifications(tenant_a, hook, 1)[0]
+    with connection.cursor() as cursor:
+        # Synthetic items (one real notification is enough for the FK when constraints are deferred).
+        cursor.execute("ALTER TABLE queue_state DROP CONSTRAINT IF EXISTS queue_state_one_live_item_per_notification")
+        cursor.execute(
+            "INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts, "
+            "tenant_id, notification_id, provider_id, rate_limited) "
+            "SELECT 'default', (g %% 10), '{}'::jsonb, now() - (g || ' ms')::interval, now(), 0, %s, %s, %s, false "
+            "FROM generate_series(1, 200000) g",
+            [tenant_a.pk, n.id, hook.pk],
+        )
+        cursor.execute("ANALYZE queue_state")
+        cursor.execute("SET LOCAL enable_seqscan = on")
+        sql_calls: list[str] = []
+
+        def capture(execute, sql, params, many, context):
+            if "WITH starving" in sql:
+                sql_calls.append(cursor.mogrify(sql, params) if hasattr(cursor, "mogrify") else sql)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(capture):
+            queue.claim(100)
+        (claim_sql,) = sql_calls
+        cursor.execute("EXPLAIN " + (claim_sql.decode() if isinstance(claim_sql, bytes) else claim_sql))
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Seq Scan on queue_state" not in plan, plan
+    assert "queue_state_claim_idx" in plan
+
+
+def test_lease_uses_database_clock(tenant_a, hook):
+    factories.queued(tenant_a, hook, 1)
+    (lease,) = queue.claim(1, lease_seconds=30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM locked_until - now()) FROM queue_state WHERE item_id = %s",
+                       [lease.item_id])
+        remaining = cursor.fetchone()[0]
+    assert 25 < float(remaining) <= 30
+    assert isinstance(lease.lock_token, uuid.UUID)
