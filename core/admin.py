@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import transaction
 from django.http import HttpRequest
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenants
@@ -35,21 +36,33 @@ class ApiKeyAdmin(TenantScopedAdmin):
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "name"]
     fields = ["tenant", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
+        # A key never moves to another tenant; revocation is permanent and goes through the action.
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "tenant"] if obj is not None else fields
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
         raw = obj.assign_new_secret()
-        super().save_model(request, obj, form, change)
-        AuditEvent.record(actor=f"user:{request.user.get_username()}", action="api_key.created", target=obj)
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            AuditEvent.record(actor=f"user:{request.user.get_username()}", action="api_key.created", target=obj)
         self.message_user(request, f"New API key (shown once, copy it now): {raw}", messages.WARNING)
 
-    @admin.action(description="Revoke selected API keys")
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        revoked = sum(key.revoke() for key in queryset)
+        actor = f"user:{request.user.get_username()}"
+        revoked = 0
+        for key in queryset:
+            with transaction.atomic():
+                if key.revoke():
+                    revoked += 1
+                    AuditEvent.record(actor=actor, action="api_key.revoked", target=key)
         self.message_user(request, f"Revoked {revoked} key(s).")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -13,6 +14,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from core.models import ApiKey, Tenant
+from core.models.api_keys import KEY_RE, hash_key
 
 DEMO_TENANT = "demo"
 
@@ -42,15 +44,22 @@ class Demo:
 
 
 def credentials_file() -> Path:
-    return Path(settings.VAR_DIR) / "demo-credentials.json"
+    """One file per database, so a run against another DATABASE_URL (a test, a PostgreSQL try-out)
+    does not replace the credentials `make run` shows for the default one."""
+    db = settings.DATABASES["default"]
+    identity = "|".join(str(db.get(k) or "") for k in ("ENGINE", "NAME", "HOST", "PORT"))
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return Path(settings.VAR_DIR) / f"demo-credentials-{digest}.json"
 
 
 def ensure_demo() -> Demo:
     """Create the demo tenant and admin once; later runs read the saved credentials (var/, 0600)."""
     path = credentials_file()
     tenant = Tenant.objects.filter(name=DEMO_TENANT).first()
-    if tenant is not None and path.exists():
-        return Demo(**{**json.loads(path.read_text()), "created": False})
+    if tenant is not None:
+        saved = _saved_credentials(path, tenant)
+        if saved is not None:
+            return saved
     with transaction.atomic():
         tenant = tenant or Tenant.objects.create(name=DEMO_TENANT)
         _, raw_key = ApiKey.issue(tenant, name="demo")
@@ -66,6 +75,22 @@ def ensure_demo() -> Demo:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({k: v for k, v in demo.__dict__.items() if k != "created"}, fh)
+    return demo
+
+
+def _saved_credentials(path: Path, tenant: Tenant) -> Demo | None:
+    """The saved credentials, if they belong to this database (var/ is shared by every DATABASE_URL)."""
+    try:
+        data = json.loads(path.read_text())
+        demo = Demo(**{**data, "created": False})
+    except (OSError, ValueError, TypeError):
+        return None
+    if demo.tenant_id != str(tenant.pk):
+        return None
+    match = KEY_RE.match(demo.api_key)
+    key = ApiKey.objects.for_tenant(tenant).active().filter(prefix=match["prefix"]).first() if match else None
+    if key is None or key.key_hash != hash_key(demo.api_key):
+        return None
     return demo
 
 

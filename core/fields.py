@@ -45,6 +45,11 @@ class EncryptedTextField(models.TextField):
         super().contribute_to_class(cls, name, *args, **kwargs)
         setattr(cls, self.attname, _DecryptingAttribute(self))
 
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        # Read the stored value without the decrypting descriptor: saving a loaded row must write its
+        # token back unchanged, not decrypt and re-encrypt it (or fail when its key is gone).
+        return model_instance.__dict__.get(self.attname)
+
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         return None if value is None else Ciphertext(value)
 

@@ -38,22 +38,27 @@ class MaskingFilter(logging.Filter):
             record.exc_info = None
         elif record.exc_text:
             record.exc_text = mask_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = mask_text(record.stack_info)
         return True
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line. Masks on its own too, so a handler without the filter leaks nothing."""
+
     def format(self, record: logging.LogRecord) -> str:
         payload = {
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": mask_text(record.getMessage()),
         }
         for name in CONTEXT_FIELDS:
             if hasattr(record, name):
-                payload[name] = getattr(record, name)
+                value = getattr(record, name)
+                payload[name] = mask_text(value) if isinstance(value, str) else value
         if record.exc_text:
-            payload["exc"] = record.exc_text
+            payload["exc"] = mask_text(record.exc_text)
         elif record.exc_info:
             payload["exc"] = mask_text(self.formatException(record.exc_info))
         return json.dumps(payload, default=str)

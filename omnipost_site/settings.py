@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
-from django.core.exceptions import ImproperlyConfigured
 
+from omnipost_site.config import checked, choice, fail, number
 from omnipost_site.keys import load_encryption_keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ DEBUG = env.bool("DEBUG", default=False)
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY is required when DEBUG is off")
+        fail("SECRET_KEY is required when DEBUG is off")
     SECRET_KEY = "dev-only-insecure-secret-key-do-not-use-in-production"  # noqa: S105
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"] if DEBUG else [])
@@ -75,7 +75,7 @@ TEMPLATES = [
 WSGI_APPLICATION = "omnipost_site.wsgi.application"
 
 # --- database -----------------------------------------------------------------------------------
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'omnipost.sqlite3'}")}
+DATABASES = {"default": checked(lambda: env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'omnipost.sqlite3'}"))}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     if _db["NAME"] != ":memory:":
@@ -90,7 +90,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 elif _db["ENGINE"] in ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"):
-    _db.setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    _db.setdefault("CONN_MAX_AGE", number(env, "CONN_MAX_AGE", 60, integer=True))
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {}).setdefault("application_name", env.str("OMNIPOST_APP_NAME", default="omnipost-web"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -111,20 +111,23 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 # --- encryption at rest ---------------------------------------------------------------------------
-OMNIPOST_ENCRYPTION_KEYS = load_encryption_keys(
-    env.str("OMNIPOST_ENCRYPTION_KEYS", default=""), debug=DEBUG, dev_key_file=VAR_DIR / "encryption.key"
+OMNIPOST_ENCRYPTION_KEYS = checked(
+    lambda: load_encryption_keys(
+        env.str("OMNIPOST_ENCRYPTION_KEYS", default=""), debug=DEBUG, dev_key_file=VAR_DIR / "encryption.key"
+    )
 )
 
 # --- queue, retries, limits -----------------------------------------------------------------------
-OMNIPOST_LEASE_SECONDS = env.float("OMNIPOST_LEASE_SECONDS", default=30.0)
-OMNIPOST_STARVATION_SECONDS = env.float("OMNIPOST_STARVATION_SECONDS", default=300.0)
-OMNIPOST_RETRY_BASE_SECONDS = env.float("OMNIPOST_RETRY_BASE_SECONDS", default=2.0)
-OMNIPOST_RETRY_MAX_SECONDS = env.float("OMNIPOST_RETRY_MAX_SECONDS", default=3600.0)
-OMNIPOST_MAX_ATTEMPTS = env.int("OMNIPOST_MAX_ATTEMPTS", default=8)
-OMNIPOST_RATE_LIMIT_API = env.int("OMNIPOST_RATE_LIMIT_API", default=6000)
+OMNIPOST_LEASE_SECONDS = number(env, "OMNIPOST_LEASE_SECONDS", 30.0, minimum=0.001)
+OMNIPOST_STARVATION_SECONDS = number(env, "OMNIPOST_STARVATION_SECONDS", 300.0)
+OMNIPOST_RETRY_BASE_SECONDS = number(env, "OMNIPOST_RETRY_BASE_SECONDS", 2.0)
+OMNIPOST_RETRY_MAX_SECONDS = number(env, "OMNIPOST_RETRY_MAX_SECONDS", 3600.0)
+OMNIPOST_MAX_ATTEMPTS = number(env, "OMNIPOST_MAX_ATTEMPTS", 8, minimum=1, integer=True)
+# Requests a minute per tenant; 0 turns the API rate limit off.
+OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=True)
 OMNIPOST_ALLOW_PRIVATE_DESTINATIONS = env.bool("OMNIPOST_ALLOW_PRIVATE_DESTINATIONS", default=False)
-OMNIPOST_MAX_REQUEST_BYTES = env.int("OMNIPOST_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
-OMNIPOST_WORKER_STALE_SECONDS = env.float("OMNIPOST_WORKER_STALE_SECONDS", default=60.0)
+OMNIPOST_MAX_REQUEST_BYTES = number(env, "OMNIPOST_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1, integer=True)
+OMNIPOST_WORKER_STALE_SECONDS = number(env, "OMNIPOST_WORKER_STALE_SECONDS", 60.0, minimum=0.001)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
@@ -165,8 +168,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- logging --------------------------------------------------------------------------------------
-OMNIPOST_LOG_FORMAT = env.str("OMNIPOST_LOG_FORMAT", default="text")
-OMNIPOST_LOG_LEVEL = env.str("OMNIPOST_LOG_LEVEL", default="INFO")
+OMNIPOST_LOG_FORMAT = choice(env, "OMNIPOST_LOG_FORMAT", "text", ["text", "json"])
+OMNIPOST_LOG_LEVEL = choice(
+    env, "OMNIPOST_LOG_LEVEL", "INFO", ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], upper=True
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -183,5 +188,11 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": OMNIPOST_LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    # Django's own loggers (request errors, runserver access lines, warnings) lose the unmasked
+    # handlers Django installs by default and propagate to the masking handler above instead.
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.db.backends": {"level": "INFO"},
+        "py.warnings": {"handlers": [], "propagate": True},
+    },
 }

@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core import health
+from core.api import views as api_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -13,6 +14,11 @@ urlpatterns = [
         SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
         name="swagger-ui",
     ),
+    # Last under /api/: any path no API route matched is a JSON 404 in the API's error shape.
+    re_path(r"^api/", api_views.api_not_found),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
 ]
+
+handler404 = "core.api.views.handler404"
+handler500 = "core.api.views.handler500"

@@ -77,6 +77,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         # Our own exceptions carry a specific code (e.g. Conflict(code="already_delivered")).
         code = _CODES.get(type(exc)) or getattr(detail, "code", None) or exc.default_code
         details = _messages(detail) if isinstance(detail, dict) else {}
+        if isinstance(exc, exceptions.Throttled) and "Retry-After" in response.headers:
+            details = {"retry_after_seconds": int(response.headers["Retry-After"])}
         message = str(detail) if not isinstance(detail, dict) else "Request failed; see details."
     response.data = error_body(code, message, details)
     return response

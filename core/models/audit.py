@@ -19,6 +19,18 @@ class AuditEventQuerySet(TenantQuerySet):
     def update(self, **kwargs: Any) -> int:
         raise AuditLogIsAppendOnly("audit events cannot be updated")
 
+    def bulk_update(self, objs: Any, fields: Any, batch_size: int | None = None) -> int:
+        raise AuditLogIsAppendOnly("audit events cannot be updated")
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list:
+        # An upsert (ON CONFLICT DO UPDATE) would rewrite existing events.
+        if kwargs.get("update_conflicts"):
+            raise AuditLogIsAppendOnly("audit events cannot be updated")
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def update_or_create(self, *args: Any, **kwargs: Any) -> Any:
+        raise AuditLogIsAppendOnly("audit events cannot be updated")
+
     def delete(self) -> tuple[int, dict[str, int]]:
         raise AuditLogIsAppendOnly("audit events cannot be deleted")
 
@@ -49,7 +61,11 @@ class AuditEvent(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding:
             raise AuditLogIsAppendOnly("audit events cannot be updated")
+        if kwargs.get("update_fields") is not None or kwargs.get("force_update"):
+            raise AuditLogIsAppendOnly("audit events cannot be updated")
         self.details = mask_mapping(self.details)
+        # Always an INSERT: a new instance carrying an existing pk must not become an UPDATE.
+        kwargs["force_insert"] = True
         super().save(*args, **kwargs)
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:

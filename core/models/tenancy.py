@@ -46,6 +46,9 @@ class TenantQuerySet(models.QuerySet):
 
     def for_tenant(self, tenant: Tenant | uuid.UUID | str) -> TenantQuerySet:
         tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
+        if tenant_id is None:
+            # filter(tenant_id=None) would mean `IS NULL` and match unowned rows (system audit events).
+            raise ValueError("for_tenant() needs a tenant, got None")
         return self.filter(tenant_id=tenant_id)
 
     def visible_to(self, user: Any) -> TenantQuerySet:

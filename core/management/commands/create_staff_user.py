@@ -4,6 +4,8 @@ import sys
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -50,13 +52,21 @@ class Command(BaseCommand):
         parser.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
 
     def handle(self, *args, username: str, tenant: list[str], password_stdin: bool, **options) -> None:
+        User = get_user_model()  # noqa: N806
+        try:
+            User.username_validator(username)
+        except ValidationError as exc:
+            raise CommandError(f"invalid username {username!r}: {' '.join(exc.messages)}") from None
         tenants = [resolve_tenant(ref) for ref in tenant]
         password = None
         if password_stdin:
-            password = sys.stdin.readline().rstrip("\n")
+            password = sys.stdin.readline().rstrip("\r\n")
             if not password:
                 raise CommandError("no password on standard input")
-        User = get_user_model()  # noqa: N806
+            try:
+                validate_password(password, User(username=username))
+            except ValidationError as exc:
+                raise CommandError(f"password rejected: {' '.join(exc.messages)}") from None
         with transaction.atomic():
             user, created = User.objects.get_or_create(username=username, defaults={"is_staff": True})
             user.is_staff = True
@@ -79,3 +89,5 @@ class Command(BaseCommand):
                 )
         names = ", ".join(t.name for t in tenants)
         self.stdout.write(f"{'created' if created else 'updated'} staff user {username!r} for: {names}")
+        if not user.has_usable_password():
+            self.stdout.write("no password set: pass --password-stdin to set one before logging in")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json as jsonlib
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from core.models import ApiKey, AuditEvent, Tenant
 
@@ -19,12 +19,18 @@ class Command(BaseCommand):
         name = name.strip()
         if not name:
             raise CommandError("the tenant name must not be empty")
+        limit = Tenant._meta.get_field("name").max_length
+        if len(name) > limit:
+            raise CommandError(f"the tenant name must be at most {limit} characters (got {len(name)})")
         if Tenant.objects.filter(name=name).exists():
             raise CommandError(f"a tenant named {name!r} already exists")
-        with transaction.atomic():
-            tenant = Tenant.objects.create(name=name)
-            _, raw = ApiKey.issue(tenant, name="first key")
-            AuditEvent.record(actor="system:create_tenant", action="tenant.created", target=tenant, tenant=tenant)
+        try:
+            with transaction.atomic():
+                tenant = Tenant.objects.create(name=name)
+                _, raw = ApiKey.issue(tenant, name="first key")
+                AuditEvent.record(actor="system:create_tenant", action="tenant.created", target=tenant, tenant=tenant)
+        except IntegrityError:  # created concurrently between the check and the insert
+            raise CommandError(f"a tenant named {name!r} already exists") from None
         if json:
             self.stdout.write(jsonlib.dumps({"tenant_id": str(tenant.pk), "api_key": raw}))
         else:

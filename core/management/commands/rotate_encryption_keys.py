@@ -19,7 +19,8 @@ class Command(BaseCommand):
         for model, field in encrypted_fields():
             label = f"{model._meta.label}.{field.name}"
             qs = model._default_manager.exclude(**{f"{field.attname}__isnull": True})
-            progress = tqdm(total=qs.count(), desc=label, unit="row", file=self.stderr._out, disable=None)
+            # Always drawn (also when stderr is a log file), so an operator can see rotation advance.
+            progress = tqdm(total=qs.count(), desc=label, unit="row", file=self.stderr._out, disable=False)
             last_pk = None
             while True:
                 page = qs.order_by("pk")

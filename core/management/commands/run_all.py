@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
+from django.conf import settings
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand
 
 from core.demo import ensure_demo
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, children get SIGTERM if the supervisor itself is killed, so none are orphaned."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return preexec
 
 
 class Command(BaseCommand):
@@ -26,17 +42,20 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo()
         self.stdout.write(demo.banner(bind))
+        self.stdout.flush()  # a pipe (`make run | tee`) would otherwise hold the banner back
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}
-        manage = [sys.executable, "manage.py"]
-        programs = {"web": [*manage, "runserver", bind, "--noreload", "--skip-checks"]}
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        # runserver exits 0 on SIGINT (and dies on SIGTERM); the workers stop gracefully on SIGTERM.
+        programs: dict[str, tuple[list[str], signal.Signals]] = {
+            "web": ([*manage, "runserver", bind, "--noreload", "--skip-checks"], signal.SIGINT)
+        }
         available = get_commands()
         if "run_scheduler" in available:
-            programs["scheduler"] = [*manage, "run_scheduler"]
+            programs["scheduler"] = ([*manage, "run_scheduler"], signal.SIGTERM)
         if "run_dispatcher" in available:
-            programs["dispatcher"] = [*manage, "run_dispatcher"]
+            programs["dispatcher"] = ([*manage, "run_dispatcher"], signal.SIGTERM)
 
-        children = {name: subprocess.Popen(cmd, env=env) for name, cmd in programs.items()}  # noqa: S603
         stop = threading.Event()
         received: list[int] = []
 
@@ -44,26 +63,59 @@ class Command(BaseCommand):
             received.append(signum)
             stop.set()
 
+        # Handlers go in before any child starts, so an early Ctrl-C cannot orphan one.
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        while not stop.wait(0.5):
-            dead = [name for name, proc in children.items() if proc.poll() is not None]
-            if dead:
-                self.stderr.write(f"{', '.join(dead)} exited; stopping the rest")
-                break
-        self.stdout.write(f"stopping ({signal.Signals(received[0]).name if received else 'child exit'}) …")
-        for proc in children.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_seconds
-        for name, proc in children.items():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.stderr.write(f"{name} did not stop within {grace_seconds:g}s; killing it")
-                proc.kill()
-                proc.wait()
-        failed = {n: p.returncode for n, p in children.items() if p.returncode not in (0, -signal.SIGTERM)}
-        if failed and not received:
+
+        children: dict[str, subprocess.Popen] = {}
+        crashed: list[str] = []
+        try:
+            for name, (cmd, _) in programs.items():
+                # Own process group: Ctrl-C in the terminal reaches only this supervisor, which then
+                # stops each child once; a second signal to a worker would mean "force exit".
+                children[name] = subprocess.Popen(  # noqa: S603
+                    cmd, env=env, cwd=settings.BASE_DIR, process_group=0, preexec_fn=_die_with_parent()
+                )
+            while not stop.wait(0.2):
+                crashed = [name for name, proc in children.items() if proc.poll() is not None]
+                if crashed:
+                    self.stderr.write(f"{', '.join(crashed)} exited; stopping the rest")
+                    break
+        finally:
+            reason = signal.Signals(received[0]).name if received else "child exit"
+            self.stdout.write(f"stopping ({reason}) …")
+            self._stop_children(children, programs, grace_seconds, received)
+
+        unexpected = {
+            name: proc.returncode
+            for name, proc in children.items()
+            if name in crashed or proc.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)
+        }
+        if unexpected:
+            self.stderr.write(f"exited abnormally: {unexpected}")
             raise SystemExit(1)
         self.stdout.write("stopped")
+
+    def _stop_children(
+        self,
+        children: dict[str, subprocess.Popen],
+        programs: dict[str, tuple[list[str], signal.Signals]],
+        grace_seconds: float,
+        received: list[int],
+    ) -> None:
+        for name, proc in children.items():
+            if proc.poll() is None:
+                proc.send_signal(programs[name][1])
+        deadline = time.monotonic() + grace_seconds
+        signals_seen = len(received)
+        while any(proc.poll() is None for proc in children.values()):
+            if time.monotonic() >= deadline or len(received) > signals_seen:
+                why = "a second signal" if len(received) > signals_seen else f"{grace_seconds:g}s"
+                for name, proc in children.items():
+                    if proc.poll() is None:
+                        self.stderr.write(f"{name} still running after {why}; killing it")
+                        proc.kill()
+                break
+            time.sleep(0.05)
+        for proc in children.values():
+            proc.wait()

@@ -1,0 +1,29 @@
+"""JSON error pages for the API: unknown paths under /api/ and, with DEBUG off, 404/500 handlers."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.views import defaults
+
+from core.middleware import error_response
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def api_not_found(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+    """Catch-all after every API route, so a wrong path is a JSON 404 even with DEBUG on."""
+    return error_response(404, "not_found", f"No API endpoint at {request.path}.")
+
+
+def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return api_not_found(request)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return error_response(500, "server_error", "Internal server error; it has been logged.")
+    return defaults.server_error(request)

@@ -1,0 +1,277 @@
+"""Encryption at rest: nothing readable in the columns, rotation to the newest key, clear failures."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import uuid
+from datetime import timedelta
+
+import pytest
+from cryptography.fernet import Fernet
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from core import crypto
+from core.fields import encrypted_fields
+from notifications.models import Enrollment, IdempotencyRecord, Notification, Provider, Sequence
+from omnipost_site.keys import load_encryption_keys, parse_keys
+from tests.core.conftest import PHONE, WHSEC, clean_env, run_manage
+
+pytestmark = pytest.mark.django_db
+
+OLD = settings.OMNIPOST_ENCRYPTION_KEYS[0]
+
+
+def raw_column(table: str, column: str, pk: object) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {column} FROM {table} WHERE id = %s", [pk])  # noqa: S608 - fixed names
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def secrets_everywhere(rows_a):  # noqa: ANN001, ANN201
+    """One row in every encrypted column."""
+    record = IdempotencyRecord.objects.create(
+        tenant=rows_a.tenant,
+        key="idem-1",
+        fingerprint="f" * 64,
+        response_status=201,
+        response_body='{"recipient": "alice@example.com"}',
+        expires_at=timezone.now() + timedelta(hours=24),
+    )
+    sequence = Sequence.objects.create(tenant=rows_a.tenant, key="welcome")
+    enrollment = Enrollment.objects.create(
+        tenant=rows_a.tenant,
+        sequence=sequence,
+        recipient=PHONE,
+        recipient_masked="+1******4567",
+        starts_at=timezone.now(),
+    )
+    return rows_a, record, enrollment
+
+
+def test_every_encrypted_column_is_covered_by_rotation():
+    names = {f"{m._meta.label}.{f.name}" for m, f in encrypted_fields()}
+    assert {
+        "notifications.Notification.recipient",
+        "notifications.Provider.secrets",
+        "notifications.IdempotencyRecord.response_body",
+        "notifications.Enrollment.recipient",
+    } <= names
+
+
+def test_stored_values_are_not_plain_text(secrets_everywhere):
+    rows, record, enrollment = secrets_everywhere
+    stored = {
+        "recipient": raw_column("notifications", "recipient", rows.notification.pk),
+        "secrets": raw_column("providers", "secrets", rows.provider.pk),
+        "response": raw_column("idempotency_records", "response_body", record.pk),
+        "enrollment": raw_column("sequence_enrollments", "recipient", enrollment.pk),
+    }
+    for plain in ("alice@example.com", "alice", WHSEC, "whsec_", PHONE, "5551234567"):
+        for column, value in stored.items():
+            assert plain not in value, column
+    for value in stored.values():
+        assert value.startswith("gAAAAA")  # a Fernet token
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT key_hash FROM api_keys WHERE id = %s", [rows.api_key.pk])
+        (key_hash,) = cursor.fetchone()
+    assert rows.raw_key not in key_hash and rows.raw_key.split("_")[2] not in key_hash
+    # ...and the model still reads them back.
+    assert Notification.objects.get(pk=rows.notification.pk).recipient == "alice@example.com"
+    assert Provider.objects.get(pk=rows.provider.pk).secrets == {"signing_secret": WHSEC}
+    assert Enrollment.objects.get(pk=enrollment.pk).recipient == PHONE
+
+
+def test_orm_update_with_plain_text_encrypts_it(rows_a):
+    Notification.objects.filter(pk=rows_a.notification.pk).update(recipient="carol@example.com")
+    assert "carol" not in raw_column("notifications", "recipient", rows_a.notification.pk)
+    assert Notification.objects.get(pk=rows_a.notification.pk).recipient == "carol@example.com"
+
+
+def test_values_and_raw_sql_see_only_tokens(rows_a):
+    token = Notification.objects.filter(pk=rows_a.notification.pk).values_list("recipient", flat=True).get()
+    assert "alice" not in token and crypto.decrypt(token) == "alice@example.com"
+
+
+def test_saving_a_loaded_row_without_touching_the_field_keeps_the_token(rows_a):
+    before = raw_column("notifications", "recipient", rows_a.notification.pk)
+    row = Notification.objects.get(pk=rows_a.notification.pk)
+    row.subject = "changed"
+    row.save()
+    assert raw_column("notifications", "recipient", rows_a.notification.pk) == before
+
+
+# --- rotation ---------------------------------------------------------------------------------
+
+
+def _tokens() -> dict[str, str]:
+    out = {}
+    for model, field in encrypted_fields():
+        for pk, token in model._default_manager.exclude(**{f"{field.attname}__isnull": True}).values_list(
+            "pk", field.attname
+        ):
+            out[f"{model._meta.label}.{field.name}:{pk}"] = token
+    return out
+
+
+def test_rotation_re_encrypts_everything_under_the_newest_key_only(secrets_everywhere):
+    rows, record, enrollment = secrets_everywhere
+    new = Fernet.generate_key().decode()
+    before = _tokens()
+    assert len(before) == 4
+    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[new, OLD]):
+        err, out = io.StringIO(), io.StringIO()
+        call_command("rotate_encryption_keys", stdout=out, stderr=err)
+        assert "re-encrypted 4 value(s)" in out.getvalue()
+        # the progress bar goes to stderr, one per encrypted column
+        progress = err.getvalue()
+        assert "notifications.Notification.recipient" in progress and "100%" in progress
+        after = _tokens()
+        assert after.keys() == before.keys()
+        assert all(after[k] != before[k] for k in before)
+
+        # Re-running is safe: nothing left to do, nothing changes.
+        out = io.StringIO()
+        call_command("rotate_encryption_keys", stdout=out, stderr=io.StringIO())
+        assert "re-encrypted 0 value(s)" in out.getvalue()
+        assert _tokens() == after
+
+    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[new]):  # the old key is gone
+        old_only = Fernet(OLD.encode())
+        for token in _tokens().values():
+            assert Fernet(new.encode()).decrypt(token.encode())
+            with pytest.raises(Exception):  # noqa: B017 - InvalidToken: no longer readable by the old key
+                old_only.decrypt(token.encode())
+        assert Notification.objects.get(pk=rows.notification.pk).recipient == "alice@example.com"
+        assert Provider.objects.get(pk=rows.provider.pk).secrets == {"signing_secret": WHSEC}
+        assert IdempotencyRecord.objects.get(pk=record.pk).response_body == '{"recipient": "alice@example.com"}'
+        assert Enrollment.objects.get(pk=enrollment.pk).recipient == PHONE
+
+
+def test_rotation_processes_in_batches(rows_a):
+    for i in range(5):
+        Notification.objects.create(
+            id=uuid.uuid4(),
+            tenant=rows_a.tenant,
+            channel="sms",
+            recipient=f"+1555000000{i}",
+            recipient_masked="x",
+            provider=rows_a.provider,
+        )
+    new = Fernet.generate_key().decode()
+    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[new, OLD]):
+        out = io.StringIO()
+        call_command("rotate_encryption_keys", "--batch-size", "2", stdout=out, stderr=io.StringIO())
+        assert "re-encrypted 7 value(s)" in out.getvalue()  # 6 recipients + 1 provider secret
+        assert all(crypto.is_current(t) for t in _tokens().values())
+
+
+def test_rotation_without_the_old_key_stops_with_a_clear_error_and_changes_nothing(rows_a):
+    before = _tokens()
+    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[Fernet.generate_key().decode()]):
+        with pytest.raises(CommandError, match=r"of row"):
+            call_command("rotate_encryption_keys", stdout=io.StringIO(), stderr=io.StringIO())
+    assert _tokens() == before
+
+
+# --- decrypting with a missing key ----------------------------------------------------------------
+
+
+def test_value_under_a_removed_key_raises_naming_model_field_and_row(rows_a):
+    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[Fernet.generate_key().decode()]):
+        row = Notification.objects.get(pk=rows_a.notification.pk)  # loading does not decrypt
+        with pytest.raises(crypto.DecryptionError) as info:
+            row.recipient  # noqa: B018
+        message = str(info.value)
+        assert "Notification.recipient" in message and str(rows_a.notification.pk) in message
+        assert "alice" not in message
+        provider = Provider.objects.get(pk=rows_a.provider.pk)
+        with pytest.raises(crypto.DecryptionError, match=rf"Provider\.secrets of row {rows_a.provider.pk}"):
+            provider.secrets  # noqa: B018
+
+
+def test_garbage_in_the_column_raises_instead_of_returning_garbage(rows_a):
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE notifications SET recipient = 'not-a-token' WHERE id = %s", [rows_a.notification.pk])
+    with pytest.raises(crypto.DecryptionError):
+        Notification.objects.get(pk=rows_a.notification.pk).recipient  # noqa: B018
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def test_parse_keys_accepts_a_list_newest_first():
+    k1, k2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    assert parse_keys(f" {k1} , {k2} ,") == [k1, k2]
+
+
+@pytest.mark.parametrize(("raw", "index"), [("nope", 1), (f"{Fernet.generate_key().decode()},short", 2)])
+def test_parse_keys_names_the_bad_key(raw, index):
+    with pytest.raises(ImproperlyConfigured, match=rf"key #{index} is not a valid Fernet key"):
+        parse_keys(raw)
+
+
+def test_dev_key_is_generated_once_private_and_reused(tmp_path):
+    path = tmp_path / "var" / "encryption.key"
+    first = load_encryption_keys("", debug=True, dev_key_file=path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert load_encryption_keys("", debug=True, dev_key_file=path) == first
+    with pytest.raises(ImproperlyConfigured, match="OMNIPOST_ENCRYPTION_KEYS is required when DEBUG is off"):
+        load_encryption_keys("", debug=False, dev_key_file=path)
+
+
+def _check(**env: str):  # noqa: ANN202
+    base = {
+        "DJANGO_SETTINGS_MODULE": "omnipost_site.settings",
+        "DEBUG": "false",
+        "SECRET_KEY": "a-production-like-secret",
+        "DATABASE_URL": "sqlite:///:memory:",
+    }
+    return run_manage("check", env=clean_env(**{**base, **env}))
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ("not-a-key", "OMNIPOST_ENCRYPTION_KEYS: key #1 is not a valid Fernet key"),
+        (f"{Fernet.generate_key().decode()},also-bad", "OMNIPOST_ENCRYPTION_KEYS: key #2 is not a valid Fernet key"),
+        ("", "OMNIPOST_ENCRYPTION_KEYS is required when DEBUG is off"),
+    ],
+)
+def test_bad_or_missing_keys_fail_start_up_with_one_line(keys, message):
+    result = _check(**({"OMNIPOST_ENCRYPTION_KEYS": keys} if keys else {}))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_good_configuration_passes_the_check():
+    result = _check(OMNIPOST_ENCRYPTION_KEYS=Fernet.generate_key().decode())
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SECRET_KEY": ""}, "SECRET_KEY is required when DEBUG is off"),
+        ({"OMNIPOST_LEASE_SECONDS": "soon"}, "OMNIPOST_LEASE_SECONDS"),
+        ({"OMNIPOST_MAX_ATTEMPTS": "many"}, "OMNIPOST_MAX_ATTEMPTS"),
+        ({"OMNIPOST_LOG_FORMAT": "xml"}, "OMNIPOST_LOG_FORMAT"),
+    ],
+)
+def test_other_bad_settings_fail_with_one_line_naming_the_variable(env, message):
+    result = _check(OMNIPOST_ENCRYPTION_KEYS=Fernet.generate_key().decode(), **env)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
