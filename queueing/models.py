@@ -156,8 +156,7 @@ class RateBucket(models.Model):
     """A token bucket shared by every process: `tokens = min(burst, tokens + elapsed * rate)`.
 
     Keys are `provider:<id>` and `tenant:<id>`. `effective_rate` is the adaptive rate (lowered
-    on 429s, raised back toward `rate` on success); `blocked_until` lets claims skip the key's
-    items while it has no tokens.
+    on 429s, raised back toward `rate` on success).
     """
 
     key = models.CharField(primary_key=True, max_length=100)
@@ -166,7 +165,8 @@ class RateBucket(models.Model):
     burst = models.FloatField()
     tokens = models.FloatField()
     updated_at = models.DateTimeField(db_default=Now())
-    blocked_until = models.DateTimeField(null=True, blank=True)
+    decreased_at = models.DateTimeField(null=True, blank=True)
+    increased_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "rate_limit_buckets"

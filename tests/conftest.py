@@ -10,6 +10,8 @@ from rest_framework.test import APIClient
 
 from core.models import ApiKey, Tenant
 
+pytest_plugins = ["tests.support.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201

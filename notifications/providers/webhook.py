@@ -1,0 +1,161 @@
+"""Webhook provider: a JSON POST signed per the Standard Webhooks spec.
+
+Headers: `webhook-id` (the notification id, constant across retries), `webhook-timestamp`,
+`webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">` keyed with the
+base64-decoded part of the `whsec_` secret, and `Idempotency-Key` (the notification id again).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import math
+import re
+import time
+
+from notifications.providers.base import (
+    BaseProvider,
+    DeliveryResult,
+    OutboundMessage,
+    as_dict,
+    check_destination_host,
+    clean_message,
+    config_error,
+    parse_retry_after,
+    reject_unknown_keys,
+)
+from notifications.providers.http import HttpClient, build_head, split_url
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+MAX_TIMEOUT_SECONDS = 120.0
+MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 64
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+_KEY_FORMAT_HELP = 'expected "whsec_" followed by base64 of 16 to 64 random bytes, e.g. whsec_ + base64(os.urandom(32))'
+
+
+def decode_signing_secret(secret: object) -> bytes:
+    """The HMAC key inside a `whsec_` secret; ValueError with a fixable message if malformed."""
+    if not isinstance(secret, str) or not secret.startswith("whsec_"):
+        raise ValueError(_KEY_FORMAT_HELP)
+    try:
+        key = base64.b64decode(secret[len("whsec_") :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"the part after whsec_ is not valid base64; {_KEY_FORMAT_HELP}") from None
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"the key decodes to {len(key)} bytes; {_KEY_FORMAT_HELP}")
+    return key
+
+
+class WebhookProvider(BaseProvider):
+    kind = "webhook"
+    options = ("http_client",)
+
+    def __init__(self, config: dict, secrets: dict, *, http_client: HttpClient | None = None) -> None:
+        """`http_client` may be shared by several providers; it is then not closed by aclose()."""
+        super().__init__(config, secrets)
+        self.url = self.config["url"]
+        self.timeout = float(self.config.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
+        self._origin, target = split_url(self.url)
+        # Static part of every request, serialised once.
+        self._head_prefix = build_head(
+            "POST", self._origin, target, {"Content-Type": "application/json", "Accept": "*/*"}, final=False
+        )
+        self._hmac = hmac.new(decode_signing_secret(self.secrets.get("signing_secret")), digestmod=hashlib.sha256)
+        self._owns_client = http_client is None
+        self._client = http_client or HttpClient()
+
+    @classmethod
+    def validate(cls, config: dict, secrets: dict, *, check_destination: bool = True) -> dict:
+        config, secrets = as_dict(config, "config"), as_dict(secrets, "secrets")
+        reject_unknown_keys(config, ("url", "timeout_seconds"), section="config")
+        reject_unknown_keys(secrets, ("signing_secret",), section="secrets")
+        url = config.get("url")
+        if not isinstance(url, str) or not url.strip():
+            raise config_error("url", "required: the http(s) URL to POST notifications to")
+        url = url.strip()
+        try:
+            origin, _ = split_url(url)
+        except ValueError as exc:
+            raise config_error("url", str(exc)) from None
+        timeout = config.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+            raise config_error("timeout_seconds", "must be a number of seconds")
+        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise config_error("timeout_seconds", f"must be greater than 0 and at most {MAX_TIMEOUT_SECONDS:g}")
+        try:
+            decode_signing_secret(secrets.get("signing_secret"))
+        except ValueError as exc:
+            raise config_error("signing_secret", str(exc), section="secrets") from None
+        if check_destination:
+            check_destination_host(origin.host, origin.port, "url")
+        return {"url": url, "timeout_seconds": float(timeout)}
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        try:
+            msg_id = message.notification_id
+            if not _SAFE_ID.fullmatch(msg_id):
+                return DeliveryResult(
+                    delivered=False, error_code="malformed_content", message="invalid notification id", permanent=True
+                )
+            payload = {
+                "id": msg_id,
+                "channel": message.channel,
+                "recipient": message.recipient,
+                "subject": message.subject,
+                "body": message.body,
+                "metadata": message.metadata,
+                "created_at": message.created_at.isoformat(),
+            }
+            try:
+                body = json.dumps(payload, separators=(",", ":")).encode()
+            except (TypeError, ValueError) as exc:
+                return DeliveryResult(
+                    delivered=False,
+                    error_code="malformed_content",
+                    error_class=type(exc).__name__,
+                    message=clean_message(f"payload is not JSON-serialisable: {exc}"),
+                    permanent=True,
+                )
+            timestamp = str(int(time.time()))
+            mac = self._hmac.copy()
+            mac.update(f"{msg_id}.{timestamp}.".encode())
+            mac.update(body)
+            signature = base64.b64encode(mac.digest())
+            head = b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: v1,%s\r\n" % (
+                self._head_prefix,
+                msg_id.encode(),
+                timestamp.encode(),
+                signature,
+            ) + b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n" % (msg_id.encode(), len(body))
+            response = await self._client.send(self._origin, head, body, self.timeout)
+        except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+            return self._failure(exc)
+        status = response.status
+        if 200 <= status < 300:
+            return DeliveryResult(delivered=True, http_status=status)
+        if 300 <= status < 400:
+            return DeliveryResult(
+                delivered=False,
+                http_status=status,
+                error_code="redirect",
+                message=f"HTTP {status}: redirects are not followed; configure the final URL",
+                permanent=True,
+            )
+        return DeliveryResult(
+            delivered=False,
+            http_status=status,
+            retry_after=parse_retry_after(response.headers.get("retry-after")),
+            error_code=f"http_{status}",
+            message=clean_message(
+                f"HTTP {status} {response.reason}: {response.body[:200].decode('utf-8', 'replace')}".strip(),
+                self._secret_values(),
+            ),
+        )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,475 @@
+"""The dispatcher: claims batches, delivers them concurrently on asyncio, records every outcome.
+
+One process keeps up to `concurrency` provider calls in flight on one event loop. All database
+work runs on one dedicated thread (one connection), in short transactions with a fixed number of
+statements per batch: [take tokens] → claim + mark dispatching → … sends … → record outcomes.
+A second connection LISTENs for enqueues (PostgreSQL), so idle workers wake in milliseconds and
+otherwise poll with backoff.
+
+Shutdown (SIGTERM/SIGINT): stop claiming, let in-flight sends finish within the grace period,
+give back whatever has not been sent, record everything, exit 0. A second signal ends the grace
+period at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import OperationalError, close_old_connections, connection, transaction
+from django.db.models import Exists, OuterRef, Q
+
+from dlq.classifier import classify
+from dlq.retry import RetryPolicy, exhausted
+from notifications.delivery import Outcome, Prepared, record_outcomes, start_batch
+from notifications.models import AttemptOutcome, DeliveryAttempt, Provider
+from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
+from queueing import heartbeat, queue, ratelimit
+from queueing.models import Worker
+from queueing.wakeup import Doorbell
+
+logger = logging.getLogger("omnipost.dispatcher")
+
+MIN_POLL = 0.05
+MAX_POLL = 1.0
+PROVIDER_CACHE_SECONDS = 5.0
+LANE_REFRESH_SECONDS = 0.25
+HEARTBEAT_SECONDS = 5.0
+
+
+@dataclass
+class DispatcherConfig:
+    queues: list[str] | None = None
+    concurrency: int = 100
+    batch_size: int = 100
+    grace_seconds: float = 10.0
+    once: bool = False
+    max_items: int | None = None
+    lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
+    jitter: bool = True
+
+
+@dataclass
+class _CachedProvider:
+    instance: BaseProvider
+    row_updated_at: datetime
+    max_attempts: int
+    limited: bool
+    loaded_at: float
+
+
+class Dispatcher:
+    def __init__(self, config: DispatcherConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.retry_policy = RetryPolicy.from_settings()
+        self.stopping = asyncio.Event()
+        self.force = False
+        self.processed = 0
+        self.claimed = 0
+        self.claimed_by_tenant: Counter[str] = Counter()
+        self._inflight: dict[int, tuple[asyncio.Task, Prepared]] = {}
+        self._outcomes: list[Outcome] = []
+        self._providers: dict[int, _CachedProvider] = {}
+        self._lanes: dict[int, ratelimit.LaneSpec] = {}
+        self._lanes_checked = -1e9
+        self._any_limits_checked = -1e9
+        self._any_limits = False
+        self.worker: Worker | None = None
+
+    # --- entry points -----------------------------------------------------------------------------
+    def run(self) -> int:
+        return asyncio.run(self.main())
+
+    async def main(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnipost-db")
+        self.wake = asyncio.Event()
+        self.capacity = asyncio.Event()
+        self.record_wake = asyncio.Event()
+        self.finished = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self.loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.config.jitter:
+            await asyncio.sleep(random.random() * 0.5)  # noqa: S311 - start-up jitter, not crypto
+        self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
+        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}").start()
+        logger.info(
+            "dispatcher %s:%s started (concurrency %d, batch %d, queues %s)",
+            socket.gethostname(),
+            os.getpid(),
+            self.config.concurrency,
+            self.config.batch_size,
+            ",".join(self.config.queues or ["*"]),
+        )
+        recorder = asyncio.create_task(self._record_loop(), name="recorder")
+        keeper = asyncio.create_task(self._lease_keeper(), name="lease-keeper")
+        beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        try:
+            await self._fetch_loop()
+        finally:
+            self.stopping.set()
+            await self._drain_inflight()
+            self.finished.set()
+            self.record_wake.set()
+            await recorder
+            keeper.cancel()
+            beats.cancel()
+            bell.stop()
+            await self.db(heartbeat.stop, self.worker)
+            for cached in self._providers.values():
+                with contextlib.suppress(Exception):
+                    await cached.instance.aclose()
+            await self.db(lambda: connection.close())  # resolved on the DB thread
+            self.db_thread.shutdown(wait=True)
+        logger.info(
+            "dispatcher stopped after %d deliveries; claims by tenant: %s",
+            self.processed,
+            json.dumps(dict(self.claimed_by_tenant)),
+        )
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stopping.is_set():
+            logger.warning("second %s: giving back in-flight work now", signal.Signals(sig).name)
+            self.force = True
+            for task, _ in list(self._inflight.values()):
+                task.cancel()
+        else:
+            logger.info(
+                "%s received: no new claims; finishing in-flight work (grace %.0fs)",
+                signal.Signals(sig).name,
+                self.config.grace_seconds,
+            )
+        self.stopping.set()
+        self.wake.set()
+        self.capacity.set()
+
+    def _ring(self, payload: str) -> None:
+        if not self.config.queues or not payload or set(payload.split(",")) & set(self.config.queues):
+            self.loop.call_soon_threadsafe(self.wake.set)
+
+    async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn` on the database thread, reconnecting once after a dropped connection."""
+
+        def call() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except OperationalError:
+                close_old_connections()
+                connection.close()
+                raise
+
+        return await self.loop.run_in_executor(self.db_thread, call)
+
+    # --- claiming -----------------------------------------------------------------------------------
+    def _remaining(self) -> int | None:
+        if self.config.max_items is None:
+            return None
+        return max(0, self.config.max_items - self.claimed)
+
+    async def _fetch_loop(self) -> None:
+        poll = MIN_POLL
+        while not self.stopping.is_set():
+            free = self.config.concurrency - len(self._inflight)
+            remaining = self._remaining()
+            if remaining == 0:
+                return
+            if free <= 0:
+                self.capacity.clear()
+                await self.capacity.wait()
+                continue
+            want = min(self.config.batch_size, free, remaining if remaining is not None else free)
+            try:
+                prepared, skipped, next_token_in = await self.db(self._claim_batch, want)
+            except OperationalError as exc:
+                logger.warning("database unavailable while claiming (%s); retrying in %.1fs", exc, poll)
+                await self._sleep(poll)
+                poll = min(poll * 2, MAX_POLL * 5)
+                continue
+            if skipped:
+                self._outcomes.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
+                self.record_wake.set()
+            for item in prepared:
+                self._start_send(item)
+            self.claimed += len(prepared) + len(skipped)
+            self.claimed_by_tenant.update(str(p.tenant_id) for p in prepared)
+            if prepared or skipped:
+                poll = MIN_POLL
+                continue
+            if self.config.once:
+                return
+            wait = poll if next_token_in is None else min(poll, max(0.005, next_token_in))
+            await self._sleep(wait)
+            poll = min(poll * 2, MAX_POLL)
+
+    async def _sleep(self, seconds: float) -> None:
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout=seconds)
+
+    def _claim_batch(self, want: int) -> tuple[list[Prepared], list[queue.Lease], float | None]:
+        """On the DB thread: take tokens for rate-limited lanes, claim, mark dispatching, load providers."""
+        lanes, next_token_in = self._grant_lanes(want)
+        main = max(0, want - sum(lanes.values()))
+        with transaction.atomic():
+            leases = queue.claim(main, lease_seconds=self.config.lease_seconds, queues=self.config.queues, lanes=lanes)
+            prepared, skipped = start_batch(leases)
+        if lanes:
+            used: dict[int, int] = {}
+            for lease in leases:
+                if lease.rate_limited and lease.provider_id is not None:
+                    used[lease.provider_id] = used.get(lease.provider_id, 0) + 1
+            unused = {pid: n - used.get(pid, 0) for pid, n in lanes.items()}
+            ratelimit.give_back(self._lanes, unused)
+            for pid, n in unused.items():
+                if n > 0:  # the lane ran dry: look again at the next refresh, not every batch
+                    self._lanes.pop(pid, None)
+        self._load_providers({p.provider_id for p in prepared})
+        return prepared, skipped, next_token_in
+
+    def _grant_lanes(self, want: int) -> tuple[dict[int, int], float | None]:
+        now = self.clock()
+        if now - self._any_limits_checked > PROVIDER_CACHE_SECONDS:
+            self._any_limits = queue_has_rate_limited_items()
+            self._any_limits_checked = now
+        if not self._any_limits:
+            return {}, None
+        if now - self._lanes_checked > LANE_REFRESH_SECONDS:
+            self._lanes = ready_lanes(self.config.queues)
+            self._lanes_checked = now
+            self._any_limits = bool(self._lanes) or queue_has_rate_limited_items()
+        if not self._lanes:
+            return {}, None
+        grant = ratelimit.take(self._lanes, {pid: want for pid in self._lanes})
+        return {pid: n for pid, n in grant.granted.items() if n > 0}, grant.next_token_in
+
+    def _load_providers(self, provider_ids: set[int]) -> None:
+        now = self.clock()
+        stale = {
+            pid
+            for pid in provider_ids
+            if pid not in self._providers or now - self._providers[pid].loaded_at > PROVIDER_CACHE_SECONDS
+        }
+        if not stale:
+            return
+        rows = Provider.objects.filter(pk__in=stale).select_related("tenant")
+        for row in rows:
+            cached = self._providers.get(row.pk)
+            if cached and cached.row_updated_at == row.updated_at:
+                cached.loaded_at = now
+                continue
+            if cached:
+                asyncio.run_coroutine_threadsafe(cached.instance.aclose(), self.loop)
+            self._providers[row.pk] = _CachedProvider(
+                instance=build_provider(row.kind, row.config, row.secrets),
+                row_updated_at=row.updated_at,
+                max_attempts=row.max_attempts or settings.OMNIPOST_MAX_ATTEMPTS,
+                limited=row.rate_per_second is not None or row.tenant.rate_per_second is not None,
+                loaded_at=now,
+            )
+
+    # --- sending ------------------------------------------------------------------------------------
+    def _start_send(self, item: Prepared) -> None:
+        task = self.loop.create_task(self._send(item))
+        self._inflight[item.lease.item_id] = (task, item)
+        task.add_done_callback(lambda _t, item_id=item.lease.item_id: self._sent(item_id))
+
+    def _sent(self, item_id: int) -> None:
+        self._inflight.pop(item_id, None)
+        self.capacity.set()
+
+    async def _send(self, item: Prepared) -> None:
+        started = datetime.now(UTC)
+        t0 = time.perf_counter()
+        try:
+            provider = self._providers[item.provider_id]
+            message = OutboundMessage(
+                notification_id=str(item.notification_id),
+                tenant_id=str(item.tenant_id),
+                channel=item.channel,
+                recipient=item.recipient(),
+                subject=item.subject,
+                body=item.body,
+                metadata=item.metadata,
+                created_at=item.created_at,
+                attempt=item.attempt_number,
+            )
+            result = await provider.instance.send(message)
+        except asyncio.CancelledError:
+            self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
+            self.record_wake.set()
+            raise
+        except Exception as exc:  # noqa: BLE001 - a crash in a provider is recorded, never lost
+            logger.exception("provider crashed delivering %s", item.notification_id)
+            result = DeliveryResult(
+                delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
+            )
+        self._outcomes.append(self._outcome(item, result, started, time.perf_counter() - t0))
+        self.record_wake.set()
+
+    def _outcome(self, item: Prepared, result: DeliveryResult, started: datetime, seconds: float) -> Outcome:
+        verdict = classify(result)
+        cached = self._providers.get(item.provider_id)
+        attempt = DeliveryAttempt(
+            tenant_id=item.tenant_id,
+            notification_id=item.notification_id,
+            number=item.attempt_number,
+            provider_id=item.provider_id,
+            started_at=started,
+            finished_at=datetime.now(UTC),
+            outcome=verdict.outcome,
+            error_class=result.error_class[:100],
+            error_code=verdict.error_code[:100],
+            error_message=result.message[:500],
+            http_status=result.http_status,
+            duration_ms=int(seconds * 1000),
+        )
+        log_extra = {
+            "notification_id": str(item.notification_id),
+            "tenant_id": str(item.tenant_id),
+            "attempt": item.attempt_number,
+            "outcome": verdict.outcome,
+            "error_code": verdict.error_code,
+        }
+        if verdict.outcome == AttemptOutcome.DELIVERED:
+            logger.debug("delivered %s", item.notification_id, extra=log_extra)
+            return Outcome(lease=item.lease, kind="delivered", attempt=attempt)
+        reason = f"{verdict.error_code}: {result.message}".strip(": ")
+        common = {
+            "attempt": attempt,
+            "error_code": verdict.error_code,
+            "failure_reason": reason,
+            "failure_class": verdict.failure_class,
+            "status_code": result.http_status,
+        }
+        if verdict.permanent:
+            logger.warning("permanent failure of %s: %s", item.notification_id, reason, extra=log_extra)
+            return Outcome(lease=item.lease, kind="failed", **common)
+        max_attempts = cached.max_attempts if cached else settings.OMNIPOST_MAX_ATTEMPTS
+        if exhausted(item.attempts_this_run, max_attempts):
+            logger.warning(
+                "%s dead-lettered after %d attempts: %s",
+                item.notification_id,
+                item.attempts_this_run,
+                reason,
+                extra=log_extra,
+            )
+            return Outcome(lease=item.lease, kind="dead_lettered", **common)
+        delay = self.retry_policy.delay(item.attempts_this_run, verdict.retry_after)
+        logger.info("%s will retry in %.1fs: %s", item.notification_id, delay, reason, extra=log_extra)
+        return Outcome(lease=item.lease, kind="retry", retry_delay=delay, **common)
+
+    async def _drain_inflight(self) -> None:
+        if not self._inflight:
+            return
+        pending = [task for task, _ in self._inflight.values()]
+        timeout = 0 if self.force else self.config.grace_seconds
+        done, not_done = await asyncio.wait(pending, timeout=timeout) if timeout else (set(), set(pending))
+        for task in not_done:
+            task.cancel()
+        if not_done:
+            logger.warning("grace period over: giving back %d unfinished deliveries", len(not_done))
+            await asyncio.gather(*not_done, return_exceptions=True)
+
+    # --- recording ----------------------------------------------------------------------------------
+    async def _record_loop(self) -> None:
+        """Writes outcomes in batches until the dispatcher has finished and nothing is left."""
+        while True:
+            await self.record_wake.wait()
+            self.record_wake.clear()
+            await asyncio.sleep(0.002)  # let a few more outcomes join the batch
+            if self._outcomes:
+                batch, self._outcomes = self._outcomes, []
+                await self._record(batch)
+            if self.finished.is_set() and not self._outcomes:
+                return
+
+    async def _record(self, batch: list[Outcome]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                recorded = await self.db(self._record_batch, batch)
+                break
+            except OperationalError as exc:
+                # Nothing was written; the leases are still ours until they expire. Try again.
+                logger.warning("database unavailable while recording %d outcomes (%s)", len(batch), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        if recorded.lost:
+            logger.warning("%d item(s) were re-claimed by a peer before we recorded them", len(recorded.lost))
+        self.processed += sum(1 for o in batch if o.kind != "deferred") - len(recorded.lost)
+
+    def _record_batch(self, batch: list[Outcome]):  # noqa: ANN202
+        recorded = record_outcomes(batch)
+        throttled, succeeded = set(), set()
+        for o in batch:
+            cached = self._providers.get(o.lease.provider_id)
+            if not (cached and cached.limited and o.attempt):
+                continue
+            if o.attempt.http_status == 429:
+                throttled.add(o.lease.provider_id)
+            elif o.kind == "delivered":
+                succeeded.add(o.lease.provider_id)
+        if throttled or succeeded:
+            ratelimit.adapt(throttled, succeeded)
+        return recorded
+
+    # --- leases and heartbeat -----------------------------------------------------------------------
+    async def _lease_keeper(self) -> None:
+        interval = max(0.2, self.config.lease_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            leases = [item.lease for _, item in self._inflight.values()]
+            if leases:
+                kept = await self.db(queue.extend, leases, self.config.lease_seconds)
+                if len(kept) < len(leases):
+                    logger.warning("%d lease(s) were lost before they could be extended", len(leases) - len(kept))
+
+    async def _heartbeat_loop(self) -> None:
+        reported = 0
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            with contextlib.suppress(OperationalError):
+                await self.db(heartbeat.beat, self.worker, self.processed - reported)
+                reported = self.processed
+
+
+def queue_has_rate_limited_items() -> bool:
+    from queueing.models import QueueItem
+
+    return QueueItem.objects.filter(rate_limited=True).exists()
+
+
+def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
+    """Rate-limited providers that have ready items, with their limits (one query)."""
+    from queueing.models import QueueItem
+
+    ready = QueueItem.objects.ready().filter(rate_limited=True, provider_id=OuterRef("pk"))
+    if queues:
+        ready = ready.filter(queue_name__in=queues)
+    # Providers with a limit are few; for each, EXISTS probes the lane index once.
+    rows = (
+        Provider.objects.filter(Q(rate_per_second__isnull=False) | Q(tenant__rate_per_second__isnull=False))
+        .filter(Exists(ready))
+        .values_list("pk", "tenant_id", "rate_per_second", "burst", "tenant__rate_per_second", "tenant__rate_burst")
+    )
+    return {
+        pid: ratelimit.LaneSpec(pid, tid, prate, pburst, trate, tburst)
+        for pid, tid, prate, pburst, trate, tburst in rows
+    }

@@ -1,0 +1,45 @@
+"""Starting real dispatcher processes for tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_dispatchers(count: int, env: dict, *args: str, log_dir: Path | None = None) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(count):
+        stderr = open(log_dir / f"dispatcher{i}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(  # noqa: S603
+                [sys.executable, "manage.py", "run_dispatcher", "--no-jitter", *args],
+                cwd=ROOT, env=env, stdout=stderr, stderr=stderr,
+            )
+        )
+    return procs
+
+
+def wait_exit(procs: list[subprocess.Popen], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            codes.append(-9)
+    return codes
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,82 @@
+"""The dispatcher in-process against real loopback receivers: outcomes, statuses, attempts."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlq.models import DeadLetter
+from notifications.models import DeliveryAttempt, Notification
+from queueing.models import QueueItem, Worker
+from queueing.worker import Dispatcher, DispatcherConfig
+from tests import factories
+from tests.support.receivers import TEST_SIGNING_SECRET
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_once(**overrides) -> Dispatcher:
+    dispatcher = Dispatcher(DispatcherConfig(once=True, jitter=False, **overrides))
+    assert dispatcher.run() == 0
+    return dispatcher
+
+
+def hook_for(tenant, receiver, **extra):
+    return factories.provider(tenant, config={"url": receiver.url}, secrets={"signing_secret": TEST_SIGNING_SECRET},
+                              **extra)
+
+
+def test_delivers_signed_webhooks_and_records_attempts(tenant_a, webhook_receiver):
+    notes = factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 25)
+    run_once(concurrency=10, batch_size=7)
+    assert webhook_receiver.wait_for(25)
+    received = webhook_receiver.requests
+    assert all(r.verified for r in received)
+    assert sorted(r.webhook_id for r in received) == sorted(str(n.id) for n in notes)
+    assert set(Notification.objects.values_list("status", flat=True)) == {"delivered"}
+    assert DeliveryAttempt.objects.filter(outcome="delivered", number=1).count() == 25
+    assert QueueItem.objects.count() == 0
+    worker = Worker.objects.get()
+    assert worker.stopped_at is not None and worker.kind == "dispatcher"
+
+
+def test_permanent_failure_goes_to_dlq_after_one_attempt(tenant_a, webhook_receiver):
+    webhook_receiver.configure(status=400)
+    (note,) = factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 1)
+    run_once()
+    note.refresh_from_db()
+    assert note.status == "failed" and note.attempt_count == 1 and note.last_error_code == "http_400"
+    entry = DeadLetter.objects.get(notification=note)
+    assert (entry.failure_class, entry.status, entry.last_status_code, entry.attempt_count) == (
+        "permanent", "open", 400, 1)
+    assert QueueItem.objects.count() == 0
+
+
+def test_transient_failure_is_released_for_retry(tenant_a, webhook_receiver, settings):
+    settings.OMNIPOST_RETRY_BASE_SECONDS = 30
+    webhook_receiver.configure(status=503)
+    (note,) = factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 1)
+    run_once()
+    note.refresh_from_db()
+    assert note.status == "retrying" and note.attempt_count == 1
+    item = QueueItem.objects.get()
+    assert item.lock_token is None and item.attempts == 1
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.outcome, attempt.http_status, attempt.error_code) == ("transient_error", 503, "http_503")
+
+
+def test_cancelled_notification_is_never_sent(tenant_a, webhook_receiver):
+    notes = factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 3)
+    Notification.objects.filter(pk=notes[0].pk).update(status="cancelled")
+    Notification.objects.filter(pk=notes[1].pk).update(status="delivered")
+    run_once()
+    assert webhook_receiver.wait_for(1)
+    assert [r.webhook_id for r in webhook_receiver.requests] == [str(notes[2].id)]
+    assert QueueItem.objects.count() == 0
+    assert Notification.objects.get(pk=notes[0].pk).status == "cancelled"
+
+
+def test_max_items_stops_early(tenant_a, webhook_receiver):
+    factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 10)
+    run_once(max_items=4, batch_size=3)
+    assert Notification.objects.filter(status="delivered").count() == 4
+    assert QueueItem.objects.count() == 6
