@@ -1,13 +1,14 @@
-"""The database side of delivering a batch: start it, then record every outcome.
+"""The database side of delivering a batch: claim and start it, then record every outcome.
 
-`start_batch` moves the claimed notifications to `dispatching` with one conditional UPDATE and
-returns what the providers need; a notification that is no longer sendable (cancelled,
+`claim_and_start` leases items and moves their notifications to `dispatching` in one statement,
+returning what the providers need; a notification that is no longer sendable (cancelled,
 delivered, failed) comes back in `skipped`, so it is acked and never sent.
 
-`record_outcomes` writes a whole batch's results in one short transaction with a fixed number of
-statements: ack (DELETE … RETURNING, fenced by lock_token), release for retries, the
-notifications' new statuses, one attempt row per try, and dead-letter entries. Items whose lease
-was lost to a peer change nothing here (the peer owns them now).
+`record_outcomes` writes a whole batch's results at once: ack (DELETE … RETURNING, fenced by
+lock_token), release for retries, the notifications' new statuses, one attempt row per try and
+dead-letter entries. On PostgreSQL that is ONE statement of writable CTEs (one round trip, one
+commit per batch); elsewhere one short transaction. Items whose lease was lost to a peer change
+nothing here: the peer owns them now.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
@@ -30,18 +33,9 @@ from queueing.queue import Lease
 
 SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)
 _SEND_FIELDS = (
-    "id",
-    "tenant_id",
-    "channel",
-    "recipient",
-    "subject",
-    "body",
-    "metadata",
-    "created_at",
-    "provider_id",
-    "attempt_count",
-    "attempt_offset",
-)
+    "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "provider_id",
+    "attempt_count", "attempt_offset",
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -64,13 +58,26 @@ class Prepared:
 
 
 @dataclass(slots=True)
+class Attempt:
+    number: int
+    started_at: datetime
+    finished_at: datetime
+    outcome: str
+    error_class: str = ""
+    error_code: str = ""
+    error_message: str = ""
+    http_status: int | None = None
+    duration_ms: int = 0
+
+
+@dataclass(slots=True)
 class Outcome:
     """What became of one claimed item. `kind` is delivered | retry | failed | dead_lettered |
     skipped (not sendable) | deferred (given back untried, e.g. on shutdown)."""
 
     lease: Lease
     kind: str
-    attempt: DeliveryAttempt | None = None
+    attempt: Attempt | None = None
     retry_delay: float = 0.0
     error_code: str = ""
     failure_reason: str = ""
@@ -80,141 +87,241 @@ class Outcome:
 
 @dataclass(slots=True)
 class Recorded:
-    acked: set[int] = field(default_factory=set)
-    released: set[int] = field(default_factory=set)
+    ours: set[int] = field(default_factory=set)
     lost: list[Outcome] = field(default_factory=list)
 
 
-def _is_pg(using: str) -> bool:
-    return connections[using].vendor == "postgresql"
+ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped")
+_FINAL_STATUS = {
+    "delivered": Status.DELIVERED, "failed": Status.FAILED, "dead_lettered": Status.DEAD_LETTERED,
+    "retry": Status.RETRYING, "deferred": Status.QUEUED,
+}  # fmt: skip
 
 
-def start_batch(leases: Sequence[Lease], *, using: str = "default") -> tuple[list[Prepared], list[Lease]]:
-    """One UPDATE … RETURNING: sendable notifications → dispatching, with what a send needs."""
-    if not leases:
+# --- claim and start -------------------------------------------------------------------------------
+def claim_and_start(
+    n: int,
+    *,
+    lease_seconds: float | None = None,
+    queues: Sequence[str] | None = None,
+    lanes: dict[int, int] | None = None,
+    using: str = "default",
+) -> tuple[list[Prepared], list[Lease]]:
+    """Lease up to n items (plus lane grants) and mark their notifications dispatching."""
+    lanes = {pid: cap for pid, cap in (lanes or {}).items() if cap > 0}
+    if n <= 0 and not lanes:
         return [], []
-    by_notification = {lease.notification_id: lease for lease in leases}
-    ids = list(by_notification)
-    rows = _dispatching_pg(ids, using) if _is_pg(using) else _dispatching_portable(ids, using)
-    prepared = []
-    for nid, tenant_id, channel, recipient, subject, body, metadata, created_at, provider_id, count, offset in rows:
-        nid = nid if isinstance(nid, uuid.UUID) else uuid.UUID(str(nid))
+    lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    if not queue.is_pg(using):
+        with transaction.atomic(using=using):
+            leases = queue.claim(n, lease_seconds=lease, queues=queues, lanes=lanes, using=using)
+            return _start_portable(leases, using)
+    starve = float(settings.OMNIPOST_STARVATION_SECONDS)
+    ctes, params = queue.claim_ctes_pg(n, lease, starve, list(queues) if queues else None, lanes, uuid.uuid4())
+    sql = f"""{ctes}, started AS (
+            UPDATE notifications n SET status = 'dispatching', updated_at = now()
+            FROM claimed c
+            WHERE n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
+            RETURNING n.id, n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at,
+                      n.attempt_count, n.attempt_offset
+        )
+        SELECT c.*, s.id, s.channel, s.recipient, s.subject, s.body, s.metadata, s.created_at,
+               s.attempt_count, s.attempt_offset
+        FROM claimed c LEFT JOIN started s ON s.id = c.notification_id
+        ORDER BY c.priority DESC, c.enqueued_at
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    width = len(queue.RETURNING_COLUMNS.split(","))
+    prepared, skipped = [], []
+    for row in rows:
+        lease_row = queue.lease_from_row(row[:width])
+        nid, channel, recipient, subject, body, metadata, created_at, count, offset = row[width:]
+        if nid is None:
+            skipped.append(lease_row)
+            continue
         prepared.append(
             Prepared(
-                lease=by_notification.pop(nid),
-                notification_id=nid,
-                tenant_id=tenant_id,
-                channel=channel,
-                recipient_token=str(recipient),
-                subject=subject,
-                body=body,
-                metadata=json.loads(metadata) if isinstance(metadata, str) else metadata,
-                created_at=created_at,
-                provider_id=provider_id,
-                attempt_number=count + 1,
+                lease=lease_row, notification_id=lease_row.notification_id, tenant_id=lease_row.tenant_id,
+                channel=channel, recipient_token=recipient, subject=subject, body=body,
+                metadata=json.loads(metadata) if isinstance(metadata, str) else metadata, created_at=created_at,
+                provider_id=lease_row.provider_id, attempt_number=count + 1, attempts_this_run=count - offset + 1,
+            )
+        )  # fmt: skip
+    return prepared, skipped
+
+
+def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], list[Lease]]:
+    by_notification = {lease.notification_id: lease for lease in leases}
+    sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
+    rows = list(sendable.values_list(*_SEND_FIELDS))
+    sendable.update(status=Status.DISPATCHING, updated_at=Now())
+    prepared = []
+    for nid, tenant_id, channel, recipient, subject, body, metadata, created_at, provider_id, count, offset in rows:
+        prepared.append(
+            Prepared(
+                lease=by_notification.pop(nid), notification_id=nid, tenant_id=tenant_id, channel=channel,
+                recipient_token=str(recipient), subject=subject, body=body, metadata=metadata,
+                created_at=created_at, provider_id=provider_id, attempt_number=count + 1,
                 attempts_this_run=count - offset + 1,
             )
-        )
+        )  # fmt: skip
     return prepared, list(by_notification.values())
 
 
-def _dispatching_pg(ids: list[uuid.UUID], using: str) -> list[tuple]:
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE notifications SET status = 'dispatching', updated_at = now()
-            WHERE id = ANY(%s) AND status IN ('queued', 'retrying', 'dispatching')
-            RETURNING id, tenant_id, channel, recipient, subject, body, metadata, created_at, provider_id,
-                      attempt_count, attempt_offset
-            """,
-            [ids],
-        )
-        return cursor.fetchall()
-
-
-def _dispatching_portable(ids: list[uuid.UUID], using: str) -> list[tuple]:
-    with transaction.atomic(using=using):
-        sendable = Notification.objects.using(using).filter(pk__in=ids, status__in=SENDABLE)
-        rows = list(sendable.values_list(*_SEND_FIELDS))
-        sendable.update(status=Status.DISPATCHING, updated_at=Now())
-    return rows
-
-
-_FINAL_STATUS = {
-    "delivered": Status.DELIVERED,
-    "failed": Status.FAILED,
-    "dead_lettered": Status.DEAD_LETTERED,
-    "retry": Status.RETRYING,
-    "deferred": Status.QUEUED,
-}
-
-
+# --- record -----------------------------------------------------------------------------------------
 def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> Recorded:
-    """Write a batch's results atomically; returns what was acked, released, and lost to peers."""
-    result = Recorded()
+    """Write a batch's results atomically; returns the items that were still ours and those lost."""
     if not outcomes:
-        return result
-    to_ack = [o for o in outcomes if o.kind in ("delivered", "failed", "dead_lettered", "skipped")]
+        return Recorded()
+    ours = _record_pg(outcomes, using) if queue.is_pg(using) else _record_portable(outcomes, using)
+    return Recorded(ours=ours, lost=[o for o in outcomes if o.lease.item_id not in ours])
+
+
+_RECORD_SQL = """
+    WITH outcome AS (
+        SELECT * FROM unnest(%(item_ids)s::bigint[], %(tokens)s::uuid[], %(kinds)s::text[],
+                             %(delays)s::float8[], %(nids)s::uuid[], %(statuses)s::text[],
+                             %(counts)s::int[], %(codes)s::text[])
+            AS o(item_id, lock_token, kind, delay, notification_id, status, attempts, code)
+    ), acked AS (
+        DELETE FROM queue_state q USING outcome o
+        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token
+          AND o.kind IN ('delivered', 'failed', 'dead_lettered', 'skipped')
+        RETURNING q.item_id
+    ), released AS (
+        -- retries re-enter the queue when their delay ends; deferrals are refunded their claim
+        UPDATE queue_state q
+        SET lock_token = NULL, locked_until = NULL,
+            available_at = now() + o.delay * interval '1 second',
+            enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
+            attempts = greatest(q.attempts - CASE WHEN o.kind = 'deferred' THEN 1 ELSE 0 END, 0)
+        FROM outcome o
+        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.kind IN ('retry', 'deferred')
+        RETURNING q.item_id
+    ), ours AS (
+        SELECT item_id FROM acked UNION ALL SELECT item_id FROM released
+    ), kept AS (
+        SELECT o.* FROM outcome o JOIN ours USING (item_id)
+    ), changed AS (
+        UPDATE notifications n
+        SET status = k.status,
+            attempt_count = CASE WHEN k.attempts >= 0 THEN k.attempts ELSE n.attempt_count END,
+            last_error_code = k.code,
+            delivered_at = CASE WHEN k.status = 'delivered' THEN now() ELSE n.delivered_at END,
+            enqueued_at = CASE WHEN k.status = 'retrying' THEN now() ELSE n.enqueued_at END,
+            updated_at = now()
+        FROM kept k
+        WHERE n.id = k.notification_id AND n.status = 'dispatching' AND k.status <> ''
+    ), attempts AS (
+        INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
+                                       outcome, error_class, error_code, error_message, http_status, duration_ms)
+        SELECT a.tenant_id, a.notification_id, a.number, a.provider_id, a.started_at, a.finished_at, a.outcome,
+               a.error_class, a.error_code, a.error_message, a.http_status, a.duration_ms
+        FROM unnest(%(a_item_ids)s::bigint[], %(a_tenants)s::uuid[], %(a_nids)s::uuid[], %(a_numbers)s::int[],
+                    %(a_providers)s::bigint[], %(a_started)s::timestamptz[], %(a_finished)s::timestamptz[],
+                    %(a_outcomes)s::text[], %(a_classes)s::text[], %(a_codes)s::text[], %(a_messages)s::text[],
+                    %(a_statuses)s::int[], %(a_durations)s::int[])
+            AS a(item_id, tenant_id, notification_id, number, provider_id, started_at, finished_at, outcome,
+                 error_class, error_code, error_message, http_status, duration_ms)
+        JOIN ours USING (item_id)
+    ), dead AS (
+        INSERT INTO dead_letter_queue (id, tenant_id, notification_id, provider_id, failure_class, failure_reason,
+                                       error_code, last_status_code, attempt_count, status, created_at, resolved_by)
+        SELECT gen_random_uuid(), d.tenant_id, d.notification_id, d.provider_id, d.failure_class, d.reason,
+               d.code, d.status_code, d.attempt_count, 'open', now(), ''
+        FROM unnest(%(d_item_ids)s::bigint[], %(d_tenants)s::uuid[], %(d_nids)s::uuid[], %(d_providers)s::bigint[],
+                    %(d_classes)s::text[], %(d_reasons)s::text[], %(d_codes)s::text[], %(d_status_codes)s::int[],
+                    %(d_counts)s::int[])
+            AS d(item_id, tenant_id, notification_id, provider_id, failure_class, reason, code, status_code,
+                 attempt_count)
+        JOIN ours USING (item_id)
+    )
+    SELECT item_id FROM ours
+"""
+
+
+def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
+    attempts = [o for o in outcomes if o.attempt is not None]
+    dead = [o for o in outcomes if o.kind in ("failed", "dead_lettered")]
+    params: dict[str, Any] = {
+        "item_ids": [o.lease.item_id for o in outcomes],
+        "tokens": [o.lease.lock_token for o in outcomes],
+        "kinds": [o.kind for o in outcomes],
+        "delays": [o.retry_delay for o in outcomes],
+        "nids": [o.lease.notification_id for o in outcomes],
+        "statuses": [_FINAL_STATUS[o.kind].value if o.kind in _FINAL_STATUS else "" for o in outcomes],
+        "counts": [o.attempt.number if o.attempt else -1 for o in outcomes],
+        "codes": [o.error_code for o in outcomes],
+        "a_item_ids": [o.lease.item_id for o in attempts],
+        "a_tenants": [o.lease.tenant_id for o in attempts],
+        "a_nids": [o.lease.notification_id for o in attempts],
+        "a_numbers": [o.attempt.number for o in attempts],
+        "a_providers": [o.lease.provider_id for o in attempts],
+        "a_started": [o.attempt.started_at for o in attempts],
+        "a_finished": [o.attempt.finished_at for o in attempts],
+        "a_outcomes": [o.attempt.outcome for o in attempts],
+        "a_classes": [o.attempt.error_class for o in attempts],
+        "a_codes": [o.attempt.error_code for o in attempts],
+        "a_messages": [o.attempt.error_message for o in attempts],
+        "a_statuses": [o.attempt.http_status for o in attempts],
+        "a_durations": [o.attempt.duration_ms for o in attempts],
+        "d_item_ids": [o.lease.item_id for o in dead],
+        "d_tenants": [o.lease.tenant_id for o in dead],
+        "d_nids": [o.lease.notification_id for o in dead],
+        "d_providers": [o.lease.provider_id for o in dead],
+        "d_classes": [o.failure_class for o in dead],
+        "d_reasons": [o.failure_reason[:2000] for o in dead],
+        "d_codes": [o.error_code for o in dead],
+        "d_status_codes": [o.status_code for o in dead],
+        "d_counts": [o.attempt.number if o.attempt else 0 for o in dead],
+    }
+    with connections[using].cursor() as cursor:
+        cursor.execute(_RECORD_SQL, params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _record_portable(outcomes: Sequence[Outcome], using: str) -> set[int]:
+    to_ack = [o for o in outcomes if o.kind in ACK_KINDS]
     retries = [o for o in outcomes if o.kind == "retry"]
     deferred = [o for o in outcomes if o.kind == "deferred"]
     with transaction.atomic(using=using):
-        result.acked = queue.ack([o.lease for o in to_ack], using=using)
-        if retries:
-            result.released |= queue.release([o.lease for o in retries], [o.retry_delay for o in retries], using=using)
-        if deferred:
-            result.released |= queue.release([o.lease for o in deferred], 0.0, refund_attempt=True, using=using)
-        ours = result.acked | result.released
+        ours = queue.ack([o.lease for o in to_ack], using=using)
+        ours |= queue.release([o.lease for o in retries], [o.retry_delay for o in retries], using=using)
+        ours |= queue.release([o.lease for o in deferred], 0.0, refund_attempt=True, using=using)
         kept = [o for o in outcomes if o.lease.item_id in ours]
-        result.lost = [o for o in outcomes if o.lease.item_id not in ours]
         changes = [o for o in kept if o.kind in _FINAL_STATUS]
         if changes:
-            _update_notifications(changes, using)
-        attempts = [o.attempt for o in kept if o.attempt is not None]
-        if attempts:
-            DeliveryAttempt.objects.using(using).bulk_create(attempts)
-        dead = [o for o in kept if o.kind in ("failed", "dead_lettered")]
-        if dead:
-            DeadLetter.objects.using(using).bulk_create(
-                [
-                    DeadLetter(
-                        tenant_id=o.lease.tenant_id,
-                        notification_id=o.lease.notification_id,
-                        provider_id=o.lease.provider_id,
-                        failure_class=o.failure_class,
-                        failure_reason=o.failure_reason[:2000],
-                        error_code=o.error_code,
-                        last_status_code=o.status_code,
-                        attempt_count=o.attempt.number if o.attempt else 0,
-                    )
-                    for o in dead
-                ]
-            )
-    return result
+            _update_notifications_portable(changes, using)
+        DeliveryAttempt.objects.using(using).bulk_create(
+            [
+                DeliveryAttempt(
+                    tenant_id=o.lease.tenant_id, notification_id=o.lease.notification_id,
+                    provider_id=o.lease.provider_id, **{f: getattr(o.attempt, f) for f in Attempt.__slots__},
+                )
+                for o in kept if o.attempt is not None
+            ]
+        )  # fmt: skip
+        DeadLetter.objects.using(using).bulk_create(
+            [
+                DeadLetter(
+                    tenant_id=o.lease.tenant_id, notification_id=o.lease.notification_id,
+                    provider_id=o.lease.provider_id, failure_class=o.failure_class,
+                    failure_reason=o.failure_reason[:2000], error_code=o.error_code, last_status_code=o.status_code,
+                    attempt_count=o.attempt.number if o.attempt else 0,
+                )
+                for o in kept if o.kind in ("failed", "dead_lettered")
+            ]
+        )  # fmt: skip
+    return ours
 
 
-def _update_notifications(changes: Sequence[Outcome], using: str) -> None:
-    """Status, attempt count, last error and delivered_at for every changed notification."""
+def _update_notifications_portable(changes: Sequence[Outcome], using: str) -> None:
     ids = [o.lease.notification_id for o in changes]
     statuses = [_FINAL_STATUS[o.kind].value for o in changes]
     counts = [o.attempt.number if o.attempt else -1 for o in changes]
     codes = [o.error_code for o in changes]
-    if _is_pg(using):
-        with connections[using].cursor() as cursor:
-            cursor.execute(
-                """
-                UPDATE notifications n
-                SET status = u.status,
-                    attempt_count = CASE WHEN u.attempts >= 0 THEN u.attempts ELSE n.attempt_count END,
-                    last_error_code = u.code,
-                    delivered_at = CASE WHEN u.status = 'delivered' THEN now() ELSE n.delivered_at END,
-                    enqueued_at = CASE WHEN u.status = 'retrying' THEN now() ELSE n.enqueued_at END,
-                    updated_at = now()
-                FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::text[]) AS u(id, status, attempts, code)
-                WHERE n.id = u.id AND n.status = 'dispatching'
-                """,
-                [ids, statuses, counts, codes],
-            )
-        return
     Notification.objects.using(using).filter(pk__in=ids, status=Status.DISPATCHING).update(
         status=Case(*[When(pk=i, then=Value(s)) for i, s in zip(ids, statuses, strict=True)]),
         attempt_count=Case(
@@ -225,6 +332,10 @@ def _update_notifications(changes: Sequence[Outcome], using: str) -> None:
         delivered_at=Case(
             *[When(pk=i, then=Now()) for i, s in zip(ids, statuses, strict=True) if s == Status.DELIVERED],
             default=F("delivered_at"),
+        ),
+        enqueued_at=Case(
+            *[When(pk=i, then=Now()) for i, s in zip(ids, statuses, strict=True) if s == Status.RETRYING],
+            default=F("enqueued_at"),
         ),
         updated_at=Now(),
     )

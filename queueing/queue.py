@@ -62,7 +62,7 @@ _RETURNING = (
 )
 
 
-def _is_pg(alias: str) -> bool:
+def is_pg(alias: str) -> bool:
     return connections[alias].vendor == "postgresql"
 
 
@@ -91,7 +91,8 @@ def _as_uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
-def _lease_from_row(row: Sequence[Any]) -> Lease:
+def lease_from_row(row: Sequence[Any]) -> Lease:
+    """A Lease from the first len(RETURNING_COLUMNS) values of a claim row."""
     payload = row[7]
     return Lease(
         item_id=row[0],
@@ -120,7 +121,7 @@ def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
     if not items:
         return 0
     with connections[using].cursor() as cursor:
-        if _is_pg(using):
+        if is_pg(using):
             cursor.execute(
                 """
                 INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
@@ -195,18 +196,20 @@ def claim(
     if n <= 0 and not lanes:
         return []
     token = uuid.uuid4()
-    if _is_pg(using):
+    if is_pg(using):
         rows = _claim_pg(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
     else:
         rows = _claim_sqlite(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
-    leases = [_lease_from_row(r) for r in rows]
+    leases = [lease_from_row(r) for r in rows]
     leases.sort(key=lambda x: (-x.priority, x.enqueued_at))
     return leases
 
 
-def _claim_pg(
-    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
-) -> list[tuple]:
+def claim_ctes_pg(
+    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID
+) -> tuple[str, dict[str, Any]]:
+    """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING …)`, so callers can
+    extend the same single statement (the dispatcher also marks the notifications dispatching)."""
     queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
     lane_cte = ""
     lane_union = ""
@@ -223,7 +226,7 @@ def _claim_pg(
             ) l
         )"""
         lane_union = "UNION ALL SELECT item_id FROM lanes"
-    sql = f"""
+    ctes = f"""
         WITH starving AS (
             SELECT item_id FROM queue_state
             WHERE NOT rate_limited AND available_at <= now()
@@ -251,22 +254,32 @@ def _claim_pg(
             LIMIT %(n)s
         ){lane_cte}, picked AS (
             SELECT item_id FROM picked_main {lane_union}
-        )
-        UPDATE queue_state q
-        SET lock_token = %(token)s,
-            locked_until = now() + %(lease)s * interval '1 second',
-            available_at = now() + %(lease)s * interval '1 second',
-            attempts = q.attempts + 1
-        FROM picked
-        WHERE q.item_id = picked.item_id
-        RETURNING {", ".join("q." + c.strip() for c in _RETURNING.split(","))}
-    """
+        ), claimed AS (
+            UPDATE queue_state q
+            SET lock_token = %(token)s,
+                locked_until = now() + %(lease)s * interval '1 second',
+                available_at = now() + %(lease)s * interval '1 second',
+                attempts = q.attempts + 1
+            FROM picked
+            WHERE q.item_id = picked.item_id
+            RETURNING {", ".join("q." + c.strip() for c in _RETURNING.split(","))}
+        )"""
     params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}
     if lanes:
         params["lane_ids"] = list(lanes.keys())
         params["lane_caps"] = list(lanes.values())
+    return ctes, params
+
+
+RETURNING_COLUMNS = _RETURNING
+
+
+def _claim_pg(
+    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
+) -> list[tuple]:
+    ctes, params = claim_ctes_pg(n, lease, starve, queues, lanes, token)
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(f"{ctes} SELECT {_RETURNING} FROM claimed", params)
         return cursor.fetchall()
 
 
@@ -329,7 +342,7 @@ def ack(leases: Sequence[Lease], *, using: str = "default") -> set[int]:
         return set()
     ids, tokens = _pairs(leases)
     with connections[using].cursor() as cursor:
-        if _is_pg(using):
+        if is_pg(using):
             cursor.execute(
                 """
                 DELETE FROM queue_state q USING unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
@@ -363,7 +376,7 @@ def release(
     per_item = [float(delays)] * len(ids) if isinstance(delays, int | float) else [float(d) for d in delays]
     refund = 1 if refund_attempt else 0
     with connections[using].cursor() as cursor:
-        if _is_pg(using):
+        if is_pg(using):
             cursor.execute(
                 """
                 UPDATE queue_state q
@@ -404,7 +417,7 @@ def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
     ids, tokens = _pairs(leases)
     with connections[using].cursor() as cursor:
-        if _is_pg(using):
+        if is_pg(using):
             cursor.execute(
                 """
                 UPDATE queue_state q

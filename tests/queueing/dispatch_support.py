@@ -43,3 +43,11 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:  # noq
             return True
         time.sleep(interval)
     return predicate()
+
+
+def wait_started(log_dir: Path, count: int, timeout: float = 30) -> bool:
+    """Until `count` dispatcher logs say they started (signal handlers are installed by then)."""
+    def started() -> int:
+        return sum("started (concurrency" in p.read_text() for p in log_dir.glob("dispatcher*.log"))
+
+    return wait_until(lambda: started() >= count, timeout)

@@ -80,3 +80,13 @@ def test_max_items_stops_early(tenant_a, webhook_receiver):
     run_once(max_items=4, batch_size=3)
     assert Notification.objects.filter(status="delivered").count() == 4
     assert QueueItem.objects.count() == 6
+
+
+def test_ssrf_guard_refuses_private_destination_at_send_time(tenant_a, webhook_receiver, settings):
+    settings.OMNIPOST_ALLOW_PRIVATE_DESTINATIONS = False
+    (note,) = factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 1)
+    run_once()
+    note.refresh_from_db()
+    assert note.status == "failed" and note.last_error_code == "destination_forbidden"
+    assert webhook_receiver.requests == []
+    assert DeadLetter.objects.get(notification=note).failure_class == "permanent"

@@ -10,7 +10,7 @@ import pytest
 from notifications.models import Notification
 from queueing.models import QueueItem
 from tests import factories
-from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_until
+from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,6 +56,7 @@ def test_sigterm_during_busy_drain_loses_and_duplicates_nothing(tenant_a, subpro
         notes = factories.queued(tenant_a, hook_for(tenant_a, receiver), 600)
         procs = start_dispatchers(2, subprocess_env, "--batch-size", "20", "--concurrency", "40",
                                   "--grace-seconds", "5", log_dir=tmp_path)
+        assert wait_started(tmp_path, 2)
         assert wait_until(lambda: len(receiver.requests) >= 100, 30)
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

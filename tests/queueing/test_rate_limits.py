@@ -51,8 +51,9 @@ def test_fifty_per_second_across_four_processes(tenant_a, subprocess_env):
     window = [t for t in arrivals if t - t0 <= seconds]
     measured = (len(window) - burst) / seconds
     assert rate * 0.9 <= measured <= rate * 1.1, f"{measured:.1f}/s"
-    # Never more than `burst` above the line rate·t (50 ms of slack for the trip to the receiver).
-    worst = max(i + 1 - (burst + rate * (t - t0 + 0.05)) for i, t in enumerate(arrivals))
+    # Never more than `burst` above the line rate·t. Tokens are granted exactly (see test_take_…); what is
+    # measured here is arrival at the receiver, so 100 ms of slack covers the loopback trip on a loaded box.
+    worst = max(i + 1 - (burst + rate * (t - t0 + 0.1)) for i, t in enumerate(arrivals))
     assert worst <= 0, f"{worst:.1f} requests above the line"
     assert Notification.objects.filter(status="delivered").count() == len(arrivals)
     assert len({r.webhook_id for r in receiver.requests}) == len(arrivals)

@@ -1,0 +1,167 @@
+"""A lean loopback webhook receiver for `omnipost_bench` (a subprocess; not for production use).
+
+    python -m queueing.bench.receiver --port 0 [--delay-ms D] [--error-rate E] [--verify-every N]
+        [--secret whsec_…] [--max-seconds S] --arrivals FILE
+
+Prints `{"event": "listening", "port": …}` first. On SIGTERM (or --max-seconds) it writes every
+webhook id's first arrival time (unix seconds) to FILE as JSON lines and prints a final
+`{"event": "stopped", …}` with request, unique, duplicate and error counts. Every Nth request's
+Standard Webhooks signature is verified (all of them with N = 1); a bad one is answered 400.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import sys
+import time
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+_ERR = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nRetry-After: 1\r\n\r\nbusy"
+_BAD = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 13\r\n\r\nbad signature"
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors_sent = 0
+        self.bad_signatures = 0
+        self.verified = 0
+        self.arrivals: dict[str, float] = {}
+        self.duplicates = 0
+
+
+class Receiver(asyncio.Protocol):
+    stats: Stats
+    args: argparse.Namespace
+    verifier: object | None
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end]
+            length = 0
+            webhook_id = ""
+            headers: dict[str, str] = {}
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                lname = name.strip().lower()
+                if lname == b"content-length":
+                    length = int(value)
+                elif lname == b"webhook-id":
+                    webhook_id = value.strip().decode()
+                if lname.startswith(b"webhook-"):
+                    headers[lname.decode()] = value.strip().decode()
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            self._handle(webhook_id, headers, body)
+
+    def _handle(self, webhook_id: str, headers: dict[str, str], body: bytes) -> None:
+        stats = self.stats
+        stats.requests += 1
+        now = time.time()
+        if self.verifier is not None and stats.requests % self.args.verify_every == 0:
+            try:
+                self.verifier.verify(body, headers)  # type: ignore[attr-defined]
+                stats.verified += 1
+            except Exception:  # noqa: BLE001 - any failure is a bad signature
+                stats.bad_signatures += 1
+                self._answer(_BAD)
+                return
+        if self.args.error_rate and random.random() < self.args.error_rate:  # noqa: S311
+            stats.errors_sent += 1
+            self._answer(_ERR)
+            return
+        if webhook_id in stats.arrivals:
+            stats.duplicates += 1
+        else:
+            stats.arrivals[webhook_id] = now
+        self._answer(_OK)
+
+    def _answer(self, response: bytes) -> None:
+        if self.args.delay_ms:
+            asyncio.get_running_loop().call_later(self.args.delay_ms / 1000, self._write, response)
+        else:
+            self._write(response)
+
+    def _write(self, response: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(response)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stats = Stats()
+    Receiver.stats = stats
+    Receiver.args = args
+    Receiver.verifier = None
+    if args.secret:
+        from standardwebhooks import Webhook
+
+        Receiver.verifier = Webhook(args.secret)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Receiver, "127.0.0.1", args.port, backlog=4096)
+    port = server.sockets[0].getsockname()[1]
+    print(json.dumps({"event": "listening", "port": port}), flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=args.max_seconds)
+    except TimeoutError:
+        pass
+    server.close()
+    if args.arrivals:
+        with open(args.arrivals, "w") as fh:
+            for webhook_id, at in stats.arrivals.items():
+                fh.write(f"{webhook_id} {at:.6f}\n")
+    print(
+        json.dumps(
+            {
+                "event": "stopped",
+                "requests": stats.requests,
+                "unique": len(stats.arrivals),
+                "duplicates": stats.duplicates,
+                "errors_sent": stats.errors_sent,
+                "verified": stats.verified,
+                "bad_signatures": stats.bad_signatures,
+            }
+        ),
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m queueing.bench.receiver")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--error-rate", type=float, default=0.0)
+    parser.add_argument("--secret")
+    parser.add_argument("--verify-every", type=int, default=1)
+    parser.add_argument("--max-seconds", type=float, default=600.0)
+    parser.add_argument("--arrivals")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.run(serve(args))
+    except ImportError:
+        asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
