@@ -1,0 +1,472 @@
+"""The scheduler: promotes due scheduled jobs into the queue, on time, exactly once.
+
+One batch is one transaction with a fixed number of statements whatever its size: the due jobs
+are marked executed, their notifications move `scheduled → queued` and get their queue items, all
+or nothing, so a crash can never leave a job executed without its item (or the reverse).
+On PostgreSQL that is a single statement (data-modifying CTEs) whose `FOR UPDATE SKIP LOCKED`
+hands each due job to exactly one of several schedulers; on SQLite the IMMEDIATE transaction
+serialises writers and the same work takes four statements.
+
+Between batches the scheduler sleeps until the next `run_at` (measured with the database's clock),
+capped by `interval`, and a doorbell (LISTEN on `omnipost_schedule`, rung by
+`queueing.schedule.add_jobs`) wakes it early when a newly scheduled job is due sooner than the one
+it sleeps toward; sleeps are also capped by the heartbeat period. While a backlog exists (a full
+batch was promoted) it loops without sleeping. A due job whose notification is no longer
+`scheduled` (cancelled meanwhile) ends `cancelled` and enqueues nothing.
+
+Raw SQL lives here because the ORM cannot express a multi-table CTE with SKIP LOCKED.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.utils.dateparse import parse_datetime
+
+from queueing import heartbeat
+from queueing.models import Worker
+from queueing.queue import NOTIFY_CHANNEL
+from queueing.schedule import SCHEDULE_CHANNEL
+from queueing.wakeup import Doorbell
+
+logger = logging.getLogger("omnipost.scheduler")
+
+DEFAULT_BATCH_SIZE = 1000
+DEFAULT_INTERVAL = 5.0
+DEFAULT_JITTER = 1.0
+DEFAULT_HEARTBEAT = 5.0
+# Shortest sleep when jobs are due but a peer holds them (SKIP LOCKED skipped them): keeps several
+# schedulers from spinning against each other while bounding the extra lag to this.
+PEER_BACKOFF = 0.01
+MAX_RECONNECT_BACKOFF = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """What one batch did."""
+
+    promoted: int  # jobs executed, their notifications queued
+    cancelled: int  # due jobs whose notification was no longer `scheduled` (cancelled meanwhile)
+    queues: tuple[str, ...] = ()
+    max_lag: float | None = None  # seconds from run_at to enqueue, worst job of the batch
+
+    @property
+    def claimed(self) -> int:
+        return self.promoted + self.cancelled
+
+
+# --- PostgreSQL: one statement per batch ------------------------------------------------------------
+# Literals ('pending', 'scheduled') stay in the SQL so the planner matches the partial index
+# scheduled_jobs_due_idx (WHERE status = 'pending', ON run_at).
+#   due    - the oldest due jobs and their notifications, both locked; SKIP LOCKED leaves to a peer
+#            the jobs it holds, and skips for now a notification a cancel is changing. Under the lock
+#            the notification's status is current, so a cancel that committed first wins.
+#   queued - those notifications still `scheduled` move to `queued`.
+#   jobs   - executed when their notification was queued, else cancelled (it was cancelled meanwhile).
+#   items  - queue items, inserted in run_at order so item ids follow run_at; rate_limited routes
+#            items of rate-limited providers/tenants to the claim's per-provider lanes.
+# Every CTE joins the previous one to a table through its primary key (never CTE to CTE, whose row
+# estimates are guesses), so the plan stays index lookups per batch row.
+# The final SELECT rings the dispatchers' doorbell (delivered at commit) with the queue names.
+_PROMOTE_PG = """
+WITH due AS (
+    SELECT j.job_id, j.notification_id, j.run_at, n.status = 'scheduled' AS live
+    FROM scheduled_jobs j
+    JOIN notifications n ON n.id = j.notification_id
+    WHERE j.status = 'pending' AND j.run_at <= now()
+    ORDER BY j.run_at
+    LIMIT %(n)s
+    FOR UPDATE OF j, n SKIP LOCKED
+), queued AS (
+    UPDATE notifications n
+    SET status = 'queued', enqueued_at = now(), updated_at = now()
+    FROM due
+    WHERE n.id = due.notification_id AND due.live
+    RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel, due.run_at
+), jobs AS (
+    UPDATE scheduled_jobs j
+    SET status = CASE WHEN due.live THEN 'executed' ELSE 'cancelled' END,
+        executed_at = CASE WHEN due.live THEN now() END
+    FROM due
+    WHERE j.job_id = due.job_id
+    RETURNING j.status
+), items AS (
+    INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                             tenant_id, notification_id, provider_id, rate_limited)
+    SELECT q.queue, q.priority, jsonb_build_object('channel', q.channel), now(), now(), 0,
+           q.tenant_id, q.id, q.provider_id, (p.rate_per_second IS NOT NULL OR t.rate_per_second IS NOT NULL)
+    FROM queued q
+    JOIN providers p ON p.id = q.provider_id
+    JOIN tenants t ON t.id = q.tenant_id
+    ORDER BY q.run_at
+    ON CONFLICT (notification_id) DO NOTHING
+    RETURNING queue_name
+), summary AS (
+    SELECT (SELECT count(*) FROM jobs WHERE status = 'executed') AS promoted,
+           (SELECT count(*) FROM jobs WHERE status = 'cancelled') AS cancelled,
+           (SELECT string_agg(DISTINCT queue_name, ',' ORDER BY queue_name) FROM items) AS queues,
+           (SELECT extract(epoch FROM max(now() - run_at))::float8 FROM queued) AS max_lag
+)
+SELECT s.promoted, s.cancelled, s.queues, s.max_lag
+FROM summary s
+LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, s.queues) WHERE s.queues IS NOT NULL) AS rang ON true
+"""
+
+# The partial index serves min(run_at) over pending jobs; the wait is computed by the database so
+# the host's clock never matters.
+_NEXT_DUE_PG = """
+SELECT min(run_at), extract(epoch FROM min(run_at) - now())::float8
+FROM scheduled_jobs WHERE status = 'pending'
+"""
+
+# --- SQLite: four statements inside one IMMEDIATE transaction ---------------------------------------
+# The database's clock, read once per batch (SQLite's 'now' changes between statements). Executed
+# without parameters, so its % signs are not escaped.
+_NOW_SQLITE = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
+# Each statement re-selects the batch (the `job_id IN (…)` subquery): the same rows every time, since
+# the transaction holds the write lock, the timestamp is fixed and job_id breaks ties.
+_ENQUEUE_SQLITE = """
+INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                         tenant_id, notification_id, provider_id, rate_limited)
+SELECT n.queue, n.priority, json_object('channel', n.channel), %s, %s, 0,
+       n.tenant_id, n.id, n.provider_id, (p.rate_per_second IS NOT NULL OR t.rate_per_second IS NOT NULL)
+FROM scheduled_jobs j
+JOIN notifications n ON n.id = j.notification_id
+JOIN providers p ON p.id = n.provider_id
+JOIN tenants t ON t.id = n.tenant_id
+WHERE j.job_id IN (
+    SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
+    ORDER BY run_at, job_id LIMIT %s
+) AND n.status = 'scheduled'
+ORDER BY j.run_at, j.job_id
+ON CONFLICT (notification_id) DO NOTHING
+RETURNING queue_name
+"""
+_QUEUE_NOTIFICATIONS_SQLITE = """
+UPDATE notifications SET status = 'queued', enqueued_at = %s, updated_at = %s
+WHERE status = 'scheduled'
+  AND id IN (SELECT notification_id FROM scheduled_jobs WHERE job_id IN (
+    SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
+    ORDER BY run_at, job_id LIMIT %s
+))
+"""
+# A notification queued by this transaction carries its timestamp; any other was cancelled meanwhile.
+_FINISH_JOBS_SQLITE = """
+UPDATE scheduled_jobs AS j
+SET status = CASE WHEN n.status = 'queued' AND n.enqueued_at = %s THEN 'executed' ELSE 'cancelled' END,
+    executed_at = CASE WHEN n.status = 'queued' AND n.enqueued_at = %s THEN %s END
+FROM notifications AS n
+WHERE n.id = j.notification_id AND j.job_id IN (
+    SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
+    ORDER BY run_at, job_id LIMIT %s
+)
+RETURNING status, run_at
+"""
+_NEXT_DUE_SQLITE = """
+SELECT min(run_at), (julianday(min(run_at)) - julianday('now')) * 86400.0
+FROM scheduled_jobs WHERE status = 'pending'
+"""
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        parsed = value
+    else:
+        parsed = parse_datetime(str(value))
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def promote_due(batch_size: int, *, using: str = "default") -> Promotion:
+    """Promote up to `batch_size` due jobs, oldest run_at first, in one transaction."""
+    if batch_size <= 0:
+        return Promotion(0, 0)
+    if connections[using].vendor == "postgresql":
+        return _promote_pg(batch_size, using)
+    return _promote_sqlite(batch_size, using)
+
+
+def _promote_pg(n: int, using: str) -> Promotion:
+    # One statement: in autocommit mode it is its own transaction; inside a caller's atomic() it
+    # joins that one (and its NOTIFY goes out when the caller commits).
+    with connections[using].cursor() as cursor:
+        cursor.execute(_PROMOTE_PG, {"n": n, "channel": NOTIFY_CHANNEL})
+        promoted, cancelled, queues, max_lag = cursor.fetchone()
+    return Promotion(
+        promoted=int(promoted),
+        cancelled=int(cancelled),
+        queues=tuple(queues.split(",")) if queues else (),
+        max_lag=max_lag,
+    )
+
+
+def _promote_sqlite(n: int, using: str) -> Promotion:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(_NOW_SQLITE)
+        (now,) = cursor.fetchone()
+        cursor.execute(_ENQUEUE_SQLITE, [now, now, now, n])
+        queues = {row[0] for row in cursor.fetchall()}
+        cursor.execute(_QUEUE_NOTIFICATIONS_SQLITE, [now, now, now, n])
+        cursor.execute(_FINISH_JOBS_SQLITE, [now, now, now, now, n])
+        finished = cursor.fetchall()
+    start = _as_datetime(now)
+    lags = [(start - _as_datetime(run_at)).total_seconds() for status, run_at in finished if status == "executed"]
+    return Promotion(
+        promoted=len(lags),
+        cancelled=len(finished) - len(lags),
+        queues=tuple(sorted(queues)),
+        max_lag=max(lags) if lags else None,
+    )
+
+
+def next_due(*, using: str = "default") -> tuple[datetime | None, float | None]:
+    """The earliest pending run_at and how many seconds from the database's now() until it
+    (negative when already due); (None, None) when nothing is pending."""
+    sql = _NEXT_DUE_PG if connections[using].vendor == "postgresql" else _NEXT_DUE_SQLITE
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql)
+        run_at, seconds = cursor.fetchone()
+    if run_at is None:
+        return None, None
+    return _as_datetime(run_at), float(seconds)
+
+
+class Scheduler:
+    """Promotes due jobs in a loop; `run_once()` is one batch, testable alone."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        interval: float = DEFAULT_INTERVAL,
+        jitter: float = DEFAULT_JITTER,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT,
+        using: str = "default",
+        application_name: str | None = None,
+    ) -> None:
+        if batch_size <= 0 or interval <= 0:
+            raise ValueError("batch_size and interval must be positive")
+        self.batch_size = batch_size
+        self.interval = interval
+        self.jitter = max(0.0, jitter)
+        self.heartbeat_interval = heartbeat_interval
+        self.using = using
+        self.application_name = application_name or f"omnipost-scheduler-{os.getpid()}-{socket.gethostname()}"
+        self.last = Promotion(0, 0)
+        self.worker: Worker | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        # The run_at the loop currently sleeps toward (database time); None: any ring wakes it.
+        self._target: datetime | None = None
+        self.promoted_total = 0
+        self._unreported = 0
+        self._window_promoted = 0
+        self._window_max_lag = 0.0
+        self._next_beat = 0.0
+        self._previous_handlers: dict[int, Any] = {}
+        self._previous_name: tuple[str | None] | None = None  # set while run() renames the connection
+
+    # --- one step ---------------------------------------------------------------------------------
+    def run_once(self) -> int:
+        """Promote one batch; returns how many jobs were promoted (queued)."""
+        self.last = promote_due(self.batch_size, using=self.using)
+        if self.last.claimed:
+            self.promoted_total += self.last.promoted
+            self._unreported += self.last.promoted
+            self._window_promoted += self.last.promoted
+            lag = self.last.max_lag or 0.0
+            self._window_max_lag = max(self._window_max_lag, lag)
+            # Overdue batches (a scheduler was down, or a backlog) are worth a line each.
+            level = logging.INFO if lag >= 1.0 else logging.DEBUG
+            logger.log(
+                level, "promoted %d, skipped %d cancelled; max lag %.3fs; queues %s",
+                self.last.promoted, self.last.cancelled, lag, ",".join(self.last.queues) or "-",
+                extra={"count": self.last.promoted},
+            )
+        return self.last.promoted
+
+    # --- the loop -----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the loop to exit after the current batch (callable from any thread)."""
+        self._stop.set()
+        self._wake.set()
+
+    def run(self, *, once: bool = False) -> None:
+        """Run until stop() or a signal; with `once`, promote everything due now and return."""
+        self._install_signal_handlers()
+        doorbell: Doorbell | None = None
+        try:
+            self._name_connection()
+            if self.jitter and not once:
+                # Spreads schedulers started together (a deploy) so they do not poll in lockstep.
+                self._stop.wait(random.uniform(0, self.jitter))  # noqa: S311 - not security relevant
+            if not once:
+                doorbell = Doorbell(
+                    self._on_schedule_ring, channel=SCHEDULE_CHANNEL, using=self.using,
+                    application_name=f"{self.application_name}-listen"[:63],
+                ).start()
+                if doorbell.available:
+                    # Listening before the first read, so no job scheduled from now on is missed.
+                    deadline = time.monotonic() + 5.0
+                    while not doorbell.connected.wait(0.05) and not self._stop.is_set():
+                        if time.monotonic() > deadline:
+                            logger.warning("LISTEN %s not connected yet; polling meanwhile", SCHEDULE_CHANNEL)
+                            break
+            logger.info(
+                "scheduler ready (batch %d, interval %gs, wake-ups: %s)", self.batch_size, self.interval,
+                "LISTEN " + SCHEDULE_CHANNEL if doorbell is not None and doorbell.available else "polling",
+            )
+            self._loop(once)
+        finally:
+            if doorbell is not None:
+                doorbell.stop()
+            self._sign_off()
+            self._unname_connection()
+            self._restore_signal_handlers()
+            logger.info("scheduler stopped; promoted %d in all", self.promoted_total)
+
+    def _loop(self, once: bool) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                if self.worker is None:
+                    self.worker = heartbeat.register(Worker.Kind.SCHEDULER)
+                    self._next_beat = time.monotonic() + self.heartbeat_interval
+                done = self._step(once)
+                backoff = 0.5
+                if done:
+                    return
+            except (OperationalError, InterfaceError) as exc:
+                # Nothing is lost: a failed batch rolled back, its jobs are still pending.
+                logger.warning("database unavailable (%s: %s); reconnecting in %.1fs",
+                               type(exc).__name__, str(exc).strip()[:200], backoff)
+                self._close_connection()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF)
+
+    def _step(self, once: bool) -> bool:
+        """One batch and, unless a backlog remains, one sleep. True when `once` is done."""
+        # Clear before reading, so a ring arriving from here on is not lost; with no target any
+        # ring wakes the coming wait (the read may not have seen the job that rang).
+        self._wake.clear()
+        self._target = None
+        promoted = self.run_once()
+        self._maybe_beat()
+        if self.last.claimed >= self.batch_size:
+            return False  # backlog: next batch right away
+        run_at, wait = next_due(using=self.using)
+        if once:
+            if wait is None or wait > 0:
+                return True
+            # Due jobs a peer holds are its business; ours are done once nothing new became due.
+            return promoted == 0
+        self._target = run_at
+        timeout = self._timeout(wait, promoted)
+        if timeout > PEER_BACKOFF:
+            logger.debug("sleeping %.3fs toward %s", timeout, run_at)
+        self._wake.wait(timeout)
+        return False
+
+    def _timeout(self, wait: float | None, promoted: int) -> float:
+        if wait is None:
+            timeout = self.interval
+        elif wait <= 0:
+            # Due now: new ones arrived while we promoted (go on), or a peer holds them (back off).
+            timeout = 0.0 if promoted else PEER_BACKOFF
+        else:
+            timeout = min(wait, self.interval)
+        return max(0.0, min(timeout, self._next_beat - time.monotonic()))
+
+    def _on_schedule_ring(self, payload: str) -> None:
+        """Doorbell thread: wake the loop only for a job due before the one it sleeps toward."""
+        target = self._target
+        try:
+            run_at = datetime.fromisoformat(payload)
+        except ValueError:
+            run_at = None
+        if target is None or run_at is None or run_at.tzinfo is None or run_at < target:
+            logger.debug("woken by the doorbell for run_at %s (sleeping toward %s)", payload, target)
+            self._wake.set()
+
+    # --- heartbeat, signals, connection -------------------------------------------------------------
+    def _maybe_beat(self) -> None:
+        if self.worker is None or time.monotonic() < self._next_beat:
+            return
+        heartbeat.beat(self.worker, processed=self._unreported)
+        self._unreported = 0
+        self._next_beat = time.monotonic() + self.heartbeat_interval
+        if self._window_promoted:
+            logger.info("promoted %d in the last %gs; max lag %.3fs", self._window_promoted,
+                        self.heartbeat_interval, self._window_max_lag, extra={"count": self._window_promoted})
+            self._window_promoted = 0
+            self._window_max_lag = 0.0
+
+    def _sign_off(self) -> None:
+        if self.worker is None:
+            return
+        try:
+            heartbeat.beat(self.worker, processed=self._unreported)
+            heartbeat.stop(self.worker)
+            self._unreported = 0
+        except DatabaseError as exc:
+            logger.warning("could not record the scheduler's stop (%s)", type(exc).__name__)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals are delivered to the main thread only; the caller stops us
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._stop.is_set():
+            logger.warning("received %s again; exiting now", name)
+            os._exit(1)
+        logger.info("received %s; finishing the current batch, then stopping", name)
+        self.stop()
+
+    def _name_connection(self) -> None:
+        """Label this process's connection in pg_stat_activity (Django reconnects with OPTIONS)."""
+        connection = connections[self.using]
+        if connection.vendor != "postgresql":
+            return
+        options = connection.settings_dict.setdefault("OPTIONS", {})
+        self._previous_name = (options.get("application_name"),)
+        options["application_name"] = self.application_name[:63]
+        self._close_connection()  # the next query reconnects under the new name
+
+    def _unname_connection(self) -> None:
+        if self._previous_name is None:
+            return
+        options = connections[self.using].settings_dict["OPTIONS"]
+        (previous,) = self._previous_name
+        if previous is None:
+            options.pop("application_name", None)
+        else:
+            options["application_name"] = previous
+        self._previous_name = None
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        try:
+            connections[self.using].close()
+        except DatabaseError:
+            pass  # already broken; Django opens a fresh one on the next query
+
