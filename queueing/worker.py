@@ -113,6 +113,8 @@ class Dispatcher:
         if self.config.jitter:
             await asyncio.sleep(random.random() * 0.5)  # noqa: S311 - start-up jitter, not crypto
         self.statements = 0
+        # The hot path's statements bypass Django's cursor (notifications.delivery.hot_cursor).
+        self._hot_statements = 1 if connection.vendor == "postgresql" else 0
         await self.db(self._count_statements)
         self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
         bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}").start()
@@ -250,6 +252,7 @@ class Dispatcher:
             main, lease_seconds=self.config.lease_seconds, queues=self.config.queues, lanes=lanes
         )
         leases = [p.lease for p in prepared] + skipped
+        self.statements += self._hot_statements
         if lanes:
             used: dict[int, int] = {}
             for lease in leases:
@@ -434,6 +437,7 @@ class Dispatcher:
 
     def _record_batch(self, batch: list[Outcome]):  # noqa: ANN202
         recorded = record_outcomes(batch)
+        self.statements += self._hot_statements
         throttled, succeeded = set(), set()
         for o in batch:
             cached = self._providers.get(o.lease.provider_id)
