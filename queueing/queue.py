@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
 NOTIFY_CHANNEL = "omnipost_queue"
@@ -110,12 +110,29 @@ def lease_from_row(row: Sequence[Any]) -> Lease:
     )
 
 
+def ring_after_commit(channel: str, payload: str, using: str = "default") -> None:
+    """NOTIFY listeners once the caller's transaction commits (at once in autocommit).
+
+    Not inside the transaction: PostgreSQL serialises the commits of every transaction that
+    sent a NOTIFY (a global lock held through the commit's fsync), which capped concurrent API
+    writers at a few hundred commits a second. After commit, the wake-up is a tiny separate
+    statement; a rolled-back transaction still wakes no one, and a lost wake-up (a crash between
+    commit and NOTIFY) costs at most one polling interval.
+    """
+
+    def ring() -> None:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+    transaction.on_commit(ring, using=using)
+
+
 # --- enqueue ---------------------------------------------------------------------------------------
 def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
     """Insert items in the caller's transaction; a notification already queued is skipped.
 
-    On PostgreSQL the same transaction sends NOTIFY, so idle workers wake only once it commits
-    (a rolled-back enqueue wakes no one and leaves nothing behind).
+    On PostgreSQL idle workers are rung (NOTIFY) once the transaction commits, so a rolled-back
+    enqueue wakes no one and leaves nothing behind.
     Returns how many items were inserted.
     """
     if not items:
@@ -144,8 +161,7 @@ def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
                 ],
             )
             inserted = cursor.rowcount
-            queue_names = ",".join(sorted({i.queue_name for i in items}))
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_names])
+            ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({i.queue_name for i in items})), using)
         else:
             rows = [
                 (

@@ -62,6 +62,7 @@ class DispatcherConfig:
     lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
     jitter: bool = True
     stats_file: str | None = None  # counters written here as JSON at exit (benchmarks)
+    listen: bool = True  # LISTEN for enqueues (PostgreSQL); off, idle workers only poll
 
 
 @dataclass
@@ -117,7 +118,9 @@ class Dispatcher:
         self._hot_statements = 1 if connection.vendor == "postgresql" else 0
         await self.db(self._count_statements)
         self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
-        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}").start()
+        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}")
+        if self.config.listen:
+            bell.start()
         logger.info(
             "dispatcher %s:%s started (concurrency %d, batch %d, queues %s)",
             socket.gethostname(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 
 from core.middleware import error_response
 
@@ -12,6 +13,7 @@ def _is_api(request: HttpRequest) -> bool:
     return request.path.startswith("/api/")
 
 
+@csrf_exempt  # a POST to a wrong path must be a JSON 404, not the CSRF failure page
 def api_not_found(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
     """Catch-all after every API route, so a wrong path is a JSON 404 even with DEBUG on."""
     return error_response(404, "not_found", f"No API endpoint at {request.path}.")

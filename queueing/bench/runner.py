@@ -186,7 +186,7 @@ def dispatcher_env() -> dict[str, str]:
 
 
 def start_dispatchers(
-    count: int, *, concurrency: int, batch: int, stats_dir: Path, once: bool
+    count: int, *, concurrency: int, batch: int, stats_dir: Path, once: bool, listen: bool = True
 ) -> list[subprocess.Popen]:
     procs = []
     for i in range(count):
@@ -196,6 +196,8 @@ def start_dispatchers(
         ]  # fmt: skip
         if once:
             args.append("--once")
+        if not listen:
+            args.append("--no-listen")
         procs.append(subprocess.Popen(args, cwd=ROOT, env=dispatcher_env()))  # noqa: S603
     return procs
 
@@ -252,12 +254,21 @@ def run_e2e(
     return result
 
 
-def run_pickup(*, count: int, rate: float, processes: int, concurrency: int, batch: int) -> BenchResult:
+def run_pickup(
+    *, count: int, rate: float, processes: int, concurrency: int, batch: int, listen: bool = True
+) -> BenchResult:
     from queueing.models import Worker
 
     receiver = ReceiverProcess(delay_ms=0, error_rate=0, verify_every=1)
     result = BenchResult(
-        "pickup", count, processes, concurrency, batch, 0, database=connection.vendor, machine=machine()
+        "pickup" if listen else "pickup (polling only)",
+        count,
+        processes,
+        concurrency,
+        batch,
+        0,
+        database=connection.vendor,
+        machine=machine(),
     )
     returned: dict[str, float] = {}
     try:
@@ -265,7 +276,7 @@ def run_pickup(*, count: int, rate: float, processes: int, concurrency: int, bat
         with tempfile.TemporaryDirectory() as stats_dir:
             before = Worker.objects.live().count()
             procs = start_dispatchers(
-                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), once=False
+                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), once=False, listen=listen
             )
             deadline = time.time() + 60
             while Worker.objects.live().count() < before + processes and time.time() < deadline:

@@ -122,11 +122,14 @@ def test_queue_filter(tenant_a, hook):
     assert len(queue.claim(10, queues=["email", "sms"])) == 2
 
 
-def test_fixed_number_of_statements_per_call(tenant_a, hook, django_assert_num_queries):
+def test_fixed_number_of_statements_per_call(
+    tenant_a, hook, django_assert_num_queries, django_capture_on_commit_callbacks
+):
     notes = factories.notifications(tenant_a, hook, 300)
     items = [queue.NewItem(notification_id=n.id, tenant_id=tenant_a.pk, provider_id=hook.pk) for n in notes]
-    with django_assert_num_queries(2):  # INSERT … SELECT unnest, NOTIFY
-        assert queue.enqueue(items) == 300
+    with django_assert_num_queries(2), django_capture_on_commit_callbacks(execute=True) as rings:
+        assert queue.enqueue(items) == 300  # INSERT … SELECT unnest; NOTIFY after commit
+    assert len(rings) == 1
     with django_assert_num_queries(1):
         leases = queue.claim(300)
     with django_assert_num_queries(1):

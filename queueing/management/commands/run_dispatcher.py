@@ -24,6 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-items", type=_positive_int, help="exit after this many items")
         parser.add_argument("--lease-seconds", type=float, help="default: OMNIPOST_LEASE_SECONDS")
         parser.add_argument("--no-jitter", action="store_true", help="skip the random start-up delay")
+        parser.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY wake-ups")
         parser.add_argument("--stats-file", help="write delivered/claimed/statement counts here as JSON at exit")
 
     def handle(self, *args, **options) -> None:
@@ -39,6 +40,7 @@ class Command(BaseCommand):
             max_items=options["max_items"],
             jitter=not options["no_jitter"],
             stats_file=options["stats_file"],
+            listen=not options["no_listen"],
         )
         if options["lease_seconds"] is not None:
             if options["lease_seconds"] <= 0:
