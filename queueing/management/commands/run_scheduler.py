@@ -14,13 +14,24 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001
-        parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
-                            help=f"longest sleep between looks at the table, in seconds (default {DEFAULT_INTERVAL:g})")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=DEFAULT_INTERVAL,
+            help=f"longest sleep between looks at the table, in seconds (default {DEFAULT_INTERVAL:g})",
+        )
         parser.add_argument("--once", action="store_true", help="promote everything due now, then exit")
-        parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                            help=f"jobs promoted per transaction (default {DEFAULT_BATCH_SIZE})")
-        parser.add_argument("--no-jitter", action="store_true",
-                            help=f"start at once instead of after a random delay of up to {DEFAULT_JITTER:g}s")
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"jobs promoted per transaction (default {DEFAULT_BATCH_SIZE})",
+        )
+        parser.add_argument(
+            "--no-jitter",
+            action="store_true",
+            help=f"start at once instead of after a random delay of up to {DEFAULT_JITTER:g}s",
+        )
 
     def handle(self, *args, interval: float, once: bool, batch_size: int, no_jitter: bool, **options) -> None:
         if interval <= 0:
