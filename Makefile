@@ -27,6 +27,7 @@ run: $(VENV)/.installed
 ## make test: install, make sure PostgreSQL is reachable, lint, checks, the whole suite
 test: $(VENV)/.installed-dev
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} scripts/ensure_test_services.sh
+	scripts/ensure_browser.sh
 	$(MAKE) --no-print-directory lint check
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest
 

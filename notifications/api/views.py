@@ -1,17 +1,223 @@
+"""Notifications, scheduled jobs and queue figures. Every queryset starts with for_tenant();
+another tenant's object is a 404. Creation and cancelling go through notifications.services."""
+
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from typing import Any
+from uuid import UUID
+
+from django.db.models import Prefetch, QuerySet
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifications import services
+from notifications.api.idempotency import HEADER, run_idempotent
+from notifications.api.pagination import StrictCursorPagination
+from notifications.api.schema import StrictQueryMixin, errors
+from notifications.api.serializers import (
+    NotificationBatchResultSerializer,
+    NotificationBatchSerializer,
+    NotificationCreateSerializer,
+    NotificationDetailSerializer,
+    NotificationFilterSerializer,
+    NotificationSerializer,
+    ScheduledJobSerializer,
+)
+from notifications.models import DeliveryAttempt, Notification
+from notifications.validation import Draft, FieldErrors, clean_notification, unknown_fields
+from queueing.models import ScheduledJob
+from queueing.stats import queue_figures
 
-class CurrentTenantView(APIView):
+MAX_BATCH = 1000
+
+IDEMPOTENCY_PARAM = OpenApiParameter(
+    HEADER, {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"}, OpenApiParameter.HEADER,
+    required=False,
+    description="Makes the POST safe to retry for 24 h: same key and body replays the first response "
+    "(header `Idempotent-Replayed: true`); another body is 422; while the first runs, 409.",
+)  # fmt: skip
+
+
+def actor(request: Request) -> str:
+    return request.user.actor
+
+
+def as_uuid(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise NotFound() from None
+
+
+class CurrentTenantView(StrictQueryMixin, APIView):
     """The tenant the calling API key belongs to."""
 
     @extend_schema(
-        responses=inline_serializer("Tenant", {"id": serializers.UUIDField(), "name": serializers.CharField()})
+        responses={
+            200: inline_serializer("Tenant", {"id": serializers.UUIDField(), "name": serializers.CharField()}),
+            **errors(),
+        }
     )
     def get(self, request: Request) -> Response:
         return Response({"id": str(request.tenant.pk), "name": request.tenant.name})
+
+
+class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = NotificationSerializer
+    pagination_class = StrictCursorPagination
+    lookup_value_regex = "[0-9a-fA-F-]{36}"
+
+    def allowed_query_params(self) -> tuple[str, ...]:
+        allowed = super().allowed_query_params()
+        return (*allowed, *NotificationFilterSerializer().fields) if self.action == "list" else allowed
+
+    def get_queryset(self) -> QuerySet[Notification]:
+        if getattr(self, "swagger_fake_view", False):
+            return Notification.objects.none()
+        qs = Notification.objects.for_tenant(self.request.tenant).select_related(
+            "provider", "template", "scheduled_job"
+        )
+        if self.action == "retrieve":
+            attempts = DeliveryAttempt.objects.for_tenant(self.request.tenant).order_by("number")
+            qs = qs.prefetch_related(Prefetch("attempts", queryset=attempts))
+        return qs
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return NotificationDetailSerializer if self.action in ("retrieve", "cancel") else NotificationSerializer
+
+    def filter_queryset(self, queryset: QuerySet[Notification]) -> QuerySet[Notification]:
+        if self.action != "list":
+            return queryset
+        filters = NotificationFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        lookups = {"status": "status", "channel": "channel", "created_after": "created_at__gte",
+                   "created_before": "created_at__lt"}  # fmt: skip
+        return queryset.filter(**{lookups[k]: v for k, v in filters.validated_data.items()})
+
+    @extend_schema(parameters=[NotificationFilterSerializer], responses={200: NotificationSerializer(many=True),
+                                                                         **errors(400)})  # fmt: skip
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: NotificationDetailSerializer, **errors(404)})
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().retrieve(request, *args, **kwargs)
+
+    @extend_schema(
+        request=NotificationCreateSerializer,
+        parameters=[IDEMPOTENCY_PARAM],
+        responses={201: NotificationSerializer, **errors(400, 409, 413, 422)},
+    )
+    def create(self, request: Request) -> Response:
+        return run_idempotent(request, self, lambda: self._create([request.data], single=True))
+
+    @extend_schema(
+        request=NotificationBatchSerializer,
+        parameters=[IDEMPOTENCY_PARAM],
+        responses={201: NotificationBatchResultSerializer, **errors(400, 409, 413, 422)},
+    )
+    @action(detail=False, methods=["post"], url_path="batch")
+    def batch(self, request: Request) -> Response:
+        return run_idempotent(request, self, lambda: self._create(self._batch_items(request.data), single=False))
+
+    @extend_schema(request=None, responses={200: NotificationDetailSerializer, **errors(404, 409)})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        notification = services.cancel_notification(request.tenant, as_uuid(pk), actor=actor(request))
+        return Response(NotificationDetailSerializer(notification).data)
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _batch_items(data: Any) -> list[Any]:
+        if not isinstance(data, dict):
+            raise ValidationError({"non_field_errors": ['the body must be {"notifications": [...]}']})
+        unknown = unknown_fields(data, ("notifications",))
+        if unknown:
+            raise ValidationError(unknown)
+        items = data.get("notifications")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+            raise ValidationError({"notifications": [f"must be a list of 1 to {MAX_BATCH} notification objects"]})
+        return items
+
+    def _create(self, items: list[Any], *, single: bool) -> Response:
+        """Check every item, resolve names and render templates, then store all or nothing."""
+        problems: dict[int, dict[str, list[str]]] = {}
+        drafts: list[tuple[int, Draft]] = []
+        for index, item in enumerate(items):
+            try:
+                drafts.append((index, clean_notification(item)))
+            except FieldErrors as exc:
+                problems[index] = exc.errors
+        try:
+            specs = services.build_specs(self.request.tenant, [d for _, d in drafts])
+        except services.SpecErrors as exc:
+            for position, errs in exc.errors.items():
+                problems[drafts[position][0]] = errs
+            specs = []
+        if problems:
+            if single:
+                raise ValidationError(problems[0])
+            raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
+        rows = services.create_notifications(self.request.tenant, specs, actor=actor(self.request))
+        if single:
+            return Response(NotificationSerializer(rows[0]).data, status=status.HTTP_201_CREATED)
+        serializer = NotificationSerializer()
+        return Response({"results": [serializer.to_representation(n) for n in rows]}, status=status.HTTP_201_CREATED)
+
+
+class ScheduledJobViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    serializer_class = ScheduledJobSerializer
+    pagination_class = StrictCursorPagination
+    lookup_field = "job_id"
+    lookup_value_regex = "[0-9a-fA-F-]{36}"
+
+    def get_queryset(self) -> QuerySet[ScheduledJob]:
+        if getattr(self, "swagger_fake_view", False):
+            return ScheduledJob.objects.none()
+        return ScheduledJob.objects.for_tenant(self.request.tenant)
+
+    @extend_schema(responses={200: ScheduledJobSerializer(many=True), **errors(400)})
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={204: OpenApiResponse(description="Cancelled; its notification too."),
+                              **errors(404, 409)})  # fmt: skip
+    def destroy(self, request: Request, job_id: str) -> Response:
+        services.cancel_scheduled_job(request.tenant, as_uuid(job_id), actor=actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class QueueStatsView(StrictQueryMixin, APIView):
+    """Per queue: depth, ready, leased, delayed, oldest ready age and depth by priority."""
+
+    @extend_schema(
+        responses={
+            200: inline_serializer(
+                "QueueStats",
+                {
+                    "results": inline_serializer(
+                        "QueueFigures",
+                        {
+                            "queue": serializers.CharField(),
+                            "depth": serializers.IntegerField(),
+                            "ready": serializers.IntegerField(),
+                            "leased": serializers.IntegerField(),
+                            "delayed": serializers.IntegerField(),
+                            "oldest_age_seconds": serializers.FloatField(),
+                            "by_priority": serializers.DictField(child=serializers.IntegerField()),
+                        },
+                        many=True,
+                    )
+                },
+            ),
+            **errors(),
+        }
+    )
+    def get(self, request: Request) -> Response:
+        return Response({"results": queue_figures([request.tenant.pk])})

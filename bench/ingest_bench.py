@@ -1,0 +1,233 @@
+"""Ingest throughput: notifications accepted per second through the HTTP API.
+
+    .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
+        [--workers 2] [--worker-class sync|gthread] [--threads 4] [--single-clients 8] [--batch-clients 4]
+
+Runs gunicorn (`--workers` processes, DEBUG off) on the database, then a load generator in a
+separate process: first `--single-clients` threads hammering `POST /api/v1/notifications`, then
+`--batch-clients` threads sending `POST /api/v1/notifications/batch` with `--batch-size` items.
+Prints accepted notifications per second and request latency p50/p99 per mode (median of
+`--repeat` runs) and checks the database holds exactly what was accepted. No dispatcher runs, so
+every accepted notification stays queued. The default database is a throwaway one the script
+creates (`omnipost_bench_ingest`); its notification tables are emptied at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_DB = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_bench_ingest"
+BENCH_KEY = "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c="  # bench-only Fernet key
+EMAIL_ITEM = {"channel": "email", "recipient": "jane.doe@example.com", "subject": "Your order",
+              "body": "Order 1234 has shipped.", "metadata": {"order": 1234}}  # fmt: skip
+
+
+def server_env(database_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "omnipost_site.settings",
+        "DATABASE_URL": database_url,
+        "DEBUG": "false",
+        "SECRET_KEY": "bench-only-secret-key-not-for-production-0123456789",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "OMNIPOST_ENCRYPTION_KEYS": BENCH_KEY,
+        "OMNIPOST_RATE_LIMIT_API": str(10**9),
+        "OMNIPOST_LOG_LEVEL": "WARNING",
+        "CONN_MAX_AGE": "600",
+        "OMNIPOST_APP_NAME": "omnipost-ingest-bench",
+    }
+
+
+def ensure_database(database_url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/")
+    admin = parts._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def prepare(database_url: str) -> str:
+    """Migrate, empty the notification tables (throwaway databases only), create a tenant; return its key."""
+    env = server_env(database_url)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from core.models import ApiKey, Tenant
+    from notifications.models import Provider
+
+    if urlsplit(database_url).path.lstrip("/").startswith("omnipost_bench"):
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE queue_state, scheduled_jobs, delivery_attempts, idempotency_records, "
+                           "notifications CASCADE")  # fmt: skip
+    tenant = Tenant.objects.create(name=f"ingest-bench-{int(time.time() * 1000)}")
+    Provider.objects.create(tenant=tenant, name="console", kind="console", channel="email", is_default=True)
+    raw_key = ApiKey.issue(tenant, name="bench")[1]
+    connection.close()
+    return raw_key
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
+    command = [
+        str(Path(sys.executable).with_name("gunicorn")), "omnipost_site.wsgi:application",
+        "--workers", str(args.workers), "--bind", f"127.0.0.1:{port}", "--worker-class", args.worker_class,
+        "--timeout", "120", "--log-level", "warning",
+    ]  # fmt: skip
+    if args.worker_class == "gthread":
+        command += ["--threads", str(args.threads)]
+    process = subprocess.Popen(command, cwd=ROOT, env=server_env(args.database_url))  # noqa: S603
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("gunicorn did not come up")
+
+
+# --- load generator (its own process) ---------------------------------------------------------
+
+
+def load(
+    url: str, key: str, body: bytes, per_request: int, clients: int, seconds: float, out: multiprocessing.Queue
+) -> None:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client() -> None:
+        mine: list[float] = []
+        counts: dict[int, int] = {}
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        with httpx.Client(timeout=120) as http:
+            while time.monotonic() < stop_at:
+                started = time.perf_counter()
+                response = http.post(url, content=body, headers=headers)
+                mine.append(time.perf_counter() - started)
+                counts[response.status_code] = counts.get(response.status_code, 0) + 1
+        with lock:
+            latencies.extend(mine)
+            for status, n in counts.items():
+                statuses[status] = statuses.get(status, 0) + n
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    out.put({"elapsed": elapsed, "latencies": latencies, "statuses": statuses, "per_request": per_request})
+
+
+def run_mode(url: str, key: str, body: bytes, per_request: int, clients: int, seconds: float) -> dict:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(target=load, args=(url, key, body, per_request, clients, seconds, out))
+    process.start()
+    result = out.get(timeout=seconds + 300)
+    process.join()
+    latencies = sorted(result["latencies"])
+    accepted = result["statuses"].get(201, 0) * per_request
+    return {
+        "accepted": accepted,
+        "accepted_per_s": accepted / result["elapsed"],
+        "requests": len(latencies),
+        "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else 0.0,
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0,
+        "statuses": result["statuses"],
+    }
+
+
+def stored(database_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        return conn.execute("SELECT count(*) FROM notifications").fetchone()[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker-class", choices=["sync", "gthread"], default="sync")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--single-clients", type=int, default=8)
+    parser.add_argument("--batch-clients", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--modes", default="single,batch")
+    args = parser.parse_args()
+
+    ensure_database(args.database_url)
+    key = prepare(args.database_url)
+    port = free_port()
+    server = start_gunicorn(args, port)
+    base = f"http://127.0.0.1:{port}/api/v1/notifications"
+    modes = {
+        "single": (base, json.dumps(EMAIL_ITEM).encode(), 1, args.single_clients),
+        "batch": (f"{base}/batch", json.dumps({"notifications": [EMAIL_ITEM] * args.batch_size}).encode(),
+                  args.batch_size, args.batch_clients),
+    }  # fmt: skip
+    results: dict[str, list[dict]] = {}
+    try:
+        before = stored(args.database_url)
+        total = 0
+        for _ in range(args.repeat):
+            for mode in args.modes.split(","):
+                url, body, per_request, clients = modes[mode]
+                result = run_mode(url, key, body, per_request, clients, args.seconds)
+                total += result["accepted"]
+                results.setdefault(mode, []).append(result)
+                print(f"{mode:>6}: {result['accepted_per_s']:9.0f} accepted/s  p50 {result['p50_ms']:7.1f} ms  "
+                      f"p99 {result['p99_ms']:7.1f} ms  requests {result['requests']}  statuses {result['statuses']}")
+        in_db = stored(args.database_url) - before
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    print(f"\ngunicorn {args.workers} x {args.worker_class} workers, {os.cpu_count()} CPUs, "
+          f"{args.seconds:g} s per run, median of {args.repeat}:")
+    for mode, runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in ("accepted_per_s", "p50_ms", "p99_ms")}
+        path = "notifications" if mode == "single" else "notifications/batch"
+        print(f"  POST {path:<20} {med['accepted_per_s']:9.0f} notifications/s   "
+              f"p50 {med['p50_ms']:7.1f} ms   p99 {med['p99_ms']:7.1f} ms")
+    print(f"  accepted {total}, stored {in_db}: {'OK' if total == in_db else 'MISMATCH'}")
+    if total != in_db:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Admin for notifications, providers, templates and sequences. Staff see only their tenants
+(TenantScopedAdmin); recipients appear only masked and provider secrets never appear."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from core.admin_scoping import TenantScopedAdmin
+from core.masking import mask_secret
+from notifications import services, templating
+from notifications.models import DeliveryAttempt, Enrollment, Notification, Provider, Sequence, SequenceStep, Template
+
+
+class ReadOnlyMixin:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AttemptInline(ReadOnlyMixin, admin.TabularInline):
+    model = DeliveryAttempt
+    extra = 0
+    fields = ["number", "outcome", "started_at", "finished_at", "duration_ms", "http_status", "error_class",
+              "error_code", "error_message", "provider"]  # fmt: skip
+    readonly_fields = fields
+    ordering = ["number"]
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    list_display = ["id", "tenant", "channel", "recipient_masked", "provider", "status", "priority", "queue",
+                    "attempt_count", "created_at"]  # fmt: skip
+    list_filter = ["status", "channel", "queue"]
+    search_fields = ["=id"]
+    list_select_related = ["tenant", "provider"]
+    date_hierarchy = "created_at"
+    # `recipient` (ciphertext at rest, plaintext once decrypted) is deliberately absent.
+    fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "status", "priority", "queue",
+              "scheduled_for", "enqueued_at", "delivered_at", "attempt_count", "attempt_offset", "last_error_code",
+              "subject", "body", "context", "metadata", "enrollment", "created_at", "updated_at"]  # fmt: skip
+    readonly_fields = fields
+    inlines = [AttemptInline]
+
+
+class ProviderForm(forms.ModelForm):
+    class Meta:
+        model = Provider
+        fields = ["rate_per_second", "burst", "max_attempts"]
+
+
+@admin.register(Provider)
+class ProviderAdmin(TenantScopedAdmin):
+    """Operators tune rate limits and attempts here; everything else changes through the API, which
+    validates the configuration. Secrets are shown masked only."""
+
+    form = ProviderForm
+    list_display = ["name", "tenant", "channel", "kind", "is_default", "rate_per_second", "max_attempts"]
+    list_filter = ["kind", "channel", "is_default"]
+    search_fields = ["name"]
+    readonly_fields = ["tenant", "name", "channel", "kind", "config", "masked_secrets", "is_default", "created_at",
+                       "updated_at"]  # fmt: skip
+    fields = [*readonly_fields[:6], "rate_per_second", "burst", "max_attempts", *readonly_fields[6:]]
+
+    @admin.display(description="secrets")
+    def masked_secrets(self, obj: Provider) -> str:
+        return ", ".join(f"{k}: {mask_secret(v)}" for k, v in sorted((obj.secrets or {}).items())) or "—"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
+        services.save_provider(obj, actor=f"user:{request.user.get_username()}", fields=list(form.changed_data))
+
+
+class TemplateForm(forms.ModelForm):
+    class Meta:
+        model = Template
+        fields = ["tenant", "key", "channel", "subject", "body"]
+
+    def _checked(self, name: str) -> str:
+        text = self.cleaned_data.get(name) or ""
+        try:
+            templating.check(text)
+        except templating.TemplateError as exc:
+            raise forms.ValidationError(f"Invalid template: {exc}") from None
+        return text
+
+    def clean_subject(self) -> str:
+        return self._checked("subject")
+
+    def clean_body(self) -> str:
+        return self._checked("body")
+
+
+@admin.register(Template)
+class TemplateAdmin(TenantScopedAdmin):
+    form = TemplateForm
+    list_display = ["key", "tenant", "channel", "updated_at"]
+    list_filter = ["channel"]
+    search_fields = ["key"]
+
+    def save_model(self, request: HttpRequest, obj: Template, form: Any, change: bool) -> None:
+        fields = list(form.changed_data) if change else None
+        services.save_template(obj, actor=f"user:{request.user.get_username()}", fields=fields)
+
+
+class StepInline(ReadOnlyMixin, admin.TabularInline):
+    model = SequenceStep
+    extra = 0
+    fields = ["position", "offset_seconds", "channel", "template"]
+    readonly_fields = fields
+    ordering = ["position"]
+
+
+@admin.register(Sequence)
+class SequenceAdmin(TenantScopedAdmin):
+    """Only the display name is editable: steps are fixed once enrollments may have used them, and
+    deleting a sequence would orphan its enrollments' scheduled steps (they would still be sent)."""
+
+    list_display = ["key", "tenant", "name", "created_at"]
+    search_fields = ["key", "name"]
+    readonly_fields = ["tenant", "key", "created_at"]
+    fields = ["tenant", "key", "name", "created_at"]
+    inlines = [StepInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sequences are defined through the API, which validates their steps
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class StepNotificationInline(ReadOnlyMixin, admin.TabularInline):
+    """An enrollment's steps: one notification each, with its delivery status (recipient masked)."""
+
+    model = Notification
+    fk_name = "enrollment"
+    extra = 0
+    verbose_name = "step"
+    verbose_name_plural = "steps"
+    fields = ["step", "notification", "channel", "recipient_masked", "status", "scheduled_for", "delivered_at",
+              "attempt_count", "last_error_code"]  # fmt: skip
+    readonly_fields = fields
+    ordering = ["scheduled_for"]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).only(*[f for f in self.fields if f not in ("step", "notification")],
+                                                  "id", "metadata", "enrollment_id")  # fmt: skip
+
+    @admin.display(description="step")
+    def step(self, obj: Notification) -> int | None:
+        return (obj.metadata or {}).get("step")
+
+    @admin.display(description="notification")
+    def notification(self, obj: Notification) -> str:
+        url = reverse("admin:notifications_notification_change", args=[obj.pk])
+        return format_html('<a href="{}">{}</a>', url, obj.pk)
+
+
+@admin.register(Enrollment)
+class EnrollmentAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """Read-only: remove a recipient through the API (`DELETE sequences/{key}/enrollments/{id}`)."""
+
+    list_display = ["id", "tenant", "sequence", "recipient_masked", "state", "starts_at", "created_at"]
+    list_filter = ["state"]
+    search_fields = ["=id", "sequence__key"]
+    list_select_related = ["tenant", "sequence"]
+    # `recipient` (encrypted at rest, clear once decrypted) is deliberately absent.
+    fields = ["id", "tenant", "sequence", "recipient_masked", "context", "state", "starts_at", "created_at",
+              "cancelled_at"]  # fmt: skip
+    readonly_fields = fields
+    inlines = [StepNotificationInline]

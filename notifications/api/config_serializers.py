@@ -1,0 +1,145 @@
+"""Serializers for what a tenant configures: providers and templates.
+
+Provider secrets are write-only: they are read back masked (`{"signing_secret": "****abcd"}`).
+`name`/`key`, `channel` and `kind` are fixed once created (create a new object to change them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from core.masking import mask_secret
+from notifications import templating, validation
+from notifications.api.schema import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    StrictModelSerializer,
+    StrictRegexField,
+    StrictSerializer,
+)
+from notifications.models import Channel, Provider, ProviderKind, Template
+from queueing.models import RateBucket
+
+# Which channels each kind of provider can deliver (CONTRACT §8).
+KIND_CHANNELS = {
+    ProviderKind.WEBHOOK: (Channel.PUSH, Channel.WEBHOOK),
+    ProviderKind.SMTP: (Channel.EMAIL,),
+    ProviderKind.TWILIO: (Channel.SMS,),
+    ProviderKind.CONSOLE: tuple(Channel),
+}
+IMMUTABLE = {"name", "key", "channel", "kind"}
+
+
+def refuse_changes(instance: Any, attrs: dict[str, Any]) -> None:
+    changed = {
+        name: ["cannot be changed after creation; create a new object instead"]
+        for name in IMMUTABLE
+        if name in attrs and instance is not None and getattr(instance, name) != attrs[name]
+    }
+    if changed:
+        raise serializers.ValidationError(changed)
+
+
+@extend_schema_field(
+    {"type": "object", "additionalProperties": {"type": "string"},
+     "description": "Write-only values; read back masked, e.g. {\"signing_secret\": \"****abcd\"}."}  # fmt: skip
+)
+class SecretsField(serializers.Field):
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise serializers.ValidationError("must be a JSON object of strings")
+        return data
+
+    def to_representation(self, value: Any) -> dict[str, str]:
+        return {str(k): mask_secret(v) for k, v in (value or {}).items()}
+
+
+class RateLimitSerializer(StrictSerializer):
+    rate_per_second = StrictFloatField(min_value=0.001, max_value=1_000_000)
+    burst = StrictIntegerField(min_value=1, max_value=1_000_000, required=False, allow_null=True)
+
+
+class ProviderSerializer(StrictSerializer):
+    name = StrictRegexField(validation.NAME.pattern, max_length=100)
+    channel = serializers.ChoiceField(choices=Channel.choices)
+    kind = serializers.ChoiceField(choices=ProviderKind.choices)
+    config = serializers.DictField(required=False, help_text="Settings for the kind (CONTRACT §8).")
+    secrets = SecretsField(required=False)
+    rate_limit = RateLimitSerializer(required=False, allow_null=True, help_text="null: unlimited.")
+    max_attempts = StrictIntegerField(
+        min_value=1, max_value=100, required=False, allow_null=True, help_text="null: OMNIPOST_MAX_ATTEMPTS."
+    )
+    is_default = StrictBooleanField(required=False, help_text="Setting it unsets the channel's old default.")
+    effective_rate_per_second = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="The adaptive rate the dispatchers currently use."
+    )
+    created_at = serializers.DateTimeField(read_only=True)
+    updated_at = serializers.DateTimeField(read_only=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        from notifications.providers import REGISTRY  # the providers package is loaded only when needed
+
+        instance: Provider | None = self.instance
+        refuse_changes(instance, attrs)
+        kind = attrs.get("kind", instance.kind if instance else None)
+        channel = attrs.get("channel", instance.channel if instance else None)
+        if channel not in KIND_CHANNELS[kind]:
+            allowed = ", ".join(KIND_CHANNELS[kind])
+            raise serializers.ValidationError({"channel": [f"a {kind} provider serves channel(s): {allowed}"]})
+        if instance is None or "config" in attrs or "secrets" in attrs:
+            config = attrs.get("config", instance.config if instance else {})
+            secrets = attrs.get("secrets", instance.secrets if instance else {})
+            attrs["config"] = REGISTRY[kind].validate(config, secrets, check_destination=True)
+            attrs["secrets"] = secrets
+        if "rate_limit" in attrs:
+            limit = attrs.pop("rate_limit") or {}
+            attrs["rate_per_second"] = limit.get("rate_per_second")
+            attrs["burst"] = limit.get("burst")
+        return attrs
+
+    def to_representation(self, p: Provider) -> dict[str, Any]:
+        if hasattr(p, "bucket_rate"):
+            effective = p.bucket_rate
+        else:
+            buckets = RateBucket.objects.filter(key=f"provider:{p.pk}")
+            effective = buckets.values_list("effective_rate", flat=True).first()
+        limit = None if p.rate_per_second is None else {"rate_per_second": p.rate_per_second, "burst": p.burst}
+        return {
+            "name": p.name, "channel": p.channel, "kind": p.kind, "config": p.config,
+            "secrets": SecretsField().to_representation(p.secrets), "rate_limit": limit,
+            "max_attempts": p.max_attempts, "is_default": p.is_default,
+            "effective_rate_per_second": effective if effective is not None else p.rate_per_second,
+            "created_at": self.fields["created_at"].to_representation(p.created_at),
+            "updated_at": self.fields["updated_at"].to_representation(p.updated_at),
+        }  # fmt: skip
+
+
+class TemplateSerializer(StrictModelSerializer):
+    key = StrictRegexField(validation.NAME.pattern, max_length=100)
+    subject = StrictCharField(required=False, allow_blank=True, max_length=validation.MAX_SUBJECT_CHARS)
+    body = StrictCharField(max_length=validation.MAX_BODY_CHARS)
+
+    class Meta:
+        model = Template
+        fields = ["key", "channel", "subject", "body", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def _checked(self, text: str) -> str:
+        try:
+            templating.check(text)
+        except templating.TemplateError as exc:
+            raise serializers.ValidationError(f"invalid template: {exc}") from None
+        return text
+
+    validate_subject = _checked
+    validate_body = _checked
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_changes(self.instance, attrs)
+        return attrs
+

@@ -1,0 +1,87 @@
+"""Providers and templates, addressed by the name the tenant gave them (`providers/{name}`,
+`templates/{key}`). Scoped with for_tenant(); saving and deleting go through notifications.services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import CharField, FloatField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Cast, Concat
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import serializers, viewsets
+
+from notifications import services
+from notifications.api.config_serializers import ProviderSerializer, TemplateSerializer
+from notifications.api.pagination import StrictCursorPagination
+from notifications.api.schema import StrictQueryMixin, errors
+from notifications.api.views import actor
+from notifications.models import Provider, Template
+from queueing.models import RateBucket
+
+SLUG = "[-a-zA-Z0-9_]+"
+
+def _docs(serializer: type[serializers.Serializer]) -> dict[str, Any]:
+    """Per-action schemas: the serializer on success, the shared error shape otherwise."""
+    return {
+        "list": extend_schema(responses={200: serializer(many=True), **errors(400)}),
+        "retrieve": extend_schema(responses={200: serializer, **errors(404)}),
+        "create": extend_schema(responses={201: serializer, **errors(400, 409, 413)}),
+        "partial_update": extend_schema(responses={200: serializer, **errors(400, 404, 409, 413)}),
+        "destroy": extend_schema(responses={204: None, **errors(404, 409)}),
+    }
+
+
+class _ConfigViewSet(StrictQueryMixin, viewsets.ModelViewSet):
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    pagination_class = StrictCursorPagination
+    lookup_value_regex = SLUG
+    model: type[Provider] | type[Template]
+
+    def get_queryset(self) -> QuerySet:
+        if getattr(self, "swagger_fake_view", False):
+            return self.model.objects.none()
+        return self.model.objects.for_tenant(self.request.tenant)
+
+    def perform_destroy(self, instance: Any) -> None:
+        services.delete_config(instance, actor=actor(self.request))
+
+
+@extend_schema_view(**_docs(ProviderSerializer))
+class ProviderViewSet(_ConfigViewSet):
+    serializer_class = ProviderSerializer
+    lookup_field = "name"
+    model = Provider
+
+    def get_queryset(self) -> QuerySet[Provider]:
+        qs = super().get_queryset()
+        # effective_rate_per_second: the dispatchers' adaptive rate, when a bucket exists.
+        key = Concat(Value("provider:"), Cast(OuterRef("pk"), output_field=CharField()))
+        bucket = RateBucket.objects.filter(key=key)
+        return qs.annotate(bucket_rate=Subquery(bucket.values("effective_rate")[:1], output_field=FloatField()))
+
+    def perform_create(self, serializer: ProviderSerializer) -> None:
+        provider = Provider(tenant=self.request.tenant, **serializer.validated_data)
+        serializer.instance = services.save_provider(provider, actor=actor(self.request))
+
+    def perform_update(self, serializer: ProviderSerializer) -> None:
+        provider = serializer.instance
+        for name, value in serializer.validated_data.items():
+            setattr(provider, name, value)
+        services.save_provider(provider, actor=actor(self.request), fields=list(serializer.validated_data))
+
+
+@extend_schema_view(**_docs(TemplateSerializer))
+class TemplateViewSet(_ConfigViewSet):
+    serializer_class = TemplateSerializer
+    lookup_field = "key"
+    model = Template
+
+    def perform_create(self, serializer: TemplateSerializer) -> None:
+        template = Template(tenant=self.request.tenant, **serializer.validated_data)
+        serializer.instance = services.save_template(template, actor=actor(self.request))
+
+    def perform_update(self, serializer: TemplateSerializer) -> None:
+        template = serializer.instance
+        for name, value in serializer.validated_data.items():
+            setattr(template, name, value)
+        services.save_template(template, actor=actor(self.request), fields=list(serializer.validated_data))

@@ -1,0 +1,195 @@
+"""Notification and scheduled-job serializers.
+
+Request bodies are checked by `notifications.validation` (plain functions, fast for 1,000-item
+batches); the fields declared here document the same rules in the OpenAPI schema. Responses are
+built by hand in `to_representation` for the same reason; the declared fields describe them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from notifications import validation
+from notifications.api.schema import StrictSerializer
+from notifications.models import AttemptOutcome, Channel, Notification, Status
+from notifications.validation import FieldErrors
+from queueing.models import ScheduledJob
+
+
+@lru_cache(maxsize=4096)  # rows of one batch share their timestamps
+def iso(value: datetime | None) -> str | None:
+    """DRF's datetime format: ISO 8601 in UTC with a `Z`."""
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+class NotificationCreateSerializer(StrictSerializer):
+    channel = serializers.ChoiceField(choices=Channel.choices)
+    recipient = serializers.CharField(
+        min_length=1, max_length=validation.MAX_TOKEN_CHARS,
+        help_text="email: RFC 5322 addr-spec; sms: E.164 (+15551234567); push/webhook: 1–4096 characters "
+        "without control characters. Stored encrypted, returned only as `recipient_masked`.",
+    )  # fmt: skip
+    provider = serializers.RegexField(
+        validation.NAME.pattern, required=False, allow_null=True,
+        help_text="Provider name; default: the tenant's default provider for the channel.",
+    )  # fmt: skip
+    subject = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, max_length=validation.MAX_SUBJECT_CHARS
+    )
+    body = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, max_length=validation.MAX_BODY_CHARS,
+        help_text="Required unless `template` is given.",
+    )  # fmt: skip
+    template = serializers.RegexField(
+        validation.NAME.pattern, required=False, allow_null=True,
+        help_text="Template key; renders subject and body from `context` (not with subject/body).",
+    )  # fmt: skip
+    context = serializers.DictField(required=False, allow_null=True, help_text="Template variables (≤ 64 KiB).")
+    priority = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=9, default=5)
+    queue = serializers.RegexField(validation.QUEUE_NAME.pattern, required=False, allow_null=True, default="default")
+    scheduled_for = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="ISO 8601 with a UTC offset; in the future the notification is scheduled, else queued now.",
+    )  # fmt: skip
+    metadata = serializers.DictField(required=False, allow_null=True, help_text="Free-form object, ≤ 4 KiB as JSON.")
+
+    def to_internal_value(self, data: Any) -> validation.Draft:
+        try:
+            return validation.clean_notification(data)
+        except FieldErrors as exc:
+            raise serializers.ValidationError(exc.errors) from None
+
+
+class NotificationBatchSerializer(StrictSerializer):
+    notifications = serializers.ListField(
+        child=NotificationCreateSerializer(), min_length=1, max_length=1000, help_text="1 to 1,000 notifications."
+    )
+
+
+class NotificationFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Status.choices, required=False)
+    channel = serializers.ChoiceField(choices=Channel.choices, required=False)
+    created_after = serializers.DateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
+    created_before = serializers.DateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        errors: dict[str, list[str]] = {}
+        clean: dict[str, Any] = {}
+        for name, choices in (("status", Status.values), ("channel", Channel.values)):
+            if name in data:
+                if data[name] in choices:
+                    clean[name] = data[name]
+                else:
+                    errors[name] = [f"must be one of {', '.join(choices)}"]
+        for name in ("created_after", "created_before"):
+            if name in data:
+                try:
+                    clean[name] = validation.parse_aware_datetime(data[name])
+                except ValueError as exc:
+                    errors[name] = [str(exc)]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return clean
+
+
+# --- responses ------------------------------------------------------------------------------------
+
+
+class AttemptSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+    outcome = serializers.ChoiceField(choices=AttemptOutcome.choices)
+    error_class = serializers.CharField()
+    error_code = serializers.CharField()
+    http_status = serializers.IntegerField(allow_null=True)
+    duration_ms = serializers.IntegerField()
+
+    def to_representation(self, a: Any) -> dict[str, Any]:
+        return {
+            "number": a.number, "started_at": iso(a.started_at), "finished_at": iso(a.finished_at),
+            "outcome": a.outcome, "error_class": a.error_class, "error_code": a.error_code,
+            "http_status": a.http_status, "duration_ms": a.duration_ms,
+        }  # fmt: skip
+
+
+def _scheduled_job_id(n: Notification) -> str | None:
+    related = Notification.scheduled_job.related
+    if related.is_cached(n):
+        job = related.get_cached_value(n)
+        return str(job.pk) if job is not None else None
+    return None
+
+
+class NotificationSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    channel = serializers.ChoiceField(choices=Channel.choices)
+    recipient_masked = serializers.CharField(help_text="The recipient, masked: j***@example.com, +1******4567.")
+    provider = serializers.CharField(help_text="Provider name.")
+    template = serializers.CharField(allow_null=True, help_text="Template key, if rendered from one.")
+    subject = serializers.CharField()
+    body = serializers.CharField()
+    context = serializers.DictField()
+    priority = serializers.IntegerField(min_value=0, max_value=9)
+    queue = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    scheduled_for = serializers.DateTimeField(allow_null=True)
+    scheduled_job_id = serializers.UUIDField(allow_null=True, help_text="Pending/executed job for scheduled sends.")
+    metadata = serializers.DictField()
+    attempt_count = serializers.IntegerField()
+    last_error_code = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    enqueued_at = serializers.DateTimeField(allow_null=True)
+    delivered_at = serializers.DateTimeField(allow_null=True)
+
+    def to_representation(self, n: Notification) -> dict[str, Any]:
+        template = n.template if n.template_id is not None else None
+        return {
+            "id": str(n.id), "channel": n.channel, "recipient_masked": n.recipient_masked,
+            "provider": n.provider.name, "template": template.key if template else None,
+            "subject": n.subject, "body": n.body, "context": n.context, "priority": n.priority, "queue": n.queue,
+            "status": n.status, "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
+            "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
+            "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
+            "delivered_at": iso(n.delivered_at),
+        }  # fmt: skip
+
+
+class NotificationDetailSerializer(NotificationSerializer):
+    attempts = AttemptSerializer(many=True)
+
+    def to_representation(self, n: Notification) -> dict[str, Any]:
+        data = super().to_representation(n)
+        data["attempts"] = [AttemptSerializer().to_representation(a) for a in n.attempts.all()]
+        return data
+
+
+class NotificationBatchResultSerializer(serializers.Serializer):
+    results = NotificationSerializer(many=True, help_text="The created notifications, in request order.")
+
+
+@extend_schema_field({"type": "string", "enum": ScheduledJob.Status.values}, component_name="ScheduledJobStatus")
+class ScheduledJobStatusField(serializers.ChoiceField):
+    """Its own enum component: `status` of notifications is another set of values."""
+
+
+class ScheduledJobSerializer(serializers.ModelSerializer):
+    notification_id = serializers.UUIDField(read_only=True)
+    status = ScheduledJobStatusField(choices=ScheduledJob.Status.choices, read_only=True)
+
+    class Meta:
+        model = ScheduledJob
+        fields = ["job_id", "notification_id", "run_at", "status", "created_at", "executed_at"]
+        read_only_fields = fields

@@ -1,0 +1,219 @@
+"""Validation of notification requests as plain functions: fast enough for 1,000 items a request.
+
+`clean_notification(data)` checks one request item (types, per-channel recipient rules, limits)
+without touching the database and returns a `Draft`; `services.build_specs()` then resolves
+provider and template names and renders templates. Errors are `FieldErrors`: field → messages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import EmailValidator
+from django.utils import timezone
+
+from notifications.models import Channel
+
+CHANNELS = tuple(Channel.values)
+E164 = re.compile(r"^\+[1-9]\d{1,14}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+NAME = re.compile(r"^[-A-Za-z0-9_]{1,100}$")  # provider names and template keys are slugs
+MAX_TOKEN_CHARS = 4096
+MAX_METADATA_BYTES = 4096
+MAX_CONTEXT_BYTES = 64 * 1024
+MAX_SUBJECT_CHARS = 998  # RFC 5322 line length
+MAX_BODY_CHARS = 256 * 1024
+MAX_SCHEDULE_AHEAD = timedelta(days=3660)
+DEFAULT_PRIORITY = 5
+DEFAULT_QUEUE = "default"
+
+NOTIFICATION_FIELDS = (
+    "channel", "recipient", "provider", "subject", "body", "template", "context", "priority", "queue",
+    "scheduled_for", "metadata",
+)  # fmt: skip
+
+_email = EmailValidator()
+
+
+class FieldErrors(Exception):
+    """field → list of messages, in the API's error `details` shape."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+@dataclass(slots=True)
+class Draft:
+    """One notification request, checked but not yet resolved against the tenant's data."""
+
+    channel: str
+    recipient: str
+    provider: str | None = None
+    template: str | None = None
+    subject: str = ""
+    body: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+    priority: int = DEFAULT_PRIORITY
+    queue: str = DEFAULT_QUEUE
+    scheduled_for: datetime | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# --- single values --------------------------------------------------------------------------------
+
+
+def check_recipient(value: Any, channel: str) -> str:
+    """The recipient if it suits the channel; raises ValueError with the reason."""
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if channel == Channel.EMAIL:
+        if len(value) > 254:
+            raise ValueError("must be an email address of at most 254 characters")
+        try:
+            _email(value)
+        except DjangoValidationError:
+            raise ValueError("must be an email address (RFC 5322 addr-spec, e.g. jane@example.com)") from None
+        return value
+    if channel == Channel.SMS:
+        if not E164.match(value):
+            raise ValueError("must be a phone number in E.164 format, e.g. +15551234567")
+        return value
+    if not 1 <= len(value) <= MAX_TOKEN_CHARS:
+        raise ValueError(f"must be 1 to {MAX_TOKEN_CHARS} characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def check_priority(value: Any) -> int:
+    # bool is an int subclass: `true` is not a priority.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
+        raise ValueError("must be an integer from 0 (lowest) to 9 (highest)")
+    return value
+
+
+def parse_aware_datetime(value: Any) -> datetime:
+    """An ISO 8601 date-time that states its UTC offset, as a UTC datetime."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError("must be an ISO 8601 date-time string with a UTC offset, e.g. 2030-01-31T09:00:00+01:00")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO 8601 date-time, e.g. 2030-01-31T09:00:00+01:00") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError("must include a UTC offset (e.g. +00:00 or Z); naive date-times are ambiguous")
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range") from None
+
+
+def check_scheduled_for(value: Any, now: datetime | None = None) -> datetime | None:
+    if value is None:
+        return None
+    when = parse_aware_datetime(value)
+    now = now or timezone.now()
+    if when - now > MAX_SCHEDULE_AHEAD:
+        raise ValueError(f"must be at most {MAX_SCHEDULE_AHEAD.days} days ahead")
+    return when
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def check_object(value: Any, limit: int) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    if json_size(value) > limit:
+        raise ValueError(f"must be at most {limit} bytes as JSON")
+    return value
+
+
+def check_text(value: Any, limit: int) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if len(value) > limit:
+        raise ValueError(f"must be at most {limit} characters")
+    return value
+
+
+def check_name(value: Any) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ValueError("must be a name of 1 to 100 letters, digits, '-' or '_'")
+    return value
+
+
+def check_queue(value: Any) -> str:
+    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+        raise ValueError("must be a queue name: 1 to 64 letters, digits, '-' or '_', starting with a letter or digit")
+    return value
+
+
+def unknown_fields(data: dict, allowed: tuple[str, ...] | frozenset[str]) -> dict[str, list[str]]:
+    message = f"unknown field; allowed: {', '.join(allowed)}"
+    return {key: [message] for key in sorted(map(str, data)) if key not in allowed}
+
+
+# --- a whole notification -------------------------------------------------------------------------
+
+
+def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
+    """Check one notification request body; raise FieldErrors naming every bad field."""
+    if not isinstance(data, dict):
+        raise FieldErrors({"non_field_errors": ["each notification must be a JSON object"]})
+    errors = unknown_fields(data, NOTIFICATION_FIELDS)
+
+    def take(name: str, check: Any, *args: Any) -> Any:
+        try:
+            return check(data[name], *args)
+        except ValueError as exc:
+            errors.setdefault(name, []).append(str(exc))
+            return None
+
+    channel = data.get("channel")
+    if channel is None:
+        errors["channel"] = ["required: one of " + ", ".join(CHANNELS)]
+    elif channel not in CHANNELS:
+        errors["channel"] = [f"must be one of {', '.join(CHANNELS)}"]
+        channel = None
+    recipient = None
+    if "recipient" not in data or data["recipient"] is None:
+        errors["recipient"] = ["required"]
+    elif channel is not None:
+        recipient = take("recipient", check_recipient, channel)
+    draft = Draft(channel=channel or "", recipient=recipient or "")
+    for name, check, args in (
+        ("provider", check_name, ()),
+        ("template", check_name, ()),
+        ("subject", check_text, (MAX_SUBJECT_CHARS,)),
+        ("body", check_text, (MAX_BODY_CHARS,)),
+        ("context", check_object, (MAX_CONTEXT_BYTES,)),
+        ("priority", check_priority, ()),
+        ("queue", check_queue, ()),
+        ("scheduled_for", check_scheduled_for, (now,)),
+        ("metadata", check_object, (MAX_METADATA_BYTES,)),
+    ):
+        if data.get(name) is not None:
+            value = take(name, check, *args)
+            if value is not None:
+                setattr(draft, name, value)
+    if draft.template is None:
+        if data.get("context"):
+            errors.setdefault("context", []).append("only allowed with `template`")
+        if data.get("body") is None:
+            errors.setdefault("body", []).append("required unless a `template` is given")
+    else:
+        for name in ("subject", "body"):
+            if name in data:
+                errors.setdefault(name, []).append("not allowed with `template`: the template provides it")
+    if errors:
+        raise FieldErrors(errors)
+    return draft

@@ -1,0 +1,194 @@
+"""Providers, templates, scheduled jobs, cancel and queue figures through the API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from core.models import AuditEvent
+from notifications.models import Notification, Provider, Template
+from queueing import queue
+from queueing.models import QueueItem, RateBucket, ScheduledJob
+from tests.factories import queued
+from tests.notifications.conftest import WHSEC, email
+
+pytestmark = pytest.mark.django_db
+
+PROVIDERS = "/api/v1/providers"
+TEMPLATES = "/api/v1/templates"
+
+
+def hook(**extra: object) -> dict:
+    return {"name": "out", "channel": "webhook", "kind": "webhook", "config": {"url": "http://127.0.0.1:8080/in"},
+            "secrets": {"signing_secret": WHSEC}, **extra}  # fmt: skip
+
+
+# --- providers ------------------------------------------------------------------------------------
+
+
+def test_provider_secrets_are_write_only_and_encrypted(api_a, tenant_a):
+    response = api_a.post(PROVIDERS, hook(), format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["secrets"] == {"signing_secret": "****" + WHSEC[-4:]}
+    assert data["config"] == {"url": "http://127.0.0.1:8080/in", "timeout_seconds": 10.0}  # normalised
+    assert WHSEC not in response.content.decode()
+    assert WHSEC not in api_a.get(f"{PROVIDERS}/out").content.decode()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT secrets FROM providers WHERE name = 'out'")
+        assert WHSEC not in cursor.fetchone()[0]
+    assert Provider.objects.get(name="out").secrets == {"signing_secret": WHSEC}
+    event = AuditEvent.objects.get(action="provider.created")
+    assert WHSEC not in str(event.details)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (hook(config={}), "config"),
+        (hook(config={"url": "ftp://x"}), "config"),
+        (hook(config={"url": "http://x", "extra": 1}), "config"),
+        (hook(secrets={}), "secrets"),
+        (hook(secrets={"signing_secret": "plain"}), "secrets"),
+        (hook(secrets={"signing_secret": 5}), "secrets"),
+        (hook(channel="email"), "channel"),
+        (hook(kind="pigeon"), "kind"),
+        (hook(name="has space"), "name"),
+        (hook(rate_limit={"rate_per_second": 0}), "rate_limit"),
+        (hook(rate_limit={"rate_per_second": 5, "extra": 1}), "rate_limit"),
+        (hook(max_attempts=0), "max_attempts"),
+        (hook(tenant="other"), "tenant"),
+        (hook(effective_rate_per_second=9), "effective_rate_per_second"),
+    ],
+)
+def test_provider_validation(api_a, tenant_a, body, field):
+    response = api_a.post(PROVIDERS, body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()["error"]["details"]
+    assert not Provider.objects.exists()
+
+
+def test_a_new_default_unsets_the_old_one(api_a, setup_a):
+    response = api_a.post(PROVIDERS, hook(is_default=True), format="json")
+    assert response.status_code == 201 and response.json()["is_default"] is True
+    defaults = Provider.objects.filter(tenant=setup_a.tenant, channel="webhook", is_default=True)
+    assert list(defaults.values_list("name", flat=True)) == ["out"]
+    assert api_a.patch(f"{PROVIDERS}/hook", {"is_default": True}, format="json").json()["is_default"] is True
+    assert list(defaults.values_list("name", flat=True)) == ["hook"]
+    assert Provider.objects.get(tenant=setup_a.tenant, name="mail").is_default  # other channels untouched
+
+
+def test_rate_limit_and_effective_rate(api_a, tenant_a):
+    data = api_a.post(PROVIDERS, hook(rate_limit={"rate_per_second": 5, "burst": 10}), format="json").json()
+    assert data["rate_limit"] == {"rate_per_second": 5.0, "burst": 10}
+    assert data["effective_rate_per_second"] == 5.0
+    provider = Provider.objects.get(name="out")
+    RateBucket.objects.create(key=f"provider:{provider.pk}", rate=5, effective_rate=3.5, burst=10, tokens=0)
+    assert api_a.get(f"{PROVIDERS}/out").json()["effective_rate_per_second"] == 3.5
+    assert api_a.get(PROVIDERS).json()["results"][0]["effective_rate_per_second"] == 3.5
+    cleared = api_a.patch(f"{PROVIDERS}/out", {"rate_limit": None}, format="json").json()
+    assert cleared["rate_limit"] is None
+    provider.refresh_from_db()
+    assert provider.rate_per_second is None and provider.burst is None
+
+
+def test_patch_keeps_secrets_and_refuses_identity_changes(api_a, tenant_a):
+    api_a.post(PROVIDERS, hook(), format="json")
+    response = api_a.patch(f"{PROVIDERS}/out", {"config": {"url": "http://127.0.0.1:9/new"}, "max_attempts": 3},
+                           format="json")  # fmt: skip
+    assert response.status_code == 200, response.content
+    provider = Provider.objects.get(name="out")
+    assert provider.config["url"] == "http://127.0.0.1:9/new" and provider.max_attempts == 3
+    assert provider.secrets == {"signing_secret": WHSEC}
+    for change in ({"name": "renamed"}, {"channel": "push"}, {"kind": "console"}):
+        response = api_a.patch(f"{PROVIDERS}/out", change, format="json")
+        assert response.status_code == 400 and set(response.json()["error"]["details"]) == set(change)
+    assert api_a.patch(f"{PROVIDERS}/out", {"name": "out"}, format="json").status_code == 200  # unchanged is fine
+    assert api_a.put(f"{PROVIDERS}/out", hook(), format="json").status_code == 405
+
+
+def test_duplicate_provider_name_is_409(api_a, tenant_a):
+    assert api_a.post(PROVIDERS, hook(), format="json").status_code == 201
+    response = api_a.post(PROVIDERS, hook(), format="json")
+    assert response.status_code == 409 and response.json()["error"]["code"] == "already_exists"
+
+
+def test_delete_provider(api_a, setup_a):
+    api_a.post("/api/v1/notifications", email(), format="json")
+    response = api_a.delete(f"{PROVIDERS}/mail")
+    assert response.status_code == 409 and response.json()["error"]["code"] == "provider_in_use"
+    assert api_a.delete(f"{PROVIDERS}/text").status_code == 204
+    assert not Provider.objects.filter(name="text").exists()
+    assert AuditEvent.objects.filter(action="provider.deleted").count() == 1
+    assert api_a.delete(f"{PROVIDERS}/text").status_code == 404
+
+
+# --- templates ------------------------------------------------------------------------------------
+
+
+def test_template_lifecycle(api_a, tenant_a):
+    body = {"key": "reset", "channel": "email", "subject": "Reset", "body": "Code {{ code }}"}
+    assert api_a.post(TEMPLATES, body, format="json").status_code == 201
+    assert api_a.post(TEMPLATES, body, format="json").status_code == 409
+    assert api_a.get(f"{TEMPLATES}/reset").json()["body"] == "Code {{ code }}"
+    response = api_a.patch(f"{TEMPLATES}/reset", {"body": "New {{ code }}"}, format="json")
+    assert response.status_code == 200 and response.json()["body"] == "New {{ code }}"
+    assert api_a.patch(f"{TEMPLATES}/reset", {"key": "other"}, format="json").status_code == 400
+    assert api_a.patch(f"{TEMPLATES}/reset", {"body": "{% load x %}"}, format="json").status_code == 400
+    assert Template.objects.get(key="reset").body == "New {{ code }}"
+    assert api_a.delete(f"{TEMPLATES}/reset").status_code == 204
+    assert not Template.objects.exists()
+
+
+# --- cancel and scheduled jobs --------------------------------------------------------------------
+
+
+def test_cancel_endpoint(api_a, setup_a):
+    nid = api_a.post("/api/v1/notifications", email(), format="json").json()["id"]
+    response = api_a.post(f"/api/v1/notifications/{nid}/cancel")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    assert response.json()["attempts"] == []
+    again = api_a.post(f"/api/v1/notifications/{nid}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_cancellable"
+
+
+def test_scheduled_jobs_list_and_delete(api_a, setup_a):
+    later = (timezone.now() + timedelta(hours=1)).isoformat()
+    nid = api_a.post("/api/v1/notifications", email(scheduled_for=later), format="json").json()["id"]
+    jobs = api_a.get("/api/v1/scheduled-jobs").json()["results"]
+    assert [j["notification_id"] for j in jobs] == [nid] and jobs[0]["status"] == "pending"
+    job_id = jobs[0]["job_id"]
+    assert api_a.delete(f"/api/v1/scheduled-jobs/{job_id}").status_code == 204
+    assert Notification.objects.get(pk=nid).status == "cancelled"
+    assert api_a.delete(f"/api/v1/scheduled-jobs/{job_id}").status_code == 409
+    nid2 = api_a.post("/api/v1/notifications", email(scheduled_for=later), format="json").json()["id"]
+    ScheduledJob.objects.filter(notification_id=nid2).update(status="executed")
+    response = api_a.delete(f"/api/v1/scheduled-jobs/{ScheduledJob.objects.get(notification_id=nid2).pk}")
+    assert response.status_code == 409 and "executed" in response.json()["error"]["message"]
+
+
+# --- queues ---------------------------------------------------------------------------------------
+
+
+def test_queue_figures_are_tenant_scoped(api_a, api_b, setup_a, setup_b, django_assert_max_num_queries):
+    queued(setup_a.tenant, setup_a.hook, 3, priority=1)
+    queued(setup_a.tenant, setup_a.hook, 2, priority=9, queue_name="fast")
+    queued(setup_a.tenant, setup_a.hook, 1, priority=1, delay=3600)
+    queued(setup_b.tenant, setup_b.hook, 4, priority=0)  # below A's, so the claim below takes one of A's
+    queue.claim(1, queues=["default"], lease_seconds=60)
+    api_a.get("/api/v1/tenant")  # the key's first use records last_used_at
+    with django_assert_max_num_queries(2):  # the key lookup and one grouped query
+        response = api_a.get("/api/v1/queues")
+    results = {q["queue"]: q for q in response.json()["results"]}
+    assert set(results) == {"default", "fast"}
+    default = results["default"]
+    assert (default["depth"], default["ready"], default["leased"], default["delayed"]) == (4, 2, 1, 1)
+    assert default["by_priority"] == {**{str(p): 0 for p in range(10)}, "1": 4}
+    assert results["fast"]["by_priority"]["9"] == 2 and results["fast"]["ready"] == 2
+    assert results["fast"]["oldest_age_seconds"] >= 0
+    b = api_b.get("/api/v1/queues").json()["results"]
+    assert [(q["queue"], q["depth"]) for q in b] == [("default", 4)]
+    assert QueueItem.objects.count() == 10

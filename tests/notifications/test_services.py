@@ -1,0 +1,175 @@
+"""notifications.services: creation statements and routing, cancelling, the lock-free conditional paths."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework.exceptions import NotFound
+
+from core.api.errors import Conflict
+from core.models import AuditEvent
+from notifications import services
+from notifications.models import Notification, Provider, Status, Template
+from notifications.services import NotificationSpec
+from notifications.validation import Draft
+from queueing import queue
+from queueing.models import QueueItem, ScheduledJob
+from tests.notifications.conftest import EMAIL, PHONE
+
+pytestmark = pytest.mark.django_db
+
+
+def spec(setup, **extra) -> NotificationSpec:  # noqa: ANN001
+    return NotificationSpec(channel="email", recipient=EMAIL, provider=setup.mail, body="b", **extra)
+
+
+def test_create_statements_do_not_depend_on_the_batch_size(setup_a):
+    counts = []
+    for n in (1, 50, 500):
+        specs = [spec(setup_a, priority=i % 10) for i in range(n)]
+        specs += [spec(setup_a, scheduled_for=timezone.now() + timedelta(hours=1)) for _ in range(n)]
+        with CaptureQueriesContext(connection) as ctx:
+            services.create_notifications(setup_a.tenant, specs, actor="test")
+        counts.append(len(ctx.captured_queries))
+    assert counts[0] == counts[1] == counts[2] <= 8, counts
+    assert Notification.objects.count() == 1102
+    assert QueueItem.objects.count() == ScheduledJob.objects.count() == 551
+
+
+def test_queue_payload_carries_routing_data_only(setup_a):
+    setup_a.tenant.rate_per_second = 10
+    setup_a.tenant.save()
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a, priority=7, queue="q1")], actor="test")
+    row = connection.cursor()
+    row.execute("SELECT payload_json::text, priority, queue_name, rate_limited FROM queue_state")
+    payload, priority, queue_name, rate_limited = row.fetchone()
+    assert EMAIL not in payload and "b" not in payload.replace("channel", "")
+    assert (priority, queue_name, rate_limited) == (7, "q1", True)  # the tenant's limit makes it rate limited
+    assert n.status == Status.QUEUED and n.enqueued_at is not None
+
+
+def test_long_masked_recipients_fit_the_column(setup_a):
+    long = "a@" + "b" * 63 + "." + ".".join(["c" * 60] * 3) + ".com"
+    long_spec = NotificationSpec(channel="email", recipient=long, provider=setup_a.mail, body="b")
+    [n] = services.create_notifications(setup_a.tenant, [long_spec], actor="test")
+    assert len(Notification.objects.get(pk=n.pk).recipient_masked) <= 200
+
+
+def test_build_specs_resolves_names_in_two_queries(setup_a, django_assert_num_queries):
+    drafts = [Draft(channel="email", recipient=EMAIL, body="b"), Draft(channel="sms", recipient=PHONE, body="b"),
+              Draft(channel="webhook", recipient="u", provider="hook", body="b"),
+              Draft(channel="email", recipient=EMAIL, template="welcome", context={"name": "Z"})] * 50  # fmt: skip
+    with django_assert_num_queries(2):
+        specs = services.build_specs(setup_a.tenant, drafts)
+    assert [s.provider.name for s in specs[:4]] == ["mail", "text", "hook", "mail"]
+    assert specs[3].body == "Welcome, Z!" and specs[3].template == setup_a.welcome
+
+
+def test_build_specs_reports_every_bad_index(setup_a):
+    drafts = [Draft(channel="email", recipient=EMAIL, body="b"), Draft(channel="email", recipient=EMAIL, provider="x"),
+              Draft(channel="push", recipient="t", template="welcome")]  # fmt: skip
+    with pytest.raises(services.SpecErrors) as caught:
+        services.build_specs(setup_a.tenant, drafts)
+    assert set(caught.value.errors) == {1, 2}
+
+
+def test_other_tenants_providers_and_templates_do_not_resolve(setup_a, setup_b):
+    Provider.objects.create(tenant=setup_a.tenant, name="only-a", kind="console", channel="email")
+    Template.objects.create(tenant=setup_a.tenant, key="only-a", channel="email", body="x")
+    with pytest.raises(services.SpecErrors) as caught:
+        services.build_specs(setup_b.tenant, [Draft(channel="email", recipient=EMAIL, provider="only-a", body="b"),
+                                              Draft(channel="email", recipient=EMAIL, template="only-a")])
+    assert caught.value.errors == {0: {"provider": ["no provider named 'only-a'"]},
+                                   1: {"template": ["no template with key 'only-a'"]}}  # fmt: skip
+    specs = services.build_specs(setup_b.tenant, [Draft(channel="email", recipient=EMAIL, template="welcome")])
+    assert specs[0].provider.tenant_id == setup_b.tenant.pk and specs[0].template.tenant_id == setup_b.tenant.pk
+
+
+# --- cancel ---------------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_notification_deletes_its_idle_item(setup_a):
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
+    cancelled = services.cancel_notification(setup_a.tenant, n.pk, actor="api_key:x")
+    assert cancelled.status == Status.CANCELLED
+    assert not QueueItem.objects.exists()
+    event = AuditEvent.objects.get(action="notification.cancelled")
+    assert event.target_id == str(n.pk) and event.actor == "api_key:x" and event.tenant_id == setup_a.tenant.pk
+
+
+def test_cancel_a_scheduled_notification_cancels_its_job(setup_a):
+    later = timezone.now() + timedelta(hours=1)
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a, scheduled_for=later)], actor="test")
+    services.cancel_notification(setup_a.tenant, n.pk, actor="test")
+    assert ScheduledJob.objects.get(notification=n).status == ScheduledJob.Status.CANCELLED
+
+
+def test_a_leased_item_stays_and_the_dispatcher_skips_the_cancelled_notification(setup_a):
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
+    [lease] = queue.claim(1, lease_seconds=30)
+    services.cancel_notification(setup_a.tenant, n.pk, actor="test")
+    assert QueueItem.objects.filter(pk=lease.item_id).exists()  # still leased: the worker acks it
+    # the dispatcher's compare-and-set from queued/retrying finds nothing to send
+    moved = Notification.objects.filter(pk=n.pk, status__in=[Status.QUEUED, Status.RETRYING]).update(
+        status=Status.DISPATCHING
+    )
+    assert moved == 0
+
+
+def test_cancel_an_expired_lease_deletes_the_item(setup_a):
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
+    queue.claim(1, lease_seconds=0.0)
+    services.cancel_notification(setup_a.tenant, n.pk, actor="test")
+    assert not QueueItem.objects.exists()
+
+
+@pytest.mark.parametrize("status", ["dispatching", "delivered", "failed", "dead_lettered", "cancelled"])
+def test_cancel_is_409_outside_cancellable_states(setup_a, status):
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
+    Notification.objects.filter(pk=n.pk).update(status=status)
+    with pytest.raises(Conflict) as caught:
+        services.cancel_notification(setup_a.tenant, n.pk, actor="test")
+    assert caught.value.get_codes() == "not_cancellable"
+    assert Notification.objects.get(pk=n.pk).status == status
+    assert QueueItem.objects.count() == 1  # nothing changed
+
+
+def test_cancel_with_another_tenant_is_not_found_and_changes_nothing(setup_a, setup_b):
+    later = timezone.now() + timedelta(hours=1)
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a, scheduled_for=later)], actor="test")
+    with pytest.raises(NotFound):
+        services.cancel_notification(setup_b.tenant, n.pk, actor="test")
+    with pytest.raises(NotFound):
+        services.cancel_scheduled_job(setup_b.tenant, n.scheduled_job.pk, actor="test")
+    assert Notification.objects.get(pk=n.pk).status == Status.SCHEDULED
+    assert ScheduledJob.objects.get(notification=n).status == ScheduledJob.Status.PENDING
+    with pytest.raises(NotFound):
+        services.cancel_notification(setup_a.tenant, uuid.uuid4(), actor="test")
+
+
+def test_cancel_scheduled_job(setup_a):
+    later = timezone.now() + timedelta(hours=1)
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a, scheduled_for=later)], actor="test")
+    job = ScheduledJob.objects.get(notification=n)
+    services.cancel_scheduled_job(setup_a.tenant, job.pk, actor="test")
+    assert ScheduledJob.objects.get(pk=job.pk).status == "cancelled"
+    assert Notification.objects.get(pk=n.pk).status == Status.CANCELLED
+    assert AuditEvent.objects.filter(action="scheduled_job.cancelled", target_id=str(job.pk)).exists()
+    with pytest.raises(Conflict):
+        services.cancel_scheduled_job(setup_a.tenant, job.pk, actor="test")
+
+
+def test_cancel_scheduled_job_once_executed_is_409(setup_a):
+    later = timezone.now() + timedelta(hours=1)
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a, scheduled_for=later)], actor="test")
+    ScheduledJob.objects.filter(notification=n).update(status="executed", executed_at=timezone.now())
+    Notification.objects.filter(pk=n.pk).update(status=Status.DELIVERED)
+    with pytest.raises(Conflict) as caught:
+        services.cancel_scheduled_job(setup_a.tenant, n.scheduled_job.pk, actor="test")
+    assert "executed" in str(caught.value.detail)
+    assert Notification.objects.get(pk=n.pk).status == Status.DELIVERED
