@@ -9,6 +9,7 @@ from django.db.models import Q
 
 from core.fields import EncryptedJSONField, EncryptedTextField
 from core.models import Tenant, TenantOwned, TenantQuerySet
+from core.models.tenancy import HOT_FK
 
 
 class Channel(models.TextChoices):
@@ -92,11 +93,11 @@ class NotificationQuerySet(TenantQuerySet):
 class Notification(TenantOwned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # notif_tenant_recent_idx leads with the tenant, so no separate index on it.
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
     channel = models.CharField(max_length=10, choices=Channel.choices)
     recipient = EncryptedTextField()
     recipient_masked = models.CharField(max_length=200)
-    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="notifications")
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="notifications", **HOT_FK)
     template = models.ForeignKey(Template, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     context = models.JSONField(default=dict, blank=True)
     subject = models.TextField(blank=True, default="")
@@ -146,10 +147,14 @@ class AttemptOutcome(models.TextChoices):
 class DeliveryAttempt(TenantOwned):
     # Read through the notification only: attempt_number_unique covers notification lookups and the
     # tenant needs no index of its own, so an insert writes three indexes, not five.
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
-    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="attempts", db_index=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="attempts", db_index=False, **HOT_FK
+    )
     number = models.PositiveIntegerField()
-    provider = models.ForeignKey(Provider, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    provider = models.ForeignKey(
+        Provider, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", **HOT_FK
+    )
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
     outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices)

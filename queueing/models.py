@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from core.models import TenantOwned, TenantQuerySet
+from core.models.tenancy import HOT_FK
 
 
 class QueueItemQuerySet(TenantQuerySet):
@@ -40,8 +41,12 @@ class QueueItem(TenantOwned):
     # makes the item ready again without any sweeper.
     available_at = models.DateTimeField(db_default=Now())
     attempts = models.PositiveIntegerField(default=0)
-    notification = models.ForeignKey("notifications.Notification", on_delete=models.CASCADE, related_name="+")
-    provider = models.ForeignKey("notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+")
+    notification = models.ForeignKey(
+        "notifications.Notification", on_delete=models.CASCADE, related_name="+", **HOT_FK
+    )
+    provider = models.ForeignKey(
+        "notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+", **HOT_FK
+    )
     # True when the provider or tenant has a rate limit: such items are claimed only in per-provider
     # lanes capped by the tokens already granted, so an exhausted tenant costs no claims.
     rate_limited = models.BooleanField(default=False)

@@ -67,7 +67,7 @@ class DispatcherConfig:
 
 @dataclass
 class _CachedProvider:
-    instance: BaseProvider
+    instance: BaseProvider | _MisconfiguredProvider
     row_updated_at: datetime
     max_attempts: int
     limited: bool
@@ -109,7 +109,7 @@ class Dispatcher:
         self.record_wake = asyncio.Event()
         self.finished = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 self.loop.add_signal_handler(sig, self._on_signal, sig)
         if self.config.jitter:
             await asyncio.sleep(random.random() * 0.5)  # noqa: S311 - start-up jitter, not crypto
@@ -303,7 +303,7 @@ class Dispatcher:
             if cached:
                 asyncio.run_coroutine_threadsafe(cached.instance.aclose(), self.loop)
             self._providers[row.pk] = _CachedProvider(
-                instance=build_provider(row.kind, row.config, row.secrets),
+                instance=_instantiate(row),
                 row_updated_at=row.updated_at,
                 max_attempts=row.max_attempts or settings.OMNIPOST_MAX_ATTEMPTS,
                 limited=row.rate_per_second is not None or row.tenant.rate_per_second is not None,
@@ -472,6 +472,29 @@ class Dispatcher:
             with contextlib.suppress(OperationalError):
                 await self.db(heartbeat.beat, self.worker, self.processed - reported)
                 reported = self.processed
+
+
+class _MisconfiguredProvider:
+    """Stands in for a provider whose stored configuration cannot be used: each send fails
+    permanently with `invalid_config` (to the DLQ, visible to operators) instead of stopping
+    the dispatcher for every other tenant."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        return DeliveryResult(delivered=False, error_code="invalid_config", permanent=True, message=self.problem)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _instantiate(row: Provider) -> BaseProvider | _MisconfiguredProvider:
+    try:
+        return build_provider(row.kind, row.config, row.secrets)
+    except Exception as exc:  # noqa: BLE001 - any bad stored config must not stop the dispatcher
+        logger.error("provider %s (%s) is misconfigured: %s", row.pk, row.kind, exc)
+        return _MisconfiguredProvider(f"provider configuration is invalid: {type(exc).__name__}")
 
 
 def queue_has_rate_limited_items() -> bool:

@@ -58,8 +58,15 @@ class TenantQuerySet(models.QuerySet):
         return self.filter(tenant__memberships__user=user)
 
 
+# Hot tables carry no database-level foreign keys to hot parent rows. A foreign-key check locks
+# the parent row (FOR KEY SHARE) on every insert, so thousands of inserts a second that all point
+# at one tenant or provider row pile up multixact locks on it. Deletes still cascade and protect
+# through Django's collector; nothing deletes these rows with raw SQL.
+HOT_FK = {"db_constraint": False}
+
+
 class TenantOwned(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", **HOT_FK)
 
     objects = TenantQuerySet.as_manager()
 

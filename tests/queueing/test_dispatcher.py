@@ -90,3 +90,14 @@ def test_ssrf_guard_refuses_private_destination_at_send_time(tenant_a, webhook_r
     assert note.status == "failed" and note.last_error_code == "destination_forbidden"
     assert webhook_receiver.requests == []
     assert DeadLetter.objects.get(notification=note).failure_class == "permanent"
+
+
+def test_misconfigured_provider_fails_its_items_and_spares_the_rest(tenant_a, webhook_receiver):
+    good = hook_for(tenant_a, webhook_receiver)
+    broken = factories.provider(tenant_a, "broken", config={"url": webhook_receiver.url}, secrets={})
+    ok_notes = factories.queued(tenant_a, good, 3)
+    (bad_note,) = factories.queued(tenant_a, broken, 1)
+    run_once()
+    bad_note.refresh_from_db()
+    assert bad_note.status == "failed" and bad_note.last_error_code == "invalid_config"
+    assert Notification.objects.filter(pk__in=[n.pk for n in ok_notes], status="delivered").count() == 3
