@@ -333,7 +333,7 @@ def run_queue_only(*, count: int, processes: int, batch: int, depth: int) -> Ben
                     "-m",
                     "queueing.bench.claimer",
                     "--count",
-                    str(count // processes + 1),
+                    str(count // processes + (1 if i < count % processes else 0)),
                     "--batch",
                     str(batch),
                     "--priority",
