@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections, models, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
@@ -338,6 +338,7 @@ def _update_notifications_portable(changes: Sequence[Outcome], using: str) -> No
         attempt_count=Case(
             *[When(pk=i, then=Value(c)) for i, c in zip(ids, counts, strict=True) if c >= 0],
             default=F("attempt_count"),
+            output_field=models.PositiveIntegerField(),
         ),
         last_error_code=Case(*[When(pk=i, then=Value(c)) for i, c in zip(ids, codes, strict=True)]),
         delivered_at=Case(

@@ -18,6 +18,7 @@ urlpatterns = [
     re_path(r"^api/", api_views.api_not_found),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
 ]
 
 handler404 = "core.api.views.handler404"

@@ -81,6 +81,7 @@ class Dispatcher:
         self.retry_policy = RetryPolicy.from_settings()
         self.stopping = asyncio.Event()
         self.force = False
+        self.failed = False
         self.processed = 0
         self.claimed = 0
         self.claimed_by_tenant: Counter[str] = Counter()
@@ -152,6 +153,8 @@ class Dispatcher:
             if self.config.stats_file:
                 with open(self.config.stats_file, "w") as fh:
                     json.dump({"delivered": self.processed, "claimed": self.claimed, "statements": self.statements}, fh)
+        if self.failed:
+            return 1
         logger.info(
             "dispatcher stopped after %d deliveries; claims by tenant: %s",
             self.processed,
@@ -434,6 +437,15 @@ class Dispatcher:
                 logger.warning("database unavailable while recording %d outcomes (%s)", len(batch), exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            except Exception:
+                # A bug, not an outage: sending on while outcomes cannot be written would resend
+                # everything when the leases expire. Stop claiming and exit non-zero instead.
+                logger.exception("recording %d outcomes failed; the dispatcher stops", len(batch))
+                self.failed = True
+                self.stopping.set()
+                self.wake.set()
+                self.capacity.set()
+                return
         if recorded.lost:
             logger.warning("%d item(s) were re-claimed by a peer before we recorded them", len(recorded.lost))
         self.processed += sum(1 for o in batch if o.kind != "deferred") - len(recorded.lost)

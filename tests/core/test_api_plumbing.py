@@ -185,7 +185,10 @@ def test_healthz():
 def test_readyz_ready_with_migrations_applied():
     response = Client().get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ready", "checks": {"database": "ok", "migrations": "ok"}}
+    body = response.json()
+    assert body["status"] == "ready"
+    assert body["checks"] == {"database": "ok", "migrations": "ok", "scheduler": "ok"}
+    assert body["workers"] == {"live": 0, "stale": 0, "stale_workers": []} and body["warnings"] == []
 
 
 def test_readyz_503_when_the_database_is_unreachable():

@@ -101,3 +101,15 @@ def test_misconfigured_provider_fails_its_items_and_spares_the_rest(tenant_a, we
     bad_note.refresh_from_db()
     assert bad_note.status == "failed" and bad_note.last_error_code == "invalid_config"
     assert Notification.objects.filter(pk__in=[n.pk for n in ok_notes], status="delivered").count() == 3
+
+
+def test_a_recording_bug_stops_the_dispatcher_instead_of_sending_on(tenant_a, webhook_receiver, monkeypatch):
+    factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 30)
+
+    def broken(batch, **kwargs):
+        raise TypeError("a bug in recording")
+
+    monkeypatch.setattr("queueing.worker.record_outcomes", broken)
+    dispatcher = Dispatcher(DispatcherConfig(jitter=False, batch_size=5, concurrency=5))
+    assert dispatcher.run() == 1
+    assert len(webhook_receiver.requests) < 30  # it stopped claiming after the first failed batch

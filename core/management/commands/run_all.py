@@ -94,7 +94,8 @@ class Command(BaseCommand):
         if unexpected:
             self.stderr.write(f"exited abnormally: {unexpected}")
             raise SystemExit(1)
-        self.stdout.write("stopped")
+        # Each child's exit code, so a clean stop of all three is visible (and testable).
+        self.stdout.write(f"stopped ({', '.join(f'{name} {proc.returncode}' for name, proc in children.items())})")
 
     def _stop_children(
         self,

@@ -46,4 +46,5 @@ class Command(BaseCommand):
             if options["lease_seconds"] <= 0:
                 raise CommandError("--lease-seconds must be positive")
             config.lease_seconds = options["lease_seconds"]
-        Dispatcher(config).run()
+        if Dispatcher(config).run() != 0:
+            raise CommandError("the dispatcher stopped after an internal error; see the log above")
