@@ -39,3 +39,28 @@ class TenantScopedAdmin(admin.ModelAdmin):
         if request.user.is_superuser and "tenant" not in filters:
             filters.insert(0, "tenant")
         return filters
+
+
+class DefaultStatusFilter(admin.SimpleListFilter):
+    """A status filter that shows one status unless asked otherwise (the one an index serves and an
+    operator works on), plus "All". Subclasses set `statuses` (a TextChoices) and `default`."""
+
+    title = "status"
+    parameter_name = "status"
+    statuses: Any
+    default: str
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(s.value, s.label) for s in self.statuses] + [("all", "All")]
+
+    def choices(self, changelist: Any) -> Any:
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": (self.value() or self.default) == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value() or self.default
+        return queryset if value == "all" else queryset.filter(status=value)

@@ -23,7 +23,7 @@ from django.shortcuts import redirect
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
-from core.admin_scoping import TenantScopedAdmin, visible_tenants
+from core.admin_scoping import DefaultStatusFilter, TenantScopedAdmin, visible_tenants
 from core.masking import mask_text
 from dlq import services
 from dlq.models import DeadLetter
@@ -38,26 +38,11 @@ def actor(request: HttpRequest) -> str:
     return f"user:{request.user.get_username()}"
 
 
-class StatusFilter(admin.SimpleListFilter):
+class StatusFilter(DefaultStatusFilter):
     """Open entries by default (what an operator works on; served by the (status, created_at) indexes)."""
 
-    title = "status"
-    parameter_name = "status"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(s.value, s.label) for s in DeadLetter.Status] + [("all", "All")]
-
-    def choices(self, changelist: Any) -> Any:
-        for lookup, title in self.lookup_choices:
-            yield {
-                "selected": (self.value() or DeadLetter.Status.OPEN) == lookup,
-                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
-                "display": title,
-            }
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value() or DeadLetter.Status.OPEN
-        return queryset if value == "all" else queryset.filter(status=value)
+    statuses = DeadLetter.Status
+    default = DeadLetter.Status.OPEN
 
 
 class ProviderFilter(admin.SimpleListFilter):

@@ -20,7 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 
-from core.admin_scoping import TenantScopedAdmin, visible_tenants
+from core.admin_scoping import DefaultStatusFilter, TenantScopedAdmin, visible_tenants
 from queueing import stats
 from queueing.models import QueueItem, ScheduledJob, Worker
 
@@ -107,26 +107,11 @@ class QueueItemAdmin(ReadOnlyAdmin, TenantScopedAdmin):
             return queryset.filter(queue_name=term), False
 
 
-class JobStatusFilter(admin.SimpleListFilter):
+class JobStatusFilter(DefaultStatusFilter):
     """Pending by default: the partial index scheduled_jobs_due_idx serves it, ordered by run_at."""
 
-    title = "status"
-    parameter_name = "status"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(s.value, s.label) for s in ScheduledJob.Status] + [("all", "All")]
-
-    def choices(self, changelist: Any) -> Any:
-        for lookup, title in self.lookup_choices:
-            yield {
-                "selected": (self.value() or ScheduledJob.Status.PENDING) == lookup,
-                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
-                "display": title,
-            }
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value() or ScheduledJob.Status.PENDING
-        return queryset if value == "all" else queryset.filter(status=value)
+    statuses = ScheduledJob.Status
+    default = ScheduledJob.Status.PENDING
 
 
 @admin.register(ScheduledJob)
