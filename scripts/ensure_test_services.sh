@@ -19,8 +19,24 @@ PY
 sudo_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/sh -c "$1"; else sudo -u postgres sh -c "$1"; fi; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
+ensure_database() {
+  # The named database is only a home for `manage.py check`; pytest creates test_<name> itself.
+  "$py" - "$url" <<'PY'
+import sys, psycopg
+from psycopg import sql
+from urllib.parse import urlsplit, urlunsplit
+parts = urlsplit(sys.argv[1])
+name = parts.path.lstrip("/")
+with psycopg.connect(urlunsplit(parts._replace(scheme="postgresql", path="/postgres")), autocommit=True) as conn:
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        print(f"postgres: created database {name}")
+PY
+}
+
 if reachable; then
   echo "postgres: reachable"
+  ensure_database
   exit 0
 fi
 
@@ -48,7 +64,7 @@ done
 sudo_pg "psql -qc \"ALTER USER postgres PASSWORD 'postgres'\"" >/dev/null
 
 for _ in $(seq 1 30); do
-  if reachable; then echo "postgres: reachable"; exit 0; fi
+  if reachable; then echo "postgres: reachable"; ensure_database; exit 0; fi
   sleep 1
 done
 echo "postgres: still not reachable at $url" >&2
