@@ -190,11 +190,12 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     return Recorded(ours=ours, lost=[o for o in outcomes if o.lease.item_id not in ours])
 
 
+# Placeholders are %(…)b: the long arrays travel in binary, dumped in C, instead of as array text.
 _RECORD_SQL = """
     WITH outcome AS (
-        SELECT * FROM unnest(%(item_ids)s::bigint[], %(tokens)s::uuid[], %(kinds)s::text[],
-                             %(delays)s::float8[], %(nids)s::uuid[], %(statuses)s::text[],
-                             %(counts)s::int[], %(codes)s::text[])
+        SELECT * FROM unnest(%(item_ids)b::bigint[], %(tokens)b::uuid[], %(kinds)b::text[],
+                             %(delays)b::float8[], %(nids)b::uuid[], %(statuses)b::text[],
+                             %(counts)b::int[], %(codes)b::text[])
             AS o(item_id, lock_token, kind, delay, notification_id, status, attempts, code)
     ), acked AS (
         DELETE FROM queue_state q USING outcome o
@@ -230,10 +231,10 @@ _RECORD_SQL = """
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
         SELECT a.tenant_id, a.notification_id, a.number, a.provider_id, a.started_at, a.finished_at, a.outcome,
                a.error_class, a.error_code, a.error_message, a.http_status, a.duration_ms
-        FROM unnest(%(a_item_ids)s::bigint[], %(a_tenants)s::uuid[], %(a_nids)s::uuid[], %(a_numbers)s::int[],
-                    %(a_providers)s::bigint[], %(a_started)s::timestamptz[], %(a_finished)s::timestamptz[],
-                    %(a_outcomes)s::text[], %(a_classes)s::text[], %(a_codes)s::text[], %(a_messages)s::text[],
-                    %(a_statuses)s::int[], %(a_durations)s::int[])
+        FROM unnest(%(a_item_ids)b::bigint[], %(a_tenants)b::uuid[], %(a_nids)b::uuid[], %(a_numbers)b::int[],
+                    %(a_providers)b::bigint[], %(a_started)b::timestamptz[], %(a_finished)b::timestamptz[],
+                    %(a_outcomes)b::text[], %(a_classes)b::text[], %(a_codes)b::text[], %(a_messages)b::text[],
+                    %(a_statuses)b::int[], %(a_durations)b::int[])
             AS a(item_id, tenant_id, notification_id, number, provider_id, started_at, finished_at, outcome,
                  error_class, error_code, error_message, http_status, duration_ms)
         JOIN ours USING (item_id)
@@ -242,9 +243,9 @@ _RECORD_SQL = """
                                        error_code, last_status_code, attempt_count, status, created_at, resolved_by)
         SELECT gen_random_uuid(), d.tenant_id, d.notification_id, d.provider_id, d.failure_class, d.reason,
                d.code, d.status_code, d.attempt_count, 'open', now(), ''
-        FROM unnest(%(d_item_ids)s::bigint[], %(d_tenants)s::uuid[], %(d_nids)s::uuid[], %(d_providers)s::bigint[],
-                    %(d_classes)s::text[], %(d_reasons)s::text[], %(d_codes)s::text[], %(d_status_codes)s::int[],
-                    %(d_counts)s::int[])
+        FROM unnest(%(d_item_ids)b::bigint[], %(d_tenants)b::uuid[], %(d_nids)b::uuid[], %(d_providers)b::bigint[],
+                    %(d_classes)b::text[], %(d_reasons)b::text[], %(d_codes)b::text[], %(d_status_codes)b::int[],
+                    %(d_counts)b::int[])
             AS d(item_id, tenant_id, notification_id, provider_id, failure_class, reason, code, status_code,
                  attempt_count)
         JOIN ours USING (item_id)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Profile one dispatcher process during an end-to-end benchmark run with py-spy, and print where
+# its time goes (inclusive share per frame, all threads). Usage, with DATABASE_URL set:
+#   bench/profile_dispatcher.sh [notifications] [seconds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-60000}
+seconds=${2:-6}
+out=$(mktemp -d)
+.venv/bin/python manage.py omnipost_bench -n "$n" -p 2 -c 500 -b 250 > "$out/bench.txt" 2>&1 &
+bench=$!
+pid=""
+for _ in $(seq 1 300); do
+  pid=$(pgrep -f "manage.py run_dispatcher" | head -n 1 || true)
+  [ -n "$pid" ] && break
+  sleep 0.1
+done
+sleep 2
+.venv/bin/py-spy record --pid "$pid" --duration "$seconds" --rate 200 --format raw --output "$out/profile.txt" >/dev/null 2>&1
+wait "$bench"
+grep -E "delivery rate|statements" "$out/bench.txt"
+.venv/bin/python - "$out/profile.txt" <<'PY'
+import collections, sys
+total = 0
+inclusive = collections.Counter()
+for line in open(sys.argv[1]):
+    stack, count = line.rsplit(" ", 1)
+    count = int(count)
+    total += count
+    for frame in set(stack.split(";")):
+        inclusive[frame] += count
+print(f"{total} samples; inclusive share per frame (top 30):")
+for frame, count in inclusive.most_common(30):
+    print(f"{count / total:6.1%}  {frame[:130]}")
+PY
