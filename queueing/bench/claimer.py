@@ -28,10 +28,17 @@ def main() -> None:
 
     acked = 0
     first = last = time.time()
+    empty_since = None
     while acked < args.count:
         leases = queue.claim(min(args.batch, args.count - acked), queues=["bench"])
         if not leases:
-            break
+            # Like a real worker, look again for a moment before calling the queue drained.
+            empty_since = empty_since or time.monotonic()
+            if time.monotonic() - empty_since > 2.0:
+                break
+            time.sleep(0.01)
+            continue
+        empty_since = None
         if acked == 0:
             first = time.time()
         acked += len(queue.ack(leases))
