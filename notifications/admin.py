@@ -65,12 +65,23 @@ class ProviderAdmin(TenantScopedAdmin):
     validates the configuration. Secrets are shown masked only."""
 
     form = ProviderForm
-    list_display = ["name", "tenant", "channel", "kind", "is_default", "rate_per_second", "max_attempts"]
+    list_display = [
+        "name", "tenant", "channel", "kind", "is_default", "rate_per_second", "effective_rate", "max_attempts"
+    ]  # fmt: skip
     list_filter = ["kind", "channel", "is_default"]
     search_fields = ["name"]
     readonly_fields = ["tenant", "name", "channel", "kind", "config", "masked_secrets", "is_default", "created_at",
                        "updated_at"]  # fmt: skip
     fields = [*readonly_fields[:6], "rate_per_second", "burst", "max_attempts", *readonly_fields[6:]]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).with_effective_rate()
+
+    @admin.display(description="effective rate /s")
+    def effective_rate(self, obj: Provider) -> str:
+        """The adaptive rate the dispatchers use now (lowered after 429s), when it is limited."""
+        rate = getattr(obj, "bucket_rate", None)
+        return "—" if rate is None else f"{rate:g}"
 
     @admin.display(description="secrets")
     def masked_secrets(self, obj: Provider) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery, Value
+from django.db.models.functions import Cast, Concat
 
 from core.fields import EncryptedJSONField, EncryptedTextField
 from core.models import Tenant, TenantOwned, TenantQuerySet
@@ -41,6 +42,16 @@ CANCELLABLE = (Status.SCHEDULED, Status.QUEUED, Status.RETRYING)
 FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCELLED)
 
 
+class ProviderQuerySet(TenantQuerySet):
+    def with_effective_rate(self) -> ProviderQuerySet:
+        """Annotate `bucket_rate`: the dispatchers' adaptive rate (None until a bucket exists)."""
+        from queueing.models import RateBucket
+
+        key = Concat(Value("provider:"), Cast(OuterRef("pk"), output_field=models.CharField()))
+        rate = RateBucket.objects.filter(key=key).values("effective_rate")[:1]
+        return self.annotate(bucket_rate=Subquery(rate, output_field=models.FloatField()))
+
+
 class Provider(TenantOwned):
     name = models.SlugField(max_length=100)
     channel = models.CharField(max_length=10, choices=Channel.choices)
@@ -53,6 +64,8 @@ class Provider(TenantOwned):
     is_default = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ProviderQuerySet.as_manager()
 
     class Meta:
         db_table = "providers"

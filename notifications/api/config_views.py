@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import CharField, FloatField, OuterRef, QuerySet, Subquery, Value
-from django.db.models.functions import Cast, Concat
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
 
@@ -16,7 +15,6 @@ from notifications.api.pagination import StrictCursorPagination
 from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.views import actor
 from notifications.models import Provider, Template
-from queueing.models import RateBucket
 
 SLUG = "[-a-zA-Z0-9_]+"
 
@@ -53,11 +51,7 @@ class ProviderViewSet(_ConfigViewSet):
     model = Provider
 
     def get_queryset(self) -> QuerySet[Provider]:
-        qs = super().get_queryset()
-        # effective_rate_per_second: the dispatchers' adaptive rate, when a bucket exists.
-        key = Concat(Value("provider:"), Cast(OuterRef("pk"), output_field=CharField()))
-        bucket = RateBucket.objects.filter(key=key)
-        return qs.annotate(bucket_rate=Subquery(bucket.values("effective_rate")[:1], output_field=FloatField()))
+        return super().get_queryset().with_effective_rate()
 
     def perform_create(self, serializer: ProviderSerializer) -> None:
         provider = Provider(tenant=self.request.tenant, **serializer.validated_data)
