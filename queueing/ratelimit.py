@@ -153,6 +153,18 @@ def take(lanes: Mapping[int, LaneSpec], want: Mapping[int, int], *, using: str =
     return Grant(granted, min(waits) if waits else None)
 
 
+def take_key(key: str, rate: float, burst: float, want: int, *, using: str = "default") -> tuple[int, float | None]:
+    """Take up to `want` tokens from one bucket; returns (granted, seconds until the next token or None)."""
+    with transaction.atomic(using=using):
+        bucket = _locked_buckets({key: (float(rate), float(burst))}, using)[key]
+        _refill(bucket, _db_now(using))
+        granted = max(0, min(want, math.floor(bucket.tokens + 1e-9)))
+        bucket.tokens -= granted
+        _save([bucket], using)
+    wait = None if granted >= want else max(0.0, (1.0 - bucket.tokens) / bucket.effective_rate)
+    return granted, wait
+
+
 def give_back(lanes: Mapping[int, LaneSpec], unused: Mapping[int, int], *, using: str = "default") -> None:
     """Return tokens a lane was granted but could not use (fewer items were ready)."""
     unused = {pid: n for pid, n in unused.items() if n > 0}

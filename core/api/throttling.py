@@ -1,4 +1,10 @@
-"""Per-tenant API rate limit (OMNIPOST_RATE_LIMIT_API requests a minute) with Retry-After."""
+"""Per-tenant API rate limit (OMNIPOST_RATE_LIMIT_API requests a minute) with Retry-After.
+
+The bucket is shared by every web process through the database (`queueing.ratelimit`, key
+`api:<tenant id>`: rate = limit / 60 per second, burst = one minute's worth). A process takes a
+quarter second's worth of tokens at once and spends them from memory, so most requests cost no
+query; tokens it holds longer than a second are dropped, so the limit holds across processes.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +15,22 @@ import time
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
+CHUNK_SECONDS = 0.25  # tokens taken at once, in seconds of rate
+LOCAL_TTL = 1.0  # a taken token is spent within this long or dropped
 
-class _Bucket:
-    __slots__ = ("tokens", "stamp")
 
-    def __init__(self, tokens: float, stamp: float) -> None:
+class _Allotment:
+    __slots__ = ("tokens", "taken_at")
+
+    def __init__(self, tokens: float, taken_at: float) -> None:
         self.tokens = tokens
-        self.stamp = stamp
+        self.taken_at = taken_at
 
 
 class TenantRateThrottle(BaseThrottle):
-    """Token bucket per tenant, refilled continuously at rate/60 per second, burst = one minute.
-
-    Kept in process memory: with W web workers a tenant may reach W times the limit. The
-    shared, database-backed bucket in `queueing.ratelimit` replaces this once it exists.
-    """
-
-    _buckets: dict[str, _Bucket] = {}
+    _local: dict[str, _Allotment] = {}
     _lock = threading.Lock()
-    clock = staticmethod(time.monotonic)
+    clock = staticmethod(time.monotonic)  # for the local allotment's age only
 
     def allow_request(self, request, view) -> bool:  # noqa: ANN001
         tenant = getattr(request._request, "tenant", None)
@@ -36,17 +39,23 @@ class TenantRateThrottle(BaseThrottle):
         per_minute = settings.OMNIPOST_RATE_LIMIT_API
         if per_minute <= 0:  # 0 turns the limit off (documented in the README)
             return True
-        rate = per_minute / 60.0
+        key = f"api:{tenant.pk}"
         now = self.clock()
         with self._lock:
-            bucket = self._buckets.setdefault(str(tenant.pk), _Bucket(float(per_minute), now))
-            bucket.tokens = min(float(per_minute), bucket.tokens + (now - bucket.stamp) * rate)
-            bucket.stamp = now
-            if bucket.tokens >= 1.0:
-                bucket.tokens -= 1.0
+            held = self._local.get(key)
+            if held is not None and held.tokens >= 1 and now - held.taken_at < LOCAL_TTL:
+                held.tokens -= 1
                 return True
-            self._wait = (1.0 - bucket.tokens) / rate
-            return False
+        from queueing.ratelimit import take_key
+
+        rate = per_minute / 60.0
+        granted, wait = take_key(key, rate, float(per_minute), max(1, int(rate * CHUNK_SECONDS)))
+        if granted >= 1:
+            with self._lock:
+                self._local[key] = _Allotment(granted - 1, now)
+            return True
+        self._wait = wait if wait is not None else 1.0 / rate
+        return False
 
     def wait(self) -> float:
-        return float(math.ceil(getattr(self, "_wait", 1.0)))
+        return float(max(1, math.ceil(getattr(self, "_wait", 1.0))))

@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from unittest import mock
 
 import pytest
@@ -36,9 +37,9 @@ def assert_error_shape(response, status: int, code: str) -> dict:  # noqa: ANN00
 
 @pytest.fixture(autouse=True)
 def fresh_throttle_buckets():  # noqa: ANN201
-    TenantRateThrottle._buckets.clear()
+    TenantRateThrottle._local.clear()
     yield
-    TenantRateThrottle._buckets.clear()
+    TenantRateThrottle._local.clear()
 
 
 # --- error shape -------------------------------------------------------------------------------
@@ -145,16 +146,28 @@ def test_the_n_plus_first_request_is_429_and_other_tenants_are_unaffected(api_a,
 
 
 @override_settings(OMNIPOST_RATE_LIMIT_API=60)
-def test_the_bucket_refills_over_time(api_a, monkeypatch):
-    now = [1000.0]
-    monkeypatch.setattr(TenantRateThrottle, "clock", staticmethod(lambda: now[0]))
+def test_the_bucket_refills_over_time(api_a, tenant_a):
+    from queueing.models import RateBucket
+
     for _ in range(60):
         assert api_a.get("/api/v1/tenant").status_code == 200
     response = api_a.get("/api/v1/tenant")
     assert response.status_code == 429 and response["Retry-After"] == "1"
-    now[0] += 1.0  # one token a second at 60/min
+    # One token a second at 60/min, on the database clock: move the bucket's clock back a second.
+    bucket = RateBucket.objects.get(key=f"api:{tenant_a.pk}")
+    RateBucket.objects.filter(pk=bucket.pk).update(updated_at=bucket.updated_at - timedelta(seconds=1.05))
     assert api_a.get("/api/v1/tenant").status_code == 200
     assert api_a.get("/api/v1/tenant").status_code == 429
+
+
+@override_settings(OMNIPOST_RATE_LIMIT_API=6)
+def test_the_limit_holds_across_processes_sharing_the_bucket(api_a, tenant_a):
+    """Two web processes are two in-memory allotments over one database bucket."""
+    for _ in range(3):
+        assert api_a.get("/api/v1/tenant").status_code == 200
+    TenantRateThrottle._local.clear()  # "another process": nothing held in memory
+    statuses = [api_a.get("/api/v1/tenant").status_code for _ in range(5)]
+    assert statuses == [200, 200, 200, 429, 429]
 
 
 def test_keys_of_one_tenant_share_its_bucket(tenant_a):

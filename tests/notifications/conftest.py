@@ -60,9 +60,9 @@ def setup_b(tenant_b: Tenant) -> Setup:
 
 @pytest.fixture(autouse=True)
 def fresh_throttle_buckets() -> Iterator[None]:
-    TenantRateThrottle._buckets.clear()
+    TenantRateThrottle._local.clear()
     yield
-    TenantRateThrottle._buckets.clear()
+    TenantRateThrottle._local.clear()
 
 
 def email(**extra: object) -> dict:
