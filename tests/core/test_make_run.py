@@ -107,8 +107,15 @@ def test_make_run_delivers_the_first_notification_and_stops_on_ctrl_c(tmp_path):
         console = [line for line in stderr.read_text().splitlines() if f"console delivery of {created['id']}" in line]
         assert len(console) == 1 and "to j***@example.com" in console[0], console
 
-        status, text = fetch(f"{base}/metrics")
-        assert status == 200
+        # The scheduler may still be starting (import, start-up jitter): scrape until both workers are live.
+        deadline = time.monotonic() + 30
+        while True:
+            status, text = fetch(f"{base}/metrics")
+            assert status == 200
+            live = [metric_value(text, "omnipost_workers", kind=k, state="live") for k in ("dispatcher", "scheduler")]
+            if live == [1, 1] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         name = "omnipost_delivery_attempts_total"
         assert metric_value(text, name, outcome="delivered", provider="console-email") == 1
         assert metric_value(text, "omnipost_delivery_latency_seconds_gcount") == 1
