@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -42,14 +41,6 @@ ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
 PASSWORD = "console-Pa55word-42"
 
 
-class _ThreadLoop(asyncio.SelectorEventLoop):
-    """Signals can only be handled on the main thread; the dispatcher treats NotImplementedError as
-    "no signal handlers here"."""
-
-    def add_signal_handler(self, sig: int, callback: Any, *args: Any) -> None:
-        raise NotImplementedError
-
-
 def dispatch_once() -> None:
     """The in-process dispatcher for the `default` queue (the dashboard's filler sits in other queues), on
     its own thread: Playwright's sync API owns this thread's event loop."""
@@ -57,9 +48,9 @@ def dispatch_once() -> None:
 
     def run() -> None:
         try:
-            with asyncio.Runner(loop_factory=_ThreadLoop) as runner:
-                config = DispatcherConfig(queues=["default"], once=True, jitter=False)
-                assert runner.run(Dispatcher(config).main()) == 0
+            # Off the main thread the dispatcher runs without signal handlers.
+            config = DispatcherConfig(queues=["default"], once=True, jitter=False)
+            assert asyncio.run(Dispatcher(config).main()) == 0
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             failures.append(exc)
         finally:

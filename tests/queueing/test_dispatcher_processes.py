@@ -95,3 +95,24 @@ def test_sigkill_loses_nothing(tenant_a, subprocess_env):
         assert sum(c - 1 for c in counts.values()) <= leased_at_kill
     assert Notification.objects.filter(status="delivered").count() == 400
     assert QueueItem.objects.count() == 0
+
+
+def test_a_dispatcher_holds_at_most_two_database_connections(tenant_a, subprocess_env, tmp_path):
+    """CONTRACT §9: one connection for claims and outcomes, one that LISTENs."""
+    from django.db import connection
+
+    env = {**subprocess_env, "OMNIPOST_APP_NAME": "omnipost-dispatcher-conn-test"}
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60, delay_ms=50) as receiver:
+        factories.queued(tenant_a, hook_for(tenant_a, receiver), 300)
+        (proc,) = start_dispatchers(1, env, "--concurrency", "100", "--batch-size", "20", log_dir=tmp_path)
+        assert wait_started(tmp_path, 1)
+        assert wait_until(lambda: len(receiver.requests) >= 50, 30)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s OR application_name = %s",
+                ["omnipost-dispatcher-conn-test", f"omnipost-dispatcher-listen-{proc.pid}"],
+            )
+            held = cursor.fetchone()[0]
+        proc.send_signal(signal.SIGTERM)
+        assert wait_exit([proc], 20) == [0]
+    assert held == 2
