@@ -35,6 +35,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils.dateparse import parse_datetime
 
 from queueing import heartbeat
+from queueing.janitor import Janitor
 from queueing.models import Worker
 from queueing.queue import NOTIFY_CHANNEL
 from queueing.schedule import SCHEDULE_CHANNEL
@@ -316,6 +317,7 @@ class Scheduler:
                 doorbell = Doorbell(
                     self._on_schedule_ring, channel=SCHEDULE_CHANNEL, using=self.using,
                     application_name=f"{self.application_name}-listen"[:63],
+                    between_rings=Janitor().maybe_vacuum,
                 ).start()
                 if doorbell.available:
                     # Listening before the first read, so no job scheduled from now on is missed.

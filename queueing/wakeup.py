@@ -2,7 +2,8 @@
 
 Notifications carry queue names only and merely wake a loop, which then reads the table; polling
 stays the fallback (and the only mechanism on SQLite). The connection is re-established with
-backoff after errors, and LISTEN is re-issued each time.
+backoff after errors, and LISTEN is re-issued each time. Between wake-ups the same connection can
+do light housekeeping (`between_rings`, e.g. the queue janitor's VACUUM) off the hot path.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ class Doorbell:
         channel: str = NOTIFY_CHANNEL,
         using: str = "default",
         application_name: str | None = None,
+        between_rings: Callable[[object], object] | None = None,
     ) -> None:
         self.on_ring = on_ring
+        self.between_rings = between_rings
         self.channel = channel
         name = application_name or f"omnipost-listen-{socket.gethostname()}-{os.getpid()}"
         self._params = _conninfo(using, name)
@@ -70,6 +73,12 @@ class Doorbell:
         if self._thread is not None:
             self._thread.join(timeout=2)
 
+    def _housekeep(self, conn: object) -> None:
+        try:
+            self.between_rings(conn)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - housekeeping never takes the doorbell down
+            logger.exception("housekeeping on the LISTEN connection failed")
+
     def _run(self) -> None:
         import psycopg
         from psycopg import sql
@@ -86,6 +95,8 @@ class Doorbell:
                             self.on_ring(note.payload)
                             if self._stop.is_set():
                                 break
+                        if self.between_rings is not None and not self._stop.is_set():
+                            self._housekeep(conn)
             except Exception as exc:  # noqa: BLE001 - reconnect after any connection failure
                 self.connected.clear()
                 logger.warning("LISTEN connection failed (%s); retrying in %.1fs", type(exc).__name__, backoff)
