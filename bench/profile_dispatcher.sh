@@ -16,7 +16,8 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 sleep 2
-.venv/bin/py-spy record --pid "$pid" --duration "$seconds" --rate 200 --format raw --output "$out/profile.txt" >/dev/null 2>&1
+.venv/bin/py-spy record --pid "$pid" --duration "$seconds" --rate 200 ${PYSPY_FLAGS:-} --format raw --output "$out/profile.txt" >/dev/null 2>&1
+cp "$out/profile.txt" /tmp/last_profile.txt 2>/dev/null || true
 wait "$bench"
 grep -E "delivery rate|statements" "$out/bench.txt"
 .venv/bin/python - "$out/profile.txt" <<'PY'

@@ -222,10 +222,11 @@ def claim(
 
 
 def claim_ctes_pg(
-    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID
+    n: int, lease: float, starve: float | None, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID
 ) -> tuple[str, dict[str, Any]]:
     """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING …)`, so callers can
-    extend the same single statement (the dispatcher also marks the notifications dispatching)."""
+    extend the same single statement (the dispatcher also marks the notifications dispatching).
+    `starve=None` leaves out the starving branch (and its index scan)."""
     queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
     lane_cte = ""
     lane_union = ""
@@ -242,7 +243,18 @@ def claim_ctes_pg(
             ) l
         )"""
         lane_union = "UNION ALL SELECT item_id FROM lanes"
-    ctes = f"""
+    if starve is None:  # the caller looks for starving items less often than it claims
+        picking = f"""
+        WITH main AS (
+            SELECT item_id FROM queue_state
+            WHERE NOT rate_limited AND available_at <= now() {queue_filter}
+            ORDER BY priority DESC, enqueued_at
+            LIMIT %(n)s
+            FOR UPDATE SKIP LOCKED
+        ), picked_main AS (
+            SELECT item_id FROM main"""
+    else:
+        picking = f"""
         WITH starving AS (
             SELECT item_id FROM queue_state
             WHERE NOT rate_limited AND available_at <= now()
@@ -267,7 +279,8 @@ def claim_ctes_pg(
                 ORDER BY item_id, branch, pos
             ) distinct_items
             ORDER BY branch, pos
-            LIMIT %(n)s
+            LIMIT %(n)s"""
+    ctes = f"""{picking}
         ){lane_cte}, picked AS (
             SELECT item_id FROM picked_main {lane_union}
         ), claimed AS (

@@ -39,6 +39,7 @@ from notifications.delivery import Attempt, Outcome, Prepared, claim_and_start, 
 from notifications.models import AttemptOutcome, Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
 from queueing import heartbeat, queue, ratelimit
+from queueing.janitor import Janitor
 from queueing.models import Worker
 from queueing.wakeup import Doorbell
 
@@ -48,6 +49,7 @@ MIN_POLL = 0.05
 MAX_POLL = 1.0
 PROVIDER_CACHE_SECONDS = 5.0
 LANE_REFRESH_SECONDS = 0.25
+STARVATION_CHECK_SECONDS = 1.0  # how often a claim also looks for items past the starvation threshold
 HEARTBEAT_SECONDS = 5.0
 
 
@@ -90,6 +92,7 @@ class Dispatcher:
         self._providers: dict[int, _CachedProvider] = {}
         self._lanes: dict[int, ratelimit.LaneSpec] = {}
         self._lanes_checked = -1e9
+        self._starving_checked = -1e9
         self._any_limits_checked = -1e9
         self._any_limits = False
         self.worker: Worker | None = None
@@ -119,7 +122,11 @@ class Dispatcher:
         self._hot_statements = 1 if connection.vendor == "postgresql" else 0
         await self.db(self._count_statements)
         self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
-        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}")
+        bell = Doorbell(
+            self._ring,
+            application_name=f"omnipost-dispatcher-listen-{os.getpid()}",
+            between_rings=Janitor().maybe_vacuum,
+        )
         if self.config.listen:
             bell.start()
         logger.info(
@@ -254,8 +261,16 @@ class Dispatcher:
         """On the DB thread: take tokens for rate-limited lanes, claim, mark dispatching, load providers."""
         lanes, next_token_in = self._grant_lanes(want)
         main = max(0, want - sum(lanes.values()))
+        now = self.clock()
+        look_for_starving = now - self._starving_checked >= STARVATION_CHECK_SECONDS
+        if look_for_starving:
+            self._starving_checked = now
         prepared, skipped = claim_and_start(
-            main, lease_seconds=self.config.lease_seconds, queues=self.config.queues, lanes=lanes
+            main,
+            lease_seconds=self.config.lease_seconds,
+            queues=self.config.queues,
+            lanes=lanes,
+            look_for_starving=look_for_starving,
         )
         leases = [p.lease for p in prepared] + skipped
         self.statements += self._hot_statements

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.db.models.functions import Now
 
 from dlq.models import DeadLetter
 from notifications.models import DeliveryAttempt, Notification
@@ -113,3 +116,24 @@ def test_a_recording_bug_stops_the_dispatcher_instead_of_sending_on(tenant_a, we
     dispatcher = Dispatcher(DispatcherConfig(jitter=False, batch_size=5, concurrency=5))
     assert dispatcher.run() == 1
     assert len(webhook_receiver.requests) < 30  # it stopped claiming after the first failed batch
+
+
+def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver, settings):
+    settings.OMNIPOST_STARVATION_SECONDS = 5
+    hook = hook_for(tenant_a, webhook_receiver)
+    starving = {n.id for n in factories.queued(tenant_a, hook, 3, priority=0)}
+    QueueItem.objects.update(enqueued_at=Now() - timedelta(seconds=10), available_at=Now() - timedelta(seconds=10))
+    fresh = {n.id for n in factories.queued(tenant_a, hook, 10, priority=9)}
+    now = [1000.0]
+    dispatcher = Dispatcher(DispatcherConfig(jitter=False), clock=lambda: now[0])
+    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
+
+    def claim(n: int) -> set:
+        prepared, _, _ = dispatcher._claim_batch(n)
+        return {p.notification_id for p in prepared}
+
+    assert claim(2) <= starving  # the first claim looks: the starving items outrank priority 9
+    now[0] += 0.5
+    assert claim(2) <= fresh  # within the second: priority order only
+    now[0] += 0.6
+    assert len(claim(2) & starving) == 1  # a second on: the last starving item
