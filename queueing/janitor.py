@@ -72,7 +72,7 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     try:
         for table in due:
             started = time.perf_counter()
-            conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
+            conn.execute(sql.SQL("VACUUM (ANALYZE, TRUNCATE false) {}").format(sql.Identifier(table)))
             done.append(table)
             logger.info("vacuumed %s in %.0f ms", table, (time.perf_counter() - started) * 1000)
     finally:
