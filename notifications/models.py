@@ -111,7 +111,11 @@ class Notification(TenantOwned):
     recipient = EncryptedTextField()
     recipient_masked = models.CharField(max_length=200)
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="notifications", **HOT_FK)
-    template = models.ForeignKey(Template, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Template and enrollment are indexed only where set (partial indexes below): most rows have
+    # neither, and an index they are not in costs their inserts and non-HOT updates nothing.
+    template = models.ForeignKey(
+        Template, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     context = models.JSONField(default=dict, blank=True)
     subject = models.TextField(blank=True, default="")
     body = models.TextField(blank=True, default="")
@@ -125,7 +129,7 @@ class Notification(TenantOwned):
     attempt_offset = models.PositiveIntegerField(default=0)
     last_error_code = models.CharField(max_length=100, blank=True, default="")
     enrollment = models.ForeignKey(
-        "Enrollment", on_delete=models.SET_NULL, null=True, blank=True, related_name="notifications"
+        "Enrollment", on_delete=models.SET_NULL, null=True, blank=True, related_name="notifications", db_index=False
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -145,6 +149,8 @@ class Notification(TenantOwned):
             # prune: oldest first. Only never-changing columns are indexed, so the status updates of
             # dispatching and recording stay HOT (heap-only, no index writes; fillfactor leaves room).
             models.Index(fields=["created_at"], name="notif_created_idx"),
+            models.Index(fields=["template"], condition=Q(template__isnull=False), name="notif_template_idx"),
+            models.Index(fields=["enrollment"], condition=Q(enrollment__isnull=False), name="notif_enrollment_idx"),
         ]
 
     def __str__(self) -> str:

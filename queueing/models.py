@@ -41,11 +41,14 @@ class QueueItem(TenantOwned):
     # makes the item ready again without any sweeper.
     available_at = models.DateTimeField(db_default=Now())
     attempts = models.PositiveIntegerField(default=0)
+    # Indexed by the unique constraint below, not twice.
     notification = models.ForeignKey(
-        "notifications.Notification", on_delete=models.CASCADE, related_name="+", **HOT_FK
+        "notifications.Notification", on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK
     )
+    # Not indexed on its own: lanes use queue_state_lane_idx, and a provider cannot be deleted while
+    # it has notifications (PROTECT), so the cascade never has rows to find.
     provider = models.ForeignKey(
-        "notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+", **HOT_FK
+        "notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+", db_index=False, **HOT_FK
     )
     # True when the provider or tenant has a rate limit: such items are claimed only in per-provider
     # lanes capped by the tokens already granted, so an exhausted tenant costs no claims.
