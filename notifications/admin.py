@@ -14,7 +14,16 @@ from django.utils.html import format_html
 from core.admin_scoping import TenantScopedAdmin
 from core.masking import mask_secret
 from notifications import services, templating
-from notifications.models import DeliveryAttempt, Enrollment, Notification, Provider, Sequence, SequenceStep, Template
+from notifications.models import (
+    DeliveryAttempt,
+    Enrollment,
+    Notification,
+    Provider,
+    Sequence,
+    SequenceStep,
+    Status,
+    Template,
+)
 
 
 class ReadOnlyMixin:
@@ -37,20 +46,45 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
     ordering = ["number"]
 
 
+class LiveStatusFilter(admin.SimpleListFilter):
+    """Status as clients see it: `dispatching` is a live lease on the queue item, not a stored value."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(s.value, s.label) for s in Status]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        return queryset.with_live_status_of(self.value()) if self.value() in Status.values else queryset
+
+
+class LiveStatusMixin:
+    """A `status` column showing the live status (needs the `leased` annotation)."""
+
+    @admin.display(description="status", ordering="status")
+    def status_now(self, obj: Notification) -> str:
+        return Status(obj.live_status).label
+
+
 @admin.register(Notification)
-class NotificationAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    list_display = ["id", "tenant", "channel", "recipient_masked", "provider", "status", "priority", "queue",
+class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
+    list_display = ["id", "tenant", "channel", "recipient_masked", "provider", "status_now", "priority", "queue",
                     "attempt_count", "created_at"]  # fmt: skip
-    list_filter = ["status", "channel", "queue"]
+    list_filter = [LiveStatusFilter, "channel", "queue"]
     search_fields = ["=id"]
     list_select_related = ["tenant", "provider"]
     date_hierarchy = "created_at"
     # `recipient` (ciphertext at rest, plaintext once decrypted) is deliberately absent.
-    fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "status", "priority", "queue",
-              "scheduled_for", "enqueued_at", "delivered_at", "attempt_count", "attempt_offset", "last_error_code",
-              "subject", "body", "context", "metadata", "enrollment", "created_at", "updated_at"]  # fmt: skip
+    fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "status_now", "priority",
+              "queue", "scheduled_for", "enqueued_at", "delivered_at", "attempt_count", "attempt_offset",
+              "last_error_code", "subject", "body", "context", "metadata", "enrollment", "created_at",
+              "updated_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [AttemptInline]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).with_live_status()
 
 
 class ProviderForm(forms.ModelForm):
@@ -152,7 +186,7 @@ class SequenceAdmin(TenantScopedAdmin):
         return False
 
 
-class StepNotificationInline(ReadOnlyMixin, admin.TabularInline):
+class StepNotificationInline(LiveStatusMixin, ReadOnlyMixin, admin.TabularInline):
     """An enrollment's steps: one notification each, with its delivery status (recipient masked)."""
 
     model = Notification
@@ -160,14 +194,15 @@ class StepNotificationInline(ReadOnlyMixin, admin.TabularInline):
     extra = 0
     verbose_name = "step"
     verbose_name_plural = "steps"
-    fields = ["step", "notification", "channel", "recipient_masked", "status", "scheduled_for", "delivered_at",
+    fields = ["step", "notification", "channel", "recipient_masked", "status_now", "scheduled_for", "delivered_at",
               "attempt_count", "last_error_code"]  # fmt: skip
     readonly_fields = fields
     ordering = ["scheduled_for"]
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).only(*[f for f in self.fields if f not in ("step", "notification")],
-                                                  "id", "metadata", "enrollment_id")  # fmt: skip
+        columns = [f for f in self.fields if f not in ("step", "notification", "status_now")]
+        rows = super().get_queryset(request).only(*columns, "id", "status", "metadata", "enrollment_id")
+        return rows.with_live_status()
 
     @admin.display(description="step")
     def step(self, obj: Notification) -> int | None:

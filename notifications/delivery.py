@@ -1,8 +1,9 @@
 """The database side of delivering a batch: claim and start it, then record every outcome.
 
-`claim_and_start` leases items and moves their notifications to `dispatching` in one statement,
-returning what the providers need; a notification that is no longer sendable (cancelled,
-delivered, failed) comes back in `skipped`, so it is acked and never sent.
+`claim_and_start` leases items and reads what the providers need in one statement; the
+notification row is not written (a leased item *is* its notification's dispatch, shown to clients
+as `dispatching`, see `Notification.live_status`). A notification that is no longer sendable
+(cancelled, delivered, failed) comes back in `skipped`, so it is acked and never sent.
 
 `record_outcomes` writes a whole batch's results at once: ack (DELETE … RETURNING, fenced by
 lock_token), release for retries, the notifications' new statuses, one attempt row per try and
@@ -31,7 +32,7 @@ from notifications.models import DeliveryAttempt, Notification, Status
 from queueing import queue
 from queueing.queue import Lease
 
-SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)
+SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)  # dispatching: rows from earlier versions
 _SEND_FIELDS = (
     "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "provider_id",
     "attempt_count", "attempt_offset",
@@ -119,7 +120,7 @@ def claim_and_start(
     look_for_starving: bool = True,
     using: str = "default",
 ) -> tuple[list[Prepared], list[Lease]]:
-    """Lease up to n items (plus lane grants) and mark their notifications dispatching.
+    """Lease up to n items (plus lane grants) and read their notifications.
     `look_for_starving=False` skips the scan for items past the starvation threshold (PostgreSQL;
     the dispatcher looks once a second, not on every claim)."""
     lanes = {pid: cap for pid, cap in (lanes or {}).items() if cap > 0}
@@ -132,16 +133,12 @@ def claim_and_start(
             return _start_portable(leases, using)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
     ctes, params = queue.claim_ctes_pg(n, lease, starve, list(queues) if queues else None, lanes, uuid.uuid4())
-    sql = f"""{ctes}, started AS (
-            UPDATE notifications n SET status = 'dispatching', updated_at = now()
-            FROM claimed c
-            WHERE n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
-            RETURNING n.id, n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at,
-                      n.attempt_count, n.attempt_offset
-        )
-        SELECT c.*, s.id, s.channel, s.recipient, s.subject, s.body, s.metadata, s.created_at,
-               s.attempt_count, s.attempt_offset
-        FROM claimed c LEFT JOIN started s ON s.id = c.notification_id
+    sql = f"""{ctes}
+        SELECT c.*, n.id, n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at,
+               n.attempt_count, n.attempt_offset
+        FROM claimed c
+        LEFT JOIN notifications n
+          ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
         ORDER BY c.priority DESC, c.enqueued_at
     """
     with hot_cursor(using) as cursor:
@@ -170,7 +167,6 @@ def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], li
     by_notification = {lease.notification_id: lease for lease in leases}
     sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
     rows = list(sendable.values_list(*_SEND_FIELDS))
-    sendable.update(status=Status.DISPATCHING, updated_at=Now())
     prepared = []
     for nid, tenant_id, channel, recipient, subject, body, metadata, created_at, provider_id, count, offset in rows:
         prepared.append(
@@ -228,7 +224,7 @@ _RECORD_SQL = """
             enqueued_at = CASE WHEN k.status = 'retrying' THEN now() ELSE n.enqueued_at END,
             updated_at = now()
         FROM kept k
-        WHERE n.id = k.notification_id AND n.status = 'dispatching' AND k.status <> ''
+        WHERE n.id = k.notification_id AND n.status IN ('queued', 'retrying', 'dispatching') AND k.status <> ''
     ), attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
@@ -337,7 +333,7 @@ def _update_notifications_portable(changes: Sequence[Outcome], using: str) -> No
     statuses = [_FINAL_STATUS[o.kind].value for o in changes]
     counts = [o.attempt.number if o.attempt else -1 for o in changes]
     codes = [o.error_code for o in changes]
-    Notification.objects.using(using).filter(pk__in=ids, status=Status.DISPATCHING).update(
+    Notification.objects.using(using).filter(pk__in=ids, status__in=SENDABLE).update(
         status=Case(*[When(pk=i, then=Value(s)) for i, s in zip(ids, statuses, strict=True)]),
         attempt_count=Case(
             *[When(pk=i, then=Value(c)) for i, c in zip(ids, counts, strict=True) if c >= 0],

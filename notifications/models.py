@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
-from django.db.models import OuterRef, Q, Subquery, Value
+from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat
 
 from core.fields import EncryptedJSONField, EncryptedTextField
@@ -39,6 +39,10 @@ class Status(models.TextChoices):
 
 
 CANCELLABLE = (Status.SCHEDULED, Status.QUEUED, Status.RETRYING)
+# Stored statuses a dispatcher may claim. While one holds the lease, clients see `dispatching`:
+# the lease is the dispatch and is not written to the row (one update per delivery, not two).
+# Rows written `dispatching` by earlier versions stay claimable.
+LEASABLE = (Status.QUEUED, Status.RETRYING)
 FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCELLED)
 
 
@@ -102,6 +106,21 @@ class NotificationQuerySet(TenantQuerySet):
     def finished(self) -> NotificationQuerySet:
         return self.filter(status__in=FINISHED)
 
+    def with_live_status(self) -> NotificationQuerySet:
+        """Annotate `leased` (a live lease on the queue item), which `live_status` reads."""
+        from queueing.models import QueueItem
+
+        return self.annotate(leased=Exists(QueueItem.objects.filter(notification_id=OuterRef("pk")).leased()))
+
+    def with_live_status_of(self, status: str) -> NotificationQuerySet:
+        """Notifications whose live status (as clients see it) is `status`."""
+        qs = self if "leased" in self.query.annotations else self.with_live_status()
+        if status == Status.DISPATCHING:
+            return qs.filter(Q(status__in=LEASABLE, leased=True) | Q(status=Status.DISPATCHING))
+        if status in LEASABLE:
+            return qs.filter(status=status, leased=False)
+        return qs.filter(status=status)
+
 
 class Notification(TenantOwned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -146,8 +165,8 @@ class Notification(TenantOwned):
         indexes = [
             # GET notifications: a tenant's newest first, cursor-paginated on (created_at, id).
             models.Index(fields=["tenant", "-created_at", "-id"], name="notif_tenant_recent_idx"),
-            # prune: oldest first. Only never-changing columns are indexed, so the status updates of
-            # dispatching and recording stay HOT (heap-only, no index writes; fillfactor leaves room).
+            # prune: oldest first. Only never-changing columns are indexed, so the status update that
+            # records an outcome can be HOT (heap-only, no index writes; fillfactor leaves room).
             models.Index(fields=["created_at"], name="notif_created_idx"),
             models.Index(fields=["template"], condition=Q(template__isnull=False), name="notif_template_idx"),
             models.Index(fields=["enrollment"], condition=Q(enrollment__isnull=False), name="notif_enrollment_idx"),
@@ -155,6 +174,14 @@ class Notification(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.channel} to {self.recipient_masked} ({self.status})"
+
+    @property
+    def live_status(self) -> str:
+        """The status clients see: queued or retrying under a live lease reads `dispatching`.
+        Needs the `leased` annotation (`with_live_status()`); without it, the stored status."""
+        if self.status in LEASABLE and getattr(self, "leased", False):
+            return Status.DISPATCHING
+        return self.status
 
 
 class AttemptOutcome(models.TextChoices):

@@ -5,9 +5,9 @@
 - `enroll()` renders every step with the enrollment's context and creates one notification per
   step through `services.create_notifications()` (run_at = starts_at + offset; a step already due is
   queued at once), in one transaction with a fixed number of statements whatever the step count;
-- `unenroll()` cancels the steps not yet sent with three batched conditional statements, in the
-  shared lock order scheduled_jobs → notifications → queue_state. A step a dispatcher has already
-  leased and moved to `dispatching` finishes; delivered steps stay delivered.
+- `unenroll()` cancels the steps not yet sent with a fixed number of batched statements, locking
+  scheduled_jobs, then queue_state, then notifications. A step a dispatcher has already leased
+  (`dispatching`) finishes; delivered steps stay delivered.
 
 One recipient per enrollment: every step of a sequence must take the same recipient format
 (email; sms; or a push/webhook token), which `check_step_channels()` enforces at definition time.
@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound, ValidationError
@@ -88,8 +88,11 @@ def sequences_for(tenant: Tenant) -> QuerySet[Sequence]:
 
 def enrollments_for(tenant: Tenant, sequence_key: str) -> QuerySet[Enrollment]:
     """A sequence's enrollments, each with `step_notifications` (its notifications in step order)."""
-    notes = Notification.objects.for_tenant(tenant).only("id", "channel", "status", "scheduled_for", "metadata",
-                                                         "enrollment_id")  # fmt: skip
+    notes = (
+        Notification.objects.for_tenant(tenant)
+        .only("id", "channel", "status", "scheduled_for", "metadata", "enrollment_id")
+        .with_live_status()
+    )
     return (
         Enrollment.objects.for_tenant(tenant)
         .filter(sequence__key=sequence_key)
@@ -237,8 +240,8 @@ class Unenrolled:
 
 def unenroll(tenant: Tenant, sequence_key: str, enrollment_id: uuid.UUID | str, *, actor: str) -> Unenrolled:
     """active → cancelled, and every step not yet sent (scheduled/queued/retrying) → cancelled with
-    its pending job cancelled and its idle queue item deleted. A step being dispatched finishes (the
-    dispatcher holds its row; under that lock it is no longer cancellable); delivered steps stay.
+    its pending job cancelled and its queue item deleted. A step being dispatched (its item leased)
+    finishes; delivered steps stay.
     404 for an unknown or another tenant's enrollment, 409 when already cancelled."""
     enrollments = Enrollment.objects.for_tenant(tenant).filter(pk=enrollment_id, sequence__key=sequence_key)
     steps = Notification.objects.for_tenant(tenant).filter(enrollment_id=enrollment_id)
@@ -250,17 +253,20 @@ def unenroll(tenant: Tenant, sequence_key: str, enrollment_id: uuid.UUID | str, 
             if current is None:
                 raise NotFound("No enrollment with this id in this sequence.")
             raise Conflict("The enrollment is already cancelled.", code="already_cancelled")
-        # Lock order shared with the scheduler and dispatcher: scheduled_jobs → notifications → queue_state.
+        # Lock order: scheduled_jobs (shared with the scheduler), then queue_state → notifications
+        # (shared with the dispatcher's record statement). A step whose item is leased is being
+        # sent right now: it finishes, and its outcome is recorded.
         jobs_cancelled = (
             ScheduledJob.objects.for_tenant(tenant)
             .filter(status=ScheduledJob.Status.PENDING, notification_id__in=steps.values("id"))
             .update(status=ScheduledJob.Status.CANCELLED)
         )
-        steps_cancelled = steps.filter(status__in=CANCELLABLE).update(status=Status.CANCELLED, updated_at=Now())
-        # Leased items stay: the dispatcher only moves queued/retrying to dispatching, so it skips them.
-        idle = Q(lock_token__isnull=True) | Q(locked_until__lte=Now())
+        leases = services.locked_queue_items(tenant, list(steps.values_list("id", flat=True)))
+        sending = [nid for nid, leased in leases.items() if leased]
+        cancellable = steps.filter(status__in=CANCELLABLE).exclude(pk__in=sending)
+        steps_cancelled = cancellable.update(status=Status.CANCELLED, updated_at=Now())
         QueueItem.objects.for_tenant(tenant).filter(
-            idle, notification_id__in=steps.filter(status=Status.CANCELLED).values("id")
+            notification_id__in=steps.filter(status=Status.CANCELLED).values("id")
         ).delete()
         AuditEvent.record(
             actor=actor, action="sequence.unenrolled", target_type=Enrollment._meta.label_lower,

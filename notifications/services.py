@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import JSONField, ProtectedError, Q
+from django.db.models import BooleanField, ExpressionWrapper, JSONField, ProtectedError, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
@@ -254,15 +254,19 @@ def _insert(rows: list[Notification]) -> None:
 
 
 def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, actor: str) -> Notification:
-    """scheduled/queued/retrying → cancelled; its pending job is cancelled and its idle queue item
-    deleted. A leased item stays: the dispatcher only moves queued/retrying to dispatching, so it
-    skips a cancelled notification. 404 for another tenant's id, 409 if it cannot be cancelled."""
+    """scheduled/queued/retrying → cancelled; its pending job is cancelled and its queue item
+    deleted. 404 for another tenant's id; 409 if it cannot be cancelled, including while a
+    dispatcher holds its lease (it is being sent: `dispatching`)."""
     notifications = Notification.objects.for_tenant(tenant)
     with transaction.atomic():
         jobs = ScheduledJob.objects.for_tenant(tenant).filter(
             notification_id=notification_id, status=ScheduledJob.Status.PENDING
         )
         jobs_cancelled = jobs.update(status=ScheduledJob.Status.CANCELLED)
+        # Lock the queue item first (the order the dispatcher's record statement uses): a claim in
+        # flight is waited for and then seen as a lease; an idle item can no longer be claimed.
+        if locked_queue_items(tenant, [notification_id]).get(str(notification_id)):
+            raise Conflict("A notification that is dispatching cannot be cancelled.", code="not_cancellable")
         changed = notifications.filter(pk=notification_id, status__in=CANCELLABLE).update(
             status=Status.CANCELLED, updated_at=Now()
         )
@@ -271,14 +275,28 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
             if current is None:
                 raise NotFound("No notification with this id.")
             raise Conflict(f"A notification that is {current} cannot be cancelled.", code="not_cancellable")
-        idle = Q(lock_token__isnull=True) | Q(locked_until__lte=Now())
-        QueueItem.objects.for_tenant(tenant).filter(idle, notification_id=notification_id).delete()
+        QueueItem.objects.for_tenant(tenant).filter(notification_id=notification_id).delete()
         notification = notifications.select_related("provider", "template").get(pk=notification_id)
         AuditEvent.record(
             actor=actor, action="notification.cancelled", target=notification,
             details={"scheduled_job_cancelled": bool(jobs_cancelled)},
         )  # fmt: skip
     return notification
+
+
+def locked_queue_items(tenant: Tenant, notification_ids: Sequence[uuid.UUID | str]) -> dict[str, bool]:
+    """Lock the queue items of these notifications (FOR UPDATE, in the caller's transaction) and
+    say for each whether a dispatcher holds a live lease on it (by the database's clock)."""
+    leased = ExpressionWrapper(Q(lock_token__isnull=False, locked_until__gt=Now()), output_field=BooleanField())
+    rows = (
+        QueueItem.objects.for_tenant(tenant)
+        .select_for_update()
+        .filter(notification_id__in=list(notification_ids))
+        .order_by("item_id")
+        .annotate(leased=leased)
+        .values_list("notification_id", "leased")
+    )
+    return {str(nid): is_leased for nid, is_leased in rows}
 
 
 def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str) -> ScheduledJob:

@@ -154,7 +154,7 @@ class EnrollmentSerializer(serializers.Serializer):
             "created_at": iso(e.created_at), "cancelled_at": iso(e.cancelled_at),
             "steps": [
                 {"position": step_position(n), "channel": n.channel, "notification_id": str(n.id),
-                 "status": n.status, "scheduled_for": iso(n.scheduled_for)}
+                 "status": n.live_status, "scheduled_for": iso(n.scheduled_for)}
                 for n in notes
             ],
         }  # fmt: skip

@@ -160,7 +160,7 @@ class NotificationSerializer(serializers.Serializer):
             "id": str(n.id), "channel": n.channel, "recipient_masked": n.recipient_masked,
             "provider": n.provider.name, "template": template.key if template else None,
             "subject": n.subject, "body": n.body, "context": n.context, "priority": n.priority, "queue": n.queue,
-            "status": n.status, "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
+            "status": n.live_status, "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
             "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
             "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
             "delivered_at": iso(n.delivered_at),

@@ -79,8 +79,10 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
     def get_queryset(self) -> QuerySet[Notification]:
         if getattr(self, "swagger_fake_view", False):
             return Notification.objects.none()
-        qs = Notification.objects.for_tenant(self.request.tenant).select_related(
-            "provider", "template", "scheduled_job"
+        qs = (
+            Notification.objects.for_tenant(self.request.tenant)
+            .select_related("provider", "template", "scheduled_job")
+            .with_live_status()
         )
         if self.action == "retrieve":
             attempts = DeliveryAttempt.objects.for_tenant(self.request.tenant).order_by("number")
@@ -95,9 +97,11 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
             return queryset
         filters = NotificationFilterSerializer(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
-        lookups = {"status": "status", "channel": "channel", "created_after": "created_at__gte",
-                   "created_before": "created_at__lt"}  # fmt: skip
-        return queryset.filter(**{lookups[k]: v for k, v in filters.validated_data.items()})
+        wanted = dict(filters.validated_data)
+        if "status" in wanted:  # as clients see it: `dispatching` is a live lease, not a stored value
+            queryset = queryset.with_live_status_of(wanted.pop("status"))
+        lookups = {"channel": "channel", "created_after": "created_at__gte", "created_before": "created_at__lt"}
+        return queryset.filter(**{lookups[k]: v for k, v in wanted.items()})
 
     @extend_schema(parameters=[NotificationFilterSerializer], responses={200: NotificationSerializer(many=True),
                                                                          **errors(400)})  # fmt: skip

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from core.fields import Ciphertext
 from notifications.models import DeliveryAttempt, Notification
+from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
 from tests.notifications.conftest import EMAIL, PHONE, TOKEN, email
 
@@ -316,6 +317,25 @@ def test_list_filters(api_a, setup_a):
     assert ids("status=scheduled") == ["email:scheduled"]
     assert ids("created_after=2999-01-01T00:00:00Z") == []
     assert len(ids("created_before=2999-01-01T00:00:00%2B01:00")) == 3
+
+
+def test_a_leased_notification_reads_and_filters_as_dispatching(api_a, setup_a):
+    sms = post(api_a, {"channel": "sms", "recipient": PHONE, "body": "b"}).json()
+    mail = post(api_a, email()).json()
+    QueueItem.objects.filter(notification_id=mail["id"]).update(available_at=timezone.now() + timedelta(hours=1))
+    [lease] = queue.claim(1, lease_seconds=30)  # a dispatcher is sending the sms right now
+    assert str(lease.notification_id) == sms["id"]
+
+    def ids(query: str) -> list[str]:
+        return [r["id"] for r in api_a.get(f"{URL}?{query}").json()["results"]]
+
+    assert api_a.get(f"{URL}/{sms['id']}").json()["status"] == "dispatching"
+    assert ids("status=dispatching") == [sms["id"]]
+    assert ids("status=queued") == [mail["id"]]
+    assert Notification.objects.get(pk=sms["id"]).status == "queued"  # stored as it was
+    queue.release([lease])  # the lease ends: queued again
+    assert api_a.get(f"{URL}/{sms['id']}").json()["status"] == "queued"
+    assert ids("status=dispatching") == []
 
 
 @pytest.mark.parametrize(

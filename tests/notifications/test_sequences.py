@@ -67,8 +67,10 @@ def test_unenroll_cancels_what_waits_and_lets_a_dispatching_step_finish(setup_a)
 
     result = sequences.unenroll(setup_a.tenant, "drip", enrollment.pk, actor=ACTOR)
     assert result == sequences.Unenrolled(steps_cancelled=3, jobs_cancelled=1)
-    statuses = [n.status for n in step_notes(enrollment.pk)]
+    live = {n.pk: n.live_status for n in Notification.objects.with_live_status()}
+    statuses = [live[n.pk] for n in (first, second, third, fourth)]
     assert statuses == ["dispatching", "cancelled", "cancelled", "cancelled"]
+    assert Notification.objects.get(pk=first.pk).status == "queued"  # the lease is the dispatch, not a write
     assert list(QueueItem.objects.values_list("notification_id", flat=True)) == [first.pk]  # the lease stays
     assert ScheduledJob.objects.get(notification=fourth).status == "cancelled"
     row = Enrollment.objects.get(pk=enrollment.pk)

@@ -14,6 +14,7 @@ from rest_framework.exceptions import NotFound
 from core.api.errors import Conflict
 from core.models import AuditEvent
 from notifications import services
+from notifications.delivery import claim_and_start
 from notifications.models import Notification, Provider, Status, Template
 from notifications.services import NotificationSpec
 from notifications.validation import Draft
@@ -109,16 +110,14 @@ def test_cancel_a_scheduled_notification_cancels_its_job(setup_a):
     assert ScheduledJob.objects.get(notification=n).status == ScheduledJob.Status.CANCELLED
 
 
-def test_a_leased_item_stays_and_the_dispatcher_skips_the_cancelled_notification(setup_a):
-    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
-    [lease] = queue.claim(1, lease_seconds=30)
-    services.cancel_notification(setup_a.tenant, n.pk, actor="test")
-    assert QueueItem.objects.filter(pk=lease.item_id).exists()  # still leased: the worker acks it
-    # the dispatcher's compare-and-set from queued/retrying finds nothing to send
-    moved = Notification.objects.filter(pk=n.pk, status__in=[Status.QUEUED, Status.RETRYING]).update(
-        status=Status.DISPATCHING
-    )
-    assert moved == 0
+def test_the_dispatcher_skips_a_notification_that_is_no_longer_sendable(setup_a):
+    notes = services.create_notifications(setup_a.tenant, [spec(setup_a) for _ in range(3)], actor="test")
+    Notification.objects.filter(pk=notes[0].pk).update(status=Status.CANCELLED)
+    Notification.objects.filter(pk=notes[1].pk).update(status=Status.DISPATCHING)  # written by an earlier version
+    prepared, skipped = claim_and_start(10)
+    assert {p.notification_id for p in prepared} == {notes[1].pk, notes[2].pk}
+    assert [lease.notification_id for lease in skipped] == [notes[0].pk]  # acked, never sent
+    assert Notification.objects.get(pk=notes[2].pk).status == Status.QUEUED  # a claim writes no status
 
 
 def test_cancel_an_expired_lease_deletes_the_item(setup_a):
@@ -126,6 +125,19 @@ def test_cancel_an_expired_lease_deletes_the_item(setup_a):
     queue.claim(1, lease_seconds=0.0)
     services.cancel_notification(setup_a.tenant, n.pk, actor="test")
     assert not QueueItem.objects.exists()
+
+
+@pytest.mark.parametrize("status", ["queued", "retrying"])
+def test_cancel_is_409_while_a_dispatcher_holds_the_lease(setup_a, status):
+    [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
+    Notification.objects.filter(pk=n.pk).update(status=status)
+    [lease] = queue.claim(1, lease_seconds=30)
+    with pytest.raises(Conflict, match="dispatching") as caught:
+        services.cancel_notification(setup_a.tenant, n.pk, actor="test")
+    assert caught.value.get_codes() == "not_cancellable"
+    assert Notification.objects.get(pk=n.pk).status == status
+    assert QueueItem.objects.get().lock_token == lease.lock_token  # still the dispatcher's
+    assert Notification.objects.with_live_status().get(pk=n.pk).live_status == "dispatching"
 
 
 @pytest.mark.parametrize("status", ["dispatching", "delivered", "failed", "dead_lettered", "cancelled"])
