@@ -16,6 +16,8 @@ import math
 import re
 import time
 
+import orjson
+
 from notifications.providers.base import (
     BaseProvider,
     DeliveryResult,
@@ -33,6 +35,15 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 120.0
 MIN_KEY_BYTES = 16
 MAX_KEY_BYTES = 64
+
+def _json(payload: dict) -> bytes:
+    """Compact JSON, UTF-8. orjson (≈ 20× faster than the standard library, which matters once per
+    delivery); the standard library only for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _KEY_FORMAT_HELP = 'expected "whsec_" followed by base64 of 16 to 64 random bytes, e.g. whsec_ + base64(os.urandom(32))'
 
@@ -111,7 +122,7 @@ class WebhookProvider(BaseProvider):
                 "created_at": message.created_at.isoformat(),
             }
             try:
-                body = json.dumps(payload, separators=(",", ":")).encode()
+                body = _json(payload)
             except (TypeError, ValueError) as exc:
                 return DeliveryResult(
                     delivered=False,

@@ -438,3 +438,11 @@ def test_split_url_builds_host_header_and_target():
     assert (origin.host, origin.host_header, target) == ("::1", b"[::1]", "/")
     with pytest.raises(ValueError, match="credentials"):
         split_url("http://u:p@example.com/")
+
+
+def test_payload_json_is_compact_utf8_and_keeps_big_integers():
+    from notifications.providers.webhook import _json
+
+    payload = {"name": "Zoë ✉", "n": 1, "m": {"k": [1, None]}}
+    assert _json(payload) == '{"name":"Zoë ✉","n":1,"m":{"k":[1,null]}}'.encode()
+    assert json.loads(_json({"n": 2**70})) == {"n": 2**70}  # beyond orjson: the standard library takes over
