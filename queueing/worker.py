@@ -22,6 +22,7 @@ import random
 import signal
 import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,7 @@ from django.conf import settings
 from django.db import OperationalError, close_old_connections, connection
 from django.db.models import Exists, OuterRef, Q
 
-from dlq.classifier import classify
+from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy, exhausted
 from notifications.delivery import Attempt, Outcome, Prepared, claim_and_start, record_outcomes
 from notifications.models import AttemptOutcome, Provider
@@ -86,7 +87,7 @@ class Dispatcher:
         self.failed = False
         self.processed = 0
         self.claimed = 0
-        self.claimed_by_tenant: Counter[str] = Counter()
+        self.claimed_by_tenant: Counter[uuid.UUID] = Counter()  # stringified once, when logged
         self._inflight: dict[int, tuple[asyncio.Task, Prepared]] = {}
         self._outcomes: list[Outcome] = []
         self._providers: dict[int, _CachedProvider] = {}
@@ -165,7 +166,7 @@ class Dispatcher:
         logger.info(
             "dispatcher stopped after %d deliveries; claims by tenant: %s",
             self.processed,
-            json.dumps(dict(self.claimed_by_tenant)),
+            json.dumps({str(tenant): n for tenant, n in self.claimed_by_tenant.items()}),
         )
         return 0
 
@@ -242,7 +243,7 @@ class Dispatcher:
             for item in prepared:
                 self._start_send(item)
             self.claimed += len(prepared) + len(skipped)
-            self.claimed_by_tenant.update(str(p.tenant_id) for p in prepared)
+            self.claimed_by_tenant.update(p.tenant_id for p in prepared)
             if prepared or skipped:
                 poll = MIN_POLL
                 continue
@@ -381,16 +382,11 @@ class Dispatcher:
             http_status=result.http_status,
             duration_ms=int(seconds * 1000),
         )
-        log_extra = {
-            "notification_id": str(item.notification_id),
-            "tenant_id": str(item.tenant_id),
-            "attempt": item.attempt_number,
-            "outcome": verdict.outcome,
-            "error_code": verdict.error_code,
-        }
         if verdict.outcome == AttemptOutcome.DELIVERED:
-            logger.debug("delivered %s", item.notification_id, extra=log_extra)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("delivered %s", item.notification_id, extra=_log_extra(item, verdict))
             return Outcome(lease=item.lease, kind="delivered", attempt=attempt)
+        log_extra = _log_extra(item, verdict)
         reason = f"{verdict.error_code}: {result.message}".strip(": ")
         common = {
             "attempt": attempt,
@@ -499,6 +495,16 @@ class Dispatcher:
             with contextlib.suppress(OperationalError):
                 await self.db(heartbeat.beat, self.worker, self.processed - reported)
                 reported = self.processed
+
+
+def _log_extra(item: Prepared, verdict: Classification) -> dict[str, Any]:
+    return {
+        "notification_id": str(item.notification_id),
+        "tenant_id": str(item.tenant_id),
+        "attempt": item.attempt_number,
+        "outcome": verdict.outcome,
+        "error_code": verdict.error_code,
+    }
 
 
 class _MisconfiguredProvider:
