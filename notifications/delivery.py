@@ -100,15 +100,18 @@ _FINAL_STATUS = {
 }  # fmt: skip
 
 
-def hot_cursor(using: str):  # noqa: ANN201
-    """A psycopg cursor with server-side binding on Django's connection, for the two statements
-    per batch of the dispatcher's hot path: parameters (long arrays) travel as typed values
-    instead of being quoted into the SQL text, and the statements are prepared once."""
+def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
+    """A psycopg cursor with server-side binding on Django's connection (or on `raw_connection`, a
+    psycopg connection), for the two statements per batch of the dispatcher's hot path: parameters
+    (long arrays) travel as typed values instead of being quoted into the SQL text, and the
+    statements are prepared once per connection."""
     import psycopg
 
-    connection = connections[using]
-    connection.ensure_connection()
-    cursor = psycopg.Cursor(connection.connection)
+    if raw_connection is None:
+        connection = connections[using]
+        connection.ensure_connection()
+        raw_connection = connection.connection
+    cursor = psycopg.Cursor(raw_connection)
     # psycopg's own (C) timestamptz loader instead of Django's Python subclass: both give aware
     # datetimes in the session's zone (UTC), and a batch carries three per item.
     cursor.adapters.register_loader("timestamptz", _fast_timestamptz_loader())
@@ -131,6 +134,7 @@ def claim_and_start(
     lanes: dict[int, int] | None = None,
     look_for_starving: bool = True,
     using: str = "default",
+    raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection (PostgreSQL only)
 ) -> tuple[list[Prepared], list[Lease]]:
     """Lease up to n items (plus lane grants) and read their notifications.
     `look_for_starving=False` skips the scan for items past the starvation threshold (PostgreSQL;
@@ -153,7 +157,7 @@ def claim_and_start(
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
         ORDER BY c.priority DESC, c.enqueued_at
     """
-    with hot_cursor(using) as cursor:
+    with hot_cursor(using, raw_connection) as cursor:
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall()
     width = len(queue.RETURNING_COLUMNS.split(","))

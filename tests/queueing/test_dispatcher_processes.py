@@ -116,3 +116,37 @@ def test_a_dispatcher_holds_at_most_two_database_connections(tenant_a, subproces
         proc.send_signal(signal.SIGTERM)
         assert wait_exit([proc], 20) == [0]
     assert held == 2
+
+
+def test_idle_dispatchers_answer_a_ring_by_claiming_on_the_listen_connection(tenant_a, subprocess_env, tmp_path):
+    """The pickup path: a ring that finds a dispatcher idle is answered on the doorbell thread, on
+    the LISTEN connection; each notification still goes out exactly once."""
+    import json
+    import time
+
+    from notifications.services import NotificationSpec, create_notifications
+
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60) as receiver:
+        hook = hook_for(tenant_a, receiver)
+        procs = []
+        for i in range(2):
+            (tmp_path / f"d{i}").mkdir()
+            stats_file = str(tmp_path / f"stats{i}.json")
+            procs += start_dispatchers(1, subprocess_env, "--stats-file", stats_file, log_dir=tmp_path / f"d{i}")
+        assert all(wait_started(tmp_path / f"d{i}", 1) for i in range(2))
+        time.sleep(1.0)  # LISTEN established, fetch loops asleep
+        notes = []
+        for i in range(20):
+            spec = NotificationSpec(channel="webhook", recipient=f"https://x.test/{i}", provider=hook, body="ping")
+            notes += create_notifications(tenant_a, [spec], actor="test")
+            time.sleep(0.05)
+        assert wait_until(lambda: len(delivered_ids(receiver)) >= 20, 30)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert wait_exit(procs, 20) == [0, 0]
+        counts = delivered_ids(receiver)
+    assert set(counts) == {str(n.id) for n in notes} and max(counts.values()) == 1
+    stats = [json.loads((tmp_path / f"stats{i}.json").read_text()) for i in range(2)]
+    assert sum(s["rings_answered"] for s in stats) >= 10, stats
+    assert sum(s["delivered"] for s in stats) == 20
+    assert Notification.objects.filter(status="delivered").count() == 20

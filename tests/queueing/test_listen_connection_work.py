@@ -1,4 +1,5 @@
-"""The queue janitor: VACUUM of churning tables when dead rows pile up, one process at a time."""
+"""Work on the LISTEN connection: the queue janitor (VACUUM of churning tables when dead rows pile up,
+one process at a time) and answering a ring on the connection itself."""
 
 from __future__ import annotations
 
@@ -124,3 +125,30 @@ def test_the_doorbell_does_housekeeping_between_rings():
         bell.stop()
         broken.stop()
     assert isinstance(seen[0], psycopg.Connection)
+
+
+def test_the_doorbell_lets_an_answer_use_its_connection_and_falls_back_when_declined():
+    answered: list[tuple[str, int]] = []
+    rung: list[str] = []
+    done = threading.Event()
+
+    def answer(conn: psycopg.Connection, payload: str) -> bool:
+        (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone()  # the LISTEN connection itself
+        answered.append((payload, backend))
+        return payload == "mine"
+
+    def on_ring(payload: str) -> None:
+        rung.append(payload)
+        done.set()
+
+    bell = Doorbell(on_ring, answer=answer).start()
+    try:
+        assert bell.connected.wait(5)
+        with autocommit_connection() as conn:
+            conn.execute("SELECT pg_notify('omnipost_queue', 'mine')")
+            conn.execute("SELECT pg_notify('omnipost_queue', 'yours')")
+        assert done.wait(5)
+    finally:
+        bell.stop()
+    assert [payload for payload, _ in answered] == ["mine", "yours"]
+    assert rung == ["yours"]  # answered rings do not also wake the loop
