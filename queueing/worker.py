@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -132,6 +133,10 @@ class Dispatcher:
         self._hot_statements = 1 if connection.vendor == "postgresql" else 0
         await self.db(self._count_statements)
         self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
+        # Everything loaded so far (Django, apps, settings) lives as long as the process: out of the
+        # collector's sight, so full collections stay short instead of pausing sends for ~10 ms.
+        gc.collect()
+        gc.freeze()
         bell = Doorbell(
             self._ring,
             application_name=f"omnipost-dispatcher-listen-{os.getpid()}",
@@ -301,7 +306,8 @@ class Dispatcher:
             )
             self.wakeup_claims += 1
             if not prepared and not skipped:
-                return False  # a peer was faster, or only a rate-limited lane has work
+                # A peer was faster. Wake the fetch loop only if rate-limited lanes may hold work.
+                return not self._any_limits
             self._handed_over += len(prepared)
             self.rings_answered += 1
             self.loop.call_soon_threadsafe(self._take_over, prepared, skipped)
@@ -319,6 +325,12 @@ class Dispatcher:
             self.record_wake.set()
         self.claimed += len(prepared) + len(skipped)
         self.claimed_by_tenant.update(p.tenant_id for p in prepared)
+        if all(p.provider_id in self._providers for p in prepared) and not self.stopping.is_set():
+            for item in prepared:  # the usual case: no detour through a task
+                self._start_send(item)
+            self._handed_over -= len(prepared)
+            self.wake.set()
+            return
         task = self.loop.create_task(self._start_claimed(prepared))
         self._takeovers.add(task)
         task.add_done_callback(self._takeovers.discard)
