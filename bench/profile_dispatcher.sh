@@ -10,7 +10,7 @@ out=$(mktemp -d)
 .venv/bin/python manage.py omnipost_bench -n "$n" -p 2 -c 500 -b 250 > "$out/bench.txt" 2>&1 &
 bench=$!
 pid=""
-for _ in $(seq 1 300); do
+for _ in $(seq 1 1200); do
   pid=$(pgrep -f "manage.py run_dispatcher" | head -n 1 || true)
   [ -n "$pid" ] && break
   sleep 0.1
