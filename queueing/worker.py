@@ -102,7 +102,10 @@ class Dispatcher:
         # Claims come from the fetch loop (DB thread) and, for a ring that finds the dispatcher idle,
         # from the doorbell thread on the LISTEN connection: one at a time, within the concurrency.
         self._claim_lock = threading.Lock()
-        self._handed_over = 0  # claimed on the doorbell thread, not yet in flight
+        # Claimed on the doorbell thread but not yet in flight: two counters, each with one writer
+        # thread, so no update is lost (see `_handed_over`).
+        self._handed = 0  # written by the doorbell thread only
+        self._taken = 0  # written by the event loop only
         self._waiting = False  # the fetch loop sleeps, having found nothing to claim
         self._takeovers: set[asyncio.Task] = set()
         self.wakeup_claims = 0  # claims tried on the LISTEN connection
@@ -160,6 +163,9 @@ class Dispatcher:
             await self._fetch_loop()
         finally:
             self.stopping.set()
+            # No ring is answered after this; run the hand-overs of the last answered ones.
+            await self.loop.run_in_executor(None, bell.stop)
+            await asyncio.sleep(0)
             if self._takeovers:
                 await asyncio.gather(*self._takeovers, return_exceptions=True)
             await self._drain_inflight()
@@ -168,7 +174,6 @@ class Dispatcher:
             await recorder
             keeper.cancel()
             beats.cancel()
-            bell.stop()
             await self.db(heartbeat.stop, self.worker)
             for cached in self._providers.values():
                 with contextlib.suppress(Exception):
@@ -308,7 +313,7 @@ class Dispatcher:
             if not prepared and not skipped:
                 # A peer was faster. Wake the fetch loop only if rate-limited lanes may hold work.
                 return not self._any_limits
-            self._handed_over += len(prepared)
+            self._handed += len(prepared)
             self.rings_answered += 1
             self.loop.call_soon_threadsafe(self._take_over, prepared, skipped)
             return True
@@ -328,7 +333,7 @@ class Dispatcher:
         if all(p.provider_id in self._providers for p in prepared) and not self.stopping.is_set():
             for item in prepared:  # the usual case: no detour through a task
                 self._start_send(item)
-            self._handed_over -= len(prepared)
+            self._taken += len(prepared)
             self.wake.set()
             return
         task = self.loop.create_task(self._start_claimed(prepared))
@@ -350,12 +355,16 @@ class Dispatcher:
                 for item in prepared:
                     self._start_send(item)
         finally:
-            self._handed_over -= len(prepared)
+            self._taken += len(prepared)
         self.wake.set()  # the fetch loop looks for more
 
     def _give_back(self, prepared: list[Prepared]) -> None:
         self._outcomes.extend(Outcome(lease=p.lease, kind="deferred") for p in prepared)
         self.record_wake.set()
+
+    @property
+    def _handed_over(self) -> int:
+        return self._handed - self._taken
 
     def _wants(self, payload: str) -> bool:
         return not self.config.queues or not payload or bool(set(payload.split(",")) & set(self.config.queues))
