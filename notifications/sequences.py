@@ -261,7 +261,7 @@ def unenroll(tenant: Tenant, sequence_key: str, enrollment_id: uuid.UUID | str, 
             .filter(status=ScheduledJob.Status.PENDING, notification_id__in=steps.values("id"))
             .update(status=ScheduledJob.Status.CANCELLED)
         )
-        leases = services.locked_queue_items(tenant, list(steps.values_list("id", flat=True)))
+        leases = services.locked_queue_items(tenant, steps.values("id"))
         sending = [nid for nid, leased in leases.items() if leased]
         cancellable = steps.filter(status__in=CANCELLABLE).exclude(pk__in=sending)
         steps_cancelled = cancellable.update(status=Status.CANCELLED, updated_at=Now())

@@ -284,14 +284,15 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
     return notification
 
 
-def locked_queue_items(tenant: Tenant, notification_ids: Sequence[uuid.UUID | str]) -> dict[str, bool]:
-    """Lock the queue items of these notifications (FOR UPDATE, in the caller's transaction) and
-    say for each whether a dispatcher holds a live lease on it (by the database's clock)."""
+def locked_queue_items(tenant: Tenant, notification_ids: Any) -> dict[str, bool]:  # noqa: ANN401
+    """Lock the queue items of these notifications (ids, or a `values("id")` subquery; FOR UPDATE,
+    in the caller's transaction) and say for each whether a dispatcher holds a live lease on it (by
+    the database's clock)."""
     leased = ExpressionWrapper(Q(lock_token__isnull=False, locked_until__gt=Now()), output_field=BooleanField())
     rows = (
         QueueItem.objects.for_tenant(tenant)
         .select_for_update()
-        .filter(notification_id__in=list(notification_ids))
+        .filter(notification_id__in=notification_ids)
         .order_by("item_id")
         .annotate(leased=leased)
         .values_list("notification_id", "leased")

@@ -225,7 +225,7 @@ def claim_ctes_pg(
     n: int, lease: float, starve: float | None, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID
 ) -> tuple[str, dict[str, Any]]:
     """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING …)`, so callers can
-    extend the same single statement (the dispatcher also marks the notifications dispatching).
+    extend the same single statement (the dispatcher joins the notifications to it).
     `starve=None` leaves out the starving branch (and its index scan)."""
     queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
     lane_cte = ""
@@ -243,15 +243,16 @@ def claim_ctes_pg(
             ) l
         )"""
         lane_union = "UNION ALL SELECT item_id FROM lanes"
-    if starve is None:  # the caller looks for starving items less often than it claims
-        picking = f"""
-        WITH main AS (
+    main = f"""main AS (
             SELECT item_id FROM queue_state
             WHERE NOT rate_limited AND available_at <= now() {queue_filter}
             ORDER BY priority DESC, enqueued_at
             LIMIT %(n)s
             FOR UPDATE SKIP LOCKED
-        ), picked_main AS (
+        )"""
+    if starve is None:  # the caller looks for starving items less often than it claims
+        picking = f"""
+        WITH {main}, picked_main AS (
             SELECT item_id FROM main"""
     else:
         picking = f"""
@@ -262,13 +263,7 @@ def claim_ctes_pg(
             ORDER BY enqueued_at
             LIMIT %(n)s
             FOR UPDATE SKIP LOCKED
-        ), main AS (
-            SELECT item_id FROM queue_state
-            WHERE NOT rate_limited AND available_at <= now() {queue_filter}
-            ORDER BY priority DESC, enqueued_at
-            LIMIT %(n)s
-            FOR UPDATE SKIP LOCKED
-        ), picked_main AS (
+        ), {main}, picked_main AS (
             -- starving items first, then by priority; the two branches may overlap, hence DISTINCT
             SELECT item_id FROM (
                 SELECT DISTINCT ON (item_id) item_id, branch, pos FROM (

@@ -103,7 +103,7 @@ class Dispatcher:
         # from the doorbell thread on the LISTEN connection: one at a time, within the concurrency.
         self._claim_lock = threading.Lock()
         # Claimed on the doorbell thread but not yet in flight: two counters, each with one writer
-        # thread, so no update is lost (see `_handed_over`).
+        # thread, so no update is lost (see `_free_slots`).
         self._handed = 0  # written by the doorbell thread only
         self._taken = 0  # written by the event loop only
         self._waiting = False  # the fetch loop sleeps, having found nothing to claim
@@ -299,7 +299,7 @@ class Dispatcher:
         if not self._claim_lock.acquire(blocking=False):
             return False
         try:
-            want = min(self.config.batch_size, self.config.concurrency - len(self._inflight) - self._handed_over)
+            want = min(self.config.batch_size, self._free_slots())
             if want <= 0:
                 return False
             prepared, skipped = claim_and_start(
@@ -330,41 +330,41 @@ class Dispatcher:
             self.record_wake.set()
         self.claimed += len(prepared) + len(skipped)
         self.claimed_by_tenant.update(p.tenant_id for p in prepared)
-        if all(p.provider_id in self._providers for p in prepared) and not self.stopping.is_set():
-            for item in prepared:  # the usual case: no detour through a task
-                self._start_send(item)
-            self._taken += len(prepared)
-            self.wake.set()
+        if all(p.provider_id in self._providers for p in prepared):
+            self._start_handed(prepared)  # the usual case: no detour through a task
             return
-        task = self.loop.create_task(self._start_claimed(prepared))
+        task = self.loop.create_task(self._load_then_start(prepared))
         self._takeovers.add(task)
         task.add_done_callback(self._takeovers.discard)
 
-    async def _start_claimed(self, prepared: list[Prepared]) -> None:
+    async def _load_then_start(self, prepared: list[Prepared]) -> None:
         try:
-            missing = {p.provider_id for p in prepared if p.provider_id not in self._providers}
-            if missing:
-                await self.db(self._load_providers, missing)
+            await self.db(self._load_providers, {p.provider_id for p in prepared})
         except Exception:  # noqa: BLE001 - never lost: given back untried
             logger.warning("could not load providers for %d claimed items; giving them back", len(prepared))
             self._give_back(prepared)
-        else:
-            if self.stopping.is_set():
-                self._give_back(prepared)
-            else:
-                for item in prepared:
-                    self._start_send(item)
-        finally:
             self._taken += len(prepared)
+            return
+        self._start_handed(prepared)
+
+    def _start_handed(self, prepared: list[Prepared]) -> None:
+        """Start (or, when stopping, give back) items the doorbell thread claimed; they count as in
+        flight from here on, not as handed over."""
+        if self.stopping.is_set():
+            self._give_back(prepared)
+        else:
+            for item in prepared:
+                self._start_send(item)
+        self._taken += len(prepared)
         self.wake.set()  # the fetch loop looks for more
 
     def _give_back(self, prepared: list[Prepared]) -> None:
         self._outcomes.extend(Outcome(lease=p.lease, kind="deferred") for p in prepared)
         self.record_wake.set()
 
-    @property
-    def _handed_over(self) -> int:
-        return self._handed - self._taken
+    def _free_slots(self) -> int:
+        """Concurrency left, counting items the doorbell thread claimed that are not in flight yet."""
+        return self.config.concurrency - len(self._inflight) - (self._handed - self._taken)
 
     def _wants(self, payload: str) -> bool:
         return not self.config.queues or not payload or bool(set(payload.split(",")) & set(self.config.queues))
@@ -377,7 +377,7 @@ class Dispatcher:
     def _claim_batch(self, want: int) -> tuple[list[Prepared], list[queue.Lease], float | None]:
         """On the DB thread: take tokens for rate-limited lanes, claim, load providers."""
         with self._claim_lock:
-            want = min(want, self.config.concurrency - len(self._inflight) - self._handed_over)
+            want = min(want, self._free_slots())
             if want <= 0:
                 return [], [], None
             return self._claim_batch_locked(want)

@@ -118,7 +118,9 @@ class Verifier:
     TOLERANCE = 300
 
     def __init__(self, secret: str) -> None:
-        self.key = base64.b64decode(secret.removeprefix("whsec_"))
+        from notifications.providers.webhook import decode_signing_secret  # Django-free import
+
+        self.key = decode_signing_secret(secret)
 
     def verify(self, webhook_id: str, timestamp: bytes, signatures: bytes, body: bytes, now: float) -> bool:
         try:

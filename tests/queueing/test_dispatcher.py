@@ -137,3 +137,29 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
     assert claim(2) <= fresh  # within the second: priority order only
     now[0] += 0.6
     assert len(claim(2) & starving) == 1  # a second on: the last starving item
+
+
+def test_a_ring_answered_on_the_listen_connection_stays_within_the_concurrency(tenant_a, webhook_receiver):
+    import asyncio
+
+    import psycopg
+
+    from queueing.wakeup import _conninfo
+
+    factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 8)
+    dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=3, batch_size=10))
+    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
+    dispatcher.loop = asyncio.new_event_loop()  # hand-overs are only queued on it
+    try:
+        with psycopg.connect(**_conninfo("default", "test-answer")) as listen:
+            assert not dispatcher._answer_ring(listen, "default")  # the fetch loop is not asleep
+            dispatcher._waiting = True
+            with dispatcher._claim_lock:  # a claim is under way on the database thread
+                assert not dispatcher._answer_ring(listen, "default")
+            assert dispatcher._answer_ring(listen, "default")
+        assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3  # concurrency 3, batch 10
+        # Not in flight yet, but counted: the fetch loop finds no room.
+        assert dispatcher._claim_batch(10) == ([], [], None)
+        assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3
+    finally:
+        dispatcher.loop.close()
