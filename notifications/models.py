@@ -166,7 +166,7 @@ class Notification(TenantOwned):
             # GET notifications: a tenant's newest first, cursor-paginated on (created_at, id).
             models.Index(fields=["tenant", "-created_at", "-id"], name="notif_tenant_recent_idx"),
             # prune: oldest first. Only never-changing columns are indexed, so the status update that
-            # records an outcome can be HOT (heap-only, no index writes; fillfactor leaves room).
+            # records an outcome can be HOT (heap-only, no index writes; fillfactor 45 leaves room).
             models.Index(fields=["created_at"], name="notif_created_idx"),
             models.Index(fields=["template"], condition=Q(template__isnull=False), name="notif_template_idx"),
             models.Index(fields=["enrollment"], condition=Q(enrollment__isnull=False), name="notif_enrollment_idx"),

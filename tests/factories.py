@@ -20,11 +20,12 @@ def provider(tenant: Tenant, name: str = "hook", *, kind: str = "webhook", chann
 
 
 def notifications(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, queue_name: str = "default",
-                  recipient: str = "https://example.test/hook", status: str = "queued") -> list[Notification]:
+                  recipient: str = "https://example.test/hook", status: str = "queued",
+                  subject: str = "s", body: str = "b") -> list[Notification]:
     rows = [
         Notification(
             id=uuid.uuid4(), tenant=tenant, channel=prov.channel, provider=prov, recipient=recipient,
-            recipient_masked=mask_recipient(prov.channel, recipient), subject="s", body="b",
+            recipient_masked=mask_recipient(prov.channel, recipient), subject=subject, body=body,
             priority=priority, queue=queue_name, status=status,
         )
         for _ in range(count)
@@ -33,9 +34,9 @@ def notifications(tenant: Tenant, prov: Provider, count: int, *, priority: int =
 
 
 def queued(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, queue_name: str = "default",
-           rate_limited: bool = False, delay: float = 0.0) -> list[Notification]:
-    """Notifications with their live queue items."""
-    rows = notifications(tenant, prov, count, priority=priority, queue_name=queue_name)
+           rate_limited: bool = False, delay: float = 0.0, **fields) -> list[Notification]:
+    """Notifications with their live queue items (`fields`: see `notifications`)."""
+    rows = notifications(tenant, prov, count, priority=priority, queue_name=queue_name, **fields)
     items = [
         queue.NewItem(notification_id=n.id, tenant_id=tenant.pk, provider_id=prov.pk, queue_name=queue_name,
                       priority=priority, payload={"n": str(n.id)}, rate_limited=rate_limited, delay_seconds=delay)
