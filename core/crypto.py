@@ -2,17 +2,18 @@
 
 Encryption, rotation and `is_current` use `cryptography`'s Fernet. Decryption, which the
 dispatcher does once per delivery, reads the same tokens through a leaner path (`_open`): the
-HMAC is checked first with `hmac.digest`, then AES-128-CBC is undone with one reusable AES-ECB
-context per key and thread plus an XOR with the previous ciphertext block, which is what CBC
-decryption is. It accepts exactly the tokens Fernet accepts (version 0x80, HMAC-SHA256 over
+HMAC is checked first (`HmacSha256`, keyed once), then AES-128-CBC is undone with one reusable
+AES-ECB context per key and thread plus an XOR with the previous ciphertext block, which is what
+CBC decryption is. It accepts exactly the tokens Fernet accepts (version 0x80, HMAC-SHA256 over
 version, timestamp, IV and ciphertext, PKCS7 padding; no TTL, as Fernet without one) at about a
-third of the cost (≈ 3.5 µs instead of ≈ 10 µs per token).
+fifth of the cost.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import threading
 from functools import lru_cache
@@ -49,14 +50,46 @@ def encrypt(plaintext: str) -> str:
     return _multifernet(_keys()).encrypt(plaintext.encode()).decode()
 
 
+class HmacSha256:
+    """HMAC-SHA256 (RFC 2104) under one key, keyed once: the inner and outer SHA-256 states after
+    the padded key are kept and copied for each message. `hmac.digest(key, msg, "sha256")` redoes
+    that keying and looks the digest up by name on every call: about 2.5× the cost for the short
+    messages signed and checked once per delivery. Thread-safe (the kept states are only copied)."""
+
+    __slots__ = ("_inner", "_outer")
+    BLOCK = 64
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > self.BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(self.BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def digest(self, *parts: bytes) -> bytes:
+        inner = self._inner.copy()
+        for part in parts:
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+_IPAD = bytes(b ^ 0x36 for b in range(256))
+_OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
 @lru_cache(maxsize=4)
-def _opening_keys(keys: tuple[str, ...]) -> tuple[tuple[bytes, bytes], ...]:
-    """(signing key, encryption key) per configured key, newest first."""
+def _opening_keys(keys: tuple[str, ...]) -> tuple[tuple[HmacSha256, bytes], ...]:
+    """(signing HMAC, encryption key) per configured key, newest first."""
     pairs = []
     for key in keys:
         raw = base64.urlsafe_b64decode(key)
-        pairs.append((raw[:16], raw[16:]))
+        pairs.append((HmacSha256(raw[:16]), raw[16:]))
     return tuple(pairs)
+
+
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
 def _ecb(encryption_key: bytes):  # noqa: ANN202 - a cryptography CipherContext
@@ -74,16 +107,16 @@ def _ecb(encryption_key: bytes):  # noqa: ANN202 - a cryptography CipherContext
 
 def _open(token: str, keys: tuple[str, ...]) -> bytes:
     try:
-        data = base64.urlsafe_b64decode(token)
-    except (TypeError, ValueError, binascii.Error):
+        # urlsafe_b64decode, without its two extra copies (base64 is ASCII: a non-ASCII token fails here)
+        data = binascii.a2b_base64(token.encode("ascii").translate(_URLSAFE))
+    except (AttributeError, UnicodeError, ValueError, binascii.Error):
         raise InvalidToken from None
     size = len(data) - _HEAD - _HMAC
     if data[:1] != b"\x80" or size < _BLOCK or size % _BLOCK:
         raise InvalidToken
     signed, mac = data[:-_HMAC], data[-_HMAC:]
     encryption_key = next(
-        (enc for sign, enc in _opening_keys(keys) if hmac.compare_digest(hmac.digest(sign, signed, "sha256"), mac)),
-        None,
+        (enc for sign, enc in _opening_keys(keys) if hmac.compare_digest(sign.digest(signed), mac)), None
     )
     if encryption_key is None:
         raise InvalidToken

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import json
 import math
 import re
@@ -18,6 +16,7 @@ import time
 
 import orjson
 
+from core.crypto import HmacSha256
 from notifications.providers.base import (
     BaseProvider,
     DeliveryResult,
@@ -75,7 +74,7 @@ class WebhookProvider(BaseProvider):
         self._head_prefix = build_head(
             "POST", self._origin, target, {"Content-Type": "application/json", "Accept": "*/*"}, final=False
         )
-        self._hmac = hmac.new(decode_signing_secret(self.secrets.get("signing_secret")), digestmod=hashlib.sha256)
+        self._signer = HmacSha256(decode_signing_secret(self.secrets.get("signing_secret")))
         self._owns_client = http_client is None
         self._client = http_client or HttpClient()
 
@@ -132,10 +131,7 @@ class WebhookProvider(BaseProvider):
                     permanent=True,
                 )
             timestamp = str(int(time.time()))
-            mac = self._hmac.copy()
-            mac.update(f"{msg_id}.{timestamp}.".encode())
-            mac.update(body)
-            signature = base64.b64encode(mac.digest())
+            signature = base64.b64encode(self._signer.digest(f"{msg_id}.{timestamp}.".encode(), body))
             head = b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: v1,%s\r\n" % (
                 self._head_prefix,
                 msg_id.encode(),

@@ -103,3 +103,21 @@ def test_threads_decrypt_concurrently_without_mixing_state():
     for thread in threads:
         thread.join(timeout=60)
     assert not errors
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 16, 32, 63, 64, 65, 200])
+def test_hmac_sha256_keyed_once_matches_the_standard_library(key_length):
+    key = os.urandom(key_length)
+    signer = crypto.HmacSha256(key)
+    for message in (b"", b"m", os.urandom(57), os.urandom(1000)):
+        assert signer.digest(message) == hmac.digest(key, message, "sha256")
+        # parts are one message, however split; and the kept states are never consumed
+        assert signer.digest(message[:7], message[7:]) == hmac.digest(key, message, "sha256")
+    assert crypto.HmacSha256(key + b"x").digest(b"m") != signer.digest(b"m")
+
+
+def test_non_ascii_and_non_string_tokens_are_refused_cleanly():
+    with pytest.raises(crypto.DecryptionError):
+        crypto.decrypt("gAAAAAB✉")
+    with pytest.raises(crypto.DecryptionError):
+        crypto.decrypt(None)  # type: ignore[arg-type]
