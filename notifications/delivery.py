@@ -54,8 +54,11 @@ class Prepared:
     provider_id: int
     attempt_number: int  # the number this try will get (all tries, across redrives)
     attempts_this_run: int  # tries since the last redrive, this one included
+    opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
 
     def recipient(self) -> str:
+        if self.opened_recipient is not None:
+            return self.opened_recipient
         return crypto.decrypt(self.recipient_token, where=f"Notification.recipient of row {self.notification_id}")
 
 
@@ -176,6 +179,8 @@ def claim_and_start(
                 provider_id=lease_row.provider_id, attempt_number=count + 1, attempts_this_run=count - offset + 1,
             )
         )  # fmt: skip
+    for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
+        item.opened_recipient = opened
     return prepared, skipped
 
 

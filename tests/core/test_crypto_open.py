@@ -121,3 +121,24 @@ def test_non_ascii_and_non_string_tokens_are_refused_cleanly():
         crypto.decrypt("gAAAAAB✉")
     with pytest.raises(crypto.DecryptionError):
         crypto.decrypt(None)  # type: ignore[arg-type]
+
+
+@override_settings(OMNIPOST_ENCRYPTION_KEYS=[NEW, OLD])
+def test_decrypt_many_opens_a_batch_under_the_newest_key_and_leaves_the_rest_to_decrypt():
+    fresh = {plain: crypto.encrypt(plain) for plain in PLAINTEXTS}
+    older = Fernet(OLD.encode()).encrypt(b"written under the old key").decode()
+    bad = tampered_tokens()
+    batch = [*fresh.values(), older, *bad.values(), fresh["a"]]
+    opened = crypto.decrypt_many(batch)
+    assert opened[: len(fresh)] == list(fresh)
+    assert opened[len(fresh)] is None  # decrypt() opens it (older key)
+    assert crypto.decrypt(older) == "written under the old key"
+    assert opened[len(fresh) + 1 : -1] == [None] * len(bad)  # decrypt() refuses them, with context
+    assert opened[-1] == "a"
+    assert crypto.decrypt_many([]) == []
+
+
+@override_settings(OMNIPOST_ENCRYPTION_KEYS=[NEW])
+def test_decrypt_many_agrees_with_decrypt_for_every_length():
+    plains = [("é" * (i % 7)) + "x" * i for i in range(0, 70)]
+    assert crypto.decrypt_many([crypto.encrypt(p) for p in plains]) == plains

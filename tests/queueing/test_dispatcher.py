@@ -106,6 +106,32 @@ def test_misconfigured_provider_fails_its_items_and_spares_the_rest(tenant_a, we
     assert Notification.objects.filter(pk__in=[n.pk for n in ok_notes], status="delivered").count() == 3
 
 
+def test_recipients_under_an_older_key_are_sent_and_unreadable_ones_never_leave(tenant_a, webhook_receiver, settings):
+    from cryptography.fernet import Fernet
+
+    hook = hook_for(tenant_a, webhook_receiver)
+    fresh = factories.queued(tenant_a, hook, 3)
+    (older,) = factories.queued(tenant_a, hook, 1)
+    (unreadable,) = factories.queued(tenant_a, hook, 1)
+    old_key = Fernet.generate_key().decode()
+    settings.OMNIPOST_ENCRYPTION_KEYS = [*settings.OMNIPOST_ENCRYPTION_KEYS, old_key]
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # written under a key still configured but not the newest
+        token = Fernet(old_key.encode()).encrypt(b"https://example.test/older").decode()
+        cursor.execute("UPDATE notifications SET recipient = %s WHERE id = %s", [token, older.pk])
+        stray = Fernet(Fernet.generate_key()).encrypt(b"https://example.test/unreadable").decode()
+        cursor.execute("UPDATE notifications SET recipient = %s WHERE id = %s", [stray, unreadable.pk])
+    run_once()
+    assert webhook_receiver.wait_for(4)
+    recipients = {r.payload["id"]: r.payload["recipient"] for r in webhook_receiver.requests}
+    assert recipients[str(older.pk)] == "https://example.test/older"
+    assert all(recipients[str(n.pk)] == "https://example.test/hook" for n in fresh)
+    assert str(unreadable.pk) not in recipients
+    attempt = DeliveryAttempt.objects.get(notification=unreadable)
+    assert attempt.outcome != "delivered" and "cannot decrypt" in attempt.error_message
+
+
 def test_a_recording_bug_stops_the_dispatcher_instead_of_sending_on(tenant_a, webhook_receiver, monkeypatch):
     factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 30)
 

@@ -1,0 +1,129 @@
+"""CPU per delivery of the dispatcher's send path alone, without the database.
+
+    .venv/bin/python bench/send_path_bench.py [-n 50000] [--concurrency 500] [--batch 250] [--repeat 3]
+
+Runs `Dispatcher._start_send` (recipient decryption, payload, signature, HTTP request through the
+pooled client, response parsing, outcome) for n prepared items against the bench receiver in
+another process, `batch` items at a time with at most `concurrency` in flight, and reports this
+process's CPU microseconds per delivery (`time.process_time`): the dispatcher's share of the
+end-to-end cost minus its two SQL statements per batch. CPU time, not throughput, so that changes
+can be compared on a machine shared with other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
+# as `omnipost_bench` runs its dispatchers (queueing.bench.runner.dispatcher_env)
+os.environ.update(DEBUG="false", OMNIPOST_ALLOW_PRIVATE_DESTINATIONS="true", OMNIPOST_LOG_LEVEL="WARNING")
+os.environ.setdefault("SECRET_KEY", "omnipost-bench-only")
+os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
+
+
+def items(count: int, provider_id: int) -> list:
+    from core import crypto
+    from notifications.delivery import Prepared
+    from queueing.queue import Lease
+
+    now = datetime.now(UTC)
+    tenant = uuid.uuid4()
+    token = crypto.encrypt("https://example.test/bench-hook")
+    prepared = []
+    for i in range(count):
+        nid = uuid.uuid4()
+        lease = Lease(i, uuid.uuid4(), nid, tenant, provider_id, "default", 5, {}, 1, now, now, False)
+        prepared.append(
+            Prepared(lease, nid, tenant, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now,
+                     provider_id, 1, 1)
+        )  # fmt: skip
+    return prepared
+
+
+async def run(args: argparse.Namespace, url: str) -> float:
+    from core.crypto import decrypt_many
+    from notifications.providers import build_provider
+    from queueing.bench.runner import SIGNING_SECRET
+    from queueing.worker import Dispatcher, DispatcherConfig, _CachedProvider
+
+    dispatcher = Dispatcher(DispatcherConfig(concurrency=args.concurrency, batch_size=args.batch, jitter=False))
+    dispatcher.loop = asyncio.get_running_loop()
+    dispatcher.record_wake = asyncio.Event()
+    dispatcher.capacity = asyncio.Event()
+    provider = build_provider("webhook", {"url": url}, {"signing_secret": SIGNING_SECRET})
+    dispatcher._providers[1] = _CachedProvider(provider, datetime.now(UTC), 5, False, time.monotonic())
+    work = items(args.n, 1)
+    warm = items(args.concurrency, 1)
+    for item in warm:  # connections opened, caches warm
+        dispatcher._start_send(item)
+    while dispatcher._inflight:
+        await asyncio.sleep(0.01)
+    dispatcher._outcomes.clear()
+    gc.collect()
+    gc.freeze()
+    started = time.process_time()
+    position = 0
+    while position < len(work) or dispatcher._inflight:
+        free = args.concurrency - len(dispatcher._inflight)
+        if free >= args.batch and position < len(work):
+            claimed = work[position : position + args.batch]
+            for item, opened in zip(claimed, decrypt_many([p.recipient_token for p in claimed]), strict=True):
+                item.opened_recipient = opened  # as claim_and_start does
+            for item in claimed:
+                dispatcher._start_send(item)
+            position += args.batch
+            continue
+        dispatcher.capacity.clear()
+        await dispatcher.capacity.wait()
+        if len(dispatcher._outcomes) >= args.batch:
+            dispatcher._outcomes.clear()  # recorded, as far as this bench goes
+    spent = time.process_time() - started
+    await provider.aclose()
+    return spent / args.n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=50000)
+    parser.add_argument("--concurrency", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=250)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    import django
+
+    django.setup()
+    from queueing.bench.runner import ReceiverProcess
+
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    figures = []
+    for _ in range(args.repeat):
+        receiver = ReceiverProcess(delay_ms=0, error_rate=0, verify_every=1)
+        try:
+            figures.append(runner(run(args, receiver.url)))
+        finally:
+            final, _ = receiver.stop()
+        assert final["bad_signatures"] == 0 and final["unique"] >= args.n, final
+        print(f"{figures[-1]:.1f} µs CPU per delivery", flush=True)
+    median = statistics.median(figures)
+    print(f"median of {args.repeat}: {median:.1f} µs CPU per delivery in the dispatcher's send path")
+
+
+if __name__ == "__main__":
+    main()
