@@ -54,6 +54,8 @@ class Prepared:
     provider_id: int
     attempt_number: int  # the number this try will get (all tries, across redrives)
     attempts_this_run: int  # tries since the last redrive, this one included
+    notification_key: str  # the ids as text (webhook-id, payload), formatted by the database
+    tenant_key: str
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
 
     def recipient(self) -> str:
@@ -153,8 +155,8 @@ def claim_and_start(
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
     ctes, params = queue.claim_ctes_pg(n, lease, starve, list(queues) if queues else None, lanes, uuid.uuid4())
     sql = f"""{ctes}
-        SELECT c.*, n.id, n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at,
-               n.attempt_count, n.attempt_offset
+        SELECT c.*, n.id::text, c.tenant_id::text, n.channel, n.recipient, n.subject, n.body, n.metadata,
+               n.created_at, n.attempt_count, n.attempt_offset
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
@@ -167,8 +169,8 @@ def claim_and_start(
     prepared, skipped = [], []
     for row in rows:
         lease_row = queue.lease_from_row(row[:width])
-        nid, channel, recipient, subject, body, metadata, created_at, count, offset = row[width:]
-        if nid is None:
+        key, tenant_key, channel, recipient, subject, body, metadata, created_at, count, offset = row[width:]
+        if key is None:
             skipped.append(lease_row)
             continue
         prepared.append(
@@ -177,6 +179,7 @@ def claim_and_start(
                 channel=channel, recipient_token=recipient, subject=subject, body=body,
                 metadata=json.loads(metadata) if isinstance(metadata, str) else metadata, created_at=created_at,
                 provider_id=lease_row.provider_id, attempt_number=count + 1, attempts_this_run=count - offset + 1,
+                notification_key=key, tenant_key=tenant_key,
             )
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
@@ -195,7 +198,7 @@ def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], li
                 lease=by_notification.pop(nid), notification_id=nid, tenant_id=tenant_id, channel=channel,
                 recipient_token=str(recipient), subject=subject, body=body, metadata=metadata,
                 created_at=created_at, provider_id=provider_id, attempt_number=count + 1,
-                attempts_this_run=count - offset + 1,
+                attempts_this_run=count - offset + 1, notification_key=str(nid), tenant_key=str(tenant_id),
             )
         )  # fmt: skip
     return prepared, list(by_notification.values())
@@ -214,14 +217,15 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
 _RECORD_SQL = """
     WITH outcome AS (
         SELECT * FROM unnest(%(item_ids)b::bigint[], %(tokens)b::uuid[], %(kinds)b::text[],
-                             %(delays)b::float8[], %(nids)b::uuid[], %(statuses)b::text[],
-                             %(counts)b::int[], %(codes)b::text[])
-            AS o(item_id, lock_token, kind, delay, notification_id, status, attempts, code)
+                             %(delays)b::float8[], %(statuses)b::text[], %(counts)b::int[], %(codes)b::text[])
+            AS o(item_id, lock_token, kind, delay, status, attempts, code)
     ), acked AS (
+        -- the queue row gives back the ids the rest of the statement needs: the batch carries
+        -- only what the queue row does not know
         DELETE FROM queue_state q USING outcome o
         WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token
           AND o.kind IN ('delivered', 'failed', 'dead_lettered', 'skipped')
-        RETURNING q.item_id
+        RETURNING q.item_id, q.notification_id, q.tenant_id, q.provider_id
     ), released AS (
         -- retries re-enter the queue when their delay ends; deferrals are refunded their claim
         UPDATE queue_state q
@@ -231,11 +235,11 @@ _RECORD_SQL = """
             attempts = greatest(q.attempts - CASE WHEN o.kind = 'deferred' THEN 1 ELSE 0 END, 0)
         FROM outcome o
         WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.kind IN ('retry', 'deferred')
-        RETURNING q.item_id
+        RETURNING q.item_id, q.notification_id, q.tenant_id, q.provider_id
     ), ours AS (
-        SELECT item_id FROM acked UNION ALL SELECT item_id FROM released
+        SELECT * FROM acked UNION ALL SELECT * FROM released
     ), kept AS (
-        SELECT o.* FROM outcome o JOIN ours USING (item_id)
+        SELECT o.*, ours.notification_id FROM outcome o JOIN ours USING (item_id)
     ), changed AS (
         UPDATE notifications n
         SET status = k.status,
@@ -249,25 +253,22 @@ _RECORD_SQL = """
     ), attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
-        SELECT a.tenant_id, a.notification_id, a.number, a.provider_id, a.started_at, a.finished_at, a.outcome,
-               a.error_class, a.error_code, a.error_message, a.http_status, a.duration_ms
-        FROM unnest(%(a_item_ids)b::bigint[], %(a_tenants)b::uuid[], %(a_nids)b::uuid[], %(a_numbers)b::int[],
-                    %(a_providers)b::bigint[], %(a_started)b::timestamptz[], %(a_finished)b::timestamptz[],
-                    %(a_outcomes)b::text[], %(a_classes)b::text[], %(a_codes)b::text[], %(a_messages)b::text[],
-                    %(a_statuses)b::int[], %(a_durations)b::int[])
-            AS a(item_id, tenant_id, notification_id, number, provider_id, started_at, finished_at, outcome,
-                 error_class, error_code, error_message, http_status, duration_ms)
+        SELECT ours.tenant_id, ours.notification_id, a.number, ours.provider_id, a.started_at, a.finished_at,
+               a.outcome, a.error_class, a.error_code, a.error_message, a.http_status, a.duration_ms
+        FROM unnest(%(a_item_ids)b::bigint[], %(a_numbers)b::int[], %(a_started)b::timestamptz[],
+                    %(a_finished)b::timestamptz[], %(a_outcomes)b::text[], %(a_classes)b::text[],
+                    %(a_codes)b::text[], %(a_messages)b::text[], %(a_statuses)b::int[], %(a_durations)b::int[])
+            AS a(item_id, number, started_at, finished_at, outcome, error_class, error_code, error_message,
+                 http_status, duration_ms)
         JOIN ours USING (item_id)
     ), dead AS (
         INSERT INTO dead_letter_queue (id, tenant_id, notification_id, provider_id, failure_class, failure_reason,
                                        error_code, last_status_code, attempt_count, status, created_at, resolved_by)
-        SELECT gen_random_uuid(), d.tenant_id, d.notification_id, d.provider_id, d.failure_class, d.reason,
+        SELECT gen_random_uuid(), ours.tenant_id, ours.notification_id, ours.provider_id, d.failure_class, d.reason,
                d.code, d.status_code, d.attempt_count, 'open', now(), ''
-        FROM unnest(%(d_item_ids)b::bigint[], %(d_tenants)b::uuid[], %(d_nids)b::uuid[], %(d_providers)b::bigint[],
-                    %(d_classes)b::text[], %(d_reasons)b::text[], %(d_codes)b::text[], %(d_status_codes)b::int[],
-                    %(d_counts)b::int[])
-            AS d(item_id, tenant_id, notification_id, provider_id, failure_class, reason, code, status_code,
-                 attempt_count)
+        FROM unnest(%(d_item_ids)b::bigint[], %(d_classes)b::text[], %(d_reasons)b::text[], %(d_codes)b::text[],
+                    %(d_status_codes)b::int[], %(d_counts)b::int[])
+            AS d(item_id, failure_class, reason, code, status_code, attempt_count)
         JOIN ours USING (item_id)
     )
     SELECT item_id FROM ours
@@ -282,15 +283,11 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
         "tokens": [o.lease.lock_token for o in outcomes],
         "kinds": [o.kind for o in outcomes],
         "delays": [o.retry_delay for o in outcomes],
-        "nids": [o.lease.notification_id for o in outcomes],
         "statuses": [_FINAL_STATUS[o.kind].value if o.kind in _FINAL_STATUS else "" for o in outcomes],
         "counts": [o.attempt.number if o.attempt else -1 for o in outcomes],
         "codes": [o.error_code for o in outcomes],
         "a_item_ids": [o.lease.item_id for o in attempts],
-        "a_tenants": [o.lease.tenant_id for o in attempts],
-        "a_nids": [o.lease.notification_id for o in attempts],
         "a_numbers": [o.attempt.number for o in attempts],
-        "a_providers": [o.lease.provider_id for o in attempts],
         "a_started": [o.attempt.started_at for o in attempts],
         "a_finished": [o.attempt.finished_at for o in attempts],
         "a_outcomes": [o.attempt.outcome for o in attempts],
@@ -300,9 +297,6 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
         "a_statuses": [o.attempt.http_status for o in attempts],
         "a_durations": [o.attempt.duration_ms for o in attempts],
         "d_item_ids": [o.lease.item_id for o in dead],
-        "d_tenants": [o.lease.tenant_id for o in dead],
-        "d_nids": [o.lease.notification_id for o in dead],
-        "d_providers": [o.lease.provider_id for o in dead],
         "d_classes": [o.failure_class for o in dead],
         "d_reasons": [o.failure_reason[:2000] for o in dead],
         "d_codes": [o.error_code for o in dead],

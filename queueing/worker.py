@@ -468,8 +468,8 @@ class Dispatcher:
         try:
             provider = self._providers[item.provider_id]
             message = OutboundMessage(
-                notification_id=str(item.notification_id),
-                tenant_id=str(item.tenant_id),
+                notification_id=item.notification_key,
+                tenant_id=item.tenant_key,
                 channel=item.channel,
                 recipient=item.recipient(),
                 subject=item.subject,
