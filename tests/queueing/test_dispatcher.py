@@ -189,3 +189,27 @@ def test_a_ring_answered_on_the_listen_connection_stays_within_the_concurrency(t
         assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3
     finally:
         dispatcher.loop.close()
+
+
+def test_a_ring_whose_items_a_peer_took_first_does_not_also_wake_the_fetch_loop(tenant_a, webhook_receiver):
+    import asyncio
+
+    import psycopg
+
+    from queueing.wakeup import _conninfo
+
+    dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=3, batch_size=10))
+    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
+    dispatcher.loop = asyncio.new_event_loop()
+    dispatcher._waiting = True
+    try:
+        with psycopg.connect(**_conninfo("default", "test-answer")) as listen:
+            # The queue is empty: a peer claimed what the ring announced. Handled (no wake-up),
+            # unless rate-limited lanes may hold work, which only the fetch loop claims.
+            assert dispatcher._answer_ring(listen, "default") is True
+            assert (dispatcher.wakeup_claims, dispatcher.rings_answered) == (1, 0)
+            dispatcher._any_limits = True
+            assert dispatcher._answer_ring(listen, "default") is False
+        assert dispatcher._handed == 0 and not dispatcher.loop._ready  # nothing was handed over
+    finally:
+        dispatcher.loop.close()
