@@ -213,3 +213,34 @@ def test_a_ring_whose_items_a_peer_took_first_does_not_also_wake_the_fetch_loop(
         assert dispatcher._handed == 0 and not dispatcher.loop._ready  # nothing was handed over
     finally:
         dispatcher.loop.close()
+
+
+def test_a_ring_answered_as_the_dispatcher_stops_is_given_back_not_left_to_its_lease(tenant_a, webhook_receiver):
+    import asyncio
+
+    import psycopg
+
+    from notifications.delivery import record_outcomes
+    from queueing.wakeup import _conninfo
+
+    hook = hook_for(tenant_a, webhook_receiver)
+    factories.queued(tenant_a, hook, 4)
+    dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=10, batch_size=10))
+    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
+    dispatcher.loop = loop = asyncio.new_event_loop()
+    dispatcher.wake, dispatcher.record_wake = asyncio.Event(), asyncio.Event()
+    dispatcher._load_providers({hook.pk})
+    dispatcher._waiting = True
+    try:
+        with psycopg.connect(**_conninfo("default", "test-answer")) as listen:
+            assert dispatcher._answer_ring(listen, "default")  # claimed on the doorbell thread ...
+        dispatcher.stopping.set()  # ... and the stop comes before the event loop takes it over
+        loop.run_until_complete(asyncio.sleep(0))  # what main() does after stopping the doorbell
+    finally:
+        loop.close()
+    assert not dispatcher._inflight and dispatcher._free_slots() == 10
+    assert [o.kind for o in dispatcher._outcomes] == ["deferred"] * 4
+    assert QueueItem.objects.filter(lock_token__isnull=False).count() == 4
+    assert len(record_outcomes(dispatcher._outcomes).ours) == 4
+    assert QueueItem.objects.filter(lock_token__isnull=True, attempts=0).count() == 4  # claimable again, at once
+    assert not webhook_receiver.requests
