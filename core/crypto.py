@@ -105,15 +105,24 @@ def _ecb(encryption_key: bytes):  # noqa: ANN202 - a cryptography CipherContext
     return context
 
 
-def _open(token: str, keys: tuple[str, ...]) -> bytes:
+def _token_bytes(token: str) -> bytes | None:
+    """A token's bytes if it is base64 of the right shape (version 0x80, whole blocks), else None."""
     try:
         # urlsafe_b64decode, without its two extra copies (base64 is ASCII: a non-ASCII token fails here)
         data = binascii.a2b_base64(token.encode("ascii").translate(_URLSAFE))
     except (AttributeError, UnicodeError, ValueError, binascii.Error):
-        raise InvalidToken from None
+        return None
     size = len(data) - _HEAD - _HMAC
     if data[:1] != b"\x80" or size < _BLOCK or size % _BLOCK:
+        return None
+    return data
+
+
+def _open(token: str, keys: tuple[str, ...]) -> bytes:
+    data = _token_bytes(token)
+    if data is None:
         raise InvalidToken
+    size = len(data) - _HEAD - _HMAC
     signed, mac = data[:-_HMAC], data[-_HMAC:]
     encryption_key = next(
         (enc for sign, enc in _opening_keys(keys) if hmac.compare_digest(sign.digest(signed), mac)), None
@@ -139,17 +148,11 @@ def decrypt_many(tokens: list[str]) -> list[str | None]:
     opened: list[str | None] = [None] * len(tokens)
     index, sizes, ciphertexts, chains = [], [], [], []
     for i, token in enumerate(tokens):
-        try:
-            data = binascii.a2b_base64(token.encode("ascii").translate(_URLSAFE))
-        except (AttributeError, UnicodeError, ValueError, binascii.Error):
-            continue
-        size = len(data) - _HEAD - _HMAC
-        if data[:1] != b"\x80" or size < _BLOCK or size % _BLOCK:
-            continue
-        if not hmac.compare_digest(sign.digest(data[:-_HMAC]), data[-_HMAC:]):
+        data = _token_bytes(token)
+        if data is None or not hmac.compare_digest(sign.digest(data[:-_HMAC]), data[-_HMAC:]):
             continue
         index.append(i)
-        sizes.append(size)
+        sizes.append(len(data) - _HEAD - _HMAC)
         ciphertexts.append(data[_HEAD:-_HMAC])
         chains.append(data[_HEAD - _BLOCK : -_HMAC - _BLOCK])
     if not index:
