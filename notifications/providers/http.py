@@ -385,7 +385,9 @@ class _Pool:
         self.idle: list[_Connection] = []
         self.all: set[_Connection] = set()  # open connections, idle or busy, for close()
         self.size = 0
-        self.waiters: deque[asyncio.Future] = deque()
+        # (future, deadline): the client's sweeper fails those past their deadline, so waiting for
+        # a slot costs one future, not a timeout context and a timer per waiter
+        self.waiters: deque[tuple[asyncio.Future, float]] = deque()
 
     async def acquire(self, deadline: float) -> _Connection:
         idle = self.idle
@@ -401,13 +403,10 @@ class _Pool:
                 self.size -= 1
         if self.size >= self.client.max_connections_per_host:
             fut = self.client._loop.create_future()
-            self.waiters.append(fut)
+            self.waiters.append((fut, deadline))
+            self.client._ensure_sweeper()
             try:
-                async with asyncio.timeout_at(deadline):
-                    conn = await fut
-            except TimeoutError:
-                self._abandon(fut)
-                raise HttpTimeout("no free connection in the pool before the timeout") from None
+                conn = await fut
             except BaseException:
                 self._abandon(fut)
                 raise
@@ -443,7 +442,7 @@ class _Pool:
             return
         waiters = self.waiters
         while waiters:
-            fut = waiters.popleft()
+            fut, _ = waiters.popleft()
             if not fut.done():
                 fut.set_result(conn)
                 return
@@ -458,7 +457,7 @@ class _Pool:
     def _hand_slot(self) -> None:
         waiters = self.waiters
         while waiters and self.size < self.client.max_connections_per_host:
-            fut = waiters.popleft()
+            fut, _ = waiters.popleft()
             if not fut.done():
                 self.size += 1
                 fut.set_result(None)
@@ -471,10 +470,22 @@ class _Pool:
         self.size -= len(self.idle)
         self.idle.clear()
         self.all.clear()
-        for fut in self.waiters:
+        for fut, _ in self.waiters:
             if not fut.done():
                 fut.set_exception(HttpConnectError("client closed"))
         self.waiters.clear()
+
+    def expire_waiters(self, now: float) -> None:
+        """Fail the waiters whose deadline has passed (called by the client's sweeper)."""
+        if not any(deadline <= now for _, deadline in self.waiters):
+            return
+        kept: deque[tuple[asyncio.Future, float]] = deque()
+        for fut, deadline in self.waiters:
+            if deadline > now:
+                kept.append((fut, deadline))
+            elif not fut.done():
+                fut.set_exception(HttpTimeout("no free connection in the pool before the timeout"))
+        self.waiters = kept
 
 
 class HttpClient:
@@ -557,8 +568,7 @@ class HttpClient:
             reused = conn.requests > 0
             try:
                 pending = conn.request(data, deadline)
-                if self._sweeper is None:
-                    self._sweeper = loop.call_later(self.timeout_resolution, self._sweep)
+                self._ensure_sweeper()
                 response = await pending
             except _StaleConnection:
                 pool.discard(conn)
@@ -572,12 +582,21 @@ class HttpClient:
             return response
         raise HttpConnectError("connection closed before any response")
 
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = self._loop.call_later(self.timeout_resolution, self._sweep)
+
     def _sweep(self) -> None:
         now = self._loop.time()
         expired = [conn for conn in self._inflight if conn.deadline <= now]
         for conn in expired:
             conn.on_timeout()
-        if self._inflight:
+        waiting = False
+        for pool in self._pools.values():
+            if pool.waiters:
+                pool.expire_waiters(now)
+                waiting = waiting or bool(pool.waiters)
+        if self._inflight or waiting:
             self._sweeper = self._loop.call_later(self.timeout_resolution, self._sweep)
         else:
             self._sweeper = None
