@@ -104,7 +104,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from queueing.bench.runner import ReceiverProcess
+    from queueing.bench.receiver import ReceiverProcess
+    from queueing.bench.runner import SIGNING_SECRET
 
     try:
         import uvloop
@@ -114,7 +115,7 @@ def main() -> None:
         runner = asyncio.run
     figures = []
     for _ in range(args.repeat):
-        receiver = ReceiverProcess(delay_ms=0, error_rate=0, verify_every=1)
+        receiver = ReceiverProcess(secret=SIGNING_SECRET)
         try:
             figures.append(runner(run(args, receiver.url)))
         finally:

@@ -17,10 +17,17 @@ import base64
 import gc
 import hmac
 import json
+import os
 import random
 import signal
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 _ERR = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nRetry-After: 1\r\n\r\nbusy"
@@ -172,6 +179,48 @@ async def serve(args: argparse.Namespace) -> None:
         ),
         flush=True,
     )
+
+
+class ReceiverProcess:
+    """This receiver in a subprocess, for a bench run: its URL while it runs, and on `stop()` its
+    final counts with every webhook id's first arrival time. `secret=None` checks no signature."""
+
+    def __init__(
+        self, *, delay_ms: float = 0.0, error_rate: float = 0.0, verify_every: int = 1, secret: str | None = None
+    ) -> None:
+        fd, name = tempfile.mkstemp(prefix="omnipost-bench-", suffix=".arrivals")
+        os.close(fd)
+        self.arrivals_file = Path(name)
+        command = [
+            sys.executable, "-m", "queueing.bench.receiver", "--port", "0", "--delay-ms", f"{delay_ms:g}",
+            "--error-rate", str(error_rate), "--verify-every", str(verify_every), "--arrivals", name,
+        ]  # fmt: skip
+        if secret:
+            command += ["--secret", secret]
+        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        try:
+            self.port = json.loads(line)["port"]
+        except (ValueError, KeyError):
+            self.proc.kill()
+            self.proc.wait()
+            self.arrivals_file.unlink(missing_ok=True)
+            raise RuntimeError(f"the bench receiver did not start: {line.strip() or 'no output'}") from None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def stop(self) -> tuple[dict[str, Any], dict[str, float]]:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=60)
+        final = json.loads(out.strip().splitlines()[-1])
+        arrivals = {}
+        for line in self.arrivals_file.read_text().splitlines():
+            webhook_id, at = line.split()
+            arrivals[webhook_id] = float(at)
+        self.arrivals_file.unlink(missing_ok=True)
+        return final, arrivals
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from queueing.bench.receiver import ReceiverProcess
+
 ROOT = Path(settings.BASE_DIR)
 BENCH_TENANT = "omnipost-bench"
 SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # noqa: S105 - a throwaway for the loopback bench
@@ -97,37 +99,6 @@ def percentiles(values: list[float]) -> dict[str, float]:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     return {"p50": statistics.median(ordered), "p95": pick(0.95), "p99": pick(0.99), "max": ordered[-1]}
-
-
-# --- receiver -----------------------------------------------------------------------------------------
-class ReceiverProcess:
-    def __init__(self, *, delay_ms: float, error_rate: float, verify_every: int) -> None:
-        self.arrivals_file = Path(tempfile.mkstemp(prefix="omnipost-bench-", suffix=".arrivals")[1])
-        self.proc = subprocess.Popen(  # noqa: S603
-            [
-                sys.executable, "-m", "queueing.bench.receiver", "--port", "0", "--delay-ms", str(delay_ms),
-                "--error-rate", str(error_rate), "--secret", SIGNING_SECRET, "--verify-every", str(verify_every),
-                "--arrivals", str(self.arrivals_file),
-            ],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        self.port = json.loads(line)["port"]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def stop(self) -> tuple[dict[str, Any], dict[str, float]]:
-        self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=60)
-        final = json.loads(out.strip().splitlines()[-1])
-        arrivals = {}
-        for line in self.arrivals_file.read_text().splitlines():
-            webhook_id, at = line.split()
-            arrivals[webhook_id] = float(at)
-        self.arrivals_file.unlink(missing_ok=True)
-        return final, arrivals
 
 
 # --- setup ----------------------------------------------------------------------------------------------
@@ -239,7 +210,9 @@ def run_e2e(
 ) -> BenchResult:
     from notifications.models import Notification
 
-    receiver = ReceiverProcess(delay_ms=delay_ms, error_rate=error_rate, verify_every=verify_every)
+    receiver = ReceiverProcess(
+        delay_ms=delay_ms, error_rate=error_rate, verify_every=verify_every, secret=SIGNING_SECRET
+    )
     result = BenchResult(
         "e2e", count, processes, concurrency, batch, delay_ms, database=connection.vendor, machine=machine()
     )
@@ -283,7 +256,7 @@ def run_pickup(
     not cold start: the first few sends open HTTP connections and prepare statements)."""
     from queueing.models import Worker
 
-    receiver = ReceiverProcess(delay_ms=0, error_rate=0, verify_every=1)
+    receiver = ReceiverProcess(secret=SIGNING_SECRET)
     result = BenchResult(
         "pickup" if listen else "pickup (polling only)",
         count,
