@@ -70,6 +70,9 @@ def _permanent(code: str) -> Classification:
     return Classification(PERMANENT_ERROR, PERMANENT, code, None)
 
 
+_DELIVERED = Classification(DELIVERED, "", "", None)  # frozen: one instance serves every delivery
+
+
 def _error_code(result: DeliveryResult) -> str:
     if result.error_code:
         return result.error_code
@@ -81,7 +84,7 @@ def _error_code(result: DeliveryResult) -> str:
 def classify(result: DeliveryResult) -> Classification:
     """Pure apart from logging an unknown failure at ERROR."""
     if result.delivered:
-        return Classification(DELIVERED, "", "", None)
+        return _DELIVERED
     code = _error_code(result)
     if result.permanent is not None:
         return _permanent(code) if result.permanent else _transient(result, code)

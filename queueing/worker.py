@@ -454,13 +454,9 @@ class Dispatcher:
 
     # --- sending ------------------------------------------------------------------------------------
     def _start_send(self, item: Prepared) -> None:
-        task = self.loop.create_task(self._send(item))
-        self._inflight[item.lease.item_id] = (task, item)
-        task.add_done_callback(lambda _t, item_id=item.lease.item_id: self._sent(item_id))
-
-    def _sent(self, item_id: int) -> None:
-        self._inflight.pop(item_id, None)
-        self.capacity.set()
+        # The task first runs on a later turn of the loop, after it is registered here; it takes
+        # itself out when it ends (cheaper than a done callback, which costs one more turn).
+        self._inflight[item.lease.item_id] = (self.loop.create_task(self._send(item)), item)
 
     async def _send(self, item: Prepared) -> None:
         started = datetime.now(UTC)
@@ -481,15 +477,17 @@ class Dispatcher:
             result = await provider.instance.send(message)
         except asyncio.CancelledError:
             self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
-            self.record_wake.set()
             raise
         except Exception as exc:  # noqa: BLE001 - a crash in a provider is recorded, never lost
             logger.exception("provider crashed delivering %s", item.notification_id)
             result = DeliveryResult(
                 delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
             )
+        finally:
+            self._inflight.pop(item.lease.item_id, None)
+            self.capacity.set()
+            self.record_wake.set()
         self._outcomes.append(self._outcome(item, result, started, time.perf_counter() - t0))
-        self.record_wake.set()
 
     def _outcome(self, item: Prepared, result: DeliveryResult, started: datetime, seconds: float) -> Outcome:
         verdict = classify(result)

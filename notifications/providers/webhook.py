@@ -43,6 +43,7 @@ def _json(payload: dict) -> bytes:
     except TypeError:
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
+_DELIVERED = {status: DeliveryResult(delivered=True, http_status=status) for status in range(200, 300)}  # frozen
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _KEY_FORMAT_HELP = 'expected "whsec_" followed by base64 of 16 to 64 random bytes, e.g. whsec_ + base64(os.urandom(32))'
 
@@ -143,7 +144,7 @@ class WebhookProvider(BaseProvider):
             return self._failure(exc)
         status = response.status
         if 200 <= status < 300:
-            return DeliveryResult(delivered=True, http_status=status)
+            return _DELIVERED[status]
         if 300 <= status < 400:
             return DeliveryResult(
                 delivered=False,
