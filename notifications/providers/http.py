@@ -389,7 +389,8 @@ class _Pool:
         # a slot costs one future, not a timeout context and a timer per waiter
         self.waiters: deque[tuple[asyncio.Future, float]] = deque()
 
-    async def acquire(self, deadline: float) -> _Connection:
+    def take_idle(self) -> _Connection | None:
+        """A live idle connection, if there is one (closing the stale ones found on the way)."""
         idle = self.idle
         if idle:
             now = self.client._loop.time()
@@ -401,6 +402,13 @@ class _Pool:
                 conn.close()
                 self.all.discard(conn)
                 self.size -= 1
+        return None
+
+    async def acquire(self, deadline: float) -> _Connection:
+        """A connection: idle, new (within the size limit), or the next one released (FIFO)."""
+        conn = self.take_idle()
+        if conn is not None:
+            return conn
         if self.size >= self.client.max_connections_per_host:
             fut = self.client._loop.create_future()
             self.waiters.append((fut, deadline))
@@ -564,7 +572,7 @@ class HttpClient:
             pool = self._pools[origin.key] = _Pool(self, origin)
         data = head + body if body else head
         for _ in range(2):
-            conn = await pool.acquire(deadline)
+            conn = pool.take_idle() or await pool.acquire(deadline)  # no coroutine when one is idle
             reused = conn.requests > 0
             try:
                 pending = conn.request(data, deadline)
