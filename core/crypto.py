@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import threading
@@ -118,33 +119,44 @@ def _token_bytes(token: str) -> bytes | None:
     return data
 
 
+def _cbc_decrypt(encryption_key: bytes, ciphertext: bytes, chain: bytes) -> bytes:
+    """AES-128-CBC decryption of one or many tokens' blocks at once: every block through one AES-ECB
+    call, XORed with the block before it in its token (`chain`: each token's IV and all its blocks
+    but the last) in one integer operation. Still padded."""
+    decrypted = _ecb(encryption_key).update(ciphertext)
+    return (int.from_bytes(decrypted, "big") ^ int.from_bytes(chain, "big")).to_bytes(len(ciphertext), "big")
+
+
+def _unpadded(padded: bytes, start: int, end: int) -> bytes | None:
+    """The plaintext in padded[start:end] without its PKCS7 padding; None if the padding is wrong."""
+    pad = padded[end - 1]
+    if not 1 <= pad <= _BLOCK or padded[end - pad : end] != bytes((pad,)) * pad:
+        return None
+    return padded[start : end - pad]
+
+
 def _open(token: str, keys: tuple[str, ...]) -> bytes:
     data = _token_bytes(token)
     if data is None:
         raise InvalidToken
-    size = len(data) - _HEAD - _HMAC
     signed, mac = data[:-_HMAC], data[-_HMAC:]
     encryption_key = next(
         (enc for sign, enc in _opening_keys(keys) if hmac.compare_digest(sign.digest(signed), mac)), None
     )
     if encryption_key is None:
         raise InvalidToken
-    ciphertext = data[_HEAD:-_HMAC]
-    decrypted = _ecb(encryption_key).update(ciphertext)
-    chain = data[_HEAD - _BLOCK : -_HMAC - _BLOCK]  # IV, then every ciphertext block but the last
-    padded = (int.from_bytes(decrypted, "big") ^ int.from_bytes(chain, "big")).to_bytes(size, "big")
-    pad = padded[-1]
-    if not 1 <= pad <= _BLOCK or padded[-pad:] != bytes((pad,)) * pad:
+    padded = _cbc_decrypt(encryption_key, data[_HEAD:-_HMAC], data[_HEAD - _BLOCK : -_HMAC - _BLOCK])
+    plaintext = _unpadded(padded, 0, len(padded))
+    if plaintext is None:
         raise InvalidToken
-    return padded[:-pad]
+    return plaintext
 
 
 def decrypt_many(tokens: list[str]) -> list[str | None]:
     """Decrypt a batch (the recipients of one claim): tokens under the newest key share one AES
     call and one XOR; None marks a token `decrypt` must be asked about (it raises the error with
     context, or opens a token written under an older key)."""
-    pairs = _opening_keys(_keys())
-    sign, encryption_key = pairs[0]
+    sign, encryption_key = _opening_keys(_keys())[0]
     opened: list[str | None] = [None] * len(tokens)
     index, sizes, ciphertexts, chains = [], [], [], []
     for i, token in enumerate(tokens):
@@ -157,19 +169,14 @@ def decrypt_many(tokens: list[str]) -> list[str | None]:
         chains.append(data[_HEAD - _BLOCK : -_HMAC - _BLOCK])
     if not index:
         return opened
-    total = sum(sizes)
-    decrypted = _ecb(encryption_key).update(b"".join(ciphertexts))
-    padded = (int.from_bytes(decrypted, "big") ^ int.from_bytes(b"".join(chains), "big")).to_bytes(total, "big")
+    padded = _cbc_decrypt(encryption_key, b"".join(ciphertexts), b"".join(chains))
     start = 0
     for i, size in zip(index, sizes, strict=True):
-        end = start + size
-        pad = padded[end - 1]
-        if 1 <= pad <= _BLOCK and padded[end - pad : end] == bytes((pad,)) * pad:
-            try:
-                opened[i] = padded[start : end - pad].decode()
-            except UnicodeDecodeError:
-                pass
-        start = end
+        plaintext = _unpadded(padded, start, start + size)
+        if plaintext is not None:
+            with contextlib.suppress(UnicodeDecodeError):
+                opened[i] = plaintext.decode()
+        start += size
     return opened
 
 

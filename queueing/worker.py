@@ -620,8 +620,8 @@ class Dispatcher:
 
 def _log_extra(item: Prepared, verdict: Classification) -> dict[str, Any]:
     return {
-        "notification_id": str(item.notification_id),
-        "tenant_id": str(item.tenant_id),
+        "notification_id": item.notification_key,
+        "tenant_id": item.tenant_key,
         "attempt": item.attempt_number,
         "outcome": verdict.outcome,
         "error_code": verdict.error_code,

@@ -35,6 +35,7 @@ MAX_TIMEOUT_SECONDS = 120.0
 MIN_KEY_BYTES = 16
 MAX_KEY_BYTES = 64
 
+
 def _json(payload: dict) -> bytes:
     """Compact JSON, UTF-8. orjson (≈ 20× faster than the standard library, which matters once per
     delivery); the standard library only for what orjson refuses (integers beyond 64 bits)."""
@@ -42,6 +43,7 @@ def _json(payload: dict) -> bytes:
         return orjson.dumps(payload)
     except TypeError:
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
 
 _DELIVERED = {status: DeliveryResult(delivered=True, http_status=status) for status in range(200, 300)}  # frozen
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
