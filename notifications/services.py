@@ -33,7 +33,7 @@ from core.models import AuditEvent, Tenant
 from notifications import templating
 from notifications.models import CANCELLABLE, Notification, Provider, Status, Template
 from notifications.validation import Draft
-from queueing.models import QueueItem, ScheduledJob
+from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.queue import NewItem, enqueue
 from queueing.schedule import add_jobs
 
@@ -288,7 +288,7 @@ def locked_queue_items(tenant: Tenant, notification_ids: Any) -> dict[str, bool]
     """Lock the queue items of these notifications (ids, or a `values("id")` subquery; FOR UPDATE,
     in the caller's transaction) and say for each whether a dispatcher holds a live lease on it (by
     the database's clock)."""
-    leased = ExpressionWrapper(Q(lock_token__isnull=False, locked_until__gt=Now()), output_field=BooleanField())
+    leased = ExpressionWrapper(LEASED, output_field=BooleanField())
     rows = (
         QueueItem.objects.for_tenant(tenant)
         .select_for_update()

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from core.admin_scoping import DefaultStatusFilter, TenantScopedAdmin, visible_tenants
 from queueing import stats
-from queueing.models import QueueItem, ScheduledJob, Worker
+from queueing.models import LEASED, QueueItem, ScheduledJob, Worker
 
 DASHBOARD_PERMISSION = "queueing.view_queueitem"
 
@@ -49,9 +49,6 @@ class PriorityFilter(admin.SimpleListFilter):
         return queryset.filter(priority=int(self.value())) if self.value() else queryset
 
 
-_LEASED = Q(lock_token__isnull=False, locked_until__gt=Now())
-
-
 class QueueStateFilter(admin.SimpleListFilter):
     title = "state"
     parameter_name = "state"
@@ -62,11 +59,11 @@ class QueueStateFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
         if value == "ready":
-            return queryset.filter(available_at__lte=Now()).exclude(_LEASED)
+            return queryset.filter(available_at__lte=Now()).exclude(LEASED)
         if value == "leased":
-            return queryset.filter(_LEASED)
+            return queryset.filter(LEASED)
         if value == "delayed":
-            return queryset.filter(available_at__gt=Now()).exclude(_LEASED)
+            return queryset.filter(available_at__gt=Now()).exclude(LEASED)
         return queryset
 
 

@@ -18,13 +18,16 @@ from django.utils import timezone
 from core.models import TenantOwned, TenantQuerySet
 from core.models.tenancy import HOT_FK
 
+# A dispatcher holds the item: leased, and the lease has not run out (by the database's clock).
+LEASED = Q(lock_token__isnull=False, locked_until__gt=Now())
+
 
 class QueueItemQuerySet(TenantQuerySet):
     def ready(self) -> QueueItemQuerySet:
         return self.filter(available_at__lte=Now())
 
     def leased(self) -> QueueItemQuerySet:
-        return self.filter(lock_token__isnull=False, locked_until__gt=Now())
+        return self.filter(LEASED)
 
 
 class QueueItem(TenantOwned):

@@ -32,13 +32,12 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, Qu
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from queueing.models import QueueItem, Worker
+from queueing.models import LEASED, QueueItem, Worker
 
 TenantIds = Sequence[uuid.UUID] | None
 
-_LEASED = Q(lock_token__isnull=False, locked_until__gt=Now())
-_READY = Q(available_at__lte=Now()) & ~_LEASED
-_DELAYED = Q(available_at__gt=Now()) & ~_LEASED
+_READY = Q(available_at__lte=Now()) & ~LEASED
+_DELAYED = Q(available_at__gt=Now()) & ~LEASED
 PRIORITIES = range(10)
 
 
@@ -58,7 +57,7 @@ def queue_figures(tenant_ids: TenantIds = None) -> list[dict[str, Any]]:
         .annotate(
             depth=Count("pk"),
             ready=Count("pk", filter=_READY),
-            leased=Count("pk", filter=_LEASED),
+            leased=Count("pk", filter=LEASED),
             delayed=Count("pk", filter=_DELAYED),
             oldest_age=ExpressionWrapper(Now() - Min("enqueued_at", filter=_READY), output_field=DurationField()),
         )
