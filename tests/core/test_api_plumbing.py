@@ -6,7 +6,6 @@ import io
 import json
 import subprocess
 import sys
-from datetime import timedelta
 from unittest import mock
 
 import pytest
@@ -147,15 +146,25 @@ def test_the_n_plus_first_request_is_429_and_other_tenants_are_unaffected(api_a,
 
 @override_settings(OMNIPOST_RATE_LIMIT_API=60)
 def test_the_bucket_refills_over_time(api_a, tenant_a):
+    from django.db import connection
+
     from queueing.models import RateBucket
 
+    def db_clock(offset_seconds: float):  # noqa: ANN202
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp() + make_interval(secs => %s)", [offset_seconds])
+            return cursor.fetchone()[0]
+
+    # A full bucket (60 at 60/min) whose clock stands an hour ahead: it cannot refill while the 60
+    # requests run, however slow the machine (a bucket's clock never moves backwards).
+    key = f"api:{tenant_a.pk}"
+    RateBucket.objects.create(key=key, rate=1.0, effective_rate=1.0, burst=60.0, tokens=60.0, updated_at=db_clock(3600))
     for _ in range(60):
         assert api_a.get("/api/v1/tenant").status_code == 200
     response = api_a.get("/api/v1/tenant")
     assert response.status_code == 429 and response["Retry-After"] == "1"
-    # One token a second at 60/min, on the database clock: move the bucket's clock back a second.
-    bucket = RateBucket.objects.get(key=f"api:{tenant_a.pk}")
-    RateBucket.objects.filter(pk=bucket.pk).update(updated_at=bucket.updated_at - timedelta(seconds=1.05))
+    # One token a second, on the database clock: put the bucket's clock 1.05 s in the past.
+    RateBucket.objects.filter(key=key).update(updated_at=db_clock(-1.05))
     assert api_a.get("/api/v1/tenant").status_code == 200
     assert api_a.get("/api/v1/tenant").status_code == 429
 
