@@ -68,6 +68,9 @@ class DispatcherConfig:
     jitter: bool = True
     stats_file: str | None = None  # counters written here as JSON at exit (benchmarks)
     listen: bool = True  # LISTEN for enqueues (PostgreSQL); off, idle workers only poll
+    # Benchmarks start several dispatchers together: once started (Django loaded, connected,
+    # registered), write `<go_file>.ready.<pid>` and claim nothing until `go_file` exists.
+    go_file: str | None = None
 
 
 @dataclass
@@ -146,6 +149,8 @@ class Dispatcher:
             between_rings=Janitor().maybe_vacuum,
             answer=self._answer_ring if self.config.max_items is None and not self.config.once else None,
         )
+        if self.config.go_file:
+            await self._wait_for_go(self.config.go_file)
         if self.config.listen:
             bell.start()
         logger.info(
@@ -451,6 +456,12 @@ class Dispatcher:
                 limited=row.rate_per_second is not None or row.tenant.rate_per_second is not None,
                 loaded_at=now,
             )
+
+    async def _wait_for_go(self, go_file: str) -> None:
+        with open(f"{go_file}.ready.{os.getpid()}", "w"):
+            pass
+        while not os.path.exists(go_file) and not self.stopping.is_set():
+            await asyncio.sleep(0.001)
 
     # --- sending ------------------------------------------------------------------------------------
     def _start_send(self, item: Prepared) -> None:

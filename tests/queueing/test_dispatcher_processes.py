@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -150,3 +152,32 @@ def test_idle_dispatchers_answer_a_ring_by_claiming_on_the_listen_connection(ten
     assert sum(s["rings_answered"] for s in stats) >= 10, stats
     assert sum(s["delivered"] for s in stats) == 20
     assert Notification.objects.filter(status="delivered").count() == 20
+
+
+def test_dispatchers_behind_a_go_file_start_together(tenant_a, subprocess_env, tmp_path):
+    """The benchmark's start gate: started dispatchers claim nothing until the go file exists."""
+    from queueing.bench.runner import release_together
+
+    go_file = tmp_path / "go"
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as receiver:
+        notes = factories.queued(tenant_a, hook_for(tenant_a, receiver), 50)
+        procs = start_dispatchers(2, subprocess_env, "--once", "--go-file", str(go_file))
+        assert wait_until(lambda: len(list(tmp_path.glob("go.ready.*"))) == 2, 60)
+        assert not wait_until(lambda: receiver.requests, 0.5), "a dispatcher claimed before the go"
+        assert [p.poll() for p in procs] == [None, None], "--once must not have exited on an untouched queue"
+        assert QueueItem.objects.filter(lock_token__isnull=True).count() == 50
+        release_together(procs, go_file)
+        assert go_file.exists()
+        assert wait_exit(procs, 60) == [0, 0]
+        counts = delivered_ids(receiver)
+        assert set(counts) == {str(n.id) for n in notes} and max(counts.values()) == 1
+
+
+def test_release_together_fails_when_a_dispatcher_dies_before_it_is_ready(tmp_path):
+    from queueing.bench.runner import release_together
+
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])  # noqa: S603
+    dead.wait()
+    with pytest.raises(RuntimeError, match="exited before it was ready"):
+        release_together([dead], tmp_path / "go")
+    assert not (tmp_path / "go").exists()

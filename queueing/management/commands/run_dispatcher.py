@@ -26,6 +26,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-jitter", action="store_true", help="skip the random start-up delay")
         parser.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY wake-ups")
         parser.add_argument("--stats-file", help="write delivered/claimed/statement counts here as JSON at exit")
+        parser.add_argument(
+            "--go-file",
+            help="benchmarks: once started, write GO_FILE.ready.<pid> and claim nothing until GO_FILE exists",
+        )
 
     def handle(self, *args, **options) -> None:
         queues = [q.strip() for q in (options["queues"] or "").split(",") if q.strip()] or None
@@ -41,6 +45,7 @@ class Command(BaseCommand):
             jitter=not options["no_jitter"],
             stats_file=options["stats_file"],
             listen=not options["no_listen"],
+            go_file=options["go_file"],
         )
         if options["lease_seconds"] is not None:
             if options["lease_seconds"] <= 0:
