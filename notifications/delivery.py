@@ -166,9 +166,10 @@ def claim_and_start(
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall()
     width = len(queue.RETURNING_COLUMNS.split(","))
+    read_lease = queue.PgLeaseReader()
     prepared, skipped = [], []
     for row in rows:
-        lease_row = queue.lease_from_row(row[:width])
+        lease_row = read_lease(row)
         key, tenant_key, channel, recipient, subject, body, metadata, created_at, count, offset = row[width:]
         if key is None:
             skipped.append(lease_row)

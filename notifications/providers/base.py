@@ -25,7 +25,7 @@ from notifications.ssrf import DestinationForbidden
 MAX_MESSAGE_CHARS = 500
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs ≈ 2 µs a message; providers only read it
 class OutboundMessage:
     notification_id: str  # UUID string: the idempotency key (= Standard Webhooks `webhook-id`)
     tenant_id: str

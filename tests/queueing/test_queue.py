@@ -203,3 +203,28 @@ def test_lease_uses_database_clock(tenant_a, hook):
         remaining = cursor.fetchone()[0]
     assert 25 < float(remaining) <= 30
     assert isinstance(lease.lock_token, uuid.UUID)
+
+
+def test_pg_lease_reader_matches_lease_from_row_and_shares_no_payload():
+    from datetime import UTC, datetime
+
+    from queueing.queue import PgLeaseReader, lease_from_row
+
+    now = datetime.now(UTC)
+
+    def row(item_id: int, payload: str) -> tuple:
+        ids = [uuid.uuid4() for _ in range(3)]
+        return (item_id, *ids, 7, "notifications", 5, payload, 1, now, now, False)
+
+    flat, nested = '{"channel": "webhook", "n": 1}', '{"route": {"to": ["a"]}}'
+    rows = [row(1, flat), row(2, flat), row(3, nested), row(4, nested)]
+    read = PgLeaseReader()
+    leases = [read(r) for r in rows]
+    assert leases == [lease_from_row(r) for r in rows]
+    leases[0].payload["channel"] = "changed"
+    leases[2].payload["route"]["to"].append("b")
+    assert leases[1].payload == {"channel": "webhook", "n": 1}, "a flat payload parsed once is copied per lease"
+    assert leases[3].payload == {"route": {"to": ["a"]}}, "a nested payload is parsed per lease"
+    assert read(row(5, flat)).payload == {"channel": "webhook", "n": 1}
+    as_dict = row(6, "")[:7] + ({"already": "parsed"},) + row(6, "")[8:]  # a psycopg connection without Django's loader
+    assert read(as_dict).payload == {"already": "parsed"}
