@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from django.db import connection
 
 from notifications.delivery import Attempt, Outcome, claim_and_start, record_outcomes
@@ -44,3 +45,27 @@ def test_a_whole_batch_of_outcomes_is_recorded_with_hot_updates(tenant_a):
     assert updated - updated_before == 120
     assert hot - hot_before == 120, f"only {hot - hot_before} of 120 status updates were HOT"
     assert set(Notification.objects.values_list("status", flat=True)) == {"delivered"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_and_the_record_are_prepared_once_per_connection(tenant_a):
+    """Django turns psycopg's prepared statements off; the hot path's two statements are still
+    prepared (once), with custom plans, and Django's own queries still are not."""
+    prov = factories.provider(tenant_a)
+    factories.queued(tenant_a, prov, 30)
+    for _ in range(3):  # three batches: the same two prepared statements serve every one
+        prepared, _ = claim_and_start(10, look_for_starving=False)
+        now = datetime.now(UTC)
+        record_outcomes([Outcome(lease=p.lease, kind="delivered", attempt=Attempt(1, now, now, "delivered"))
+                         for p in prepared])  # fmt: skip
+    assert Notification.objects.filter(status="delivered").count() == 30
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        rows = cursor.fetchall()
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "force_custom_plan"
+    claims = [r for r in rows if "claimed AS" in r[0]]
+    records = [r for r in rows if "INSERT INTO delivery_attempts" in r[0]]
+    assert len(claims) == 1 and len(records) == 1, [r[0][:60] for r in rows]
+    assert claims[0][1:] == (0, 3) and records[0][1:] == (0, 3), "prepared once, planned per batch"
+    assert len(rows) == 2, "Django's own queries are not prepared"
