@@ -288,7 +288,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not database_url:
         raise Failure("DATABASE_URL is not set (the OmniPost bench database, already migrated)")
     anchor_url = anchor_database_url(database_url)
-    check_node()
+    if args.only != "omnipost":
+        check_node()
     report: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}",
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -301,6 +302,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rounds = []
         for round_no in range(1, args.rounds + 1):
             order = ("omnipost", "graphile") if round_no % 2 else ("graphile", "omnipost")
+            if args.only:
+                order = (args.only,)
             entry: dict[str, Any] = {"round": round_no, "first": "OmniPost" if order[0] == "omnipost" else "graphile"}
             for system in order:
                 settle(database_url)
@@ -320,8 +323,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         f"{figures['lost']} lost of {count:,}: the run is invalid"
                     )
                 entry[system] = figures
-            entry["ratio"] = ratio(entry["omnipost"]["delivered_per_second"], entry["graphile"]["delivered_per_second"])
+                if args.only:
+                    print(f"{name}, {delay_ms:g} ms, round {round_no}: {rate:,.0f} /s", flush=True)
             rounds.append(entry)
+            if args.only:
+                continue
+            entry["ratio"] = ratio(entry["omnipost"]["delivered_per_second"], entry["graphile"]["delivered_per_second"])
+        if args.only:
+            report["delays"].append({"delay_ms": delay_ms, "count": count, "load_at_start": load, "rounds": rounds})
+            continue
         text, summary = table(delay_ms, count, rounds)
         print(text, flush=True)
         report["delays"].append(
@@ -342,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run (default 600)")
     parser.add_argument("--json", dest="json_path", help="also write every figure to this file")
+    parser.add_argument(
+        "--only", choices=("omnipost", "graphile"), help="run one system alone (e.g. under bench/cpu_window.py)"
+    )
     args = parser.parse_args(argv)
     args.delay_ms = args.delay_ms or [0.0]
     if args.rounds < 1 or (args.notifications is not None and args.notifications < 1):

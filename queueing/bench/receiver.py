@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.process_name import set_process_name as _set_name
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
@@ -142,6 +144,7 @@ class Verifier:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    _set_name("bench-receiver")  # `perf` and `top` tell it from the dispatchers
     gc.disable()  # it keeps strings and floats only (no cycles): no collector pauses in arrival times
     stats = Stats()
     Receiver.stats = stats

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.process_name import set_process_name
 from queueing.worker import Dispatcher, DispatcherConfig
 
 
@@ -51,5 +52,6 @@ class Command(BaseCommand):
             if options["lease_seconds"] <= 0:
                 raise CommandError("--lease-seconds must be positive")
             config.lease_seconds = options["lease_seconds"]
+        set_process_name("omnipost-disp")  # before the dispatcher's threads start: they inherit it
         if Dispatcher(config).run() != 0:
             raise CommandError("the dispatcher stopped after an internal error; see the log above")
