@@ -116,7 +116,7 @@ def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
         connection = connections[using]
         connection.ensure_connection()
         raw_connection = connection.connection
-    _prepare_when_asked(raw_connection)
+        _prepare_when_asked(raw_connection)
     cursor = psycopg.Cursor(raw_connection)
     # psycopg's own (C) timestamptz loader instead of Django's Python subclass: both give aware
     # datetimes in the session's zone (UTC), and a batch carries three per item.
@@ -135,6 +135,10 @@ def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
     and analysed again for every batch (≈ 5 µs of PostgreSQL CPU per delivery). Statements that ask
     are prepared; Django's own queries still never are. Plans stay custom: a generic plan of the
     claim guesses its LIMIT at a tenth of the queue and hash-joins whole tables.
+
+    Only Django's connections need this. The LISTEN connection is a plain psycopg one (threshold
+    5, so `prepare=True` works there) and keeps PostgreSQL's own choice of plan: its claims are a
+    few items, for which a plan made once is ≈ 0.4 ms quicker in pickup latency.
     """
     if raw_connection.prepare_threshold == _ONLY_WHEN_ASKED:
         return
