@@ -458,9 +458,14 @@ class Dispatcher:
             )
 
     async def _wait_for_go(self, go_file: str) -> None:
+        parent = os.getppid()
         with open(f"{go_file}.ready.{os.getpid()}", "w"):
             pass
         while not os.path.exists(go_file) and not self.stopping.is_set():
+            if os.getppid() != parent:  # whoever was to say go has gone: do not wait forever
+                logger.warning("the process that started this dispatcher exited before the go; stopping")
+                self.stopping.set()
+                return
             await asyncio.sleep(0.001)
 
     # --- sending ------------------------------------------------------------------------------------

@@ -203,14 +203,21 @@ def start_dispatchers(
 
 def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: float = 120.0) -> None:
     """Wait until every dispatcher has started (its ready file exists), then let them all go at once:
-    no process's start-up (≈ 0.7 s of CPU importing Django) runs while another already delivers."""
+    no process's start-up (≈ 0.7 s of CPU importing Django) runs while another already delivers.
+    If they cannot all start, the ones waiting are killed (they would wait for the go forever)."""
     deadline = time.monotonic() + timeout
-    while len(list(go_file.parent.glob(f"{go_file.name}.ready.*"))) < len(procs):
-        if any(proc.poll() is not None for proc in procs):
-            raise RuntimeError("a dispatcher exited before it was ready; see its output above")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"dispatchers not ready after {timeout:.0f} s")
-        time.sleep(0.01)
+    try:
+        while len(list(go_file.parent.glob(f"{go_file.name}.ready.*"))) < len(procs):
+            if any(proc.poll() is not None for proc in procs):
+                raise RuntimeError("a dispatcher exited before it was ready; see its output above")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dispatchers not ready after {timeout:.0f} s")
+            time.sleep(0.01)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
     go_file.touch()
 
 

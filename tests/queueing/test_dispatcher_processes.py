@@ -174,10 +174,52 @@ def test_dispatchers_behind_a_go_file_start_together(tenant_a, subprocess_env, t
 
 
 def test_release_together_fails_when_a_dispatcher_dies_before_it_is_ready(tmp_path):
+    """...and kills the others, which would otherwise wait for the go forever."""
     from queueing.bench.runner import release_together
 
     dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])  # noqa: S603
     dead.wait()
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # noqa: S603
     with pytest.raises(RuntimeError, match="exited before it was ready"):
-        release_together([dead], tmp_path / "go")
+        release_together([waiting, dead], tmp_path / "go")
     assert not (tmp_path / "go").exists()
+    assert waiting.poll() == -9
+
+
+def test_a_dispatcher_waiting_for_the_go_stops_when_its_starter_dies(tenant_a, subprocess_env, tmp_path):
+    import os
+    import time
+
+    from tests.queueing.dispatch_support import ROOT
+
+    factories.queued(tenant_a, factories.provider(tenant_a), 5)
+    starter = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, 'manage.py', 'run_dispatcher', '--no-jitter', '--once', "
+        f"'--go-file', {str(tmp_path / 'go')!r}], cwd={str(ROOT)!r}, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(p.pid, flush=True)\n"
+        f"while not any(f.startswith('go.ready.') for f in os.listdir({str(tmp_path)!r})):\n"
+        "    time.sleep(0.01)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", starter], env=subprocess_env, capture_output=True, text=True,  # noqa: S603
+                         timeout=60, check=True)  # fmt: skip
+    pid = int(out.stdout.split()[0])
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
+
+    deadline = time.monotonic() + 30
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not gone():
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the dispatcher kept waiting for a go that could never come")
+    assert not (tmp_path / "go").exists()
+    assert QueueItem.objects.filter(lock_token__isnull=False).count() == 0
+    assert Notification.objects.filter(status="queued").count() == 5, "nothing was claimed or sent"
