@@ -45,8 +45,8 @@ def items(count: int, provider_id: int) -> list:
         nid = uuid.uuid4()
         lease = Lease(i, uuid.uuid4(), nid, tenant, provider_id, "default", 5, {}, 1, now, now, False)
         prepared.append(
-            Prepared(lease, nid, tenant, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now,
-                     provider_id, 1, 1, str(nid), str(tenant))
+            Prepared(lease, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now, 1, 1, str(nid),
+                     str(tenant))
         )  # fmt: skip
     return prepared
 

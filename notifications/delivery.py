@@ -35,28 +35,37 @@ from queueing.queue import Lease
 
 SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)  # dispatching: rows from earlier versions
 _SEND_FIELDS = (
-    "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "provider_id",
-    "attempt_count", "attempt_offset",
+    "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "attempt_count",
+    "attempt_offset",
 )  # fmt: skip
 
 
 @dataclass(slots=True)
 class Prepared:
-    lease: Lease
-    notification_id: uuid.UUID
-    tenant_id: uuid.UUID
+    lease: Lease  # which notification, tenant and provider: see the properties below
     channel: str
     recipient_token: str
     subject: str
     body: str
     metadata: dict
     created_at: datetime
-    provider_id: int
     attempt_number: int  # the number this try will get (all tries, across redrives)
     attempts_this_run: int  # tries since the last redrive, this one included
     notification_key: str  # the ids as text (webhook-id, payload), formatted by the database
     tenant_key: str
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
+
+    @property
+    def notification_id(self) -> uuid.UUID:
+        return self.lease.notification_id
+
+    @property
+    def tenant_id(self) -> uuid.UUID:
+        return self.lease.tenant_id
+
+    @property
+    def provider_id(self) -> int:
+        return self.lease.provider_id  # type: ignore[return-value] - a notification's item has one
 
     def recipient(self) -> str:
         if self.opened_recipient is not None:
@@ -203,10 +212,9 @@ def claim_and_start(
             continue
         prepared.append(
             Prepared(
-                lease=lease_row, notification_id=lease_row.notification_id, tenant_id=lease_row.tenant_id,
-                channel=channel, recipient_token=recipient, subject=subject, body=body,
+                lease=lease_row, channel=channel, recipient_token=recipient, subject=subject, body=body,
                 metadata=json.loads(metadata) if isinstance(metadata, str) else metadata, created_at=created_at,
-                provider_id=lease_row.provider_id, attempt_number=count + 1, attempts_this_run=count - offset + 1,
+                attempt_number=count + 1, attempts_this_run=count - offset + 1,
                 notification_key=key, tenant_key=tenant_key,
             )
         )  # fmt: skip
@@ -220,12 +228,11 @@ def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], li
     sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
     rows = list(sendable.values_list(*_SEND_FIELDS))
     prepared = []
-    for nid, tenant_id, channel, recipient, subject, body, metadata, created_at, provider_id, count, offset in rows:
+    for nid, tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset in rows:
         prepared.append(
             Prepared(
-                lease=by_notification.pop(nid), notification_id=nid, tenant_id=tenant_id, channel=channel,
-                recipient_token=str(recipient), subject=subject, body=body, metadata=metadata,
-                created_at=created_at, provider_id=provider_id, attempt_number=count + 1,
+                lease=by_notification.pop(nid), channel=channel, recipient_token=str(recipient), subject=subject,
+                body=body, metadata=metadata, created_at=created_at, attempt_number=count + 1,
                 attempts_this_run=count - offset + 1, notification_key=str(nid), tenant_key=str(tenant_id),
             )
         )  # fmt: skip

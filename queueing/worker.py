@@ -500,6 +500,7 @@ class Dispatcher:
                 delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
             )
         finally:
+            # No await between here and the append below: the recorder, woken now, runs after it.
             self._inflight.pop(item.lease.item_id, None)
             self.capacity.set()
             self.record_wake.set()

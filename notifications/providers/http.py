@@ -405,10 +405,8 @@ class _Pool:
         return None
 
     async def acquire(self, deadline: float) -> _Connection:
-        """A connection: idle, new (within the size limit), or the next one released (FIFO)."""
-        conn = self.take_idle()
-        if conn is not None:
-            return conn
+        """When `take_idle` found none: a new connection (within the size limit), or the next one
+        released (FIFO)."""
         if self.size >= self.client.max_connections_per_host:
             fut = self.client._loop.create_future()
             self.waiters.append((fut, deadline))

@@ -271,6 +271,38 @@ def test_waiting_for_a_pool_slot_counts_against_the_timeout():
         assert after.delivered
 
 
+def test_a_pool_waiter_times_out_while_the_only_connection_is_still_being_opened():
+    """Nothing is in flight (the one connection is still resolving its host), yet the send waiting
+    for a slot fails at its own deadline: the client's sweeper runs for waiters too."""
+    with HttpReceiver(secret=TEST_SIGNING_SECRET) as rx:
+
+        async def run():
+            answer = asyncio.Event()
+
+            async def slow_dns(host, port):
+                await answer.wait()
+                return await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+            client = HttpClient(max_connections_per_host=1, resolver=slow_dns)
+            opener = WebhookProvider({"url": rx.url, "timeout_seconds": 5.0}, SECRETS, http_client=client)
+            waiter = WebhookProvider({"url": rx.url, "timeout_seconds": 0.15}, SECRETS, http_client=client)
+            first = asyncio.create_task(opener.send(message()))
+            await asyncio.sleep(0)  # the first send takes the only slot and starts resolving
+            started = time.monotonic()
+            late = await asyncio.wait_for(waiter.send(message()), 3)
+            waited = time.monotonic() - started
+            still_opening = not first.done()
+            answer.set()
+            delivered = await first
+            await client.aclose()
+            return late, waited, still_opening, delivered
+
+        late, waited, still_opening, delivered = asyncio.run(run())
+    assert late.error_code == "timeout" and waited < 1.0
+    assert still_opening, "the slot holder was still resolving when the waiter gave up"
+    assert delivered.delivered and len(rx.requests) == 1
+
+
 def test_https_with_sni_and_certificate_verification(tmp_path):
     tls = make_tls_material(tmp_path)
     with HttpReceiver(secret=TEST_SIGNING_SECRET, ssl_context=tls.server_context) as rx:
