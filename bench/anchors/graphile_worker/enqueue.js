@@ -19,32 +19,20 @@
  */
 "use strict";
 
-process.on("uncaughtException", (e) => {
-  // one line on stderr (bench/versus.py reports the last line of a failed process)
-  process.stderr.write(`enqueue.js: ${e && e.message ? e.message : e}\n`);
-  process.exit(1);
-});
+const { failInOneLine, arg, databaseUrl, quietLogger } = require("./common");
+
+const fail = failInOneLine("enqueue.js");
 
 const { randomUUID } = require("node:crypto");
 const { Client } = require("pg");
-const { makeWorkerUtils, Logger } = require("graphile-worker");
+const { makeWorkerUtils } = require("graphile-worker");
 
-function arg(name, fallback) {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
-}
-
-const connectionString = process.env.DATABASE_URL;
-if (!connectionString) throw new Error("DATABASE_URL is not set");
+const connectionString = databaseUrl();
 const count = Number.parseInt(arg("--count", "10000"), 10);
 const batch = Number.parseInt(arg("--batch", "5000"), 10);
 const parallel = Number.parseInt(arg("--parallel", "2"), 10);
 const keep = process.argv.includes("--keep");
 const schema = "graphile_worker";
-
-const quiet = new Logger(() => (level, message) => {
-  if (level === "error" || level === "warning") process.stderr.write(`[graphile-worker ${level}] ${message}\n`);
-});
 
 async function ensureDatabase() {
   const target = new URL(connectionString);
@@ -87,7 +75,7 @@ async function main() {
       await client.end();
     }
   }
-  const utils = await makeWorkerUtils({ connectionString, schema, logger: quiet, maxPoolSize: parallel + 1 });
+  const utils = await makeWorkerUtils({ connectionString, schema, logger: quietLogger, maxPoolSize: parallel + 1 });
   try {
     await utils.migrate();
     const started = process.hrtime.bigint();
@@ -115,7 +103,4 @@ async function main() {
   }
 }
 
-main().catch((e) => {
-  process.stderr.write(`enqueue.js: ${e && e.message ? e.message : e}\n`);
-  process.exit(1);
-});
+main().catch(fail);

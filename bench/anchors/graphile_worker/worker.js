@@ -34,20 +34,13 @@
  */
 "use strict";
 
-process.on("uncaughtException", (e) => {
-  // one line on stderr (bench/versus.py reports the last line of a failed process)
-  process.stderr.write(`worker.js: ${e && e.message ? e.message : e}\n`);
-  process.exit(1);
-});
+const { failInOneLine, arg, databaseUrl, quietLogger } = require("./common");
+
+const fail = failInOneLine("worker.js");
 
 const http = require("node:http");
-const { runOnce, Logger } = require("graphile-worker");
+const { runOnce } = require("graphile-worker");
 const { Pool } = require("undici");
-
-function arg(name, fallback) {
-  const i = process.argv.indexOf(name);
-  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
-}
 
 function intEnv(name, fallback) {
   const raw = process.env[name];
@@ -58,8 +51,7 @@ function intEnv(name, fallback) {
 }
 
 const receiverUrl = new URL(arg("--url", process.env.RECEIVER_URL || ""));
-const connectionString = process.env.DATABASE_URL;
-if (!connectionString) throw new Error("DATABASE_URL is not set");
+const connectionString = databaseUrl();
 
 const concurrency = intEnv("GW_CONCURRENCY", 200);
 const localQueueSize = intEnv("GW_LOCAL_QUEUE_SIZE", 500);
@@ -130,12 +122,6 @@ function deliverHttp(payload, target) {
     req.end(body);
   });
 }
-
-// graphile-worker logs every completed job at "info"; 60,000 lines to a pipe would measure the
-// logger. Warnings and errors only, on stderr.
-const logger = new Logger(() => (level, message) => {
-  if (level === "error" || level === "warning") process.stderr.write(`[graphile-worker ${level}] ${message}\n`);
-});
 
 const preset = {
   worker: {
@@ -215,7 +201,7 @@ async function main() {
       }
     },
   };
-  await runOnce({ preset, logger, taskList, noHandleSignals: false });
+  await runOnce({ preset, logger: quietLogger, taskList, noHandleSignals: false });
   agent.destroy();
   if (pool) await pool.close();
   process.stdout.write(
@@ -224,7 +210,4 @@ async function main() {
   process.exit(0); // nothing is left to wait for; don't linger on idle handles
 }
 
-main().catch((e) => {
-  process.stderr.write(`worker.js: ${e && e.stack ? e.stack : e}\n`);
-  process.exit(1);
-});
+main().catch(fail);
