@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 _PR_SET_NAME = 15
@@ -16,7 +15,8 @@ def set_process_name(name: str) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols (libc's among them): find_library would run ldconfig in a subprocess.
+        libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_NAME, name.encode()[:_MAX_BYTES], 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
