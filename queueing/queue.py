@@ -255,25 +255,30 @@ def claim_ctes_pg(
 ) -> tuple[str, dict[str, Any]]:
     """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING …)`, so callers can
     extend the same single statement (the dispatcher joins the notifications to it).
-    `starve=None` leaves out the starving branch (and its index scan)."""
+    `starve=None` leaves out the starving branch (and its index scan).
+
+    The update finds the rows it locked by their `ctid` (a TID scan: no index descent, and no plan
+    to misjudge). Joined on `item_id` instead, the planner hash-joined a sequential scan of the
+    whole queue once it held fewer than ≈ 30,000 rows (7 ms for a claim of 250 at 20,000). The
+    rows are locked (FOR UPDATE) by this statement, so their ctids cannot change before it ends."""
     queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
     lane_cte = ""
     lane_union = ""
     if lanes:
         lane_cte = f"""
         , lanes AS (
-            SELECT l.item_id FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
+            SELECT l.item_id, l.ctid FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
             CROSS JOIN LATERAL (
-                SELECT item_id FROM queue_state
+                SELECT item_id, ctid FROM queue_state
                 WHERE rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
                 ORDER BY priority DESC, enqueued_at
                 LIMIT k.cap
                 FOR UPDATE SKIP LOCKED
             ) l
         )"""
-        lane_union = "UNION ALL SELECT item_id FROM lanes"
+        lane_union = "UNION ALL SELECT item_id, ctid FROM lanes"
     main = f"""main AS (
-            SELECT item_id FROM queue_state
+            SELECT item_id, ctid FROM queue_state
             WHERE NOT rate_limited AND available_at <= now() {queue_filter}
             ORDER BY priority DESC, enqueued_at
             LIMIT %(n)s
@@ -282,11 +287,11 @@ def claim_ctes_pg(
     if starve is None:  # the caller looks for starving items less often than it claims
         picking = f"""
         WITH {main}, picked_main AS (
-            SELECT item_id FROM main"""
+            SELECT item_id, ctid FROM main"""
     else:
         picking = f"""
         WITH starving AS (
-            SELECT item_id FROM queue_state
+            SELECT item_id, ctid FROM queue_state
             WHERE NOT rate_limited AND available_at <= now()
               AND enqueued_at <= now() - %(starve)s * interval '1 second' {queue_filter}
             ORDER BY enqueued_at
@@ -294,11 +299,11 @@ def claim_ctes_pg(
             FOR UPDATE SKIP LOCKED
         ), {main}, picked_main AS (
             -- starving items first, then by priority; the two branches may overlap, hence DISTINCT
-            SELECT item_id FROM (
-                SELECT DISTINCT ON (item_id) item_id, branch, pos FROM (
-                    SELECT item_id, 0 AS branch, row_number() OVER () AS pos FROM starving
+            SELECT item_id, ctid FROM (
+                SELECT DISTINCT ON (item_id) item_id, ctid, branch, pos FROM (
+                    SELECT item_id, ctid, 0 AS branch, row_number() OVER () AS pos FROM starving
                     UNION ALL
-                    SELECT item_id, 1 AS branch, row_number() OVER () AS pos FROM main
+                    SELECT item_id, ctid, 1 AS branch, row_number() OVER () AS pos FROM main
                 ) both_branches
                 ORDER BY item_id, branch, pos
             ) distinct_items
@@ -306,15 +311,14 @@ def claim_ctes_pg(
             LIMIT %(n)s"""
     ctes = f"""{picking}
         ){lane_cte}, picked AS (
-            SELECT item_id FROM picked_main {lane_union}
+            SELECT item_id, ctid FROM picked_main {lane_union}
         ), claimed AS (
             UPDATE queue_state q
             SET lock_token = %(token)s,
                 locked_until = now() + %(lease)s * interval '1 second',
                 available_at = now() + %(lease)s * interval '1 second',
                 attempts = q.attempts + 1
-            FROM picked
-            WHERE q.item_id = picked.item_id
+            WHERE q.ctid = ANY(ARRAY(SELECT ctid FROM picked))
             RETURNING {", ".join("q." + c.strip() for c in _RETURNING.split(","))}
         )"""
     params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}

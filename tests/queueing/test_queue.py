@@ -163,8 +163,10 @@ def test_rolled_back_enqueue_leaves_nothing_and_wakes_no_one(tenant_a, hook):
         bell.stop()
 
 
-def test_claim_uses_the_index_at_depth(tenant_a, hook):
-    """EXPLAIN at 200k waiting items: the claim reads an index, never the whole table."""
+@pytest.mark.parametrize("depth", [200_000, 5_000])
+def test_claim_uses_the_index_at_depth(tenant_a, hook, depth):
+    """EXPLAIN at 200k and at 5k waiting items: the claim reads an index, never the whole table.
+    At 5k the update once hash-joined a sequential scan of the queue to the rows it had locked."""
     n = factories.notifications(tenant_a, hook, 1)[0]
     with connection.cursor() as cursor:
         # Synthetic items (one real notification is enough for the FK when constraints are deferred).
@@ -173,8 +175,8 @@ def test_claim_uses_the_index_at_depth(tenant_a, hook):
             "INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts, "
             "tenant_id, notification_id, provider_id, rate_limited) "
             "SELECT 'default', (g %% 10), '{}'::jsonb, now() - (g || ' ms')::interval, now(), 0, %s, %s, %s, false "
-            "FROM generate_series(1, 200000) g",
-            [tenant_a.pk, n.id, hook.pk],
+            "FROM generate_series(1, %s) g",
+            [tenant_a.pk, n.id, hook.pk, depth],
         )
         cursor.execute("ANALYZE queue_state")
         cursor.execute("SET LOCAL enable_seqscan = on")
@@ -192,6 +194,7 @@ def test_claim_uses_the_index_at_depth(tenant_a, hook):
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Seq Scan on queue_state" not in plan, plan
     assert "queue_state_claim_idx" in plan
+    assert "Tid Scan on queue_state" in plan, plan  # the update finds the locked rows by ctid
 
 
 def test_lease_uses_database_clock(tenant_a, hook):
