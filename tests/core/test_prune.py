@@ -305,6 +305,7 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
         )
         monitor.start()
         out, err = tmp_path / "prune.out", tmp_path / "prune.err"
+        prune_started = time.monotonic()
         with out.open("w") as fo, err.open("w") as fe:
             pruner = subprocess.Popen(  # noqa: S603
                 [sys.executable, "manage.py", "prune", "--older-than", "30", "--batch-size", "5000"],
@@ -322,6 +323,7 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
             drained_in = time.monotonic() - started
             prune_still_running = pruner.poll() is None
             assert pruner.wait(timeout=80) == 0, err.read_text()[-2000:]
+            prune_took = time.monotonic() - prune_started
         finally:
             monitor.stop.set()
             monitor.join(5)
@@ -342,8 +344,11 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
     assert match, summary
     assert int(match[1].replace(",", "")) == MILLION and int(match[2].replace(",", "")) == MILLION
     assert int(match[3]) == MILLION // 5000
-    assert float(match[4]) < 2.0, f"longest batch {match[4]}s"
-    assert monitor.prune_xact < 2.0, f"prune held a transaction open for {monitor.prune_xact:.2f}s"
+    # Short against the whole prune (one transaction for everything would be as long as the prune),
+    # and relative to it, so that a machine slowed down by other work slows both alike.
+    short = max(2.0, prune_took / 5)
+    assert float(match[4]) < short, f"longest batch {match[4]}s of a {prune_took:.1f}s prune"
+    assert monitor.prune_xact < short, f"a prune transaction lasted {monitor.prune_xact:.2f}s of {prune_took:.1f}s"
     assert monitor.samples > 100
     assert Notification.objects.filter(status="dead_lettered").count() == 50, "open dead letters stay"
     assert Notification.objects.count() == LIVE + 50
@@ -351,5 +356,6 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
     assert "notifications: 100%" in err.read_text()
     print(json.dumps({  # shown with -s: how long each part took
         "inserted_s": round(inserted_in, 1), "drained_s": round(drained_in, 1), "longest_batch_s": float(match[4]),
-        "longest_prune_xact_s": round(monitor.prune_xact, 3), "samples": monitor.samples,
+        "longest_prune_xact_s": round(monitor.prune_xact, 3), "prune_s": round(prune_took, 1),
+        "samples": monitor.samples,
     }))  # fmt: skip
