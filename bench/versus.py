@@ -307,9 +307,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         load = os.getloadavg()[0]
         rounds = []
         for round_no in range(1, args.rounds + 1):
-            order = ("omnipost", "graphile") if round_no % 2 else ("graphile", "omnipost")
             if args.only:
-                order = (args.only,)
+                order: tuple[str, ...] = (args.only,)
+            else:
+                order = ("omnipost", "graphile") if round_no % 2 else ("graphile", "omnipost")
             entry: dict[str, Any] = {"round": round_no, "first": "OmniPost" if order[0] == "omnipost" else "graphile"}
             for system in order:
                 settle(database_url)
@@ -332,17 +333,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if args.only:
                     print(f"{name}, {delay_ms:g} ms, round {round_no}: {rate:,.0f} /s", flush=True)
             rounds.append(entry)
-            if args.only:
-                continue
-            entry["ratio"] = ratio(entry["omnipost"]["delivered_per_second"], entry["graphile"]["delivered_per_second"])
-        if args.only:
-            report["delays"].append({"delay_ms": delay_ms, "count": count, "load_at_start": load, "rounds": rounds})
-            continue
-        text, summary = table(delay_ms, count, rounds)
-        print(text, flush=True)
-        report["delays"].append(
-            {"delay_ms": delay_ms, "count": count, "load_at_start": load, "rounds": rounds, **summary}
-        )
+            if not args.only:
+                entry["ratio"] = ratio(entry["omnipost"]["delivered_per_second"],
+                                       entry["graphile"]["delivered_per_second"])  # fmt: skip
+        delay_report = {"delay_ms": delay_ms, "count": count, "load_at_start": load, "rounds": rounds}
+        if not args.only:  # one system alone has no ratio and no comparison table
+            text, summary = table(delay_ms, count, rounds)
+            print(text, flush=True)
+            delay_report.update(summary)
+        report["delays"].append(delay_report)
     return report
 
 

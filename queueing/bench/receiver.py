@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.process_name import set_process_name as _set_name
+from core.process_name import set_process_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,7 +144,7 @@ class Verifier:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    _set_name("bench-receiver")  # `perf` and `top` tell it from the dispatchers
+    set_process_name("bench-receiver")  # `perf` and `top` tell it from the dispatchers
     gc.disable()  # it keeps strings and floats only (no cycles): no collector pauses in arrival times
     stats = Stats()
     Receiver.stats = stats

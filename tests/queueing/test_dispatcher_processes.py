@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import collections
+import json
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
+from django.db import connection
 
 from notifications.models import Notification
+from notifications.services import NotificationSpec, create_notifications
+from queueing.bench.runner import release_together
 from queueing.models import QueueItem
 from tests import factories
-from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
+from tests.queueing.dispatch_support import ROOT, start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,7 +107,6 @@ def test_sigkill_loses_nothing(tenant_a, subprocess_env):
 
 def test_a_dispatcher_holds_at_most_two_database_connections(tenant_a, subprocess_env, tmp_path):
     """CONTRACT §9: one connection for claims and outcomes, one that LISTENs."""
-    from django.db import connection
 
     env = {**subprocess_env, "OMNIPOST_APP_NAME": "omnipost-dispatcher-conn-test"}
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60, delay_ms=50) as receiver:
@@ -123,10 +128,7 @@ def test_a_dispatcher_holds_at_most_two_database_connections(tenant_a, subproces
 def test_idle_dispatchers_answer_a_ring_by_claiming_on_the_listen_connection(tenant_a, subprocess_env, tmp_path):
     """The pickup path: a ring that finds a dispatcher idle is answered on the doorbell thread, on
     the LISTEN connection; each notification still goes out exactly once."""
-    import json
-    import time
 
-    from notifications.services import NotificationSpec, create_notifications
 
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60) as receiver:
         hook = hook_for(tenant_a, receiver)
@@ -156,7 +158,6 @@ def test_idle_dispatchers_answer_a_ring_by_claiming_on_the_listen_connection(ten
 
 def test_dispatchers_behind_a_go_file_start_together(tenant_a, subprocess_env, tmp_path):
     """The benchmark's start gate: started dispatchers claim nothing until the go file exists."""
-    from queueing.bench.runner import release_together
 
     go_file = tmp_path / "go"
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as receiver:
@@ -175,7 +176,6 @@ def test_dispatchers_behind_a_go_file_start_together(tenant_a, subprocess_env, t
 
 def test_release_together_fails_when_a_dispatcher_dies_before_it_is_ready(tmp_path):
     """...and kills the others, which would otherwise wait for the go forever."""
-    from queueing.bench.runner import release_together
 
     dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])  # noqa: S603
     dead.wait()
@@ -187,10 +187,7 @@ def test_release_together_fails_when_a_dispatcher_dies_before_it_is_ready(tmp_pa
 
 
 def test_a_dispatcher_waiting_for_the_go_stops_when_its_starter_dies(tenant_a, subprocess_env, tmp_path):
-    import os
-    import time
 
-    from tests.queueing.dispatch_support import ROOT
 
     factories.queued(tenant_a, factories.provider(tenant_a), 5)
     starter = (

@@ -62,6 +62,19 @@ def test_starving_items_outrank_priority_oldest_first(tenant_a, hook):
     assert [lease.priority for lease in leases] == [9, 9, 9]
 
 
+def test_an_item_both_starving_and_first_by_priority_is_claimed_once(tenant_a, hook):
+    """Both branches of the claim lock the same rows (old and of the top priority): each is leased
+    once, and the update, which finds them by ctid, writes each once."""
+    old_high = factories.queued(tenant_a, hook, 3, priority=9)
+    age_items(10)
+    fresh_low = factories.queued(tenant_a, hook, 2, priority=0)
+    leases = queue.claim(10, starvation_seconds=5)
+    assert sorted(str(lease.notification_id) for lease in leases) == sorted(str(n.id) for n in old_high + fresh_low)
+    assert all(lease.attempts == 1 for lease in leases), "one update per row"
+    assert QueueItem.objects.filter(lock_token__isnull=False).count() == 5
+    assert queue.claim(10, starvation_seconds=5) == []
+
+
 def test_delayed_items_wait(tenant_a, hook):
     factories.queued(tenant_a, hook, 1, delay=60)
     assert queue.claim(5) == []
