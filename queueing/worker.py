@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -41,7 +40,7 @@ from dlq.retry import RetryPolicy, exhausted
 from notifications.delivery import Attempt, Outcome, Prepared, claim_and_start, record_outcomes
 from notifications.models import AttemptOutcome, Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
-from queueing import heartbeat, queue, ratelimit
+from queueing import gc_tuning, heartbeat, queue, ratelimit
 from queueing.janitor import Janitor
 from queueing.models import Worker
 from queueing.wakeup import Doorbell
@@ -139,10 +138,8 @@ class Dispatcher:
         self._hot_statements = 1 if connection.vendor == "postgresql" else 0
         await self.db(self._count_statements)
         self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
-        # Everything loaded so far (Django, apps, settings) lives as long as the process: out of the
-        # collector's sight, so full collections stay short instead of pausing sends for ~10 ms.
-        gc.collect()
-        gc.freeze()
+        gc_tuning.settle_after_start_up(self.config.concurrency, self.config.batch_size)
+        collections_at_start = gc_tuning.collections_so_far()
         bell = Doorbell(
             self._ring,
             application_name=f"omnipost-dispatcher-listen-{os.getpid()}",
@@ -194,6 +191,7 @@ class Dispatcher:
                             "claimed": self.claimed,
                             "statements": statements,
                             "rings_answered": self.rings_answered,
+                            "gc_collections": gc_tuning.collections_so_far() - collections_at_start,
                         },
                         fh,
                     )
