@@ -34,8 +34,7 @@ os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7
 
 def items(count: int, provider_id: int) -> list:
     from core import crypto
-    from notifications.delivery import Prepared
-    from queueing.queue import Lease
+    from notifications.delivery import DispatchLease, Prepared
 
     now = datetime.now(UTC)
     tenant = uuid.uuid4()
@@ -43,11 +42,10 @@ def items(count: int, provider_id: int) -> list:
     prepared = []
     for i in range(count):
         nid = uuid.uuid4()
-        lease = Lease(i, uuid.uuid4(), nid, tenant, provider_id, "default", 5, {}, 1, now, now, False)
+        lease = DispatchLease(i, uuid.uuid4(), provider_id, False, str(nid), str(tenant))
         prepared.append(
-            Prepared(lease, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now, 1, 1, str(nid),
-                     str(tenant))
-        )  # fmt: skip
+            Prepared(lease, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now, 1, 1)
+        )
     return prepared
 
 

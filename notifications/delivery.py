@@ -41,8 +41,38 @@ _SEND_FIELDS = (
 
 
 @dataclass(slots=True)
+class DispatchLease:
+    """What the dispatcher keeps of a claimed item's lease: enough to send, record, extend and give
+    it back. The claim returns no more (each column is formatted by PostgreSQL and parsed here, per
+    item): the items of one claim share its token, and the ids come as text, as the providers send
+    them (webhook-id, payload)."""
+
+    item_id: int
+    lock_token: uuid.UUID
+    provider_id: int | None
+    rate_limited: bool
+    notification_key: str
+    tenant_key: str
+
+    @property
+    def notification_id(self) -> uuid.UUID:
+        return uuid.UUID(self.notification_key)
+
+    @property
+    def tenant_id(self) -> uuid.UUID:
+        return uuid.UUID(self.tenant_key)
+
+    @classmethod
+    def of(cls, lease: Lease) -> DispatchLease:
+        return cls(
+            lease.item_id, lease.lock_token, lease.provider_id, lease.rate_limited, str(lease.notification_id),
+            str(lease.tenant_id),
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
 class Prepared:
-    lease: Lease  # which notification, tenant and provider: see the properties below
+    lease: DispatchLease  # which item, notification, tenant and provider: see the properties below
     channel: str
     recipient_token: str
     subject: str
@@ -51,9 +81,15 @@ class Prepared:
     created_at: datetime
     attempt_number: int  # the number this try will get (all tries, across redrives)
     attempts_this_run: int  # tries since the last redrive, this one included
-    notification_key: str  # the ids as text (webhook-id, payload), formatted by the database
-    tenant_key: str
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
+
+    @property
+    def notification_key(self) -> str:
+        return self.lease.notification_key
+
+    @property
+    def tenant_key(self) -> str:
+        return self.lease.tenant_key
 
     @property
     def notification_id(self) -> uuid.UUID:
@@ -91,7 +127,7 @@ class Outcome:
     """What became of one claimed item. `kind` is delivered | retry | failed | dead_lettered |
     skipped (not sendable) | deferred (given back untried, e.g. on shutdown)."""
 
-    lease: Lease
+    lease: DispatchLease | Lease  # the record reads item_id, lock_token (and, off PostgreSQL, the ids)
     kind: str
     attempt: Attempt | None = None
     retry_delay: float = 0.0
@@ -176,7 +212,7 @@ def claim_and_start(
     look_for_starving: bool = True,
     using: str = "default",
     raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection (PostgreSQL only)
-) -> tuple[list[Prepared], list[Lease]]:
+) -> tuple[list[Prepared], list[DispatchLease]]:
     """Lease up to n items (plus lane grants) and read their notifications.
     `look_for_starving=False` skips the scan for items past the starvation threshold (PostgreSQL;
     the dispatcher looks once a second, not on every claim)."""
@@ -189,10 +225,13 @@ def claim_and_start(
             leases = queue.claim(n, lease_seconds=lease, queues=queues, lanes=lanes, using=using)
             return _start_portable(leases, using)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
-    ctes, params = queue.claim_ctes_pg(n, lease, starve, list(queues) if queues else None, lanes, uuid.uuid4())
+    token = uuid.uuid4()
+    ctes, params = queue.claim_ctes_pg(
+        n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING
+    )
     sql = f"""{ctes}
-        SELECT c.*, n.id::text, c.tenant_id::text, n.channel, n.recipient, n.subject, n.body, n.metadata,
-               n.created_at, n.attempt_count, n.attempt_offset
+        SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
+               n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
@@ -201,21 +240,18 @@ def claim_and_start(
     with hot_cursor(using, raw_connection) as cursor:
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall()
-    width = len(queue.RETURNING_COLUMNS.split(","))
-    read_lease = queue.PgLeaseReader()
     prepared, skipped = [], []
-    for row in rows:
-        lease_row = read_lease(row)
-        key, tenant_key, channel, recipient, subject, body, metadata, created_at, count, offset = row[width:]
-        if key is None:
-            skipped.append(lease_row)
+    loads = json.loads
+    for item_id, provider_id, rate_limited, key, tenant_key, channel, *notification in rows:
+        held = DispatchLease(item_id, token, provider_id, rate_limited, key, tenant_key)
+        if channel is None:  # the notification is no longer sendable
+            skipped.append(held)
             continue
+        recipient, subject, body, metadata, created_at, count, offset = notification
         prepared.append(
             Prepared(
-                lease=lease_row, channel=channel, recipient_token=recipient, subject=subject, body=body,
-                metadata=json.loads(metadata) if isinstance(metadata, str) else metadata, created_at=created_at,
-                attempt_number=count + 1, attempts_this_run=count - offset + 1,
-                notification_key=key, tenant_key=tenant_key,
+                held, channel, recipient, subject, body, loads(metadata) if isinstance(metadata, str) else metadata,
+                created_at, count + 1, count - offset + 1,
             )
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
@@ -223,20 +259,24 @@ def claim_and_start(
     return prepared, skipped
 
 
-def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], list[Lease]]:
+# The claim's own columns that the dispatcher reads (and orders by); see DispatchLease.
+_DISPATCH_RETURNING = "item_id, provider_id, rate_limited, notification_id, tenant_id, priority, enqueued_at"
+
+
+def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], list[DispatchLease]]:
     by_notification = {lease.notification_id: lease for lease in leases}
     sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
     rows = list(sendable.values_list(*_SEND_FIELDS))
     prepared = []
-    for nid, tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset in rows:
+    for nid, _tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset in rows:
         prepared.append(
             Prepared(
-                lease=by_notification.pop(nid), channel=channel, recipient_token=str(recipient), subject=subject,
-                body=body, metadata=metadata, created_at=created_at, attempt_number=count + 1,
-                attempts_this_run=count - offset + 1, notification_key=str(nid), tenant_key=str(tenant_id),
+                lease=DispatchLease.of(by_notification.pop(nid)), channel=channel, recipient_token=str(recipient),
+                subject=subject, body=body, metadata=metadata, created_at=created_at, attempt_number=count + 1,
+                attempts_this_run=count - offset + 1,
             )
         )  # fmt: skip
-    return prepared, list(by_notification.values())
+    return prepared, [DispatchLease.of(lease) for lease in by_notification.values()]
 
 
 # --- record -----------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def _as_uuid(value: Any) -> uuid.UUID:
 
 
 def lease_from_row(row: Sequence[Any]) -> Lease:
-    """A Lease from the first len(RETURNING_COLUMNS) values of a claim row, of any database (SQLite
+    """A Lease from the first len(_RETURNING) values of a claim row, of any database (SQLite
     gives text for UUIDs and datetimes); PostgreSQL's claims use the quicker `PgLeaseReader`."""
     payload = row[7]
     return Lease(
@@ -115,8 +115,8 @@ _SCALAR_TYPES = (str, int, float, bool, type(None))
 
 
 class PgLeaseReader:
-    """Leases from the rows of one PostgreSQL claim (`queue.claim`, the dispatcher's
-    `claim_and_start`), where psycopg already gives UUIDs and aware datetimes: positional
+    """Leases from the rows of one PostgreSQL `claim` (the dispatcher reads fewer columns, see
+    `notifications.delivery.DispatchLease`), where psycopg already gives UUIDs and aware datetimes: positional
     construction, and each distinct flat payload text parsed once per claim (a claim's payloads are
     nearly all alike, e.g. {"channel": "webhook"}); every lease still gets its own dict."""
 
@@ -251,11 +251,18 @@ def claim(
 
 
 def claim_ctes_pg(
-    n: int, lease: float, starve: float | None, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID
+    n: int,
+    lease: float,
+    starve: float | None,
+    queues: list[str] | None,
+    lanes: dict[int, int],
+    token: uuid.UUID,
+    *,
+    returning: str = _RETURNING,
 ) -> tuple[str, dict[str, Any]]:
-    """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING …)`, so callers can
-    extend the same single statement (the dispatcher joins the notifications to it).
-    `starve=None` leaves out the starving branch (and its index scan).
+    """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING <returning>)`, so
+    callers can extend the same single statement (the dispatcher joins the notifications to it and
+    returns fewer columns). `starve=None` leaves out the starving branch (and its index scan).
 
     The update finds the rows it locked by their `ctid` (a TID scan: no index descent, and no plan
     to misjudge). Joined on `item_id` instead, the planner hash-joined a sequential scan of the
@@ -319,16 +326,13 @@ def claim_ctes_pg(
                 available_at = now() + %(lease)s * interval '1 second',
                 attempts = q.attempts + 1
             WHERE q.ctid = ANY(ARRAY(SELECT ctid FROM picked))
-            RETURNING {", ".join("q." + c.strip() for c in _RETURNING.split(","))}
+            RETURNING {", ".join("q." + c.strip() for c in returning.split(","))}
         )"""
     params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}
     if lanes:
         params["lane_ids"] = list(lanes.keys())
         params["lane_caps"] = list(lanes.values())
     return ctes, params
-
-
-RETURNING_COLUMNS = _RETURNING
 
 
 def _claim_pg(

@@ -23,7 +23,6 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +36,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy, exhausted
-from notifications.delivery import Attempt, Outcome, Prepared, claim_and_start, record_outcomes
+from notifications.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
 from notifications.models import AttemptOutcome, Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
 from queueing import gc_tuning, heartbeat, queue, ratelimit
@@ -91,7 +90,7 @@ class Dispatcher:
         self.failed = False
         self.processed = 0
         self.claimed = 0
-        self.claimed_by_tenant: Counter[uuid.UUID] = Counter()  # stringified once, when logged
+        self.claimed_by_tenant: Counter[str] = Counter()
         self._inflight: dict[int, tuple[asyncio.Task, Prepared]] = {}
         self._outcomes: list[Outcome] = []
         self._providers: dict[int, _CachedProvider] = {}
@@ -200,7 +199,7 @@ class Dispatcher:
         logger.info(
             "dispatcher stopped after %d deliveries; claims by tenant: %s",
             self.processed,
-            json.dumps({str(tenant): n for tenant, n in self.claimed_by_tenant.items()}),
+            json.dumps(dict(self.claimed_by_tenant)),
         )
         return 0
 
@@ -277,7 +276,7 @@ class Dispatcher:
             for item in prepared:
                 self._start_send(item)
             self.claimed += len(prepared) + len(skipped)
-            self.claimed_by_tenant.update(p.tenant_id for p in prepared)
+            self.claimed_by_tenant.update(p.tenant_key for p in prepared)
             if prepared or skipped:
                 poll = MIN_POLL
                 continue
@@ -326,13 +325,13 @@ class Dispatcher:
         finally:
             self._claim_lock.release()
 
-    def _take_over(self, prepared: list[Prepared], skipped: list[queue.Lease]) -> None:
+    def _take_over(self, prepared: list[Prepared], skipped: list[DispatchLease]) -> None:
         """On the event loop: start what the doorbell thread claimed."""
         if skipped:
             self._outcomes.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
             self.record_wake.set()
         self.claimed += len(prepared) + len(skipped)
-        self.claimed_by_tenant.update(p.tenant_id for p in prepared)
+        self.claimed_by_tenant.update(p.tenant_key for p in prepared)
         if all(p.provider_id in self._providers for p in prepared):
             self._start_handed(prepared)  # the usual case: no detour through a task
             return
@@ -377,7 +376,7 @@ class Dispatcher:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout=seconds)
 
-    def _claim_batch(self, want: int) -> tuple[list[Prepared], list[queue.Lease], float | None]:
+    def _claim_batch(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         """On the DB thread: take tokens for rate-limited lanes, claim, load providers."""
         with self._claim_lock:
             want = min(want, self._free_slots())
@@ -385,7 +384,7 @@ class Dispatcher:
                 return [], [], None
             return self._claim_batch_locked(want)
 
-    def _claim_batch_locked(self, want: int) -> tuple[list[Prepared], list[queue.Lease], float | None]:
+    def _claim_batch_locked(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         lanes, next_token_in = self._grant_lanes(want)
         main = max(0, want - sum(lanes.values()))
         now = self.clock()

@@ -120,6 +120,27 @@ def test_the_dispatcher_skips_a_notification_that_is_no_longer_sendable(setup_a)
     assert Notification.objects.get(pk=notes[2].pk).status == Status.QUEUED  # a claim writes no status
 
 
+def test_the_dispatchers_claim_holds_each_queue_rows_lease(setup_a):
+    """The dispatcher's claim returns fewer columns than queue.claim: its leases still match the
+    rows it locked (one token for the claim), in priority order, with every notification field."""
+    notes = services.create_notifications(
+        setup_a.tenant, [spec(setup_a, priority=p, subject=f"s{p}") for p in (1, 9, 5)], actor="test"
+    )
+    prepared, skipped = claim_and_start(10)
+    assert not skipped
+    assert [p.notification_id for p in prepared] == [notes[1].pk, notes[2].pk, notes[0].pk]
+    rows = {q.item_id: q for q in QueueItem.objects.all()}
+    assert {p.lease.lock_token for p in prepared} == {q.lock_token for q in rows.values()} != {None}
+    for p in prepared:
+        row = rows[p.lease.item_id]
+        assert (row.notification_id, row.tenant_id, row.provider_id) == (p.notification_id, p.tenant_id, p.provider_id)
+        assert p.notification_key == str(row.notification_id) and p.tenant_key == str(setup_a.tenant.pk)
+        assert not p.lease.rate_limited
+        note = Notification.objects.get(pk=p.notification_id)
+        assert (p.channel, p.subject, p.body, p.created_at) == (note.channel, note.subject, note.body, note.created_at)
+        assert p.recipient() == EMAIL and (p.attempt_number, p.attempts_this_run) == (1, 1)
+
+
 def test_cancel_an_expired_lease_deletes_the_item(setup_a):
     [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
     queue.claim(1, lease_seconds=0.0)
