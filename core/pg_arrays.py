@@ -1,0 +1,127 @@
+"""One-dimensional PostgreSQL arrays in binary, encoded in bulk for the dispatcher's record statement.
+
+psycopg dumps a list parameter element by element in Python (a dumper call, a length, two appends):
+≈ 4 µs per delivery for the record's seventeen arrays of a batch. These encoders build the same
+binary format (`array_recv`'s) with one `struct` call per array for fixed-width types, and one
+encoding per distinct value for text and uuid (a batch's texts and lock tokens are nearly all alike).
+
+Pass `int8s(values)`, `texts(values)`, … as a parameter; `register(adapters)` teaches a psycopg
+connection (or cursor) to send them as they are, with the array type's OID, in binary.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+# OIDs of the element types and of their arrays (pg_type: fixed for built-in types).
+_INT4, _INT8, _FLOAT8, _TEXT, _UUID, _TIMESTAMPTZ = 23, 20, 701, 25, 2950, 1184
+_ARRAY_OID = {_INT4: 1007, _INT8: 1016, _FLOAT8: 1022, _TEXT: 1009, _UUID: 2951, _TIMESTAMPTZ: 1185}
+
+_HEADER = struct.Struct(">iiIii")  # dimensions, has nulls, element oid; then (length, lower bound)
+_LENGTH = struct.Struct(">i")
+_NULL = _LENGTH.pack(-1)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+class BinaryArray(bytes):
+    """An encoded array: its bytes and the OID of its array type."""
+
+    __slots__ = ()
+    oid: int
+
+
+def _array_class(element_oid: int) -> type[BinaryArray]:
+    return type(f"BinaryArray{element_oid}", (BinaryArray,), {"__slots__": (), "oid": _ARRAY_OID[element_oid]})
+
+
+_CLASSES = {oid: _array_class(oid) for oid in _ARRAY_OID}
+
+
+def _finish(element_oid: int, count: int, has_null: bool, body: bytes) -> BinaryArray:
+    if not count:  # an empty array has no dimensions
+        return _CLASSES[element_oid](struct.pack(">iiI", 0, 0, element_oid))
+    return _CLASSES[element_oid](_HEADER.pack(1, int(has_null), element_oid, count, 1) + body)
+
+
+@lru_cache(maxsize=64)
+def _fixed(code: str, count: int) -> struct.Struct:
+    """(length, value) pairs for `count` elements of one fixed-width type."""
+    return struct.Struct(">" + ("i" + code) * count)
+
+
+def _fixed_width(element_oid: int, code: str, width: int, values: Sequence[Any]) -> BinaryArray:
+    if None not in values:
+        pairs = [width] * (2 * len(values))
+        pairs[1::2] = values
+        return _finish(element_oid, len(values), False, _fixed(code, len(values)).pack(*pairs))
+    one = struct.Struct(f">i{code}")
+    body = b"".join(_NULL if v is None else one.pack(width, v) for v in values)
+    return _finish(element_oid, len(values), True, body)
+
+
+def int4s(values: Sequence[int | None]) -> BinaryArray:
+    return _fixed_width(_INT4, "i", 4, values)
+
+
+def int8s(values: Sequence[int | None]) -> BinaryArray:
+    return _fixed_width(_INT8, "q", 8, values)
+
+
+def float8s(values: Sequence[float | None]) -> BinaryArray:
+    return _fixed_width(_FLOAT8, "d", 8, values)
+
+
+def timestamptzs(values: Sequence[datetime]) -> BinaryArray:
+    """Aware datetimes (naive ones would be read as UTC); PostgreSQL's microseconds since 2000."""
+    return _fixed_width(_TIMESTAMPTZ, "q", 8, [(v - _PG_EPOCH) // _MICROSECOND for v in values])
+
+
+def _memoised(element_oid: int, values: Sequence[Any], encode: Any) -> BinaryArray:  # noqa: ANN401
+    seen: dict[Any, bytes] = {}
+    parts = []
+    has_null = False
+    for value in values:
+        part = seen.get(value)
+        if part is None:
+            if value is None:
+                part, has_null = _NULL, True
+            else:
+                raw = encode(value)
+                part = _LENGTH.pack(len(raw)) + raw
+            seen[value] = part
+        parts.append(part)
+    return _finish(element_oid, len(values), has_null, b"".join(parts))
+
+
+def texts(values: Sequence[str | None]) -> BinaryArray:
+    return _memoised(_TEXT, values, str.encode)
+
+
+def uuids(values: Sequence[uuid.UUID | None]) -> BinaryArray:
+    return _memoised(_UUID, values, lambda u: u.bytes)
+
+
+def register(adapters: Any) -> None:  # noqa: ANN401 - a psycopg AdaptersMap (connection.adapters)
+    """Send BinaryArray parameters as they are, in binary, typed as their array (placeholders `%b`)."""
+    for cls, dumper in _dumpers():
+        adapters.register_dumper(cls, dumper)
+
+
+@lru_cache(maxsize=1)
+def _dumpers() -> list[tuple[type, type]]:
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class AsIs(Dumper):
+        format = Format.BINARY
+
+        def dump(self, obj: bytes) -> bytes:
+            return obj
+
+    return [(cls, type(f"{cls.__name__}Dumper", (AsIs,), {"oid": cls.oid})) for cls in _CLASSES.values()]
