@@ -126,6 +126,19 @@ def test_delete_provider(api_a, setup_a):
     assert api_a.delete(f"{PROVIDERS}/text").status_code == 404
 
 
+def test_deleting_a_provider_never_reads_the_attempts_table(api_a, setup_a):
+    """An attempt's provider is its notification's, which protects it: deleting a provider has no
+    attempt to change, and must not scan delivery_attempts (unindexed by provider) to find none."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        assert api_a.delete(f"{PROVIDERS}/text").status_code == 204
+    assert not [q["sql"] for q in ctx.captured_queries if "delivery_attempts" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'delivery_attempts'")
+        assert not [d for (d,) in cursor.fetchall() if "provider_id" in d]
+
+
 # --- templates ------------------------------------------------------------------------------------
 
 
