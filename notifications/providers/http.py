@@ -388,6 +388,9 @@ class _Pool:
         # (future, deadline): the client's sweeper fails those past their deadline, so waiting for
         # a slot costs one future, not a timeout context and a timer per waiter
         self.waiters: deque[tuple[asyncio.Future, float]] = deque()
+        # True while the waiters' deadlines never decrease (one timeout per origin, the usual case):
+        # the expired ones are then at the left, and a sweep looks at those only.
+        self._deadlines_in_order = True
 
     def take_idle(self) -> _Connection | None:
         """A live idle connection, if there is one (closing the stale ones found on the way)."""
@@ -409,6 +412,10 @@ class _Pool:
         released (FIFO)."""
         if self.size >= self.client.max_connections_per_host:
             fut = self.client._loop.create_future()
+            if not self.waiters:
+                self._deadlines_in_order = True
+            elif deadline < self.waiters[-1][1]:
+                self._deadlines_in_order = False
             self.waiters.append((fut, deadline))
             self.client._ensure_sweeper()
             try:
@@ -482,7 +489,15 @@ class _Pool:
         self.waiters.clear()
 
     def expire_waiters(self, now: float) -> None:
-        """Fail the waiters whose deadline has passed (called by the client's sweeper)."""
+        """Fail the waiters whose deadline has passed (called by the client's sweeper, 40 times a
+        second, with up to concurrency − pool size waiters: thousands)."""
+        if self._deadlines_in_order:
+            waiters = self.waiters
+            while waiters and waiters[0][1] <= now:
+                fut, _ = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(HttpTimeout("no free connection in the pool before the timeout"))
+            return
         if not any(deadline <= now for _, deadline in self.waiters):
             return
         kept: deque[tuple[asyncio.Future, float]] = deque()

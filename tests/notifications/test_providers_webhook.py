@@ -303,6 +303,31 @@ def test_a_pool_waiter_times_out_while_the_only_connection_is_still_being_opened
     assert delivered.delivered and len(rx.requests) == 1
 
 
+def test_a_pool_waiter_with_a_shorter_timeout_expires_behind_one_with_a_longer_timeout():
+    """Waiters are expired from the left while their deadlines are in order; one queued behind a
+    later deadline (two timeouts on one origin) still fails at its own."""
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=600) as rx:
+
+        async def run():
+            client = HttpClient(max_connections_per_host=1)
+            patient = WebhookProvider({"url": rx.url, "timeout_seconds": 5.0}, SECRETS, http_client=client)
+            hasty = WebhookProvider({"url": rx.url, "timeout_seconds": 0.15}, SECRETS, http_client=client)
+            holder = asyncio.create_task(patient.send(message()))  # takes the only connection
+            await asyncio.sleep(0.05)
+            queued_first = asyncio.create_task(patient.send(message()))
+            await asyncio.sleep(0)
+            started = time.monotonic()
+            late = await asyncio.wait_for(hasty.send(message()), 3)
+            waited = time.monotonic() - started
+            results = await asyncio.gather(holder, queued_first)
+            await client.aclose()
+            return late, waited, results
+
+        late, waited, results = asyncio.run(run())
+    assert late.error_code == "timeout" and waited < 0.5
+    assert [r.delivered for r in results] == [True, True]
+
+
 def test_https_with_sni_and_certificate_verification(tmp_path):
     tls = make_tls_material(tmp_path)
     with HttpReceiver(secret=TEST_SIGNING_SECRET, ssl_context=tls.server_context) as rx:
