@@ -167,7 +167,6 @@ def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
     # psycopg's own (C) timestamptz loader instead of Django's Python subclass: both give aware
     # datetimes in the session's zone (UTC), and a batch carries three per item.
     cursor.adapters.register_loader("timestamptz", _fast_timestamptz_loader())
-    arrays.register(cursor.adapters)
     return cursor
 
 
@@ -175,7 +174,8 @@ _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: never prepare a que
 
 
 def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
-    """Make `execute(..., prepare=True)` prepare, once, on this connection.
+    """Make `execute(..., prepare=True)` prepare, once, on this connection (and teach it the
+    record's binary arrays, core.pg_arrays).
 
     Django turns psycopg's prepared statements off on its connections (prepare_threshold=None, for
     connection poolers) and that also ignores `prepare=True`: the claim and the record were parsed
@@ -189,6 +189,7 @@ def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
     """
     if raw_connection.prepare_threshold == _ONLY_WHEN_ASKED:
         return
+    arrays.register(raw_connection.adapters)  # the record's parameters (only their own classes)
     from psycopg.pq import TransactionStatus
 
     if raw_connection.info.transaction_status != TransactionStatus.IDLE:
