@@ -116,12 +116,22 @@ def wipe_bench_rows(tenant) -> None:  # noqa: ANN001
 
 def vacuum_hot_tables() -> None:
     """Every round starts from vacuumed tables: on a server without autovacuum (this machine's),
-    the rows earlier rounds deleted would otherwise slow each later round (3× after a dozen runs)."""
+    the rows earlier rounds deleted would otherwise slow each later round (3× after a dozen runs).
+
+    A table left empty (a database of the bench's own) also gets its indexes rebuilt: VACUUM frees
+    index pages but never returns them, so after a few dozen runs of 120,000 the notifications'
+    primary key held 45 MB for 120,000 rows (8 MB fresh) and the tenant index 85 MB (14 MB), beyond
+    shared_buffers, and every run paid for the last one's. graphile-worker, beside which the
+    bench is compared, starts each run from a new schema. A table holding other rows is left as it
+    is (REINDEX would lock a database in use)."""
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
         for table in HOT_TABLES:
             cursor.execute(f"VACUUM (ANALYZE) {table}")
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table})")  # noqa: S608 - fixed names
+            if not cursor.fetchone()[0]:
+                cursor.execute(f"REINDEX TABLE {table}")
 
 
 def bench_tenant_and_provider(url: str):  # noqa: ANN201
