@@ -2,12 +2,14 @@
 # Profile one dispatcher process during an end-to-end benchmark run with py-spy, and print where
 # its time goes (inclusive share per frame, all threads). Usage, with DATABASE_URL set:
 #   bench/profile_dispatcher.sh [notifications] [seconds]
+# BENCH_FLAGS overrides the run's dispatcher flags (default "-c 500 -b 250"; versus.py uses
+# "-c 2000 -b 1000"), PYSPY_FLAGS adds py-spy flags (e.g. --nonblocking).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-60000}
 seconds=${2:-6}
 out=$(mktemp -d)
-.venv/bin/python manage.py omnipost_bench -n "$n" -p 2 -c 500 -b 250 > "$out/bench.txt" 2>&1 &
+.venv/bin/python manage.py omnipost_bench -n "$n" -p 2 ${BENCH_FLAGS:--c 500 -b 250} > "$out/bench.txt" 2>&1 &
 bench=$!
 pid=""
 for _ in $(seq 1 1200); do
