@@ -48,7 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from queueing.bench.receiver import ReceiverProcess  # noqa: E402 - Django-free; the receiver both systems use
+from queueing.bench.receiver import ReceiverProcess, steady_rate  # noqa: E402 - Django-free; the receiver both systems use
 
 ANCHOR = ROOT / "bench" / "anchors" / "graphile_worker"
 WORKERS = 2  # both systems: two processes
@@ -103,6 +103,7 @@ def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
         raise Failure("OmniPost bench reported no delivery rate")
     return {
         "delivered_per_second": result["delivered_per_second"],
+        "steady_per_second": result.get("steady_per_second"),
         "delivered": result["delivered"],
         "duplicates": result["duplicates"],
         "lost": result["lost"],
@@ -226,6 +227,7 @@ def run_graphile(count: int, delay_ms: float, database_url: str, timeout: float)
         final, arrivals = receiver.stop()
     result: dict[str, Any] = {
         "delivered_per_second": None,
+        "steady_per_second": steady_rate(arrivals.values()),
         "delivered": len(arrivals),
         "duplicates": final["duplicates"],
         "lost": max(0, count - len(arrivals)),
@@ -269,6 +271,15 @@ def table(delay_ms: float, count: int, rounds: list[dict[str, Any]]) -> tuple[st
         f"| **median** | | **{summary['median_omnipost']:,.0f}** | **{summary['median_graphile']:,.0f}** | "
         f"**{summary['ratio_of_medians']:.2f}** (median of the rounds' ratios {summary['median_of_ratios']:.2f}) |"
     )
+    steady = [ratio(r["omnipost"].get("steady_per_second"), r["graphile"].get("steady_per_second")) for r in rounds]
+    if all(steady):
+        summary["median_of_steady_ratios"] = statistics.median(steady)
+        lines += [
+            "",
+            "Over the middle 80 % of each run's arrivals (ramp-up and tail left out), OmniPost / graphile: "
+            + " / ".join(f"{x:.2f}" for x in steady)
+            + f", median **{summary['median_of_steady_ratios']:.2f}**.",
+        ]
     dup = {k: sum(r[k]["duplicates"] for r in rounds) for k in ("omnipost", "graphile")}
     lost = {k: sum(r[k]["lost"] for r in rounds) for k in ("omnipost", "graphile")}
     lines += [

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,19 @@ class Receiver(asyncio.Protocol):
     def _write(self, response: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(response)
+
+
+def steady_rate(arrival_times: Iterable[float], middle: float = 0.8) -> float | None:
+    """Arrivals per second between the 10th and the 90th percentile of arrival times: the rate once
+    a system has ramped up and before its tail, which the first-to-last rate includes (a cold
+    worker's first second weighs more in a short run than in a long one)."""
+    times = sorted(arrival_times)
+    if len(times) < 10:
+        return None
+    lo = round(len(times) * (1 - middle) / 2)
+    hi = len(times) - 1 - lo
+    span = times[hi] - times[lo]
+    return (hi - lo) / span if span > 0 else None
 
 
 def _header(head: bytes, lower: bytes, name: bytes) -> bytes | None:

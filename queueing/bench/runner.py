@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from queueing.bench.receiver import ReceiverProcess
+from queueing.bench.receiver import ReceiverProcess, steady_rate
 
 ROOT = Path(settings.BASE_DIR)
 BENCH_TENANT = "omnipost-bench"
@@ -45,6 +45,7 @@ class BenchResult:
     receiver_delay_ms: float
     enqueue_per_second: float | None = None
     delivered_per_second: float | None = None
+    steady_per_second: float | None = None  # over the middle 80 % of arrivals (see steady_rate)
     wall_seconds: float | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
     statements_per_delivery: float | None = None
@@ -76,6 +77,8 @@ class BenchResult:
         if self.delivered_per_second is not None:
             label = "claim+ack rate" if self.mode == "queue-only" else "delivery rate"
             rows.append((label, f"{self.delivered_per_second:,.0f} /s"))
+        if self.steady_per_second is not None:
+            rows.append(("delivery rate, middle 80 %", f"{self.steady_per_second:,.0f} /s"))
         if self.wall_seconds is not None:
             rows.append(("wall time", f"{self.wall_seconds:.2f} s"))
         for name, value in self.latency_ms.items():
@@ -278,6 +281,7 @@ def run_e2e(
     if arrivals:
         span = max(arrivals.values()) - min(arrivals.values())
         result.delivered_per_second = len(arrivals) / span if span > 0 else None
+        result.steady_per_second = steady_rate(arrivals.values())
     created = dict(delivered.values_list("id", "created_at"))
     result.latency_ms = percentiles(
         [(arrivals[str(i)] - c.timestamp()) * 1000 for i, c in created.items() if str(i) in arrivals]
