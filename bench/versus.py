@@ -48,7 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from queueing.bench.receiver import ReceiverProcess, steady_rate  # noqa: E402 - Django-free; the receiver both systems use
+from queueing.bench.receiver import ReceiverProcess, first_to_last_rate, steady_rate  # noqa: E402 - Django-free; the receiver both systems use
 
 ANCHOR = ROOT / "bench" / "anchors" / "graphile_worker"
 WORKERS = 2  # both systems: two processes
@@ -226,7 +226,7 @@ def run_graphile(count: int, delay_ms: float, database_url: str, timeout: float)
             log.close()
         final, arrivals = receiver.stop()
     result: dict[str, Any] = {
-        "delivered_per_second": None,
+        "delivered_per_second": first_to_last_rate(arrivals.values()),
         "steady_per_second": steady_rate(arrivals.values()),
         "delivered": len(arrivals),
         "duplicates": final["duplicates"],
@@ -234,9 +234,6 @@ def run_graphile(count: int, delay_ms: float, database_url: str, timeout: float)
         "wall_seconds": wall,
         "enqueue_per_second": enqueued["per_second"],
     }
-    if arrivals:
-        span = max(arrivals.values()) - min(arrivals.values())
-        result["delivered_per_second"] = len(arrivals) / span if span > 0 else None
     if not result["delivered_per_second"]:
         raise Failure("graphile-worker delivered nothing measurable")
     return result

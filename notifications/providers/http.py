@@ -494,9 +494,7 @@ class _Pool:
         if self._deadlines_in_order:
             waiters = self.waiters
             while waiters and waiters[0][1] <= now:
-                fut, _ = waiters.popleft()
-                if not fut.done():
-                    fut.set_exception(HttpTimeout("no free connection in the pool before the timeout"))
+                _time_out(waiters.popleft()[0])
             return
         if not any(deadline <= now for _, deadline in self.waiters):
             return
@@ -504,9 +502,14 @@ class _Pool:
         for fut, deadline in self.waiters:
             if deadline > now:
                 kept.append((fut, deadline))
-            elif not fut.done():
-                fut.set_exception(HttpTimeout("no free connection in the pool before the timeout"))
+            else:
+                _time_out(fut)
         self.waiters = kept
+
+
+def _time_out(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(HttpTimeout("no free connection in the pool before the timeout"))
 
 
 class HttpClient:

@@ -111,6 +111,13 @@ class Receiver(asyncio.Protocol):
             self.transport.write(response)
 
 
+def first_to_last_rate(arrival_times: Iterable[float]) -> float | None:
+    """Arrivals per second from the first arrival to the last (the benches' headline rate)."""
+    times = list(arrival_times)
+    span = max(times) - min(times) if times else 0
+    return len(times) / span if span > 0 else None
+
+
 def steady_rate(arrival_times: Iterable[float], middle: float = 0.8) -> float | None:
     """Arrivals per second between the 10th and the 90th percentile of arrival times: the rate once
     a system has ramped up and before its tail, which the first-to-last rate includes (a cold

@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from queueing.bench.receiver import ReceiverProcess, steady_rate
+from queueing.bench.receiver import ReceiverProcess, first_to_last_rate, steady_rate
 
 ROOT = Path(settings.BASE_DIR)
 BENCH_TENANT = "omnipost-bench"
@@ -194,7 +194,6 @@ def start_dispatchers(
     concurrency: int,
     batch: int,
     stats_dir: Path,
-    once: bool,
     listen: bool = True,
     go_file: Path | None = None,
 ) -> list[subprocess.Popen]:
@@ -204,8 +203,6 @@ def start_dispatchers(
             sys.executable, "manage.py", "run_dispatcher", "--no-jitter", "--concurrency", str(concurrency),
             "--batch-size", str(batch), "--stats-file", str(stats_dir / f"dispatcher{i}.json"),
         ]  # fmt: skip
-        if once:
-            args.append("--once")
         if not listen:
             args.append("--no-listen")
         if go_file is not None:
@@ -232,6 +229,26 @@ def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: f
             proc.wait()
         raise
     go_file.touch()
+
+
+def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.1) -> None:  # noqa: ANN001
+    """Let the dispatchers run until the tenant's queue is empty (every notification delivered or
+    dead-lettered), then stop them as an operator would (SIGTERM: they record and exit 0).
+
+    Not `run_dispatcher --once`: that ends a dispatcher when nothing is ready *now*, and a retry
+    waiting out its backoff is not, so with `--receiver-error-rate` the dispatchers left and the
+    run reported the retried notifications as lost."""
+    with connection.cursor() as cursor:
+        while any(proc.poll() is None for proc in procs):
+            cursor.execute("SELECT EXISTS (SELECT 1 FROM queue_state WHERE tenant_id = %s)", [tenant.pk])
+            if not cursor.fetchone()[0]:
+                break
+            time.sleep(poll)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=120)
 
 
 def read_stats(stats_dir: Path) -> dict[str, int]:
@@ -264,12 +281,11 @@ def run_e2e(
         with tempfile.TemporaryDirectory() as stats_dir:
             go_file = Path(stats_dir) / "go"
             procs = start_dispatchers(
-                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), once=True, go_file=go_file
+                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), go_file=go_file
             )
             release_together(procs, go_file)
             started = time.time()
-            for proc in procs:
-                proc.wait()
+            stop_when_drained(procs, tenant)
             result.wall_seconds = time.time() - started
             stats = read_stats(Path(stats_dir))
     finally:
@@ -278,10 +294,8 @@ def run_e2e(
     result.delivered = delivered.count()
     result.duplicates = final["duplicates"]
     result.lost = count - len(arrivals) + (count - result.delivered if result.delivered < count else 0)
-    if arrivals:
-        span = max(arrivals.values()) - min(arrivals.values())
-        result.delivered_per_second = len(arrivals) / span if span > 0 else None
-        result.steady_per_second = steady_rate(arrivals.values())
+    result.delivered_per_second = first_to_last_rate(arrivals.values())
+    result.steady_per_second = steady_rate(arrivals.values())
     created = dict(delivered.values_list("id", "created_at"))
     result.latency_ms = percentiles(
         [(arrivals[str(i)] - c.timestamp()) * 1000 for i, c in created.items() if str(i) in arrivals]
@@ -318,7 +332,7 @@ def run_pickup(
         with tempfile.TemporaryDirectory() as stats_dir:
             before = Worker.objects.live().count()
             procs = start_dispatchers(
-                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), once=False, listen=listen
+                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), listen=listen
             )
             deadline = time.time() + 60
             while Worker.objects.live().count() < before + processes and time.time() < deadline:

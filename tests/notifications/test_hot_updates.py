@@ -69,3 +69,19 @@ def test_the_claim_and_the_record_are_prepared_once_per_connection(tenant_a):
     assert len(claims) == 1 and len(records) == 1, [r[0][:60] for r in rows]
     assert claims[0][1:] == (0, 3) and records[0][1:] == (0, 3), "prepared once, planned per batch"
     assert len(rows) == 2, "Django's own queries are not prepared"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_can_record_again(tenant_a):
+    """The record's binary arrays (core.pg_arrays) are taught to each connection it runs on: after
+    Django reconnects, the next batch is still recorded (psycopg would send them as bytea)."""
+    prov = factories.provider(tenant_a)
+    factories.queued(tenant_a, prov, 20)
+    for _ in range(2):
+        prepared, _ = claim_and_start(10, look_for_starving=False)
+        now = datetime.now(UTC)
+        recorded = record_outcomes([Outcome(lease=p.lease, kind="delivered", attempt=Attempt(1, now, now, "delivered"))
+                                    for p in prepared])  # fmt: skip
+        assert len(recorded.ours) == 10
+        connection.close()
+    assert Notification.objects.filter(status="delivered").count() == 20

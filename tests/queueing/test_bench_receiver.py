@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks import Webhook
 
-from queueing.bench.receiver import Verifier, _header
+from queueing.bench.receiver import Verifier, _header, first_to_last_rate, steady_rate
 from tests.support.receivers import TEST_SIGNING_SECRET
 
 BODY = b'{"id":"n-1","body":"hello"}'
@@ -55,10 +55,10 @@ def test_headers_are_found_whatever_their_case_and_position():
 
 
 def test_the_steady_rate_leaves_out_the_ramp_up_and_the_tail():
-    from queueing.bench.receiver import steady_rate
-
     # 100 arrivals: ten slow ones over the first 5 s, 80 at 100/s, ten slow ones over the last 5 s.
     times = [i * 0.5 for i in range(10)] + [5 + i * 0.01 for i in range(80)] + [6 + i * 0.5 for i in range(10)]
-    assert 95 < steady_rate(times) < 105  # first to last: 100 / 10.5 s ≈ 9.5 /s
+    assert 95 < steady_rate(times) < 105
+    assert first_to_last_rate(times) == 100 / 10.5
     assert steady_rate(reversed(times)) == steady_rate(times)
     assert steady_rate([1.0] * 5) is None and steady_rate([1.0] * 20) is None
+    assert first_to_last_rate([]) is None and first_to_last_rate([1.0] * 3) is None

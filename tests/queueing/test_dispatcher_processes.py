@@ -140,7 +140,6 @@ def test_idle_dispatchers_answer_a_ring_by_claiming_on_the_listen_connection(ten
     """The pickup path: a ring that finds a dispatcher idle is answered on the doorbell thread, on
     the LISTEN connection; each notification still goes out exactly once."""
 
-
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60) as receiver:
         hook = hook_for(tenant_a, receiver)
         procs = []
@@ -198,8 +197,6 @@ def test_release_together_fails_when_a_dispatcher_dies_before_it_is_ready(tmp_pa
 
 
 def test_a_dispatcher_waiting_for_the_go_stops_when_its_starter_dies(tenant_a, subprocess_env, tmp_path):
-
-
     factories.queued(tenant_a, factories.provider(tenant_a), 5)
     starter = (
         "import os, subprocess, sys, time\n"

@@ -4,12 +4,12 @@
  *
  *     DATABASE_URL=postgres://…/omnipost_anchor node worker.js --url http://127.0.0.1:PORT/hook [--wait-for-go]
  *
- * It drains the jobs that enqueue.js added beforehand and exits when the queue is empty, like
- * OmniPost's `run_dispatcher --once` in the e2e bench. That is graphile-worker's `runOnce()`: the
- * same worker pool as `run()` (same local queue, same batchers, same concurrency); the only
- * difference is what happens when a fetch finds nothing left — `run()` waits pollInterval and
- * polls again, `runOnce()` lets the pool finish its jobs, flush its batches and resolve. While
- * there is work the two run identical code.
+ * It drains the jobs that enqueue.js added beforehand and exits when the queue is empty, as
+ * OmniPost's dispatchers are stopped once their queue is empty in the e2e bench. That is
+ * graphile-worker's `runOnce()`: the same worker pool as `run()` (same local queue, same
+ * batchers, same concurrency); the only difference is what happens when a fetch finds nothing
+ * left — `run()` waits pollInterval and polls again, `runOnce()` lets the pool finish its jobs,
+ * flush its batches and resolve. While there is work the two run identical code.
  *
  * The one task, `deliver`, POSTs the job payload (≈ 300 bytes of JSON, the shape of OmniPost's
  * webhook body) to the receiver with a `webhook-id` header over keep-alive connections, and

@@ -1,0 +1,56 @@
+"""`manage.py omnipost_bench` (issue 8) run for real: its own receiver and dispatcher processes on the
+test database, small sizes. The figures are not asserted (speed is measured in benchmarks, not
+tests); what it reports and when it fails are."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from notifications.models import DeliveryAttempt, Notification
+from tests.queueing.dispatch_support import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def bench(env: dict, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", "omnipost_bench", *args, "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    return proc, json.loads(out.read_text()) if out.exists() else []
+
+
+def test_end_to_end_delivers_everything_once_and_reports_its_figures(subprocess_env, tmp_path):
+    proc, [result] = bench(
+        subprocess_env, tmp_path, "-n", "400", "-p", "2", "-c", "50", "-b", "20", "--receiver-error-rate", "0.1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert result["ok"] and (result["delivered"], result["duplicates"], result["lost"]) == (400, 0, 0)
+    assert result["delivered_per_second"] > 0 and result["steady_per_second"] > 0
+    assert result["enqueue_per_second"] > 0 and set(result["latency_ms"]) == {"p50", "p95", "p99", "max"}
+    assert 0 < result["statements_per_delivery"] < 0.5  # a claim and a record per batch, not per item
+    for label in ("delivery rate", "delivery rate, middle 80 %", "latency p99", "duplicates", "lost"):
+        assert label in proc.stdout
+    # every bench notification was really delivered, each with its attempt rows (503s were retried)
+    assert Notification.objects.filter(status="delivered").count() == 400
+    assert DeliveryAttempt.objects.filter(outcome="delivered").count() == 400
+    assert DeliveryAttempt.objects.filter(outcome="transient_error").exists()
+
+
+def test_queue_only_claims_and_acks_every_item_above_the_depth(subprocess_env, tmp_path):
+    proc, [result] = bench(subprocess_env, tmp_path, "--queue-only", "-n", "2000", "-p", "2", "-b", "100",
+                           "--depth", "500")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (result["mode"], result["delivered"], result["depth"]) == ("queue-only", 2000, 500)
+    assert result["delivered_per_second"] > 0 and "claim+ack rate" in proc.stdout
+
+
+def test_bad_sizes_exit_non_zero_with_one_line(subprocess_env, tmp_path):
+    proc, results = bench(subprocess_env, tmp_path, "-n", "0")
+    assert proc.returncode != 0 and not results
+    assert proc.stderr.strip().splitlines()[-1] == "CommandError: --notifications must be at least 1"
