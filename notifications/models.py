@@ -9,6 +9,7 @@ from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat
 
 from core.fields import EncryptedJSONField, EncryptedTextField
+from core.ids import uuid7
 from core.models import Tenant, TenantOwned, TenantQuerySet
 from core.models.tenancy import HOT_FK
 
@@ -123,7 +124,7 @@ class NotificationQuerySet(TenantQuerySet):
 
 
 class Notification(TenantOwned):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # time-ordered: see core.ids
     # notif_tenant_recent_idx leads with the tenant, so no separate index on it.
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
     channel = models.CharField(max_length=10, choices=Channel.choices)

@@ -28,6 +28,7 @@ from rest_framework.exceptions import NotFound
 
 from core.api.errors import Conflict
 from core.fields import EncryptedTextField
+from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from notifications import templating
@@ -193,7 +194,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
     """A Notification built positionally (Model.__init__ with keywords costs ~50 µs a row)."""
     future = spec.scheduled_for is not None and spec.scheduled_for > now
     values = {
-        "id": uuid.uuid4(), "tenant_id": tenant.pk, "channel": spec.channel, "recipient": spec.recipient,
+        "id": uuid7(), "tenant_id": tenant.pk, "channel": spec.channel, "recipient": spec.recipient,
         "recipient_masked": _masked(spec.channel, spec.recipient), "provider_id": spec.provider.pk,
         "template_id": spec.template.pk if spec.template else None, "context": spec.context,
         "subject": spec.subject, "body": spec.body, "priority": spec.priority, "queue": spec.queue,

@@ -206,3 +206,12 @@ def test_cancel_scheduled_job_once_executed_is_409(setup_a):
         services.cancel_scheduled_job(setup_a.tenant, n.scheduled_job.pk, actor="test")
     assert "executed" in str(caught.value.detail)
     assert Notification.objects.get(pk=n.pk).status == Status.DELIVERED
+
+
+def test_notification_ids_grow_with_time_so_a_batch_sits_together_in_every_index(setup_a):
+    first = services.create_notifications(setup_a.tenant, [spec(setup_a) for _ in range(300)], actor="test")
+    second = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
+    ids = [n.id for n in first + second]
+    assert all(i.version == 7 for i in ids)
+    assert ids == sorted(ids)
+    assert Notification(tenant=setup_a.tenant).id.version == 7  # the model's default too
