@@ -244,3 +244,28 @@ def test_a_ring_answered_as_the_dispatcher_stops_is_given_back_not_left_to_its_l
     assert len(record_outcomes(dispatcher._outcomes).ours) == 4
     assert QueueItem.objects.filter(lock_token__isnull=True, attempts=0).count() == 4  # claimable again, at once
     assert not webhook_receiver.requests
+
+
+def test_a_delivered_outcome_records_what_the_classifier_would():
+    """The delivered fast path in Dispatcher._outcome builds the same attempt as classification."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from dlq.classifier import classify
+    from notifications.delivery import DispatchLease, Prepared
+    from notifications.providers.base import DeliveryResult
+
+    lease = DispatchLease(7, uuid.uuid4(), 3, False, str(uuid.uuid4()), str(uuid.uuid4()))
+    item = Prepared(lease, "webhook", "token", "s", "b", {}, datetime.now(UTC), 4, 2)
+    dispatcher = Dispatcher.__new__(Dispatcher)  # _outcome reads only its arguments on this path
+    started = datetime.now(UTC)
+    result = DeliveryResult(delivered=True, http_status=201, message="accepted " * 100, error_class="")
+    outcome = dispatcher._outcome(item, result, started, 0.0425)
+    verdict = classify(result)
+    assert (outcome.lease, outcome.kind, outcome.retry_delay, outcome.error_code) == (lease, "delivered", 0.0, "")
+    a = outcome.attempt
+    assert (a.number, a.started_at, a.outcome, a.error_code, a.http_status, a.duration_ms) == (
+        4, started, verdict.outcome, verdict.error_code, 201, 42,
+    )
+    assert a.error_message == result.message[:500] and a.error_class == ""
+    assert started <= a.finished_at <= datetime.now(UTC)
