@@ -88,21 +88,32 @@ def timestamptzs(values: Sequence[datetime]) -> BinaryArray:
     return _fixed_width(_TIMESTAMPTZ, "q", 8, [(v - _PG_EPOCH) // _MICROSECOND for v in values])
 
 
-def _memoised(element_oid: int, values: Sequence[Any], encode: Any) -> BinaryArray:  # noqa: ANN401
+def _memoised(element_oid: int, values: Sequence[Any], encode: Any, key: Any = None) -> BinaryArray:  # noqa: ANN401
+    """Each distinct value encoded once. `key` maps a value to what identifies it (default: the
+    value; for uuids, the object's id: UUID's own hash and == run in Python)."""
+    keys = values if key is None else list(map(key, values))
+    count = len(values)
+    if count and keys.count(keys[0]) == count:  # one value throughout (a batch's kinds, codes, token…)
+        only = values[0]
+        part = _NULL if only is None else _part(encode(only))
+        return _finish(element_oid, count, only is None, part * count)
     seen: dict[Any, bytes] = {}
     parts = []
     has_null = False
-    for value in values:
-        part = seen.get(value)
+    for k, value in zip(keys, values):  # noqa: B905 - the same length by construction
+        part = seen.get(k)
         if part is None:
             if value is None:
                 part, has_null = _NULL, True
             else:
-                raw = encode(value)
-                part = _LENGTH.pack(len(raw)) + raw
-            seen[value] = part
+                part = _part(encode(value))
+            seen[k] = part
         parts.append(part)
-    return _finish(element_oid, len(values), has_null, b"".join(parts))
+    return _finish(element_oid, count, has_null, b"".join(parts))
+
+
+def _part(raw: bytes) -> bytes:
+    return _LENGTH.pack(len(raw)) + raw
 
 
 def texts(values: Sequence[str | None]) -> BinaryArray:
@@ -110,7 +121,7 @@ def texts(values: Sequence[str | None]) -> BinaryArray:
 
 
 def uuids(values: Sequence[uuid.UUID | None]) -> BinaryArray:
-    return _memoised(_UUID, values, lambda u: u.bytes)
+    return _memoised(_UUID, values, lambda u: u.bytes, key=id)
 
 
 class _AsIs(Dumper):

@@ -149,6 +149,7 @@ _FINAL_STATUS = {
     "delivered": Status.DELIVERED, "failed": Status.FAILED, "dead_lettered": Status.DEAD_LETTERED,
     "retry": Status.RETRYING, "deferred": Status.QUEUED,
 }  # fmt: skip
+_FINAL_STATUS_TEXT = {kind: status.value for kind, status in _FINAL_STATUS.items()}  # no enum lookups per item
 
 
 def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
@@ -361,7 +362,7 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
         "tokens": arrays.uuids([o.lease.lock_token for o in outcomes]),
         "kinds": arrays.texts([o.kind for o in outcomes]),
         "delays": arrays.float8s([o.retry_delay for o in outcomes]),
-        "statuses": arrays.texts([_FINAL_STATUS[o.kind].value if o.kind in _FINAL_STATUS else "" for o in outcomes]),
+        "statuses": arrays.texts([_FINAL_STATUS_TEXT.get(o.kind, "") for o in outcomes]),
         "counts": arrays.int4s([o.attempt.number if o.attempt else -1 for o in outcomes]),
         "codes": arrays.texts([o.error_code for o in outcomes]),
         "a_item_ids": arrays.int8s([o.lease.item_id for o in attempts]),

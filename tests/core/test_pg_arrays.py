@@ -42,6 +42,15 @@ def cursor():
         ),
         (pg_arrays.texts, "text[]", []),
         (pg_arrays.int8s, "bigint[]", []),
+        # one value throughout (a batch's kinds, codes, lock token): encoded once and repeated
+        (pg_arrays.texts, "text[]", ["delivered"] * 600),
+        (pg_arrays.texts, "text[]", [""] * 3),
+        (pg_arrays.texts, "text[]", [None] * 4),
+        (pg_arrays.uuids, "uuid[]", [TOKEN] * 500),
+        (pg_arrays.uuids, "uuid[]", [None, None]),
+        # equal values that are different objects, and a change of value at the very end
+        (pg_arrays.uuids, "uuid[]", [uuid.UUID(str(TOKEN)) for _ in range(3)] + [uuid.uuid4()]),
+        (pg_arrays.texts, "text[]", ["a"] * 9 + ["b"]),
     ],
 )
 def test_an_encoded_array_reads_back_as_the_values(cursor, encode, sql_type, values):
