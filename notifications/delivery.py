@@ -15,6 +15,7 @@ nothing here: the peer owns them now.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import connections, models, transaction
 from django.db.models import Case, F, Value, When
@@ -245,7 +247,7 @@ def claim_and_start(
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall()
     prepared, skipped = [], []
-    loads = json.loads
+    loads = _json_loads
     for item_id, provider_id, rate_limited, key, tenant_key, channel, *notification in rows:
         held = DispatchLease(item_id, token, provider_id, rate_limited, key, tenant_key)
         if channel is None:  # the notification is no longer sendable
@@ -261,6 +263,17 @@ def claim_and_start(
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
         item.opened_recipient = opened
     return prepared, skipped
+
+
+_LONG_INTEGER = re.compile(r"\d{20}")  # may lie beyond 64 bits, where orjson would read a float
+
+
+def _json_loads(text: str) -> Any:  # noqa: ANN401
+    """A metadata document from the claim: orjson (≈ 5× quicker than the standard library, once per
+    delivery), except where a run of 20 digits could be an integer orjson cannot hold exactly."""
+    if _LONG_INTEGER.search(text):
+        return json.loads(text)
+    return orjson.loads(text)
 
 
 # The claim's own columns that the dispatcher reads (and orders by); see DispatchLease.

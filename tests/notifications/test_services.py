@@ -141,6 +141,22 @@ def test_the_dispatchers_claim_holds_each_queue_rows_lease(setup_a):
         assert p.recipient() == EMAIL and (p.attempt_number, p.attempts_this_run) == (1, 1)
 
 
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {},
+        {"order": 12345, "ratio": 0.1, "tags": ["a", "ü ✓"], "nested": {"ok": True, "none": None}},
+        {"u64": 2**64 - 1, "i64": -(2**63), "beyond": 2**70, "below": -(2**70), "digits": "1" * 25},
+    ],
+)
+def test_the_claim_reads_metadata_back_exactly(setup_a, metadata):
+    """orjson reads the claim's metadata, except integers beyond 64 bits (it would make them floats)."""
+    services.create_notifications(setup_a.tenant, [spec(setup_a, metadata=metadata)], actor="test")
+    [prepared], _ = claim_and_start(1)
+    assert prepared.metadata == metadata
+    assert {k: type(v) for k, v in prepared.metadata.items()} == {k: type(v) for k, v in metadata.items()}
+
+
 def test_cancel_an_expired_lease_deletes_the_item(setup_a):
     [n] = services.create_notifications(setup_a.tenant, [spec(setup_a)], actor="test")
     queue.claim(1, lease_seconds=0.0)
