@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
 import threading
@@ -157,26 +156,32 @@ def decrypt_many(tokens: list[str]) -> list[str | None]:
     call and one XOR; None marks a token `decrypt` must be asked about (it raises the error with
     context, or opens a token written under an older key)."""
     sign, encryption_key = _opening_keys(_keys())[0]
+    digest, same = sign.digest, hmac.compare_digest
     opened: list[str | None] = [None] * len(tokens)
-    index, sizes, ciphertexts, chains = [], [], [], []
+    index, ciphertexts, chains = [], [], []
     for i, token in enumerate(tokens):
         data = _token_bytes(token)
-        if data is None or not hmac.compare_digest(sign.digest(data[:-_HMAC]), data[-_HMAC:]):
+        if data is None:
+            continue
+        signed = data[:-_HMAC]
+        if not same(digest(signed), data[-_HMAC:]):
             continue
         index.append(i)
-        sizes.append(len(data) - _HEAD - _HMAC)
-        ciphertexts.append(data[_HEAD:-_HMAC])
-        chains.append(data[_HEAD - _BLOCK : -_HMAC - _BLOCK])
+        ciphertexts.append(signed[_HEAD:])
+        chains.append(signed[_HEAD - _BLOCK : -_BLOCK])
     if not index:
         return opened
     padded = _cbc_decrypt(encryption_key, b"".join(ciphertexts), b"".join(chains))
     start = 0
-    for i, size in zip(index, sizes, strict=True):
-        plaintext = _unpadded(padded, start, start + size)
+    for i, ciphertext in zip(index, ciphertexts, strict=True):
+        end = start + len(ciphertext)
+        plaintext = _unpadded(padded, start, end)
+        start = end
         if plaintext is not None:
-            with contextlib.suppress(UnicodeDecodeError):
+            try:  # not contextlib.suppress: a context manager per token cost ≈ 1 µs
                 opened[i] = plaintext.decode()
-        start += size
+            except UnicodeDecodeError:
+                pass
     return opened
 
 
