@@ -10,7 +10,7 @@ import socket
 import time
 import uuid
 import warnings
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from email.utils import format_datetime
 
 import pytest
@@ -503,3 +503,21 @@ def test_payload_json_is_compact_utf8_and_keeps_big_integers():
     payload = {"name": "Zoë ✉", "n": 1, "m": {"k": [1, None]}}
     assert _json(payload) == '{"name":"Zoë ✉","n":1,"m":{"k":[1,null]}}'.encode()
     assert json.loads(_json({"n": 2**70})) == {"n": 2**70}  # beyond orjson: the standard library takes over
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999_999, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+    ],
+)
+def test_payload_datetimes_read_as_isoformat_writes_them(when):
+    """orjson formats created_at; both paths (and the big-integer fallback) write isoformat()."""
+    from notifications.providers.webhook import _json
+
+    assert json.loads(_json({"created_at": when})) == {"created_at": when.isoformat()}
+    assert json.loads(_json({"created_at": when, "n": 2**70})) == {"created_at": when.isoformat(), "n": 2**70}
+    with pytest.raises(TypeError):
+        _json({"created_at": when, "n": 2**70, "odd": object()})
