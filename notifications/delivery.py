@@ -437,7 +437,7 @@ def _record_portable(outcomes: Sequence[Outcome], using: str) -> set[int]:
 
 def _update_notifications_portable(changes: Sequence[Outcome], using: str) -> None:
     ids = [o.lease.notification_id for o in changes]
-    statuses = [_FINAL_STATUS[o.kind].value for o in changes]
+    statuses = [_FINAL_STATUS_TEXT[o.kind] for o in changes]
     counts = [o.attempt.number if o.attempt else -1 for o in changes]
     codes = [o.error_code for o in changes]
     Notification.objects.using(using).filter(pk__in=ids, status__in=SENDABLE).update(
