@@ -3,7 +3,8 @@
 # its time goes (inclusive share per frame, all threads). Usage, with DATABASE_URL set:
 #   bench/profile_dispatcher.sh [notifications] [seconds]
 # BENCH_FLAGS overrides the run's dispatcher flags (default "-c 500 -b 250"; versus.py uses
-# "-c 2000 -b 1000"), PYSPY_FLAGS adds py-spy flags (e.g. --nonblocking).
+# "-c 2000 -b 1000"), PYSPY_FLAGS adds py-spy flags (e.g. --nonblocking), PYSPY_RATE sets samples
+# per second (default 200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-60000}
@@ -18,7 +19,7 @@ for _ in $(seq 1 1200); do
   sleep 0.1
 done
 sleep 2
-.venv/bin/py-spy record --pid "$pid" --duration "$seconds" --rate 200 ${PYSPY_FLAGS:-} --format raw --output "$out/profile.txt" >/dev/null 2>&1
+.venv/bin/py-spy record --pid "$pid" --duration "$seconds" --rate ${PYSPY_RATE:-200} ${PYSPY_FLAGS:-} --format raw --output "$out/profile.txt" >/dev/null 2>&1
 cp "$out/profile.txt" /tmp/last_profile.txt 2>/dev/null || true
 wait "$bench"
 grep -E "delivery rate|statements" "$out/bench.txt"
