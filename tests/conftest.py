@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
 from core.models import ApiKey, Tenant
+from tests.support.workers import reap_stray_workers
 
 pytest_plugins = ["tests.support.fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """A dispatcher or scheduler a test left running (it failed before stopping it) is killed, so
+    that it cannot claim the next tests' rows; a passing test that leaves one gets a warning."""
+    yield
+    strays = reap_stray_workers()
+    if strays:
+        warnings.warn(f"killed {len(strays)} worker process(es) left running by this test: {strays}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
