@@ -16,16 +16,6 @@ from tests.support.workers import reap_stray_workers
 pytest_plugins = ["tests.support.fixtures"]
 
 
-@pytest.fixture(autouse=True)
-def _no_worker_outlives_its_test() -> Iterator[None]:
-    """A dispatcher or scheduler a test left running (it failed before stopping it) is killed, so
-    that it cannot claim the next tests' rows; a passing test that leaves one gets a warning."""
-    yield
-    strays = reap_stray_workers()
-    if strays:
-        warnings.warn(f"killed {len(strays)} worker process(es) left running by this test: {strays}", stacklevel=1)
-
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
     """Let Django's flush TRUNCATE the append-only audit table, on the throwaway test database only."""
@@ -81,15 +71,22 @@ def anonymous() -> APIClient:
 
 
 @pytest.fixture
-def subprocess_env() -> dict[str, str]:
-    """Environment for real worker processes: same settings and the test database."""
+def subprocess_env() -> Iterator[dict[str, str]]:
+    """Environment for real worker processes: same settings and the test database.
+
+    Every test that starts a dispatcher or scheduler takes this fixture, so its teardown (before the
+    database's) kills any such worker the test left running, e.g. because it failed before stopping
+    it: left alive, it would claim the next tests' rows. A passing test that leaves one gets a warning."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
     url = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return {
+    yield {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test",
         "DATABASE_URL": url,
         "PYTHONUNBUFFERED": "1",
     }
+    strays = reap_stray_workers()
+    if strays:
+        warnings.warn(f"killed {len(strays)} worker process(es) left running by this test: {strays}", stacklevel=1)
