@@ -39,6 +39,7 @@ from dlq.retry import RetryPolicy, exhausted
 from notifications.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
 from notifications.models import Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
+from notifications.providers.base import Cancellable
 from queueing import gc_tuning, heartbeat, queue, ratelimit
 from queueing.janitor import Janitor
 from queueing.models import Worker
@@ -91,7 +92,7 @@ class Dispatcher:
         self.processed = 0
         self.claimed = 0
         self.claimed_by_tenant: Counter[str] = Counter()
-        self._inflight: dict[int, tuple[asyncio.Task, Prepared]] = {}
+        self._inflight: dict[int, tuple[Cancellable, Prepared]] = {}  # a task, or a send that calls back
         self._outcomes: list[Outcome] = []
         self._providers: dict[int, _CachedProvider] = {}
         self._lanes: dict[int, ratelimit.LaneSpec] = {}
@@ -216,8 +217,7 @@ class Dispatcher:
         if self.stopping.is_set():
             logger.warning("second %s: giving back in-flight work now", signal.Signals(sig).name)
             self.force = True
-            for task, _ in list(self._inflight.values()):
-                task.cancel()
+            self._cancel_inflight()
         else:
             logger.info(
                 "%s received: no new claims; finishing in-flight work (grace %.0fs)",
@@ -467,15 +467,13 @@ class Dispatcher:
 
     # --- sending ------------------------------------------------------------------------------------
     def _start_send(self, item: Prepared) -> None:
-        # The task first runs on a later turn of the loop, after it is registered here; it takes
-        # itself out when it ends (cheaper than a done callback, which costs one more turn).
-        self._inflight[item.lease.item_id] = (self.loop.create_task(self._send(item)), item)
-
-    async def _send(self, item: Prepared) -> None:
+        """Start one delivery. A provider that can (`start_send`: the webhook provider) sends at once
+        and calls back with the result, which costs no task, coroutine or future per delivery; any
+        other is awaited in a task of its own."""
         started = datetime.now(UTC)
         t0 = time.perf_counter()
         try:
-            provider = self._providers[item.provider_id]
+            instance = self._providers[item.provider_id].instance
             message = OutboundMessage(
                 notification_id=item.notification_key,
                 tenant_id=item.tenant_key,
@@ -487,21 +485,50 @@ class Dispatcher:
                 created_at=item.created_at,
                 attempt=item.attempt_number,
             )
-            result = await provider.instance.send(message)
+            handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
+        except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
+            self._sent(item, _crash(item, exc), started, t0)
+            return
+        if handle is None:
+            handle = self.loop.create_task(self._send(item, instance, message, started, t0))
+        self._inflight[item.lease.item_id] = (handle, item)
+
+    async def _send(
+        self, item: Prepared, instance: BaseProvider, message: OutboundMessage, started: datetime, t0: float
+    ) -> None:
+        try:
+            result = await instance.send(message)
         except asyncio.CancelledError:
-            self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
+            self._given_back(item)
             raise
         except Exception as exc:  # noqa: BLE001 - a crash in a provider is recorded, never lost
-            logger.exception("provider crashed delivering %s", item.notification_id)
-            result = DeliveryResult(
-                delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
-            )
-        finally:
-            # No await between here and the append below: the recorder, woken now, runs after it.
-            self._inflight.pop(item.lease.item_id, None)
-            self.capacity.set()
-            self.record_wake.set()
-        self._outcomes.append(self._outcome(item, result, started, time.perf_counter() - t0))
+            result = _crash(item, exc)
+        self._sent(item, result, started, t0)
+
+    def _sent(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
+        self._inflight.pop(item.lease.item_id, None)
+        self.capacity.set()
+        self.record_wake.set()  # the recorder, woken now, runs after the append below
+        try:
+            outcome = self._outcome(item, result, started, time.perf_counter() - t0)
+        except Exception:  # a bug: the item stays leased, and is sent again once its lease expires
+            logger.exception("could not judge the result of delivering %s", item.notification_id)
+            return
+        self._outcomes.append(outcome)
+
+    def _given_back(self, item: Prepared) -> None:
+        self._inflight.pop(item.lease.item_id, None)
+        self.capacity.set()
+        self.record_wake.set()
+        self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
+
+    def _cancel_inflight(self) -> None:
+        """Give every unfinished delivery back: a task's cancellation does it when the task ends, a
+        send started by callback is given back here (its callback will not come)."""
+        for handle, item in list(self._inflight.values()):
+            handle.cancel()
+            if not isinstance(handle, asyncio.Task):
+                self._given_back(item)
 
     def _outcome(self, item: Prepared, result: DeliveryResult, started: datetime, seconds: float) -> Outcome:
         verdict = classify(result)
@@ -542,16 +569,21 @@ class Dispatcher:
         return Outcome(lease=item.lease, kind="retry", retry_delay=delay, **common)
 
     async def _drain_inflight(self) -> None:
+        """Let in-flight deliveries finish within the grace period, then give back the rest."""
+        deadline = self.loop.time() + (0 if self.force else self.config.grace_seconds)
+        while self._inflight and not self.force and (left := deadline - self.loop.time()) > 0:
+            self.capacity.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.capacity.wait(), timeout=left)
         if not self._inflight:
             return
-        pending = [task for task, _ in self._inflight.values()]
-        timeout = 0 if self.force else self.config.grace_seconds
-        done, not_done = await asyncio.wait(pending, timeout=timeout) if timeout else (set(), set(pending))
-        for task in not_done:
-            task.cancel()
-        if not_done:
-            logger.warning("grace period over: giving back %d unfinished deliveries", len(not_done))
-            await asyncio.gather(*not_done, return_exceptions=True)
+        tasks = [handle for handle, _ in self._inflight.values() if isinstance(handle, asyncio.Task)]
+        logger.warning("grace period over: giving back %d unfinished deliveries", len(self._inflight))
+        self._cancel_inflight()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for _, item in list(self._inflight.values()):  # tasks cancelled before their first step
+            self._given_back(item)
 
     # --- recording ----------------------------------------------------------------------------------
     async def _record_loop(self) -> None:
@@ -626,6 +658,13 @@ class Dispatcher:
                 reported = self.processed
 
 
+def _crash(item: Prepared, exc: Exception) -> DeliveryResult:
+    logger.exception("provider crashed delivering %s", item.notification_id, exc_info=exc)
+    return DeliveryResult(
+        delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
+    )
+
+
 def _log_extra(item: Prepared, verdict: Classification) -> dict[str, Any]:
     return {
         "notification_id": item.notification_key,
@@ -646,6 +685,9 @@ class _MisconfiguredProvider:
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         return DeliveryResult(delivered=False, error_code="invalid_config", permanent=True, message=self.problem)
+
+    def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> None:
+        return None  # awaited in a task: a send that fails at once is no hot path
 
     async def aclose(self) -> None:
         return None

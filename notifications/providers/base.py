@@ -10,11 +10,11 @@ import re
 import socket
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from rest_framework.exceptions import ValidationError
 
@@ -152,6 +152,10 @@ def reject_unknown_keys(data: dict, allowed: Iterable[str], *, section: str) -> 
         )
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> object: ...
+
+
 class BaseProvider(ABC):
     """One delivery transport. Instances are reusable across messages and must be closed."""
 
@@ -170,6 +174,13 @@ class BaseProvider(ABC):
     @abstractmethod
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         """Deliver one message; never raises for delivery problems."""
+
+    def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> Cancellable | None:
+        """`send` without a coroutine, a task or a future, where a provider can (the dispatcher's hot
+        path, ≈ 4 µs a delivery less): the send starts now, and `on_result(result)` follows once, on the
+        event loop, never from within this call, unless the returned handle is cancelled first.
+        None: not supported here, await `send()` instead."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release connections and other resources."""

@@ -57,10 +57,6 @@ class HttpProtocolError(DeliveryError):
     code = "protocol_error"
 
 
-class _StaleConnection(Exception):
-    """The server closed the connection before sending any byte of the response."""
-
-
 @dataclass(frozen=True, slots=True)
 class Origin:
     scheme: str
@@ -141,7 +137,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = True
         self.requests = 0
         self.idle_since = 0.0
-        self._fut: asyncio.Future | None = None
+        self._req: _Request | None = None  # the request awaiting its response on this connection
         self._buf = bytearray()
         self._state = _IDLE
         self._got_bytes = False
@@ -156,7 +152,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self._fut is None or self._fut.done():
+        if self._req is None:
             # Bytes while idle: the server misbehaves or pushes an unsolicited 408; drop the connection.
             self.reusable = False
             self.close()
@@ -175,29 +171,29 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.reusable = False
-        fut = self._fut
-        if fut is None or fut.done():
+        req = self._req
+        if req is None:
             return
         if self._state == _UNTIL_CLOSE:
             self._buf.clear()
             self._complete()
         elif not self._got_bytes:
             self.inflight.discard(self)
-            fut.set_exception(_StaleConnection())
+            self._req = None
+            req.closed_before_response()
         else:
             self._fail(HttpProtocolError("connection closed in the middle of the response"))
 
     # request ----------------------------------------------------------------------------------
-    def request(self, data: bytes, deadline: float) -> asyncio.Future:
-        self._fut = fut = self.loop.create_future()
+    def request(self, req: _Request) -> None:
+        self._req = req
         self._state = _HEAD
         self._got_bytes = False
         self._buf.clear()
         self.requests += 1
-        self.deadline = deadline
+        self.deadline = req.deadline
         self.inflight.add(self)  # the client's sweeper enforces the deadline
-        self.transport.write(data)  # type: ignore[union-attr]
-        return fut
+        self.transport.write(req.data)  # type: ignore[union-attr]
 
     def close(self) -> None:
         self.closed = True
@@ -208,13 +204,19 @@ class _Connection(asyncio.Protocol):
     def on_timeout(self) -> None:
         self._fail(HttpTimeout("no complete response before the timeout"))
 
+    def abandon(self) -> None:
+        """The request was cancelled: no response is wanted, and the connection cannot be reused."""
+        self._req = None
+        self.inflight.discard(self)
+        self.close()
+
     def _fail(self, exc: Exception) -> None:
         self.reusable = False
         self.inflight.discard(self)
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_exception(exc)
+        req, self._req = self._req, None
         self.close()
+        if req is not None:
+            req.failed(exc)
 
     def _complete(self, truncated: bool = False) -> None:
         self.inflight.discard(self)
@@ -226,9 +228,9 @@ class _Connection(asyncio.Protocol):
         self.idle_since = self.loop.time()
         if truncated:
             self.close()
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_result(Response(self._status, self._reason, self._headers, body, truncated))
+        req, self._req = self._req, None
+        if req is not None:  # last: the pool may start the next request on this connection at once
+            req.answered(Response(self._status, self._reason, self._headers, body, truncated))
 
     # parser -----------------------------------------------------------------------------------
     def _parse(self) -> None:
@@ -374,20 +376,78 @@ class _Connection(asyncio.Protocol):
 
 
 Resolver = Callable[[str, int], Awaitable[list[tuple]]]
+OnDone = Callable[["Response | None", "BaseException | None"], object]
+
+
+class _Request:
+    """One request from `HttpClient.start` to its callback: waiting for a connection, then awaiting
+    its response on one. `on_done(response, None)` or `on_done(None, error)` is called exactly once,
+    never from within `start`, and not at all after `cancel()`."""
+
+    __slots__ = ("pool", "data", "deadline", "on_done", "conn", "reused", "retried", "done")
+
+    def __init__(self, pool: _Pool, data: bytes, deadline: float, on_done: OnDone) -> None:
+        self.pool = pool
+        self.data = data
+        self.deadline = deadline
+        self.on_done = on_done
+        self.conn: _Connection | None = None
+        self.reused = False  # sent on a connection that had answered before
+        self.retried = False
+        self.done = False
+
+    def cancel(self) -> None:
+        """Give the request up. Waiting, it is skipped when its turn comes; sent, its connection is
+        closed (the server may still have received it)."""
+        if self.done:
+            return
+        self.done = True
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.abandon()
+            self.pool.discard(conn)
+
+    def answered(self, response: Response) -> None:
+        conn, self.conn = self.conn, None
+        self.pool.release(conn)  # type: ignore[arg-type] - set while awaiting the response
+        self.finish(response, None)
+
+    def failed(self, error: BaseException) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool.discard(conn)
+        self.finish(None, error)
+
+    def closed_before_response(self) -> None:
+        """The server closed the connection before any byte of the response: a keep-alive
+        connection it dropped while idle is replaced once; anything else is a connection error."""
+        conn, self.conn = self.conn, None
+        self.pool.discard(conn)  # type: ignore[arg-type]
+        if self.reused and not self.retried and not self.done:
+            self.retried = True
+            self.pool.dispatch(self)
+            return
+        self.finish(None, HttpConnectError("connection closed before any response"))
+
+    def finish(self, response: Response | None, error: BaseException | None) -> None:
+        if not self.done:
+            self.done = True
+            self.on_done(response, error)
 
 
 class _Pool:
-    """Connections to one origin: idle ones (LIFO), a size limit, and FIFO waiters for a slot."""
+    """Connections to one origin: idle ones (LIFO), a size limit, and the requests waiting (FIFO)
+    for a connection. A connection set free takes the next waiting request at once."""
 
     def __init__(self, client: HttpClient, origin: Origin) -> None:
         self.client = client
         self.origin = origin
         self.idle: list[_Connection] = []
         self.all: set[_Connection] = set()  # open connections, idle or busy, for close()
-        self.size = 0
-        # (future, deadline): the client's sweeper fails those past their deadline, so waiting for
-        # a slot costs one future, not a timeout context and a timer per waiter
-        self.waiters: deque[tuple[asyncio.Future, float]] = deque()
+        self.size = 0  # open connections and connections being opened
+        # The client's sweeper fails the waiting requests past their deadline, so waiting costs no
+        # timer per request.
+        self.waiters: deque[_Request] = deque()
         # True while the waiters' deadlines never decrease (one timeout per origin, the usual case):
         # the expired ones are then at the left, and a sweep looks at those only.
         self._deadlines_in_order = True
@@ -407,47 +467,48 @@ class _Pool:
                 self.size -= 1
         return None
 
-    async def acquire(self, deadline: float) -> _Connection:
-        """When `take_idle` found none: a new connection (within the size limit), or the next one
-        released (FIFO)."""
-        if self.size >= self.client.max_connections_per_host:
-            fut = self.client._loop.create_future()
-            if not self.waiters:
-                self._deadlines_in_order = True
-            elif deadline < self.waiters[-1][1]:
-                self._deadlines_in_order = False
-            self.waiters.append((fut, deadline))
-            self.client._ensure_sweeper()
-            try:
-                conn = await fut
-            except BaseException:
-                self._abandon(fut)
-                raise
-            if conn is not None:
-                return conn
-            # A slot was freed for us (size already counts it): open a new connection.
-        else:
+    def dispatch(self, req: _Request) -> None:
+        """Send on an idle connection, or open one within the size limit, or wait (FIFO)."""
+        if self.client._closed:
+            self.client._loop.call_soon(req.finish, None, HttpConnectError("client closed"))
+            return
+        conn = self.take_idle()
+        if conn is not None:
+            self.issue(req, conn)
+        elif self.size < self.client.max_connections_per_host:
             self.size += 1
-        try:
-            conn = await self.client._connect(self.origin, deadline)
-        except BaseException:
-            self.size -= 1
-            self._hand_slot()
-            raise
-        self.all.add(conn)
-        return conn
-
-    def _abandon(self, fut: asyncio.Future) -> None:
-        """A waiter gave up: pass on whatever it was handed in the meantime."""
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            handed = fut.result()
-            if handed is None:
-                self.size -= 1
-                self._hand_slot()
-            else:
-                self.release(handed)
+            self.client._open(self, req)
         else:
-            fut.cancel()
+            waiters = self.waiters
+            if not waiters:
+                self._deadlines_in_order = True
+            elif req.deadline < waiters[-1].deadline:
+                self._deadlines_in_order = False
+            waiters.append(req)
+            self.client._ensure_sweeper()
+
+    def issue(self, req: _Request, conn: _Connection) -> None:
+        req.conn = conn
+        req.reused = conn.requests > 0
+        conn.request(req)
+        self.client._ensure_sweeper()
+
+    def opened(self, req: _Request, conn: _Connection) -> None:
+        """A connection opened for `req`; given on if `req` was cancelled meanwhile."""
+        if self.client._closed:
+            conn.close()
+            req.finish(None, HttpConnectError("client closed"))
+            return
+        self.all.add(conn)
+        if req.done:
+            self.release(conn)
+        else:
+            self.issue(req, conn)
+
+    def not_opened(self, req: _Request, error: BaseException) -> None:
+        self.size -= 1
+        self._hand_slot()
+        req.finish(None, error)
 
     def release(self, conn: _Connection) -> None:
         if not conn.reusable or conn.closed or self.client._closed:
@@ -455,61 +516,61 @@ class _Pool:
             return
         waiters = self.waiters
         while waiters:
-            fut, _ = waiters.popleft()
-            if not fut.done():
-                fut.set_result(conn)
+            req = waiters.popleft()
+            if not req.done:
+                self.issue(req, conn)
                 return
         self.idle.append(conn)
 
     def discard(self, conn: _Connection) -> None:
         conn.close()
-        self.all.discard(conn)
-        self.size -= 1
-        self._hand_slot()
+        if conn in self.all:  # once per connection, whoever notices first
+            self.all.discard(conn)
+            self.size -= 1
+            self._hand_slot()
 
     def _hand_slot(self) -> None:
+        """A connection closed: the first waiting request gets a new one."""
         waiters = self.waiters
         while waiters and self.size < self.client.max_connections_per_host:
-            fut, _ = waiters.popleft()
-            if not fut.done():
+            req = waiters.popleft()
+            if not req.done:
                 self.size += 1
-                fut.set_result(None)
+                self.client._open(self, req)
                 return
 
     def close(self) -> None:
         """Close every connection; requests in flight on them fail with a connection error."""
         for conn in self.all:
             conn.close()
-        self.size -= len(self.idle)
+        self.size -= len(self.all)
         self.idle.clear()
         self.all.clear()
-        for fut, _ in self.waiters:
-            if not fut.done():
-                fut.set_exception(HttpConnectError("client closed"))
-        self.waiters.clear()
+        waiters, self.waiters = self.waiters, deque()
+        for req in waiters:
+            req.finish(None, HttpConnectError("client closed"))
 
     def expire_waiters(self, now: float) -> None:
-        """Fail the waiters whose deadline has passed (called by the client's sweeper, 40 times a
-        second, with up to concurrency − pool size waiters: thousands)."""
+        """Fail the waiting requests whose deadline has passed (called by the client's sweeper, 40
+        times a second, with up to concurrency − pool size waiters: thousands)."""
+        waiters = self.waiters
         if self._deadlines_in_order:
-            waiters = self.waiters
-            while waiters and waiters[0][1] <= now:
-                _time_out(waiters.popleft()[0])
+            while waiters and (waiters[0].deadline <= now or waiters[0].done):
+                _time_out(waiters.popleft())
             return
-        if not any(deadline <= now for _, deadline in self.waiters):
+        if not any(req.deadline <= now for req in waiters):
             return
-        kept: deque[tuple[asyncio.Future, float]] = deque()
-        for fut, deadline in self.waiters:
-            if deadline > now:
-                kept.append((fut, deadline))
+        kept: deque[_Request] = deque()
+        for req in waiters:
+            if req.deadline > now:
+                kept.append(req)
             else:
-                _time_out(fut)
+                _time_out(req)
         self.waiters = kept
 
 
-def _time_out(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(HttpTimeout("no free connection in the pool before the timeout"))
+def _time_out(req: _Request) -> None:
+    req.finish(None, HttpTimeout("no free connection in the pool before the timeout"))
 
 
 class HttpClient:
@@ -547,6 +608,7 @@ class HttpClient:
         self._loop: asyncio.AbstractEventLoop | None = None  # type: ignore[assignment]
         self._closed = False
         self._inflight: set[_Connection] = set()
+        self._opening: set[asyncio.Task] = set()  # connections being opened (kept from the collector)
         self._sweeper: asyncio.TimerHandle | None = None
         self.timeout_resolution = timeout_resolution
 
@@ -575,36 +637,57 @@ class HttpClient:
     async def send(self, origin: Origin, head: bytes, body: bytes, timeout: float) -> Response:
         """Send a prebuilt request head (ending in CRLFCRLF) and body; return the response.
 
-        The hot path: no URL parsing, no header dicts. `timeout` bounds everything.
-        """
+        No URL parsing, no header dicts. `timeout` bounds everything."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(response: Response | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(response)
+            else:
+                fut.set_exception(error)
+
+        req = self.start(origin, head, body, timeout, done)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            req.cancel()
+            raise
+
+    def start(self, origin: Origin, head: bytes, body: bytes, timeout: float, on_done: OnDone) -> _Request:
+        """`send` without a coroutine, a task or a future, for the dispatcher's hot path: the request
+        starts now and `on_done(response, None)` or `on_done(None, error)` follows once, on the event
+        loop (never from within this call); `cancel()` on the returned request gives it up.
+        Raises HttpConnectError at once if the client is closed."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._rebind(loop)
         if self._closed:
             raise HttpConnectError("client closed")
-        deadline = loop.time() + timeout
         pool = self._pools.get(origin.key)
         if pool is None:
             pool = self._pools[origin.key] = _Pool(self, origin)
-        data = head + body if body else head
-        for _ in range(2):
-            conn = pool.take_idle() or await pool.acquire(deadline)  # no coroutine when one is idle
-            reused = conn.requests > 0
-            try:
-                pending = conn.request(data, deadline)
-                self._ensure_sweeper()
-                response = await pending
-            except _StaleConnection:
-                pool.discard(conn)
-                if reused:
-                    continue  # the server dropped an idle keep-alive connection: once more on a new one
-                raise HttpConnectError("connection closed before any response") from None
-            except BaseException:
-                pool.discard(conn)
-                raise
-            pool.release(conn)
-            return response
-        raise HttpConnectError("connection closed before any response")
+        req = _Request(pool, head + body if body else head, loop.time() + timeout, on_done)
+        pool.dispatch(req)
+        return req
+
+    def _open(self, pool: _Pool, req: _Request) -> None:
+        """Open a connection for `req` (its slot in the pool is counted already)."""
+        task = self._loop.create_task(self._open_for(pool, req))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open_for(self, pool: _Pool, req: _Request) -> None:
+        try:
+            conn = await self._connect(pool.origin, req.deadline)
+        except asyncio.CancelledError:
+            pool.not_opened(req, HttpConnectError("client closed"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the request's callback
+            pool.not_opened(req, exc)
+            return
+        pool.opened(req, conn)
 
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None:
@@ -612,14 +695,15 @@ class HttpClient:
 
     def _sweep(self) -> None:
         now = self._loop.time()
-        expired = [conn for conn in self._inflight if conn.deadline <= now]
-        for conn in expired:
-            conn.on_timeout()
-        waiting = False
+        # Waiters first: a connection that times out now hands its slot on at once, and a waiter
+        # past its deadline should fail as one, not open a connection for nothing.
         for pool in self._pools.values():
             if pool.waiters:
                 pool.expire_waiters(now)
-                waiting = waiting or bool(pool.waiters)
+        expired = [conn for conn in self._inflight if conn.deadline <= now]
+        for conn in expired:
+            conn.on_timeout()
+        waiting = any(pool.waiters for pool in self._pools.values())
         if self._inflight or waiting:
             self._sweeper = self._loop.call_later(self.timeout_resolution, self._sweep)
         else:
@@ -637,6 +721,7 @@ class HttpClient:
                 pool.close()
         self._pools.clear()
         self._inflight.clear()
+        self._opening.clear()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -695,6 +780,8 @@ class HttpClient:
         if asyncio.get_running_loop() is not self._loop:
             self._rebind(asyncio.get_running_loop())
         self._closed = True
+        for task in self._opening:
+            task.cancel()
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()

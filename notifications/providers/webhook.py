@@ -7,12 +7,14 @@ base64-decoded part of the `whsec_` secret, and `Idempotency-Key` (the notificat
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import math
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 import orjson
@@ -20,6 +22,7 @@ import orjson
 from core.crypto import HmacSha256
 from notifications.providers.base import (
     BaseProvider,
+    Cancellable,
     DeliveryResult,
     OutboundMessage,
     as_dict,
@@ -29,7 +32,7 @@ from notifications.providers.base import (
     parse_retry_after,
     reject_unknown_keys,
 )
-from notifications.providers.http import HttpClient, build_head, split_url
+from notifications.providers.http import HttpClient, Response, build_head, split_url
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 120.0
@@ -117,6 +120,30 @@ class WebhookProvider(BaseProvider):
         return {"url": url, "timeout_seconds": float(timeout)}
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
+        request = self._request(message)
+        if isinstance(request, DeliveryResult):
+            return request
+        try:
+            response = await self._client.send(self._origin, *request, self.timeout)
+        except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+            return self._failure(exc)
+        return self._result(response)
+
+    def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> Cancellable:
+        request = self._request(message)
+        if isinstance(request, DeliveryResult):
+            return asyncio.get_running_loop().call_soon(on_result, request)
+
+        def done(response: Response | None, error: BaseException | None) -> None:
+            on_result(self._result(response) if error is None else self._failure(error))  # type: ignore[arg-type]
+
+        try:
+            return self._client.start(self._origin, *request, self.timeout, done)
+        except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+            return asyncio.get_running_loop().call_soon(on_result, self._failure(exc))
+
+    def _request(self, message: OutboundMessage) -> tuple[bytes, bytes] | DeliveryResult:
+        """The signed request's head and body, or the permanent failure that keeps it from being sent."""
         try:
             msg_id = message.notification_id
             if not _SAFE_ID.fullmatch(msg_id):
@@ -150,9 +177,11 @@ class WebhookProvider(BaseProvider):
                 timestamp.encode(),
                 signature,
             ) + b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n" % (msg_id.encode(), len(body))
-            response = await self._client.send(self._origin, head, body, self.timeout)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return self._failure(exc)
+        return head, body
+
+    def _result(self, response: Response) -> DeliveryResult:
         status = response.status
         if 200 <= status < 300:
             return _DELIVERED[status]
