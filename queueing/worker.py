@@ -273,8 +273,11 @@ class Dispatcher:
             if skipped:
                 self._outcomes.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
                 self.record_wake.set()
-            for item in prepared:
-                self._start_send(item)
+            if self.stopping.is_set():  # a signal came during the claim: send none of it
+                self._give_back(prepared)
+            else:
+                for item in prepared:
+                    self._start_send(item)
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)
             if prepared or skipped:
@@ -487,7 +490,7 @@ class Dispatcher:
             )
             handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
         except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
-            self._sent(item, _crash(item, exc), started, t0)
+            self._judge(item, _crash(item, exc), started, t0)
             return
         if handle is None:
             handle = self.loop.create_task(self._send(item, instance, message, started, t0))
@@ -506,8 +509,13 @@ class Dispatcher:
         self._sent(item, result, started, t0)
 
     def _sent(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
-        self._inflight.pop(item.lease.item_id, None)
+        """A send's callback, or its task's end."""
+        if self._inflight.pop(item.lease.item_id, None) is None:
+            return  # given back already (one outcome per claimed item, whatever calls back late)
         self.capacity.set()
+        self._judge(item, result, started, t0)
+
+    def _judge(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
         self.record_wake.set()  # the recorder, woken now, runs after the append below
         try:
             outcome = self._outcome(item, result, started, time.perf_counter() - t0)
@@ -517,7 +525,8 @@ class Dispatcher:
         self._outcomes.append(outcome)
 
     def _given_back(self, item: Prepared) -> None:
-        self._inflight.pop(item.lease.item_id, None)
+        if self._inflight.pop(item.lease.item_id, None) is None:
+            return  # its outcome is in already
         self.capacity.set()
         self.record_wake.set()
         self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
@@ -525,7 +534,9 @@ class Dispatcher:
     def _cancel_inflight(self) -> None:
         """Give every unfinished delivery back: a task's cancellation does it when the task ends, a
         send started by callback is given back here (its callback will not come)."""
-        for handle, item in list(self._inflight.values()):
+        # Newest first: those still wait for a connection, and cancelling a send on the wire before
+        # them would hand its slot to a waiter (a new connection for nothing).
+        for handle, item in reversed(list(self._inflight.values())):
             handle.cancel()
             if not isinstance(handle, asyncio.Task):
                 self._given_back(item)

@@ -430,9 +430,15 @@ class _Request:
         self.finish(None, HttpConnectError("connection closed before any response"))
 
     def finish(self, response: Response | None, error: BaseException | None) -> None:
-        if not self.done:
-            self.done = True
+        if self.done:
+            return
+        self.done = True
+        try:
             self.on_done(response, error)
+        except Exception as exc:  # noqa: BLE001 - the caller's bug must not break the pool or the sweeper
+            self.pool.client._loop.call_exception_handler(
+                {"message": "HTTP request callback failed", "exception": exc}
+            )
 
 
 class _Pool:
@@ -490,14 +496,20 @@ class _Pool:
     def issue(self, req: _Request, conn: _Connection) -> None:
         req.conn = conn
         req.reused = conn.requests > 0
-        conn.request(req)
         self.client._ensure_sweeper()
+        try:
+            conn.request(req)
+        except Exception as exc:  # noqa: BLE001 - a transport closed under us (uvloop raises on write)
+            conn._fail(HttpConnectError(f"could not send the request: {exc}"))
 
     def opened(self, req: _Request, conn: _Connection) -> None:
         """A connection opened for `req`; given on if `req` was cancelled meanwhile."""
-        if self.client._closed:
+        if self.client._closed or conn.closed:
             conn.close()
-            req.finish(None, HttpConnectError("client closed"))
+            self.size -= 1
+            self._hand_slot()
+            problem = "client closed" if self.client._closed else "connection closed as it opened"
+            req.finish(None, HttpConnectError(problem))
             return
         self.all.add(conn)
         if req.done:
@@ -556,17 +568,14 @@ class _Pool:
         waiters = self.waiters
         if self._deadlines_in_order:
             while waiters and (waiters[0].deadline <= now or waiters[0].done):
-                _time_out(waiters.popleft())
+                _time_out(waiters.popleft())  # a callback may append to the right: not iterated over
             return
         if not any(req.deadline <= now for req in waiters):
             return
-        kept: deque[_Request] = deque()
-        for req in waiters:
-            if req.deadline > now:
-                kept.append(req)
-            else:
-                _time_out(req)
-        self.waiters = kept
+        expired = [req for req in waiters if req.deadline <= now]
+        self.waiters = deque(req for req in waiters if req.deadline > now)
+        for req in expired:  # after the swap: what a callback starts joins the new deque
+            _time_out(req)
 
 
 def _time_out(req: _Request) -> None:
@@ -695,19 +704,20 @@ class HttpClient:
 
     def _sweep(self) -> None:
         now = self._loop.time()
-        # Waiters first: a connection that times out now hands its slot on at once, and a waiter
-        # past its deadline should fail as one, not open a connection for nothing.
-        for pool in self._pools.values():
-            if pool.waiters:
-                pool.expire_waiters(now)
-        expired = [conn for conn in self._inflight if conn.deadline <= now]
-        for conn in expired:
-            conn.on_timeout()
-        waiting = any(pool.waiters for pool in self._pools.values())
-        if self._inflight or waiting:
-            self._sweeper = self._loop.call_later(self.timeout_resolution, self._sweep)
-        else:
-            self._sweeper = None
+        try:
+            # Waiters first: a connection that times out now hands its slot on at once, and a
+            # waiter past its deadline should fail as one, not open a connection for nothing.
+            # Over copies: the callbacks run here may start requests (new pools, new waiters).
+            for pool in list(self._pools.values()):
+                if pool.waiters:
+                    pool.expire_waiters(now)
+            for conn in [conn for conn in self._inflight if conn.deadline <= now]:
+                conn.on_timeout()
+        finally:
+            if self._inflight or any(pool.waiters for pool in self._pools.values()):
+                self._sweeper = self._loop.call_later(self.timeout_resolution, self._sweep)
+            else:
+                self._sweeper = None
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
         """First use, or reuse from another event loop: connections of the old loop are useless.
@@ -717,7 +727,9 @@ class HttpClient:
         """
         old = self._loop
         if old is not None and not old.is_closed():
-            for pool in self._pools.values():
+            for task in self._opening:
+                task.cancel()
+            for pool in list(self._pools.values()):
                 pool.close()
         self._pools.clear()
         self._inflight.clear()

@@ -32,7 +32,7 @@ from notifications.providers.base import (
     parse_retry_after,
     reject_unknown_keys,
 )
-from notifications.providers.http import HttpClient, Response, build_head, split_url
+from notifications.providers.http import HttpClient, HttpConnectError, Response, build_head, split_url
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 120.0
@@ -135,11 +135,15 @@ class WebhookProvider(BaseProvider):
             return asyncio.get_running_loop().call_soon(on_result, request)
 
         def done(response: Response | None, error: BaseException | None) -> None:
-            on_result(self._result(response) if error is None else self._failure(error))  # type: ignore[arg-type]
+            try:
+                result = self._result(response) if error is None else self._failure(error)  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+                result = self._failure(exc)
+            on_result(result)
 
         try:
             return self._client.start(self._origin, *request, self.timeout, done)
-        except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+        except HttpConnectError as exc:  # a closed client, before the request is registered anywhere
             return asyncio.get_running_loop().call_soon(on_result, self._failure(exc))
 
     def _request(self, message: OutboundMessage) -> tuple[bytes, bytes] | DeliveryResult:

@@ -228,3 +228,70 @@ def test_a_provider_without_a_callback_path_says_so():
 
     provider = ConsoleProvider({}, {})
     assert provider.start_send(message(notification_id=str(uuid.uuid4())), lambda result: None) is None
+
+
+def test_callbacks_that_raise_or_start_requests_leave_the_pool_and_its_timeouts_working():
+    """Callbacks run inside the sweeper: one that starts a request (same origin, a new origin) or
+    raises must not stop it, or no timeout would ever fire again."""
+    with HttpReceiver(delay_ms=2000) as rx, HttpReceiver(delay_ms=2000) as other:
+
+        async def run():
+            loop = asyncio.get_running_loop()
+            reported: list = []
+            loop.set_exception_handler(lambda _, context: reported.append(context.get("exception")))
+            client = HttpClient(max_connections_per_host=1)
+            calls = Calls()
+            record_then = calls.for_
+
+            def and_start(tag: str, url: str, follow: str):  # noqa: ANN202
+                def done(response, error) -> None:  # noqa: ANN001
+                    record_then(tag)(response, error)
+                    client.start(*post(url, follow), 0.2, calls.for_(follow))
+
+                return done
+
+            def raising(tag: str):  # noqa: ANN202
+                def done(response, error) -> None:  # noqa: ANN001
+                    record_then(tag)(response, error)
+                    raise ValueError("a bug in a callback")
+
+                return done
+
+            client.start(*post(rx.url, "holder"), 0.6, calls.for_("holder"))
+            client.start(*post(rx.url, "later"), 0.5, calls.for_("later"))  # deadlines out of order
+            client.start(*post(rx.url, "same"), 0.1, and_start("same", rx.url, "same-follow"))
+            client.start(*post(rx.url, "new"), 0.1, and_start("new", other.url, "new-follow"))
+            client.start(*post(rx.url, "raises"), 0.1, raising("raises"))
+            await calls.wait(7, timeout=3)
+            await client.aclose()
+            return calls, reported
+
+        calls, reported = asyncio.run(run())
+    assert set(calls.results) == {"holder", "later", "same", "same-follow", "new", "new-follow", "raises"}
+    assert all(isinstance(err, HttpTimeout) for _, err in calls.results.values())
+    assert [type(e) for e in reported] == [ValueError]
+
+
+def test_a_callback_that_raises_on_its_response_does_not_resend_the_next_request():
+    with HttpReceiver(delay_ms=20) as rx:
+
+        async def run():
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(lambda *_: None)
+            client = HttpClient(max_connections_per_host=1)
+            calls = Calls()
+
+            def raising(response, error) -> None:  # noqa: ANN001
+                calls.for_("first")(response, error)
+                raise ValueError("a bug in a callback")
+
+            client.start(*post(rx.url, "first"), 5.0, raising)
+            client.start(*post(rx.url, "second"), 5.0, calls.for_("second"))  # waits for that connection
+            await calls.wait(2)
+            await asyncio.sleep(0.1)
+            await client.aclose()
+            return calls
+
+        calls = asyncio.run(run())
+    assert [calls.results[t][0].status for t in ("first", "second")] == [200, 200]
+    assert bodies(rx) == ["first", "second"] and rx.stats()["connections"] == 1

@@ -14,6 +14,7 @@ from core import crypto
 from notifications.delivery import DispatchLease, Prepared
 from notifications.providers import build_provider
 from notifications.providers.base import BaseProvider, DeliveryResult, OutboundMessage
+from notifications.providers.http import HttpClient
 from queueing.worker import Dispatcher, DispatcherConfig, _CachedProvider
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
@@ -201,3 +202,77 @@ def test_sends_cancelled_before_their_task_first_ran_are_given_back_too():
     dispatcher, work = asyncio.run(run())
     assert kinds(dispatcher) == {i.lease.item_id: "deferred" for i in work}
     assert len(dispatcher._outcomes) == len(work) and not dispatcher._inflight
+
+
+def test_giving_back_at_shutdown_opens_no_connection_for_the_sends_that_waited():
+    """Cancelled newest first: the sends waiting for a connection go before those on the wire, so no
+    freed slot is handed to a waiter that is about to be given back."""
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=3000) as rx:
+
+        async def run():
+            dispatcher = await dispatcher_for(rx.url, slow_seconds=0, grace=30)
+            client = HttpClient(max_connections_per_host=4)
+            secrets = {"signing_secret": TEST_SIGNING_SECRET}
+            hook = build_provider("webhook", {"url": rx.url}, secrets, http_client=client)
+            dispatcher._providers[HOOK].instance = hook
+            work = items(12, HOOK)
+            for item in work:
+                dispatcher._start_send(item)
+            await asyncio.sleep(0.2)  # four on the wire, eight waiting
+            dispatcher._on_signal(signal.SIGTERM)
+            dispatcher._on_signal(signal.SIGTERM)
+            await dispatcher._drain_inflight()
+            opening = len(client._opening)
+            await asyncio.sleep(0.2)
+            await client.aclose()
+            return dispatcher, work, opening
+
+        dispatcher, work, opening = asyncio.run(run())
+    assert kinds(dispatcher) == {i.lease.item_id: "deferred" for i in work}
+    assert opening == 0 and rx.stats()["connections"] == 4
+
+
+def test_a_result_that_cannot_be_read_is_recorded_not_left_in_flight(monkeypatch):
+    with HttpReceiver(secret=TEST_SIGNING_SECRET) as rx:
+
+        async def run():
+            dispatcher = await dispatcher_for(rx.url, slow_seconds=0, grace=1)
+            hook = dispatcher._providers[HOOK].instance
+
+            def broken(response):  # noqa: ANN001, ANN202
+                raise KeyError("a bug while reading the response")
+
+            monkeypatch.setattr(hook, "_result", broken)
+            work = items(3, HOOK)
+            for item in work:
+                dispatcher._start_send(item)
+            await until_idle(dispatcher)
+            await hook.aclose()
+            return dispatcher, work
+
+        dispatcher, work = asyncio.run(run())
+    assert len(dispatcher._outcomes) == len(work)
+    assert {o.attempt.error_class for o in dispatcher._outcomes} == {"KeyError"}
+    assert all(o.kind == "retry" for o in dispatcher._outcomes)  # unexplained: treated as transient
+
+
+def test_a_claim_that_returns_after_a_signal_is_given_back_unsent():
+    with HttpReceiver(secret=TEST_SIGNING_SECRET) as rx:
+
+        async def run():
+            dispatcher = await dispatcher_for(rx.url, slow_seconds=0, grace=1)
+            work = items(5, HOOK)
+
+            async def claim_during_which_a_signal_comes(fn, *args):  # noqa: ANN001, ANN202
+                dispatcher._on_signal(signal.SIGTERM)
+                return work, [], None
+
+            dispatcher.db = claim_during_which_a_signal_comes
+            await dispatcher._fetch_loop()
+            await asyncio.sleep(0.1)
+            await dispatcher._providers[HOOK].instance.aclose()
+            return dispatcher, work
+
+        dispatcher, work = asyncio.run(run())
+    assert kinds(dispatcher) == {i.lease.item_id: "deferred" for i in work}
+    assert not dispatcher._inflight and rx.requests == []
