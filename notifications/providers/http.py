@@ -3,7 +3,10 @@
 Why not httpx: at hundreds of requests in flight its per-request overhead dominates a dispatcher
 process (see bench/http_client_bench.py). This client does only what delivery needs:
 
-- a keep-alive pool per (scheme, host, port) with a maximum size and FIFO waiters;
+- a keep-alive pool per (scheme, host, port) with a maximum size and FIFO waiting requests; a
+  connection set free takes the next one itself;
+- two ways to send: `start()` calls back once with the response or the error (no task, coroutine or
+  future per request: the dispatcher's hot path), `send()`/`request()` are awaitables over it;
 - one deadline per request covering pool wait, DNS, connect, TLS, write and response;
 - Content-Length, chunked and close-delimited response bodies, `Connection: close`, 1xx skipped;
 - TLS via ssl.create_default_context() with SNI and hostname verification;
