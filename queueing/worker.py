@@ -273,11 +273,7 @@ class Dispatcher:
             if skipped:
                 self._outcomes.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
                 self.record_wake.set()
-            if self.stopping.is_set():  # a signal came during the claim: send none of it
-                self._give_back(prepared)
-            else:
-                for item in prepared:
-                    self._start_send(item)
+            self._start_all(prepared)
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)
             if prepared or skipped:
@@ -355,13 +351,17 @@ class Dispatcher:
     def _start_handed(self, prepared: list[Prepared]) -> None:
         """Start (or, when stopping, give back) items the doorbell thread claimed; they count as in
         flight from here on, not as handed over."""
-        if self.stopping.is_set():
-            self._give_back(prepared)
-        else:
-            for item in prepared:
-                self._start_send(item)
+        self._start_all(prepared)
         self._taken += len(prepared)
         self.wake.set()  # the fetch loop looks for more
+
+    def _start_all(self, prepared: list[Prepared]) -> None:
+        """Start a claim's sends, or give them all back if a signal came while it was being claimed."""
+        if self.stopping.is_set():
+            self._give_back(prepared)
+            return
+        for item in prepared:
+            self._start_send(item)
 
     def _give_back(self, prepared: list[Prepared]) -> None:
         self._outcomes.extend(Outcome(lease=p.lease, kind="deferred") for p in prepared)
@@ -532,14 +532,13 @@ class Dispatcher:
         self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
 
     def _cancel_inflight(self) -> None:
-        """Give every unfinished delivery back: a task's cancellation does it when the task ends, a
-        send started by callback is given back here (its callback will not come)."""
+        """Cancel every unfinished delivery and give it back now (whatever its task or callback
+        does later finds it given back already)."""
         # Newest first: those still wait for a connection, and cancelling a send on the wire before
         # them would hand its slot to a waiter (a new connection for nothing).
         for handle, item in reversed(list(self._inflight.values())):
             handle.cancel()
-            if not isinstance(handle, asyncio.Task):
-                self._given_back(item)
+            self._given_back(item)
 
     def _outcome(self, item: Prepared, result: DeliveryResult, started: datetime, seconds: float) -> Outcome:
         verdict = classify(result)
@@ -591,10 +590,8 @@ class Dispatcher:
         tasks = [handle for handle, _ in self._inflight.values() if isinstance(handle, asyncio.Task)]
         logger.warning("grace period over: giving back %d unfinished deliveries", len(self._inflight))
         self._cancel_inflight()
-        if tasks:
+        if tasks:  # let them end before their providers are closed
             await asyncio.gather(*tasks, return_exceptions=True)
-        for _, item in list(self._inflight.values()):  # tasks cancelled before their first step
-            self._given_back(item)
 
     # --- recording ----------------------------------------------------------------------------------
     async def _record_loop(self) -> None:

@@ -509,10 +509,8 @@ class _Pool:
         """A connection opened for `req`; given on if `req` was cancelled meanwhile."""
         if self.client._closed or conn.closed:
             conn.close()
-            self.size -= 1
-            self._hand_slot()
             problem = "client closed" if self.client._closed else "connection closed as it opened"
-            req.finish(None, HttpConnectError(problem))
+            self.not_opened(req, HttpConnectError(problem))
             return
         self.all.add(conn)
         if req.done:

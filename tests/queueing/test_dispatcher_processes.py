@@ -228,3 +228,41 @@ def test_a_dispatcher_waiting_for_the_go_stops_when_its_starter_dies(tenant_a, s
     assert not (tmp_path / "go").exists()
     assert QueueItem.objects.filter(lock_token__isnull=False).count() == 0
     assert Notification.objects.filter(status="queued").count() == 5, "nothing was claimed or sent"
+
+
+@pytest.mark.parametrize("how", ["grace period runs out", "second signal"])
+def test_a_stopping_dispatcher_gives_back_the_sends_it_cannot_finish(tenant_a, subprocess_env, tmp_path, how):
+    """Webhook sends run by callback (no task each): the ones still on the wire or waiting for a
+    connection when the grace period ends, or at a second signal, go back to the queue untried
+    (no attempt row, the claim refunded) and are delivered by the next dispatcher."""
+    from notifications.models import DeliveryAttempt
+
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120, delay_ms=2000) as receiver:
+        notes = factories.queued(tenant_a, hook_for(tenant_a, receiver), 60)
+        grace = "0.5" if how == "grace period runs out" else "60"
+        procs = start_dispatchers(1, subprocess_env, "--batch-size", "20", "--concurrency", "40",
+                                  "--grace-seconds", grace, log_dir=tmp_path)
+        assert wait_started(tmp_path, 1)
+        assert wait_until(lambda: len(receiver.requests) >= 20, 30)
+        signalled = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        if how == "second signal":
+            time.sleep(0.2)
+            procs[0].send_signal(signal.SIGTERM)
+        assert wait_exit(procs, 15) == [0]
+        assert time.monotonic() - signalled < 1.8, "given back before the receiver's first answer"
+        on_the_wire = len(receiver.requests)
+        assert QueueItem.objects.filter(lock_token__isnull=False).count() == 0, "every lease given back"
+        assert set(Notification.objects.values_list("status", flat=True)) == {"queued"}
+        assert not DeliveryAttempt.objects.exists()
+        assert QueueItem.objects.filter(attempts__gt=0).count() == 0, "untried: the claims refunded"
+        receiver.configure(delay_ms=0)
+        finish = start_dispatchers(1, subprocess_env, "--once", "--concurrency", "100")
+        assert wait_exit(finish, 60) == [0]
+        received = collections.Counter(r.webhook_id for r in receiver.requests)
+    assert set(received) == {str(n.id) for n in notes}
+    assert sum(received.values()) - len(notes) <= on_the_wire, "resent: only what was on the wire"
+    assert Notification.objects.filter(status="delivered").count() == 60
+    assert DeliveryAttempt.objects.filter(number=1).count() == 60 == DeliveryAttempt.objects.count()
+    logs = "".join(p.read_text() for p in tmp_path.glob("dispatcher*.log"))
+    assert ("grace period over" if how == "grace period runs out" else "second SIGTERM") in logs

@@ -73,6 +73,27 @@ async def until_idle(dispatcher: Dispatcher, timeout: float = 5.0) -> None:
             await dispatcher.capacity.wait()
 
 
+def send_then_drain(url: str, *, each: int, slow_seconds: float, grace: float, before_drain=None):  # noqa: ANN001, ANN201
+    """Start `each` webhook and `each` task-run sends, run `before_drain(dispatcher, work)` if given,
+    drain as shutdown does; returns (dispatcher, work, seconds the drain took)."""
+
+    async def run():
+        dispatcher = await dispatcher_for(url, slow_seconds=slow_seconds, grace=grace)
+        work = items(each, HOOK) + items(each, SLOW)
+        for item in work:
+            dispatcher._start_send(item)
+        if before_drain is not None:
+            await before_drain(dispatcher, work)
+        started = time.monotonic()
+        await dispatcher._drain_inflight()
+        took = time.monotonic() - started
+        await asyncio.sleep(0.05)  # a late callback would land now
+        await dispatcher._providers[HOOK].instance.aclose()
+        return dispatcher, work, took
+
+    return asyncio.run(run())
+
+
 def kinds(dispatcher: Dispatcher) -> dict[int, str]:
     return {o.lease.item_id: o.kind for o in dispatcher._outcomes}
 
@@ -109,20 +130,7 @@ def test_webhook_sends_run_without_a_task_and_other_providers_in_one():
 
 def test_the_grace_period_gives_back_unfinished_sends_of_both_kinds():
     with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=3000) as rx:
-
-        async def run():
-            dispatcher = await dispatcher_for(rx.url, slow_seconds=3, grace=0.2)
-            work = items(5, HOOK) + items(5, SLOW)
-            for item in work:
-                dispatcher._start_send(item)
-            started = time.monotonic()
-            await dispatcher._drain_inflight()
-            took = time.monotonic() - started
-            await asyncio.sleep(0.05)  # a late callback would land now
-            await dispatcher._providers[HOOK].instance.aclose()
-            return dispatcher, work, took
-
-        dispatcher, work, took = asyncio.run(run())
+        dispatcher, work, took = send_then_drain(rx.url, each=5, slow_seconds=3, grace=0.2)
     assert 0.15 < took < 1.5
     assert not dispatcher._inflight
     assert kinds(dispatcher) == {i.lease.item_id: "deferred" for i in work}
@@ -131,42 +139,20 @@ def test_the_grace_period_gives_back_unfinished_sends_of_both_kinds():
 
 def test_sends_that_finish_within_the_grace_period_are_recorded_as_delivered():
     with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=100) as rx:
-
-        async def run():
-            dispatcher = await dispatcher_for(rx.url, slow_seconds=0.1, grace=5)
-            work = items(5, HOOK) + items(5, SLOW)
-            for item in work:
-                dispatcher._start_send(item)
-            started = time.monotonic()
-            await dispatcher._drain_inflight()
-            took = time.monotonic() - started
-            await dispatcher._providers[HOOK].instance.aclose()
-            return dispatcher, work, took
-
-        dispatcher, work, took = asyncio.run(run())
+        dispatcher, work, took = send_then_drain(rx.url, each=5, slow_seconds=0.1, grace=5)
     assert took < 2.0, "the drain ends when the last send does, not at the end of the grace period"
     assert kinds(dispatcher) == {i.lease.item_id: "delivered" for i in work}
 
 
 def test_a_second_signal_gives_every_send_back_at_once():
+    async def two_signals(dispatcher, work):  # noqa: ANN001, ANN202
+        await asyncio.sleep(0.05)
+        dispatcher._on_signal(signal.SIGTERM)
+        assert len(dispatcher._inflight) == len(work), "the first signal lets sends finish"
+        dispatcher._on_signal(signal.SIGTERM)
+
     with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=3000) as rx:
-
-        async def run():
-            dispatcher = await dispatcher_for(rx.url, slow_seconds=3, grace=30)
-            work = items(4, HOOK) + items(4, SLOW)
-            for item in work:
-                dispatcher._start_send(item)
-            await asyncio.sleep(0.05)
-            dispatcher._on_signal(signal.SIGTERM)
-            assert len(dispatcher._inflight) == len(work), "the first signal lets sends finish"
-            dispatcher._on_signal(signal.SIGTERM)
-            started = time.monotonic()
-            await dispatcher._drain_inflight()
-            took = time.monotonic() - started
-            await dispatcher._providers[HOOK].instance.aclose()
-            return dispatcher, work, took
-
-        dispatcher, work, took = asyncio.run(run())
+        dispatcher, work, took = send_then_drain(rx.url, each=4, slow_seconds=3, grace=30, before_drain=two_signals)
     assert took < 1.0
     assert kinds(dispatcher) == {i.lease.item_id: "deferred" for i in work}
     assert len(dispatcher._outcomes) == len(work)
