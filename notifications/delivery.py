@@ -218,10 +218,13 @@ def claim_and_start(
     look_for_starving: bool = True,
     using: str = "default",
     raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection (PostgreSQL only)
+    token: uuid.UUID | None = None,
 ) -> tuple[list[Prepared], list[DispatchLease]]:
     """Lease up to n items (plus lane grants) and read their notifications.
     `look_for_starving=False` skips the scan for items past the starvation threshold (PostgreSQL;
-    the dispatcher looks once a second, not on every claim)."""
+    the dispatcher looks once a second, not on every claim). `token` is the claim's lock token
+    (new when None): a caller that lost its session during the claim can give back whatever the
+    claim may have leased with it (`queue.release_claim`)."""
     lanes = {pid: cap for pid, cap in (lanes or {}).items() if cap > 0}
     if n <= 0 and not lanes:
         return [], []
@@ -231,7 +234,7 @@ def claim_and_start(
             leases = queue.claim(n, lease_seconds=lease, queues=queues, lanes=lanes, using=using)
             return _start_portable(leases, using)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     ctes, params = queue.claim_ctes_pg(
         n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING
     )

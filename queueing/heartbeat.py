@@ -16,9 +16,13 @@ def register(kind: str, queues: Sequence[str] = ()) -> Worker:
     return Worker.objects.create(kind=kind, host=socket.gethostname(), pid=os.getpid(), queues=list(queues))
 
 
-def beat(worker: Worker, processed: int = 0) -> None:
-    """One UPDATE: last_seen from the database clock, processed counter added atomically."""
-    Worker.objects.filter(pk=worker.pk).update(last_seen=Now(), processed=F("processed") + processed)
+def beat(worker: Worker, processed: int = 0, reconnects: int | None = None) -> None:
+    """One UPDATE: last_seen from the database clock, processed counter added atomically, and the
+    process's reconnect count (core.db_faults) as it is now."""
+    changes = {"last_seen": Now(), "processed": F("processed") + processed}
+    if reconnects is not None:
+        changes["reconnects"] = reconnects
+    Worker.objects.filter(pk=worker.pk).update(**changes)
 
 
 def stop(worker: Worker) -> None:

@@ -147,6 +147,8 @@ class Worker(models.Model):
     last_seen = models.DateTimeField(db_default=Now())
     stopped_at = models.DateTimeField(null=True, blank=True)
     processed = models.PositiveBigIntegerField(default=0)
+    # Times the process dropped a lost database session and reconnected (core.db_faults).
+    reconnects = models.PositiveIntegerField(default=0)
 
     objects = WorkerQuerySet.as_manager()
 

@@ -498,3 +498,35 @@ def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using
                 [_seconds_modifier(lease), _seconds_modifier(lease), *params],
             )
         return {row[0] for row in cursor.fetchall()}
+
+
+def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int:
+    """Give back, untried, every item still leased with one of `tokens`: the claims of a caller
+    whose session was lost during the claim statement, which may have committed with no one left
+    to send what it leased. Refunds the claim's attempt. Returns how many items came back.
+
+    Rare (only after a lost session), so it may scan: lock_token has no index of its own."""
+    if not tokens:
+        return 0
+    with connections[using].cursor() as cursor:
+        if is_pg(using):
+            cursor.execute(
+                """
+                UPDATE queue_state
+                SET lock_token = NULL, locked_until = NULL, available_at = now(), attempts = greatest(attempts - 1, 0)
+                WHERE lock_token = ANY(%s::uuid[])
+                """,
+                [list(tokens)],
+            )
+        else:
+            marks = ", ".join(["%s"] * len(tokens))
+            cursor.execute(
+                f"""
+                UPDATE queue_state
+                SET lock_token = NULL, locked_until = NULL, available_at = {_SQLITE_NOW},
+                    attempts = max(attempts - 1, 0)
+                WHERE lock_token IN ({marks})
+                """,
+                [t.hex for t in tokens],
+            )
+        return cursor.rowcount

@@ -31,9 +31,10 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils.dateparse import parse_datetime
 
+from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from queueing import heartbeat
 from queueing.janitor import Janitor
 from queueing.models import Worker
@@ -340,23 +341,25 @@ class Scheduler:
             logger.info("scheduler stopped; promoted %d in all", self.promoted_total)
 
     def _loop(self, once: bool) -> None:
-        backoff = 0.5
+        backoff = Backoff(first=0.1, cap=MAX_RECONNECT_BACKOFF)
         while not self._stop.is_set():
             try:
                 if self.worker is None:
                     self.worker = heartbeat.register(Worker.Kind.SCHEDULER)
                     self._next_beat = time.monotonic() + self.heartbeat_interval
                 done = self._step(once)
-                backoff = 0.5
+                backoff.reset()
                 if done:
                     return
-            except (OperationalError, InterfaceError) as exc:
+            except Exception as exc:
+                if not is_connection_lost(exc):
+                    raise
                 # Nothing is lost: a failed batch rolled back, its jobs are still pending.
-                logger.warning("database unavailable (%s: %s); reconnecting in %.1fs",
-                               type(exc).__name__, str(exc).strip()[:200], backoff)
-                self._close_connection()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF)
+                delay = backoff.next()
+                logger.warning("database unavailable (%s: %s); reconnecting in %.2fs",
+                               type(exc).__name__, str(exc).strip()[:200], delay)
+                reset_connection(self.using)
+                self._stop.wait(delay)
 
     def _step(self, once: bool) -> bool:
         """One batch and, unless a backlog remains, one sleep. True when `once` is done."""
@@ -406,7 +409,7 @@ class Scheduler:
     def _maybe_beat(self) -> None:
         if self.worker is None or time.monotonic() < self._next_beat:
             return
-        heartbeat.beat(self.worker, processed=self._unreported)
+        heartbeat.beat(self.worker, processed=self._unreported, reconnects=reconnects())
         self._unreported = 0
         self._next_beat = time.monotonic() + self.heartbeat_interval
         if self._window_promoted:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
+from core.db_faults import count_reconnect
 from queueing.queue import NOTIFY_CHANNEL
 
 logger = logging.getLogger("omnipost.wakeup")
@@ -105,6 +106,7 @@ class Doorbell:
                         if self.between_rings is not None and not self._stop.is_set():
                             self._housekeep(conn)
             except Exception as exc:  # noqa: BLE001 - reconnect after any connection failure
+                count_reconnect()
                 self.connected.clear()
                 logger.warning("LISTEN connection failed (%s); retrying in %.1fs", type(exc).__name__, backoff)
                 self._stop.wait(backoff)

@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +32,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import OperationalError, close_old_connections, connection
+from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
+from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy, exhausted
 from notifications.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
@@ -81,6 +83,11 @@ class _CachedProvider:
     loaded_at: float
 
 
+class SessionLost(Exception):  # noqa: N818 - a state, not a bug
+    """The database session was lost while the DB thread ran a call; the connection is already
+    dropped (the next call reconnects). Raised by `Dispatcher.db`, caught by every loop."""
+
+
 class Dispatcher:
     def __init__(self, config: DispatcherConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -101,6 +108,8 @@ class Dispatcher:
         self._any_limits_checked = -1e9
         self._any_limits = False
         self.worker: Worker | None = None
+        self._orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen (see _claim_batch)
+        self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
         # Claims come from the fetch loop (DB thread) and, for a ring that finds the dispatcher idle,
         # from the doorbell thread on the LISTEN connection: one at a time, within the concurrency.
         self._claim_lock = threading.Lock()
@@ -137,7 +146,7 @@ class Dispatcher:
         # The hot path's statements bypass Django's cursor (notifications.delivery.hot_cursor).
         self._hot_statements = 1 if connection.vendor == "postgresql" else 0
         await self.db(self._count_statements)
-        self.worker = await self.db(heartbeat.register, "dispatcher", self.config.queues or ["*"])
+        self.worker = await self._until_connected(heartbeat.register, "dispatcher", self.config.queues or ["*"])
         gc_tuning.settle_after_start_up(self.config.concurrency, self.config.batch_size)
         collections_at_start = gc_tuning.collections_so_far()
         bell = Doorbell(
@@ -176,7 +185,10 @@ class Dispatcher:
             await recorder
             keeper.cancel()
             beats.cancel()
-            await self.db(heartbeat.stop, self.worker)
+            try:
+                await self.db(heartbeat.stop, self.worker)
+            except Exception as exc:  # noqa: BLE001 - the registry shows the worker stale instead
+                logger.warning("could not record the dispatcher's stop (%s)", exc)
             for cached in self._providers.values():
                 with contextlib.suppress(Exception):
                     await cached.instance.aclose()
@@ -203,6 +215,20 @@ class Dispatcher:
             json.dumps(dict(self.claimed_by_tenant)),
         )
         return 0
+
+    async def _until_connected(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn` on the DB thread, retried with backoff while the database is unreachable (a
+        dispatcher started during an outage waits for it instead of exiting)."""
+        backoff = Backoff(first=0.1, cap=5.0)
+        while True:
+            try:
+                return await self.db(fn, *args)
+            except SessionLost as exc:
+                if self.stopping.is_set():
+                    raise
+                delay = backoff.next()
+                logger.warning("database unavailable at start-up (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
 
     def _count_statements(self) -> None:
         """Count every SQL statement this process sends (on the DB thread's connection)."""
@@ -233,14 +259,17 @@ class Dispatcher:
             self.loop.call_soon_threadsafe(self.wake.set)
 
     async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run `fn` on the database thread, reconnecting once after a dropped connection."""
+        """Run `fn` on the database thread. A lost session (any driver's error for it: psycopg's
+        own from the hot path's raw cursor, or Django's) drops the connection and raises
+        `SessionLost`; the caller backs off and tries again, on a new connection."""
 
         def call() -> Any:
             try:
                 return fn(*args, **kwargs)
-            except OperationalError:
-                close_old_connections()
-                connection.close()
+            except Exception as exc:
+                if is_connection_lost(exc):
+                    reset_connection()
+                    raise SessionLost(f"{type(exc).__name__}: {str(exc).strip()[:200]}") from exc
                 raise
 
         return await self.loop.run_in_executor(self.db_thread, call)
@@ -264,12 +293,15 @@ class Dispatcher:
                 continue
             want = min(self.config.batch_size, free, remaining if remaining is not None else free)
             try:
-                prepared, skipped, next_token_in = await self.db(self._claim_batch, want)
-            except OperationalError as exc:
-                logger.warning("database unavailable while claiming (%s); retrying in %.1fs", exc, poll)
-                await self._sleep(poll)
-                poll = min(poll * 2, MAX_POLL * 5)
+                prepared, skipped, next_token_in, unready = await self.db(self._claim_batch, want)
+            except SessionLost as exc:
+                delay = self._outage.next()
+                logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
+                await self._sleep(delay)
                 continue
+            self._outage.reset()
+            if unready:  # claimed, but the session was lost before their providers were loaded
+                self._give_back(unready)
             if skipped:
                 self._outcomes.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
                 self.record_wake.set()
@@ -303,13 +335,19 @@ class Dispatcher:
             want = min(self.config.batch_size, self._free_slots())
             if want <= 0:
                 return False
-            prepared, skipped = claim_and_start(
-                want,
-                lease_seconds=self.config.lease_seconds,
-                queues=self.config.queues,
-                look_for_starving=False,
-                raw_connection=conn,
-            )
+            token = uuid.uuid4()
+            try:
+                prepared, skipped = claim_and_start(
+                    want,
+                    lease_seconds=self.config.lease_seconds,
+                    queues=self.config.queues,
+                    look_for_starving=False,
+                    raw_connection=conn,
+                    token=token,
+                )
+            except Exception:
+                self._orphans.append(token)  # it may have committed: given back by the next claim
+                raise
             self.wakeup_claims += 1
             if not prepared and not skipped:
                 # A peer was faster. Wake the fetch loop only if rate-limited lanes may hold work.
@@ -379,13 +417,29 @@ class Dispatcher:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout=seconds)
 
-    def _claim_batch(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
-        """On the DB thread: take tokens for rate-limited lanes, claim, load providers."""
+    def _claim_batch(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared]]:
+        """On the DB thread: take tokens for rate-limited lanes, claim, load providers. Returns the
+        items to send, those to ack unsent, when the next token is due, and items claimed but to be
+        given back (the session was lost after the claim, before their providers were read)."""
         with self._claim_lock:
             want = min(want, self._free_slots())
             if want <= 0:
-                return [], [], None
-            return self._claim_batch_locked(want)
+                return [], [], None, []
+            if self._orphans:  # claims whose answer a lost session swallowed: give back what they leased
+                released = queue.release_claim(self._orphans)
+                if released:
+                    logger.warning("gave back %d items leased by a claim whose session was lost", released)
+                self._orphans.clear()
+            prepared, skipped, next_token_in = self._claim_batch_locked(want)
+            try:
+                self._load_providers({p.provider_id for p in prepared})
+            except Exception as exc:
+                if not is_connection_lost(exc):
+                    raise
+                reset_connection()
+                logger.warning("database lost after a claim; giving back %d items", len(prepared))
+                return [], skipped, None, prepared
+            return prepared, skipped, next_token_in, []
 
     def _claim_batch_locked(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         lanes, next_token_in = self._grant_lanes(want)
@@ -394,13 +448,19 @@ class Dispatcher:
         look_for_starving = now - self._starving_checked >= STARVATION_CHECK_SECONDS
         if look_for_starving:
             self._starving_checked = now
-        prepared, skipped = claim_and_start(
-            main,
-            lease_seconds=self.config.lease_seconds,
-            queues=self.config.queues,
-            lanes=lanes,
-            look_for_starving=look_for_starving,
-        )
+        token = uuid.uuid4()
+        try:
+            prepared, skipped = claim_and_start(
+                main,
+                lease_seconds=self.config.lease_seconds,
+                queues=self.config.queues,
+                lanes=lanes,
+                look_for_starving=look_for_starving,
+                token=token,
+            )
+        except Exception:
+            self._orphans.append(token)  # it may have committed: given back by the next claim
+            raise
         leases = [p.lease for p in prepared] + skipped
         self.statements += self._hot_statements
         if lanes:
@@ -413,7 +473,6 @@ class Dispatcher:
             for pid, n in unused.items():
                 if n > 0:  # the lane ran dry: look again at the next refresh, not every batch
                     self._lanes.pop(pid, None)
-        self._load_providers({p.provider_id for p in prepared})
         return prepared, skipped, next_token_in
 
     def _grant_lanes(self, want: int) -> tuple[dict[int, int], float | None]:
@@ -519,9 +578,9 @@ class Dispatcher:
         self.record_wake.set()  # the recorder, woken now, runs after the append below
         try:
             outcome = self._outcome(item, result, started, time.perf_counter() - t0)
-        except Exception:  # a bug: the item stays leased, and is sent again once its lease expires
+        except Exception:  # noqa: BLE001 - a bug must still leave exactly one outcome for the item
             logger.exception("could not judge the result of delivering %s", item.notification_id)
-            return
+            outcome = _unjudged(item, result, started, self.retry_policy)
         self._outcomes.append(outcome)
 
     def _given_back(self, item: Prepared) -> None:
@@ -607,16 +666,23 @@ class Dispatcher:
                 return
 
     async def _record(self, batch: list[Outcome]) -> None:
-        delay = 0.05
+        backoff = Backoff(first=0.05, cap=2.0)
         while True:
             try:
                 recorded = await self.db(self._record_batch, batch)
                 break
-            except OperationalError as exc:
-                # Nothing was written; the leases are still ours until they expire. Try again.
-                logger.warning("database unavailable while recording %d outcomes (%s)", len(batch), exc)
+            except SessionLost as exc:
+                # Kept in memory and written once a session is back: the record is fenced by the
+                # lock tokens, so a lease still ours is recorded once (never re-sent) and one that
+                # expired meanwhile is refused. A record that did commit before the loss finds its
+                # rows gone the second time and writes nothing again.
+                if self.force:
+                    logger.error("database unavailable; abandoning %d outcomes on a forced stop", len(batch))
+                    return
+                delay = backoff.next()
+                logger.warning("database unavailable while recording %d outcomes (%s); retrying in %.2fs",
+                               len(batch), exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
             except Exception:
                 # A bug, not an outage: sending on while outcomes cannot be written would resend
                 # everything when the leases expire. Stop claiming and exit non-zero instead.
@@ -643,27 +709,53 @@ class Dispatcher:
             elif o.kind == "delivered":
                 succeeded.add(o.lease.provider_id)
         if throttled or succeeded:
-            ratelimit.adapt(throttled, succeeded)
+            try:
+                ratelimit.adapt(throttled, succeeded)
+            except Exception as exc:  # the outcomes are written; adapting the rate can wait
+                if not is_connection_lost(exc):
+                    raise
+                reset_connection()
         return recorded
 
     # --- leases and heartbeat -----------------------------------------------------------------------
     async def _lease_keeper(self) -> None:
+        """Extends the leases of sends in flight every third of a lease. A lost session is retried
+        within a short backoff (not a whole interval later), so a send longer than its lease keeps
+        it through an outage shorter than the lease's remaining time; nothing ends this loop but
+        the dispatcher's end."""
         interval = max(0.2, self.config.lease_seconds / 3)
+        backoff = Backoff(first=0.05, cap=interval)
+        wait = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
+            wait = interval
             leases = [item.lease for _, item in self._inflight.values()]
-            if leases:
+            if not leases:
+                continue
+            try:
                 kept = await self.db(queue.extend, leases, self.config.lease_seconds)
-                if len(kept) < len(leases):
-                    logger.warning("%d lease(s) were lost before they could be extended", len(leases) - len(kept))
+            except SessionLost as exc:
+                wait = backoff.next()
+                logger.warning("could not extend %d leases (%s); retrying in %.2fs", len(leases), exc, wait)
+                continue
+            except Exception:  # noqa: BLE001 - a bug here must not end lease keeping for good
+                logger.exception("extending %d leases failed", len(leases))
+                continue
+            backoff.reset()
+            if len(kept) < len(leases):
+                logger.warning("%d lease(s) were lost before they could be extended", len(leases) - len(kept))
 
     async def _heartbeat_loop(self) -> None:
         reported = 0
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            with contextlib.suppress(OperationalError):
-                await self.db(heartbeat.beat, self.worker, self.processed - reported)
-                reported = self.processed
+            processed = self.processed
+            try:
+                await self.db(heartbeat.beat, self.worker, processed - reported, reconnects())
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried at the next one
+                logger.warning("heartbeat failed (%s)", exc if isinstance(exc, SessionLost) else repr(exc))
+                continue
+            reported = processed
 
 
 def _crash(item: Prepared, exc: Exception) -> DeliveryResult:
@@ -671,6 +763,19 @@ def _crash(item: Prepared, exc: Exception) -> DeliveryResult:
     return DeliveryResult(
         delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
     )
+
+
+def _unjudged(item: Prepared, result: DeliveryResult, started: datetime, policy: RetryPolicy) -> Outcome:
+    """The outcome of a send whose result could not be judged (a bug in the policy): delivered
+    stays delivered (never sent again); anything else is retried after the first backoff, as a
+    transient failure, so the item is neither lost nor held until its lease runs out."""
+    delivered = bool(getattr(result, "delivered", False))
+    outcome = "delivered" if delivered else "transient_error"
+    attempt = Attempt(item.attempt_number, started, datetime.now(UTC), outcome, "", "" if delivered else "judge_error")
+    if delivered:
+        return Outcome(item.lease, "delivered", attempt)
+    return Outcome(item.lease, "retry", attempt, retry_delay=policy.delay(1, None), error_code="judge_error",
+                   failure_reason="judge_error", failure_class="transient")
 
 
 def _log_extra(item: Prepared, verdict: Classification) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
     dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
 
     def claim(n: int) -> set:
-        prepared, _, _ = dispatcher._claim_batch(n)
+        prepared, _, _, _ = dispatcher._claim_batch(n)
         return {p.notification_id for p in prepared}
 
     assert claim(2) <= starving  # the first claim looks: the starving items outrank priority 9
@@ -185,7 +185,7 @@ def test_a_ring_answered_on_the_listen_connection_stays_within_the_concurrency(t
             assert dispatcher._answer_ring(listen, "default")
         assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3  # concurrency 3, batch 10
         # Not in flight yet, but counted: the fetch loop finds no room.
-        assert dispatcher._claim_batch(10) == ([], [], None)
+        assert dispatcher._claim_batch(10) == ([], [], None, [])
         assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3
     finally:
         dispatcher.loop.close()

@@ -251,7 +251,7 @@ def test_a_claim_that_returns_after_a_signal_is_given_back_unsent():
 
             async def claim_during_which_a_signal_comes(fn, *args):  # noqa: ANN001, ANN202
                 dispatcher._on_signal(signal.SIGTERM)
-                return work, [], None
+                return work, [], None, []
 
             dispatcher.db = claim_during_which_a_signal_comes
             await dispatcher._fetch_loop()

@@ -1,0 +1,110 @@
+"""A private PostgreSQL server for tests that stop, restart or otherwise abuse one: `initdb` and
+`pg_ctl` from the machine's PostgreSQL binaries into a temporary directory, on a free loopback
+port, so the machine's own cluster (and every other test's database) is never touched.
+
+As root (CI, this machine) the server runs as the `postgres` system user, as PostgreSQL requires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def _bindir() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    if found:
+        return Path(found[-1]).parent
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl:
+        return Path(pg_ctl).parent
+    raise RuntimeError("no PostgreSQL server binaries (pg_ctl); scripts/ensure_test_services.sh installs them")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PrivatePostgres:
+    """`start()`, `stop(mode)`, `restart()`, `url(dbname)`; a context manager that removes
+    everything on exit."""
+
+    def __init__(self, *, port: int | None = None, settings: dict[str, str] | None = None) -> None:
+        self.bindir = _bindir()
+        self.port = port or free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="omnipost-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+                         "max_connections": "100", "shared_buffers": "32MB", **(settings or {})}
+        self._user = None
+        if os.geteuid() == 0:
+            self._user = pwd.getpwnam("postgres")
+            os.chown(self.root, self._user.pw_uid, self._user.pw_gid)
+        self.initdb()
+
+    # --- running the server's own commands ------------------------------------------------------------
+    def _run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        command = [str(self.bindir / args[0]), *args[1:]]
+        if self._user is not None:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        return subprocess.run(command, check=check, timeout=timeout, capture_output=True, text=True)  # noqa: S603
+
+    def initdb(self) -> None:
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n")
+            conf.write(f"unix_socket_directories = '{self.root}'\n")
+            for name, value in self.settings.items():
+                conf.write(f"{name} = {value}\n")
+
+    def start(self, timeout: float = 30) -> PrivatePostgres:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", str(int(timeout)), "start",
+                  timeout=timeout + 5)
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def restart(self, mode: str = "fast", down_seconds: float = 0.0) -> float:
+        """Stop (every session ends), stay down `down_seconds`, start again; returns the seconds
+        the server was unreachable."""
+        began = time.monotonic()
+        self.stop(mode)
+        time.sleep(down_seconds)
+        self.start()
+        return time.monotonic() - began
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def create_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def close(self) -> None:
+        self.stop("immediate")
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.root)
+
+    def __enter__(self) -> PrivatePostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
