@@ -33,7 +33,7 @@ from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from notifications import templating
 from notifications.models import CANCELLABLE, Notification, Provider, Status, Template
-from notifications.validation import Draft
+from notifications.validation import MAX_SUBJECT_CHARS, Draft
 from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.queue import NewItem, enqueue
 from queueing.schedule import add_jobs
@@ -143,7 +143,13 @@ def _render(template: Template, context: dict[str, Any], problems: dict[str, lis
             rendered[part] = templating.render(getattr(template, part), context, autoescape=False)
         except templating.TemplateError as exc:
             problems.setdefault("template", []).append(f"{part} of {template.key!r}: {exc}")
-    return rendered.get("subject", ""), rendered.get("body", "")
+    subject = rendered.get("subject", "")
+    if len(subject) > MAX_SUBJECT_CHARS:  # RFC 5322's line limit holds for what was rendered, too
+        problems.setdefault("subject", []).append(
+            f"the subject rendered from template {template.key!r} is {len(subject)} characters long; "
+            f"at most {MAX_SUBJECT_CHARS} are allowed: shorten the template's subject or the context it prints"
+        )
+    return subject, rendered.get("body", "")
 
 
 # --- creating -------------------------------------------------------------------------------------

@@ -217,3 +217,30 @@ def test_the_bomb_grows_a_real_process_by_less_than_64_mib(tenant_a, key_a, subp
     assert result["elapsed"] < 1.0, result
     assert result["grown_kib"] < 64 * 1024, result
     print(f"bomb: {result['elapsed'] * 1000:.0f} ms, peak RSS +{result['grown_kib'] / 1024:.1f} MiB")
+
+
+# --- email subjects: at most 998 characters, literal or rendered -----------------------------------
+
+
+@pytest.mark.django_db
+def test_a_rendered_subject_over_998_characters_is_a_400_field_error(api_a, setup_a):
+    Template.objects.create(tenant=setup_a.tenant, key="long", channel="email", subject="{{ s }}", body="b")
+    ok = api_a.post("/api/v1/notifications", {"channel": "email", "recipient": EMAIL, "template": "long",
+                                              "context": {"s": "x" * 998}}, format="json")  # fmt: skip
+    assert ok.status_code == 201 and len(ok.json()["subject"]) == 998
+    response = api_a.post("/api/v1/notifications", {"channel": "email", "recipient": EMAIL, "template": "long",
+                                                    "context": {"s": "x" * 999}}, format="json")  # fmt: skip
+    assert response.status_code == 400, response.content
+    [message] = response.json()["error"]["details"]["subject"]
+    assert "999 characters long; at most 998" in message
+    assert Notification.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_literal_subject_over_998_characters_is_a_400_field_error(api_a, setup_a):
+    response = api_a.post("/api/v1/notifications", {"channel": "email", "recipient": EMAIL, "subject": "x" * 999,
+                                                    "body": "b"}, format="json")  # fmt: skip
+    assert response.status_code == 400 and "998" in response.json()["error"]["details"]["subject"][0]
+    template = api_a.post("/api/v1/templates", {"key": "t", "channel": "email", "subject": "x" * 999, "body": "b"},
+                          format="json")  # fmt: skip
+    assert template.status_code == 400 and "998" in template.json()["error"]["details"]["subject"][0]
