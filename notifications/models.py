@@ -300,3 +300,19 @@ class Enrollment(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.recipient_masked} in {self.sequence_id}"
+
+
+class TenantQueue(TenantOwned):
+    """A queue name a tenant's notifications use. `OMNIPOST_MAX_QUEUES_PER_TENANT` bounds how many
+    each tenant has (`default` is not counted), so queue names, which become index keys, claim
+    filters and /metrics labels, cannot grow without bound with tenant input."""
+
+    name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "tenant_queues"
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="tenant_queue_unique")]
+
+    def __str__(self) -> str:
+        return self.name

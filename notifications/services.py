@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 from django.db.models import BooleanField, ExpressionWrapper, JSONField, ProtectedError, Q
 from django.db.models.functions import Now
@@ -32,8 +35,8 @@ from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from notifications import templating
-from notifications.models import CANCELLABLE, Notification, Provider, Status, Template
-from notifications.validation import Draft
+from notifications.models import CANCELLABLE, Notification, Provider, Status, Template, TenantQueue
+from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
 from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.queue import NewItem, enqueue
 from queueing.schedule import add_jobs
@@ -88,10 +91,14 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft]) -> list[NotificationSpe
     keys = {d.template for d in drafts if d.template}
     templates = {t.key: t for t in Template.objects.for_tenant(tenant).filter(key__in=keys)} if keys else {}
 
+    refused_queues = _queues_past_the_cap(tenant, {d.queue for d in drafts})
+
     specs: list[NotificationSpec] = []
     errors: dict[int, dict[str, list[str]]] = {}
     for index, draft in enumerate(drafts):
         problems: dict[str, list[str]] = {}
+        if draft.queue in refused_queues:
+            problems["queue"] = [refused_queues[draft.queue]]
         provider = _provider_for(draft, by_name, defaults, problems)
         template = None
         subject, body = draft.subject, draft.body
@@ -143,7 +150,66 @@ def _render(template: Template, context: dict[str, Any], problems: dict[str, lis
             rendered[part] = templating.render(getattr(template, part), context, autoescape=False)
         except templating.TemplateError as exc:
             problems.setdefault("template", []).append(f"{part} of {template.key!r}: {exc}")
-    return rendered.get("subject", ""), rendered.get("body", "")
+    subject = rendered.get("subject", "")
+    if len(subject) > MAX_SUBJECT_CHARS:  # RFC 5322's line limit holds for what was rendered, too
+        problems.setdefault("subject", []).append(
+            f"the subject rendered from template {template.key!r} is {len(subject)} characters long; "
+            f"at most {MAX_SUBJECT_CHARS} are allowed: shorten the template's subject or the context it prints"
+        )
+    return subject, rendered.get("body", "")
+
+
+# --- queues of a tenant ----------------------------------------------------------------------------
+
+_KNOWN_QUEUES: OrderedDict[Any, frozenset[str]] = OrderedDict()  # tenant id → names stored (this process)
+_KNOWN_LOCK = threading.Lock()
+_KNOWN_TENANTS = 10_000
+
+
+def _known_queues(tenant_id: Any) -> frozenset[str]:
+    with _KNOWN_LOCK:
+        names = _KNOWN_QUEUES.get(tenant_id, frozenset())
+        if names:
+            _KNOWN_QUEUES.move_to_end(tenant_id)
+        return names
+
+
+def _remember_queues(tenant_id: Any, names: set[str]) -> None:
+    with _KNOWN_LOCK:
+        _KNOWN_QUEUES[tenant_id] = _KNOWN_QUEUES.get(tenant_id, frozenset()) | names
+        _KNOWN_QUEUES.move_to_end(tenant_id)
+        while len(_KNOWN_QUEUES) > _KNOWN_TENANTS:
+            _KNOWN_QUEUES.popitem(last=False)
+
+
+def _queues_past_the_cap(tenant: Tenant, names: set[str]) -> dict[str, str]:
+    """Names this request may not add, each with its error. No query when every name is `default`
+    or already known to this process (the usual case); else one SELECT of the tenant's names."""
+    wanted = names - {DEFAULT_QUEUE} - _known_queues(tenant.pk)
+    if not wanted:
+        return {}
+    stored = set(TenantQueue.objects.for_tenant(tenant).values_list("name", flat=True))
+    _remember_queues(tenant.pk, stored)
+    cap = int(settings.OMNIPOST_MAX_QUEUES_PER_TENANT)
+    room = max(0, cap - len(stored))
+    new = sorted(wanted - stored)
+    return {
+        name: f"the tenant already uses {len(stored)} queues, the most allowed is {cap} "
+        f"(OMNIPOST_MAX_QUEUES_PER_TENANT); use one of its existing queues"
+        for name in new[room:]
+    }
+
+
+def _register_queues(tenant: Tenant, names: set[str]) -> None:
+    """Store queue names not yet known (in the caller's transaction; a concurrent request adding the
+    same name is absorbed by ON CONFLICT)."""
+    new = names - {DEFAULT_QUEUE} - _known_queues(tenant.pk)
+    if not new:
+        return
+    TenantQueue.objects.bulk_create(
+        [TenantQueue(tenant=tenant, name=name) for name in sorted(new)], ignore_conflicts=True
+    )
+    transaction.on_commit(lambda: _remember_queues(tenant.pk, new))
 
 
 # --- creating -------------------------------------------------------------------------------------
@@ -167,6 +233,7 @@ def create_notifications(tenant: Tenant, specs: Sequence[NotificationSpec], *, a
     now = timezone.now()
     rows = [_instance(tenant, spec, now) for spec in specs]
     with transaction.atomic():
+        _register_queues(tenant, {spec.queue for spec in specs})
         _insert(rows)
         jobs = [
             ScheduledJob(tenant=tenant, notification=n, run_at=n.scheduled_for)

@@ -34,10 +34,17 @@ _EXTRA_FORBIDDEN = tuple(
     )
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class DestinationForbidden(Exception):
-    """The destination resolves to an address the SSRF guard refuses."""
+    """The destination resolves to an address the SSRF guard refuses.
+
+    The message names the rule broken, never the address or the host: it is stored in attempts and
+    the DLQ and shown to the tenant, and the resolved address of a name is internal knowledge (a
+    tenant could otherwise map the network by pointing providers at names). `host` and `address`
+    stay on the exception for code that must tell them apart; nothing here puts them in text.
+    """
 
     code = "destination_forbidden"
     permanent = True
@@ -45,11 +52,37 @@ class DestinationForbidden(Exception):
     def __init__(self, host: str, address: str | None = None) -> None:
         self.host = host
         self.address = address
-        where = f"{host} ({address})" if address and address != host else host
+        self.rule = rule_broken(address if address is not None else host)
         super().__init__(
-            f"destination {where} is a loopback, private, link-local or otherwise non-public address; "
-            "set OMNIPOST_ALLOW_PRIVATE_DESTINATIONS=true to allow it"
+            f"the destination resolves to {self.rule}; non-public destinations are refused "
+            "(an operator can allow them with OMNIPOST_ALLOW_PRIVATE_DESTINATIONS)"
         )
+
+
+def rule_broken(address: str) -> str:
+    """Which rule a refused address breaks, in words that do not repeat the address."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return "something that is not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_v4(ip)
+        if embedded is not None:
+            return rule_broken(str(embedded))
+        if ip.scope_id:
+            return "a link-local address"
+    for test, words in (
+        (ip.is_unspecified, "an unspecified address"),
+        (ip.is_loopback, "a loopback address"),
+        (ip.is_link_local, "a link-local address"),
+        (ip.is_multicast, "a multicast address"),
+        (ip in _CGNAT, "a shared (carrier-grade NAT) address"),
+        (ip.is_reserved, "a reserved address"),
+        (ip.is_private, "a private address"),
+    ):
+        if test:
+            return words
+    return "a reserved or otherwise non-public address"
 
 
 def private_allowed() -> bool:

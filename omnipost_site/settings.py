@@ -131,6 +131,12 @@ OMNIPOST_WORKER_STALE_SECONDS = number(env, "OMNIPOST_WORKER_STALE_SECONDS", 60.
 # /readyz answers 503 when a due scheduled job has waited longer than this (0 turns the check off).
 OMNIPOST_READY_MAX_SCHEDULER_LAG_SECONDS = number(env, "OMNIPOST_READY_MAX_SCHEDULER_LAG_SECONDS", 60.0, minimum=0)
 
+# Tenant input (issue 19): a template render's deadline, the compiled-template cache of each
+# process in estimated bytes, and how many distinct queues one tenant's notifications may name.
+OMNIPOST_TEMPLATE_RENDER_SECONDS = number(env, "OMNIPOST_TEMPLATE_RENDER_SECONDS", 0.5, minimum=0.001)
+OMNIPOST_TEMPLATE_CACHE_BYTES = number(env, "OMNIPOST_TEMPLATE_CACHE_BYTES", 32 * 1024 * 1024, integer=True)
+OMNIPOST_MAX_QUEUES_PER_TENANT = number(env, "OMNIPOST_MAX_QUEUES_PER_TENANT", 50, minimum=1, integer=True)
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 

@@ -4,8 +4,9 @@
    (tenant, key) constraint decides between concurrent requests, never a check-then-insert.
 2. The request runs in one transaction that also stores its response on the record (→ `completed`),
    so notifications are never committed without the response that replays them.
-3. A 400 is stored and replayed too; a 5xx or any other exception deletes the record, so a retry
-   can proceed.
+3. Only a request that started executing keeps its record (Stripe's rule): one that fails
+   authentication or parsing never claims the key, and one that fails validation (a 400) releases
+   it, so the corrected retry with the same key runs. A 5xx or any other exception releases it too.
 A later request with the key replays the stored response (`Idempotent-Replayed: true`), or gets
 422 `idempotency_key_reused` for another body, or 409 `idempotency_request_in_progress`.
 Records expire after 24 h. An `in_flight` record older than IN_FLIGHT_TIMEOUT belongs to a request
@@ -124,10 +125,13 @@ def run_idempotent(request: Request, view: Any, handler: Callable[[], Response])
                 )
         return response
     except (ValidationError, ParseError) as exc:
+        _release(claimed)  # nothing ran: the corrected retry must not be told the key was used
         error = exception_handler(exc, {"view": view, "request": request})
-        response = _render(error.status_code, error.data)
-        _store(claimed, response)
-        return response
+        return _render(error.status_code, error.data)
     except BaseException:
-        IdempotencyRecord.objects.filter(pk=claimed.pk, state=State.IN_FLIGHT).delete()
+        _release(claimed)
         raise
+
+
+def _release(record: IdempotencyRecord) -> None:
+    IdempotencyRecord.objects.filter(pk=record.pk, state=State.IN_FLIGHT).delete()

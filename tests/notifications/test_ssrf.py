@@ -238,3 +238,92 @@ def test_twilio_send_to_private_base_url_is_refused(guard_on):
         result = asyncio.run(run())
         assert (result.error_code, result.permanent) == ("destination_forbidden", True)
         assert receiver.stats()["connections"] == 0
+
+
+# -- refusals name the rule, never the address (issue 19, item 5) ------------------------------
+INTERNAL_HOST = "relay.corp.internal"
+INTERNAL_IP = "10.20.30.40"
+
+
+@pytest.fixture
+def internal_dns(monkeypatch):
+    """`relay.corp.internal` resolves to a private address, through the resolver every client uses."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if host == INTERNAL_HOST:
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (INTERNAL_IP, port or 0))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    # The dispatcher may run on uvloop, whose resolver is libuv's: answer at the client's resolve step.
+    real_resolve = HttpClient._resolve
+
+    async def resolve(self, host, port):  # noqa: ANN001, ANN202
+        if host == INTERNAL_HOST:
+            return getaddrinfo(host, port)
+        return await real_resolve(self, host, port)
+
+    monkeypatch.setattr(HttpClient, "_resolve", resolve)
+
+
+@pytest.mark.parametrize("address", FORBIDDEN)
+def test_the_refusal_names_the_rule_not_the_address(address):
+    text = str(ssrf.DestinationForbidden(INTERNAL_HOST, address))
+    assert address.split("%")[0] not in text and INTERNAL_HOST not in text
+    assert text.startswith("the destination resolves to ") and "non-public" in text
+
+
+@pytest.mark.parametrize(
+    ("address", "rule"),
+    [("127.0.0.1", "a loopback address"), ("10.1.2.3", "a private address"), ("::ffff:10.0.0.1", "a private address"),
+     ("169.254.169.254", "a link-local address"), ("100.64.0.1", "carrier-grade NAT"), ("0.0.0.0", "unspecified"),
+     ("224.0.0.1", "a multicast address"), ("240.0.0.1", "a reserved address"), ("2002:7f00:1::", "loopback")],
+)  # fmt: skip
+def test_the_rule_is_specific(address, rule):
+    assert rule in str(ssrf.DestinationForbidden("h", address))
+
+
+def test_save_time_refusal_of_a_name_hides_what_it_resolves_to(guard_on, internal_dns):
+    with pytest.raises(ValidationError) as excinfo:
+        WebhookProvider.validate({"url": f"http://{INTERNAL_HOST}/hook"}, {"signing_secret": TEST_SIGNING_SECRET})
+    [msg] = excinfo.value.detail["config"]["url"]
+    assert "a private address" in msg and INTERNAL_IP not in msg
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_stored_and_shown_errors_never_carry_the_resolved_address(guard_on, internal_dns, tenant_a, key_a):
+    """A dispatcher refuses providers pointed at names resolving to 10.x and 127.x: the attempt's
+    error_message, the DLQ's failure_reason and every API answer name the rule, not the address."""
+    from dlq.models import DeadLetter
+    from notifications.models import DeliveryAttempt
+    from queueing.worker import Dispatcher, DispatcherConfig
+    from tests import factories
+    from tests.conftest import client_for
+
+    with HttpReceiver(secret=TEST_SIGNING_SECRET) as receiver:
+        targets = {INTERNAL_HOST: INTERNAL_IP, "localhost": "127.0.0.1"}
+        notes = []
+        for index, host in enumerate(targets):
+            provider = factories.provider(
+                tenant_a, f"p{index}", config={"url": f"http://{host}:{receiver.port}/hook"},
+                secrets={"signing_secret": TEST_SIGNING_SECRET},
+            )  # fmt: skip
+            notes += factories.queued(tenant_a, provider, 1)
+        assert Dispatcher(DispatcherConfig(once=True, jitter=False)).run() == 0
+        assert receiver.stats()["connections"] == 0
+
+    attempts = list(DeliveryAttempt.objects.filter(notification__in=notes))
+    letters = list(DeadLetter.objects.filter(notification__in=notes))
+    assert len(attempts) == len(letters) == 2
+    assert {a.error_code for a in attempts} == {"destination_forbidden"}
+    api = client_for(key_a)
+    shown = [a.error_message for a in attempts] + [d.failure_reason for d in letters]
+    shown += [api.get(f"/api/v1/notifications/{n.id}").content.decode() for n in notes]
+    shown += [api.get("/api/v1/dlq").content.decode()]
+    shown += [api.get(f"/api/v1/dlq/{d.pk}").content.decode() for d in letters]
+    for text in shown:
+        for secret in (*targets.values(), INTERNAL_HOST, "10.20.", "127.0.0."):
+            assert secret not in text, text
+    assert any("a private address" in t for t in shown) and any("a loopback address" in t for t in shown)
