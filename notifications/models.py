@@ -300,3 +300,6 @@ class Enrollment(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.recipient_masked} in {self.sequence_id}"
+
+
+from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module

@@ -131,6 +131,11 @@ OMNIPOST_WORKER_STALE_SECONDS = number(env, "OMNIPOST_WORKER_STALE_SECONDS", 60.
 # /readyz answers 503 when a due scheduled job has waited longer than this (0 turns the check off).
 OMNIPOST_READY_MAX_SCHEDULER_LAG_SECONDS = number(env, "OMNIPOST_READY_MAX_SCHEDULER_LAG_SECONDS", 60.0, minimum=0)
 
+# /metrics: when set, scrapes need `Authorization: Bearer <token>`; label values past the caps fold into "other".
+OMNIPOST_METRICS_TOKEN = env.str("OMNIPOST_METRICS_TOKEN", default="")
+OMNIPOST_METRICS_MAX_QUEUES = number(env, "OMNIPOST_METRICS_MAX_QUEUES", 20, minimum=1, integer=True)
+OMNIPOST_METRICS_MAX_PROVIDERS = number(env, "OMNIPOST_METRICS_MAX_PROVIDERS", 200, minimum=1, integer=True)
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 
