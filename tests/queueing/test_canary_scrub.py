@@ -3,7 +3,12 @@ column, the API, the admin and the dispatcher's log finds neither in clear (CONT
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -12,8 +17,10 @@ from django.db import connection
 from django.test import Client
 
 from dlq.models import DeadLetter
+from notifications.delivery import DispatchLease, Prepared
 from notifications.models import DeliveryAttempt, Notification
-from notifications.scrub import forms
+from notifications.scrub import forms, secret_values
+from queueing.worker import Dispatcher, DispatcherConfig, _CachedProvider
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
@@ -117,3 +124,43 @@ def test_a_canary_scan_finds_neither_recipient_nor_secret(tenant_a, api_a, subpr
     log = (tmp_path / "dispatcher0.log").read_text()
     assert "permanent failure of" in log and "dead-lettered after 2 attempts" in log, log
     assert in_clear(log) == [], log
+
+
+class CrashingProvider:
+    """A provider whose exception quotes the recipient and the signing key (a client library's
+    error message often does)."""
+
+    async def send(self, message):  # noqa: ANN001, ANN201
+        raise ValueError(f"cannot deliver to {message.recipient!r} with key {quote(KEY, safe='')}")
+
+    def start_send(self, message, on_result) -> None:  # noqa: ANN001
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_crashing_provider_is_scrubbed_in_the_attempt_the_reason_and_the_traceback(caplog):
+    async def run():  # noqa: ANN202
+        dispatcher = Dispatcher(DispatcherConfig(concurrency=10, batch_size=10, jitter=False))
+        dispatcher.loop = asyncio.get_running_loop()
+        dispatcher.capacity, dispatcher.record_wake = asyncio.Event(), asyncio.Event()
+        dispatcher._providers[7] = _CachedProvider(
+            CrashingProvider(), datetime.now(UTC), 1, False, time.monotonic(),
+            secret_values({"signing_secret": TEST_SIGNING_SECRET}),
+        )  # fmt: skip
+        lease = DispatchLease(1, uuid.uuid4(), 7, False, str(uuid.uuid4()), str(uuid.uuid4()))
+        item = Prepared(lease, "webhook", "", "s", "b", {}, datetime.now(UTC), 1, 1, opened_recipient=REFUSED_TO)
+        dispatcher._start_send(item)
+        async with asyncio.timeout(5):
+            while not dispatcher._outcomes:
+                await asyncio.sleep(0.01)
+        return dispatcher._outcomes
+
+    with caplog.at_level(logging.INFO, logger="omnipost.dispatcher"):
+        (outcome,) = asyncio.run(run())
+    assert outcome.kind == "dead_lettered" and outcome.attempt.error_code == "provider_crash"
+    assert "cannot deliver to" in outcome.attempt.error_message and "cust_****" in outcome.failure_reason
+    assert "provider crashed delivering" in caplog.text and "Traceback" in caplog.text
+    for text in (outcome.attempt.error_message, outcome.failure_reason, caplog.text):
+        assert in_clear(text) == [], text
