@@ -2,50 +2,48 @@
 
 Every figure lives in the database, so one scrape of any web process describes the whole system
 (every dispatcher and scheduler, on any machine) and nothing is lost when a process restarts. A
-scrape is a fixed number of queries (about ten), each served by an index:
+scrape is a fixed number of queries (about ten), none of which reads `delivery_attempts`: its cost
+does not grow with history (CONTRACT §11).
 
 - queue depth by queue/priority, ready/leased/delayed, oldest ready age: `queueing.stats.queue_figures()`,
-  one grouped scan of `queue_state` (live items only, so it stays small);
+  one grouped scan of `queue_state` (live items only, so it stays small); the OMNIPOST_METRICS_MAX_QUEUES
+  (20) deepest queues by name, the rest added up as `queue="other"`;
 - rate-limited items waiting for tokens: `queue_state_lane_idx`; token buckets: `rate_limit_buckets`
   (one row per limited provider or tenant);
-- delivery attempts by outcome and provider (counters): `count(*)` over the whole of
-  `delivery_attempts` grouped by (outcome, provider), plus what `prune` removed. The one costly
-  query: a sequential scan, about 0.1-0.3 s per million attempts on PostgreSQL, bounded by
-  retention (`prune --older-than`);
-- delivery latency (a gauge histogram over the last OMNIPOST_METRICS_LATENCY_WINDOW_SECONDS,
-  default 300): delivered attempts finished in that window (`attempt_finished_idx`), each joined
-  to its notification for the time it became due;
+- delivery attempts by outcome and provider, and the due → delivered latency histogram: counters
+  (`notifications.counters`) that the dispatcher's record statement adds to per batch, summed over
+  their shards: a table of a few rows per provider; providers past OMNIPOST_METRICS_MAX_PROVIDERS
+  (200, lowest ids first, so no series ever moves) add up as `provider="other"`;
 - open dead letters: `queueing.stats.dlq_open()`, exact up to 100,000, then the planner's estimate;
 - scheduler lag: min(run_at) of due pending jobs, `scheduled_jobs_due_idx`;
 - workers live/stale: `queueing.stats.workers()`.
 
-Counters stay monotonic across retention: `prune` writes, in the same transaction as each batch,
-a `retention.prune` audit event (the audit log is append-only and never pruned) with the attempts
-it removed per (outcome, provider); the collector adds those back.
+Counters never go down: nothing subtracts from them, and `prune` deletes attempts, not counters.
 
 Labels carry queue names, provider names and ids, outcomes and worker kinds only: never a
-recipient, a tenant's data or a secret (the endpoint has no auth, CONTRACT §7).
+recipient, a tenant's data or a secret. With OMNIPOST_METRICS_TOKEN set, a scrape needs
+`Authorization: Bearer <token>` (401 otherwise).
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
-from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models import Count
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeHistogramMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.exposition import choose_encoder
@@ -56,18 +54,9 @@ from queueing import stats
 PRUNE_ACTION = "retention.prune"
 PRUNE_ACTOR = "system:prune"
 
-# Enqueue → delivered, seconds. Console and loopback deliveries land in the first buckets; a
-# provider that is down or rate-limited shows up in the last ones.
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-LATENCY_WINDOW_SECONDS = 300.0
-
-
-def _seconds(value: Any) -> float:
-    if value is None:
-        return 0.0
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return float(value) / 1_000_000  # SQLite hands durations back as microseconds
+OTHER = "other"  # the label value of what is folded past a cap
+MAX_QUEUES = 20
+MAX_PROVIDERS = 200
 
 
 def _provider_label(provider_id: int | None, names: dict[int, str]) -> tuple[str, str]:
@@ -79,23 +68,24 @@ def _provider_label(provider_id: int | None, names: dict[int, str]) -> tuple[str
 class OmniPostCollector(Collector):
     """Reads every figure from the database on each `collect()` (one scrape)."""
 
-    def __init__(self, *, latency_window: float | None = None, using: str = "default") -> None:
-        self.latency_window = float(
-            latency_window
-            if latency_window is not None
-            else getattr(settings, "OMNIPOST_METRICS_LATENCY_WINDOW_SECONDS", LATENCY_WINDOW_SECONDS)
-        )
+    def __init__(self, *, using: str = "default") -> None:
         self.using = using
+        self.max_queues = int(getattr(settings, "OMNIPOST_METRICS_MAX_QUEUES", MAX_QUEUES))
+        self.max_providers = int(getattr(settings, "OMNIPOST_METRICS_MAX_PROVIDERS", MAX_PROVIDERS))
 
     def collect(self) -> Iterator[Metric]:
+        from notifications import counters
+
         started = time.perf_counter()
         yield from self._queues()
         yield from self._rate_limits()
-        yield from self._attempts()
-        yield self._latency()
+        counted = counters.totals(self.using)
+        yield from self._attempts(counted)
+        yield self._latency(counted)
         yield from self._dlq()
         yield self._scheduler_lag()
         yield self._workers()
+        yield self._reconnects()
         scrape = GaugeMetricFamily(
             "omnipost_metrics_scrape_duration_seconds", "Time this scrape spent reading the database."
         )
@@ -105,7 +95,10 @@ class OmniPostCollector(Collector):
     # --- queue ------------------------------------------------------------------------------------
     def _queues(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
-            "omnipost_queue_depth", "Live items in queue_state by queue and priority.", labels=["queue", "priority"]
+            "omnipost_queue_depth",
+            "Live items in queue_state by queue and priority (past the OMNIPOST_METRICS_MAX_QUEUES deepest "
+            "queues, queue=\"other\").",
+            labels=["queue", "priority"],
         )
         items = GaugeMetricFamily(
             "omnipost_queue_items",
@@ -118,7 +111,7 @@ class OmniPostCollector(Collector):
             "Age of the oldest ready item by queue (0 when none is ready).",
             labels=["queue"],
         )
-        for q in stats.queue_figures():
+        for q in fold_queues(stats.queue_figures(), self.max_queues):
             for priority, n in q["by_priority"].items():
                 depth.add_metric([q["queue"], priority], n)
             for state in ("ready", "leased", "delayed"):
@@ -184,26 +177,20 @@ class OmniPostCollector(Collector):
         yield from (configured, effective, tokens, exhausted)
 
     # --- attempts ------------------------------------------------------------------------------------
-    def _attempts(self) -> Iterator[Metric]:
-        from notifications.models import AttemptOutcome, DeliveryAttempt, Provider
+    def _attempts(self, totals: dict[tuple[int, str, int], tuple[int, float]]) -> Iterator[Metric]:
+        from notifications import counters
+        from notifications.models import AttemptOutcome, Provider
 
-        totals: dict[tuple[str, int | None], int] = defaultdict(int)
-        # The whole table, grouped: see the module docstring for the cost.
-        for row in (
-            DeliveryAttempt.objects.using(self.using)
-            .values("outcome", "provider_id")
-            .annotate(n=Count("pk"))
-            .order_by()
-        ):
-            totals[(row["outcome"], row["provider_id"])] += row["n"]
-        for (outcome, provider_id), n in pruned_attempts(self.using).items():
-            totals[(outcome, provider_id)] += n
-        ids = {pid for _, pid in totals if pid is not None}
-        names = dict(Provider.objects.using(self.using).filter(pk__in=ids).values_list("pk", "name")) if ids else {}
+        ids = sorted({pid for pid, outcome, _ in totals if outcome != counters.LATENCY and pid})
+        # The lowest ids keep a series of their own, the rest add up in `other`: counters only ever
+        # gain providers, and new providers get higher ids, so no series ever moves (and goes down).
+        named, folded = ids[: self.max_providers], set(ids[self.max_providers :])
+        names = dict(Provider.objects.using(self.using).filter(pk__in=named).values_list("pk", "name")) if named else {}
 
         attempts = CounterMetricFamily(
             "omnipost_delivery_attempts",
-            "Delivery attempts by outcome (delivered, transient_error, permanent_error) and provider.",
+            "Delivery attempts by outcome (delivered, transient_error, permanent_error) and provider "
+            "(past OMNIPOST_METRICS_MAX_PROVIDERS, provider=\"other\").",
             labels=["outcome", "provider", "provider_id"],
         )
         retries = CounterMetricFamily(
@@ -211,42 +198,42 @@ class OmniPostCollector(Collector):
             "Attempts that ended in a transient error: each schedules a retry unless its attempts are exhausted.",
             labels=["provider", "provider_id"],
         )
-        for (outcome, provider_id), n in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-            name, pid = _provider_label(provider_id, names)
+        by_label: dict[tuple[str, str, str], int] = defaultdict(int)
+        for (provider_id, outcome, le), (n, _) in totals.items():
+            if le != counters.ATTEMPTS:
+                continue
+            if provider_id in folded:
+                name, pid = OTHER, OTHER
+            else:
+                name, pid = _provider_label(provider_id or None, names)
+            by_label[(outcome, name, pid)] += n
+        for (outcome, name, pid), n in sorted(by_label.items()):
             attempts.add_metric([outcome, name, pid], n)
             if outcome == AttemptOutcome.TRANSIENT_ERROR:
                 retries.add_metric([name, pid], n)
         yield from (attempts, retries)
 
     # --- latency -------------------------------------------------------------------------------------
-    def _latency(self) -> Metric:
-        from notifications.models import AttemptOutcome, DeliveryAttempt
+    def _latency(self, totals: dict[tuple[int, str, int], tuple[int, float]]) -> Metric:
+        from notifications import counters
 
-        # attempt_finished_idx finds the window's delivered attempts; each joins its notification by pk.
-        latency = ExpressionWrapper(
-            F("finished_at")
-            - Greatest("notification__created_at", Coalesce("notification__scheduled_for", "notification__created_at")),
-            output_field=DurationField(),
-        )
-        buckets = {
-            f"le_{i}": Count("pk", filter=Q(latency__lte=timedelta(seconds=bound)))
-            for i, bound in enumerate(LATENCY_BUCKETS)
-        }
-        row = (
-            DeliveryAttempt.objects.using(self.using)
-            .filter(outcome=AttemptOutcome.DELIVERED, finished_at__gte=Now() - timedelta(seconds=self.latency_window))
-            .annotate(latency=latency)
-            .aggregate(count=Count("pk"), total=Sum("latency"), **buckets)
-        )
-        family = GaugeHistogramMetricFamily(
+        per_bucket = [0] * (len(counters.LATENCY_BUCKETS) + 1)
+        total = 0.0
+        for (_, outcome, le), (n, seconds) in totals.items():
+            if outcome == counters.LATENCY and 0 <= le < len(per_bucket):
+                per_bucket[le] += n
+                total += seconds
+        family = HistogramMetricFamily(
             "omnipost_delivery_latency_seconds",
-            f"Due (created, or scheduled_for) to delivered, for notifications delivered in the last "
-            f"{self.latency_window:g}s (a gauge histogram: read it without rate()).",
+            "Due (created, or scheduled_for) to delivered, seconds: a histogram of every delivery "
+            "(read it with rate()/increase()).",
             labels=[],
         )
-        points = [(f"{b:g}", row[f"le_{i}"]) for i, b in enumerate(LATENCY_BUCKETS)]
-        points.append(("+Inf", row["count"]))
-        family.add_metric([], points, gsum_value=round(_seconds(row["total"]), 6))
+        cumulative, points = 0, []
+        for bound, n in zip([*(f"{b:g}" for b in counters.LATENCY_BUCKETS), "+Inf"], per_bucket, strict=True):
+            cumulative += n
+            points.append((bound, cumulative))
+        family.add_metric([], points, sum_value=round(total, 6))
         return family
 
     # --- DLQ, scheduler, workers --------------------------------------------------------------------
@@ -287,23 +274,37 @@ class OmniPostCollector(Collector):
                 family.add_metric([kind, state], counts[(kind, state)])
         return family
 
+    def _reconnects(self) -> Metric:
+        from django.db.models import Sum
 
-def pruned_attempts(using: str = "default") -> dict[tuple[str, int | None], int]:
-    """Attempts `prune` removed, per (outcome, provider id), from its `retention.prune` audit events.
+        from queueing.models import Worker
 
-    Those events have no tenant, so `audit_tenant_recent_idx` (tenant_id IS NULL) finds them without
-    reading the tenants' events.
-    """
-    from core.models import AuditEvent
+        family = CounterMetricFamily(
+            "omnipost_db_reconnects",
+            "Times a dispatcher or scheduler dropped a lost database session and reconnected, as their "
+            "heartbeats last reported (core.db_faults).",
+            labels=["kind"],
+        )
+        totals = dict(Worker.objects.using(self.using).values_list("kind").annotate(n=Sum("reconnects")).order_by())
+        for kind in ("dispatcher", "scheduler"):
+            family.add_metric([kind], totals.get(kind) or 0)
+        return family
 
-    out: dict[tuple[str, int | None], int] = defaultdict(int)
-    details = AuditEvent.objects.using(using).filter(tenant__isnull=True, action=PRUNE_ACTION).values_list(
-        "details", flat=True
-    )
-    for detail in details.iterator(chunk_size=2000):
-        for outcome, provider_id, n in (detail or {}).get("attempts", []):
-            out[(outcome, provider_id)] += int(n)
-    return dict(out)
+
+def fold_queues(figures: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
+    """The `cap` deepest queues (ties by name) as they are, the rest added up as one queue `other`:
+    queue names are the tenants' choice, label values must stay few (CONTRACT §11)."""
+    if len(figures) <= cap:
+        return figures
+    deepest = sorted(figures, key=lambda q: (-q["depth"], q["queue"]))
+    kept, rest = deepest[:cap], deepest[cap:]
+    other = stats.totals(rest)
+    other["queue"] = OTHER
+    same = next((q for q in kept if q["queue"] == OTHER), None)  # a tenant's queue named "other"
+    if same is not None:
+        kept.remove(same)
+        other = stats.totals([same, other]) | {"queue": OTHER}
+    return [*kept, other]
 
 
 def registry() -> CollectorRegistry:
@@ -314,10 +315,28 @@ def registry() -> CollectorRegistry:
     return reg
 
 
+def _authorised(request: HttpRequest) -> bool:
+    token = getattr(settings, "OMNIPOST_METRICS_TOKEN", "") or ""
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    # Compared in constant time, as bytes (compare_digest refuses non-ASCII str).
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text (OpenMetrics when the scraper asks for it); 503 when the database is down."""
+    """Prometheus text (OpenMetrics when the scraper asks for it); 503 when the database is down;
+    401 without the bearer token when OMNIPOST_METRICS_TOKEN is set."""
+    if not _authorised(request):
+        response = HttpResponse(
+            "# unauthorised: send Authorization: Bearer <OMNIPOST_METRICS_TOKEN>\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     try:
         body = encoder(registry())

@@ -19,7 +19,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -32,6 +32,7 @@ from django.db.models.functions import Now
 from core import crypto
 from core import pg_arrays as arrays
 from dlq.models import DeadLetter
+from notifications import counters
 from notifications.models import DeliveryAttempt, Notification, Status
 from queueing import queue
 from queueing.queue import Lease
@@ -345,6 +346,9 @@ _RECORD_SQL = """
             updated_at = now()
         FROM kept k
         WHERE n.id = k.notification_id AND n.status IN ('queued', 'retrying', 'dispatching') AND k.status <> ''
+        -- due (created, or scheduled_for) → delivered_at, for the latency histogram
+        RETURNING extract(epoch FROM now() - greatest(n.created_at, n.scheduled_for))::float8 AS seconds,
+                  k.status
     ), attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
@@ -356,6 +360,23 @@ _RECORD_SQL = """
             AS a(item_id, number, started_at, finished_at, outcome, error_class, error_code, error_message,
                  http_status, duration_ms)
         JOIN ours USING (item_id)
+        RETURNING provider_id, outcome
+    ), counted AS (
+        -- /metrics' counters (notifications.counters), added to per batch: the session's own shard,
+        -- rows in key order (peers that share a shard lock them in the same order)
+        INSERT INTO delivery_counters AS dc (shard, provider_id, outcome, le, count, total)
+        SELECT pg_backend_pid() %% {shards}, x.provider_id, x.outcome, x.le, count(*), sum(x.seconds)
+        FROM (
+            SELECT coalesce(a.provider_id, 0) AS provider_id, a.outcome, -1 AS le, 0::float8 AS seconds
+            FROM attempts a
+            UNION ALL
+            SELECT 0, 'latency', {latency_bucket}, greatest(l.seconds, 0)
+            FROM changed l WHERE l.status = 'delivered'
+        ) x
+        GROUP BY x.provider_id, x.outcome, x.le
+        ORDER BY x.provider_id, x.outcome, x.le
+        ON CONFLICT (shard, provider_id, outcome, le)
+        DO UPDATE SET count = dc.count + excluded.count, total = dc.total + excluded.total
     ), dead AS (
         INSERT INTO dead_letter_queue (id, tenant_id, notification_id, provider_id, failure_class, failure_reason,
                                        error_code, last_status_code, attempt_count, status, created_at, resolved_by)
@@ -367,7 +388,12 @@ _RECORD_SQL = """
         JOIN ours USING (item_id)
     )
     SELECT item_id FROM ours
-"""
+""".format(
+    shards=counters.SHARDS,
+    latency_bucket="CASE "
+    + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(counters.LATENCY_BUCKETS))
+    + f" ELSE {len(counters.LATENCY_BUCKETS)} END",
+)
 
 
 def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
@@ -435,7 +461,21 @@ def _record_portable(outcomes: Sequence[Outcome], using: str) -> set[int]:
                 for o in kept if o.kind in ("failed", "dead_lettered")
             ]
         )  # fmt: skip
+        _count_portable(kept, using)
     return ours
+
+
+def _count_portable(kept: Sequence[Outcome], using: str) -> None:
+    """What `counted` in _RECORD_SQL does: attempts by (provider, outcome), and the latency of each
+    delivery from its notification's due time (created, or scheduled_for) to now (its delivered_at)."""
+    tried = [o for o in kept if o.attempt is not None]
+    delivered = [o.lease.notification_id for o in kept if o.kind == "delivered"]
+    due = Notification.objects.using(using).filter(pk__in=delivered).values_list("created_at", "scheduled_for")
+    now = datetime.now(UTC)
+    latencies = [(now - max(created, scheduled or created)).total_seconds() for created, scheduled in due]
+    increments = counters.increments([(o.lease.provider_id, o.attempt.outcome) for o in tried], latencies)
+    if increments:
+        counters.add(increments, using=using)
 
 
 def _update_notifications_portable(changes: Sequence[Outcome], using: str) -> None:

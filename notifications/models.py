@@ -316,3 +316,4 @@ class TenantQueue(TenantOwned):
 
     def __str__(self) -> str:
         return self.name
+from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module

@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from notifications.delivery import Attempt, DispatchLease, Outcome, Prepared, cl
 from notifications.models import Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
 from notifications.providers.base import Cancellable
+from notifications.scrub import scrub, secret_values
 from queueing import gc_tuning, heartbeat, queue, ratelimit
 from queueing.janitor import Janitor
 from queueing.models import Worker
@@ -81,6 +83,7 @@ class _CachedProvider:
     max_attempts: int
     limited: bool
     loaded_at: float
+    secrets: tuple[str, ...] = ()  # scrubbed from error texts (notifications.scrub)
 
 
 class SessionLost(Exception):  # noqa: N818 - a state, not a bug
@@ -514,6 +517,7 @@ class Dispatcher:
                 max_attempts=row.max_attempts or settings.OMNIPOST_MAX_ATTEMPTS,
                 limited=row.rate_per_second is not None or row.tenant.rate_per_second is not None,
                 loaded_at=now,
+                secrets=secret_values(row.secrets),
             )
 
     async def _wait_for_go(self, go_file: str) -> None:
@@ -549,7 +553,7 @@ class Dispatcher:
             )
             handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
         except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
-            self._judge(item, _crash(item, exc), started, t0)
+            self._judge(item, _crash(item, exc, self._scrub), started, t0)
             return
         if handle is None:
             handle = self.loop.create_task(self._send(item, instance, message, started, t0))
@@ -564,7 +568,7 @@ class Dispatcher:
             self._given_back(item)
             raise
         except Exception as exc:  # noqa: BLE001 - a crash in a provider is recorded, never lost
-            result = _crash(item, exc)
+            result = _crash(item, exc, self._scrub)
         self._sent(item, result, started, t0)
 
     def _sent(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
@@ -601,10 +605,13 @@ class Dispatcher:
 
     def _outcome(self, item: Prepared, result: DeliveryResult, started: datetime, seconds: float) -> Outcome:
         verdict = classify(result)
+        message = result.message
+        if message and not result.delivered:  # before it is stored or logged
+            message = self._scrub(item, message)
         # Positional: once per delivery, keywords cost ≈ 1 µs more.
         attempt = Attempt(
             item.attempt_number, started, datetime.now(UTC), verdict.outcome, result.error_class[:100],
-            verdict.error_code[:100], result.message[:500], result.http_status, int(seconds * 1000),
+            verdict.error_code[:100], message[:500], result.http_status, int(seconds * 1000),
         )  # fmt: skip
         if result.delivered:  # nearly every outcome: nothing more to decide
             if logger.isEnabledFor(logging.DEBUG):
@@ -612,7 +619,7 @@ class Dispatcher:
             return Outcome(item.lease, "delivered", attempt)
         cached = self._providers.get(item.provider_id)
         log_extra = _log_extra(item, verdict)
-        reason = f"{verdict.error_code}: {result.message}".strip(": ")
+        reason = f"{verdict.error_code}: {message}".strip(": ")
         common = {
             "attempt": attempt,
             "error_code": verdict.error_code,
@@ -636,6 +643,15 @@ class Dispatcher:
         delay = self.retry_policy.delay(item.attempts_this_run, verdict.retry_after)
         logger.info("%s will retry in %.1fs: %s", item.notification_id, delay, reason, extra=log_extra)
         return Outcome(lease=item.lease, kind="retry", retry_delay=delay, **common)
+
+    def _scrub(self, item: Prepared, text: str) -> str:
+        """`text` without the item's recipient or its provider's secrets, in any form (notifications.scrub)."""
+        cached = self._providers.get(item.provider_id)
+        try:
+            recipient = item.recipient()
+        except Exception:  # noqa: BLE001 - unreadable (the crash being reported may be this): nothing to find
+            recipient = None
+        return scrub(text, recipient, cached.secrets if cached else (), channel=item.channel)
 
     async def _drain_inflight(self) -> None:
         """Let in-flight deliveries finish within the grace period, then give back the rest."""
@@ -758,11 +774,14 @@ class Dispatcher:
             reported = processed
 
 
-def _crash(item: Prepared, exc: Exception) -> DeliveryResult:
-    logger.exception("provider crashed delivering %s", item.notification_id, exc_info=exc)
+def _crash(item: Prepared, exc: Exception, clean: Callable[[Prepared, str], str]) -> DeliveryResult:
+    # The traceback is logged as scrubbed text: the exception's message may hold the recipient or a secret.
+    trace = clean(item, "".join(traceback.format_exception(exc)).rstrip())
+    logger.error("provider crashed delivering %s\n%s", item.notification_id, trace)
     return DeliveryResult(
-        delivered=False, error_code="provider_crash", error_class=type(exc).__name__, message=str(exc)[:200]
-    )
+        delivered=False, error_code="provider_crash", error_class=type(exc).__name__,
+        message=clean(item, str(exc))[:200],
+    )  # fmt: skip
 
 
 def _unjudged(item: Prepared, result: DeliveryResult, started: datetime, policy: RetryPolicy) -> Outcome:

@@ -118,7 +118,7 @@ def test_make_run_delivers_the_first_notification_and_stops_on_ctrl_c(tmp_path):
             time.sleep(0.2)
         name = "omnipost_delivery_attempts_total"
         assert metric_value(text, name, outcome="delivered", provider="console-email") == 1
-        assert metric_value(text, "omnipost_delivery_latency_seconds_gcount") == 1
+        assert metric_value(text, "omnipost_delivery_latency_seconds_count") == 1
         assert metric_value(text, "omnipost_workers", kind="dispatcher", state="live") == 1
         assert metric_value(text, "omnipost_workers", kind="scheduler", state="live") == 1
 

@@ -16,8 +16,9 @@ Each batch is one short transaction. On PostgreSQL a notification batch is ONE s
 writable CTEs whose selection takes `FOR UPDATE SKIP LOCKED`, so prune waits for no one and a
 dispatcher never waits for prune; batches walk `notif_created_idx` oldest first (keyset on
 `created_at`), so no batch re-reads what an earlier one deleted or skipped. Every batch
-writes a `retention.prune` audit event with the attempts it removed, in the same transaction, so
-the `/metrics` counters derived from `delivery_attempts` stay monotonic.
+writes a `retention.prune` audit event with what it removed, in the same transaction. The `/metrics`
+counters are not derived from `delivery_attempts` (notifications.counters), so pruning never
+lowers them.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Pruner:
                         "notifications": batch.notifications,
                         "dead_letters": batch.dead_letters,
                         "scheduled_jobs": batch.jobs,
-                        # [outcome, provider id, count]: /metrics adds these back to its counters.
+                        # [outcome, provider id, count] of the attempts removed, for the audit trail.
                         "attempts": [[o, p, n] for (o, p), n in sorted(batch.attempts.items(), key=str)],
                     },
                 )

@@ -1,0 +1,97 @@
+"""Delivery counters for `/metrics`, kept up to date by the record statement, batch by batch.
+
+A scrape must not cost more as history grows (CONTRACT §11), so it never reads `delivery_attempts`:
+the dispatcher's one record statement per batch (`notifications.delivery._RECORD_SQL`) adds what
+the batch did to this small table, and a scrape sums it (`totals()`).
+
+Rows are keyed by (shard, provider_id, outcome, le):
+- attempts: `outcome` is the attempt's outcome, `le` is ATTEMPTS (-1), `count` the attempts;
+- latency (due → delivered, seconds): `outcome` is LATENCY, `provider_id` NO_PROVIDER, `le` the
+  index of the first bound in LATENCY_BUCKETS the latency does not exceed (len(LATENCY_BUCKETS):
+  beyond the last), `count` the deliveries and `total` their seconds: a cumulative histogram.
+
+`shard` is the writing session's `pg_backend_pid() % SHARDS`: dispatchers each add to rows of
+their own, so no row is one every batch of every dispatcher waits for; a scrape adds the shards up.
+
+Nothing ever subtracts: `prune` deletes attempts, never counters, so the counters never go down.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable
+
+from django.db import models, transaction
+from django.db.models import F, Sum
+
+SHARDS = 16
+NO_PROVIDER = 0  # an attempt without a provider (a provider deleted before it was recorded)
+ATTEMPTS = -1
+LATENCY = "latency"
+# Due → delivered, seconds. Console and loopback deliveries land in the first buckets; a provider that
+# is down or rate-limited shows up in the last ones.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+def latency_bucket(seconds: float) -> int:
+    """The `le` index of a latency: the first bound it does not exceed (Prometheus buckets are ≤)."""
+    return bisect.bisect_left(LATENCY_BUCKETS, seconds)
+
+
+class DeliveryCounter(models.Model):
+    pk = models.CompositePrimaryKey("shard", "provider_id", "outcome", "le")
+    shard = models.SmallIntegerField()
+    # Not a foreign key: counters outlive the providers they count (and must not slow their deletion).
+    provider_id = models.BigIntegerField()
+    outcome = models.CharField(max_length=16)
+    le = models.SmallIntegerField()
+    count = models.BigIntegerField(default=0)
+    total = models.FloatField(default=0.0)
+
+    class Meta:
+        db_table = "delivery_counters"
+
+    def __str__(self) -> str:
+        return f"{self.outcome}/{self.provider_id}/{self.le}: {self.count}"
+
+
+Key = tuple[int, str, int]  # (provider_id, outcome, le)
+
+
+def add(increments: dict[Key, tuple[int, float]], *, shard: int = 0, using: str = "default") -> None:
+    """Add counts (and seconds) to their rows, creating the rows that do not exist yet: for the
+    portable record path (PostgreSQL's record statement does the same with INSERT … ON CONFLICT)."""
+    with transaction.atomic(using=using):
+        rows = DeliveryCounter.objects.using(using)
+        for (provider_id, outcome, le), (n, seconds) in sorted(increments.items()):
+            key = {"shard": shard, "provider_id": provider_id, "outcome": outcome, "le": le}
+            if not rows.filter(**key).update(count=F("count") + n, total=F("total") + seconds):
+                rows.create(**key, count=n, total=seconds)
+
+
+def increments(
+    attempts: Iterable[tuple[int | None, str]], latencies: Iterable[float]
+) -> dict[Key, tuple[int, float]]:
+    """What a batch adds: its attempts as (provider_id, outcome) and its deliveries' latencies."""
+    out: dict[Key, list] = defaultdict(lambda: [0, 0.0])
+    for provider_id, outcome in attempts:
+        out[(provider_id or NO_PROVIDER, outcome, ATTEMPTS)][0] += 1
+    for seconds in latencies:
+        seconds = max(0.0, seconds)
+        cell = out[(NO_PROVIDER, LATENCY, latency_bucket(seconds))]
+        cell[0] += 1
+        cell[1] += seconds
+    return {k: (n, s) for k, (n, s) in out.items()}
+
+
+def totals(using: str = "default") -> dict[Key, tuple[int, float]]:
+    """Every counter, its shards added up: one grouped scan of a table whose size is bounded by
+    SHARDS × (providers × outcomes + buckets), whatever the number of attempts."""
+    rows = (
+        DeliveryCounter.objects.using(using)
+        .values_list("provider_id", "outcome", "le")
+        .annotate(n=Sum("count"), seconds=Sum("total"))
+        .order_by()
+    )
+    return {(pid, outcome, le): (int(n), float(seconds)) for pid, outcome, le, n, seconds in rows}
