@@ -203,11 +203,8 @@ _REQUEUE_PG = """
 UPDATE notifications n
 SET status = 'queued', attempt_offset = n.attempt_count, last_error_code = '', enqueued_at = now(),
     updated_at = now()
-FROM providers p, tenants t
 WHERE n.id = ANY(%s::uuid[]) AND n.status IN ('failed', 'dead_lettered')
-  AND p.id = n.provider_id AND t.id = n.tenant_id
-RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel,
-          (p.rate_per_second IS NOT NULL OR t.rate_per_second IS NOT NULL)
+RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel
 """
 
 # Only if a notification left failed/dead_lettered between statements 1 and 2 (nothing in OmniPost
@@ -222,9 +219,9 @@ def _requeue_items(rows: Iterable[tuple], entry_of: dict[uuid.UUID, uuid.UUID], 
         NewItem(
             notification_id=nid, tenant_id=tenant_id, provider_id=provider_id, queue_name=queue_name,
             priority=priority, payload={"channel": channel, "dead_letter_id": str(entry_of[nid])},
-            delay_seconds=delays.get(nid, 0.0), rate_limited=bool(limited),
+            delay_seconds=delays.get(nid, 0.0),
         )  # fmt: skip
-        for nid, tenant_id, provider_id, queue_name, priority, channel, limited in rows
+        for nid, tenant_id, provider_id, queue_name, priority, channel in rows
     ]
 
 
@@ -280,13 +277,7 @@ def _take_and_requeue_portable(
         status=DeadLetter.Status.REDRIVEN, resolved_at=Now(), resolved_by=actor
     )
     notes = Notification.objects.using(using).filter(pk__in=[row[1] for row in taken], status__in=REDRIVABLE)
-    requeued = [
-        (nid, tid, pid, q, prio, ch, prate is not None or trate is not None)
-        for nid, tid, pid, q, prio, ch, prate, trate in notes.values_list(
-            "pk", "tenant_id", "provider_id", "queue", "priority", "channel",
-            "provider__rate_per_second", "tenant__rate_per_second",
-        )  # fmt: skip
-    ]
+    requeued = list(notes.values_list("pk", "tenant_id", "provider_id", "queue", "priority", "channel"))
     notes.update(
         status=Status.QUEUED, attempt_offset=F("attempt_count"), last_error_code="", enqueued_at=Now(), updated_at=Now()
     )

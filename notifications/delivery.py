@@ -236,17 +236,7 @@ def claim_and_start(
             return _start_portable(leases, using)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
     token = token or uuid.uuid4()
-    ctes, params = queue.claim_ctes_pg(
-        n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING
-    )
-    sql = f"""{ctes}
-        SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
-               n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset
-        FROM claimed c
-        LEFT JOIN notifications n
-          ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
-        ORDER BY c.priority DESC, c.enqueued_at
-    """
+    sql, params = claim_statement(n, lease, starve, queues, lanes, token)
     with hot_cursor(using, raw_connection) as cursor:
         cursor.execute(sql, params, prepare=True)
         rows = cursor.fetchall()
@@ -267,6 +257,25 @@ def claim_and_start(
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
         item.opened_recipient = opened
     return prepared, skipped
+
+
+def claim_statement(
+    n: int, lease: float, starve: float | None, queues: Sequence[str] | None, lanes: dict[int, int], token: uuid.UUID
+) -> tuple[str, dict[str, Any]]:
+    """The dispatcher's claim on PostgreSQL (one statement): the queue's claim (`queue.claim_ctes_pg`)
+    joined to the notifications it starts. Its plan is asserted in tests/queueing/test_claim_isolation.py."""
+    ctes, params = queue.claim_ctes_pg(
+        n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING
+    )
+    sql = f"""{ctes}
+        SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
+               n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset
+        FROM claimed c
+        LEFT JOIN notifications n
+          ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
+        ORDER BY c.priority DESC, c.enqueued_at
+    """
+    return sql, params
 
 
 _LONG_INTEGER = re.compile(r"\d{20}")  # may lie beyond 64 bits, where orjson would read a float
@@ -326,7 +335,7 @@ _RECORD_SQL = """
         -- retries re-enter the queue when their delay ends; deferrals are refunded their claim
         UPDATE queue_state q
         SET lock_token = NULL, locked_until = NULL,
-            available_at = now() + o.delay * interval '1 second',
+            available_at = now() + o.delay * interval '1 second', ready = o.delay <= 0,
             enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
             attempts = greatest(q.attempts - CASE WHEN o.kind = 'deferred' THEN 1 ELSE 0 END, 0)
         FROM outcome o

@@ -38,7 +38,7 @@ from notifications import templating
 from notifications.models import CANCELLABLE, Notification, Provider, Status, Template, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
 from queueing.models import LEASED, QueueItem, ScheduledJob
-from queueing.queue import NewItem, enqueue
+from queueing.queue import NewItem, enqueue, sync_rate_limited
 from queueing.schedule import add_jobs
 
 logger = logging.getLogger(__name__)
@@ -241,13 +241,11 @@ def create_notifications(tenant: Tenant, specs: Sequence[NotificationSpec], *, a
             if n.status == Status.SCHEDULED
         ]
         add_jobs(jobs)
-        tenant_limited = tenant.rate_per_second is not None
         enqueue(
             [
                 NewItem(
                     notification_id=n.id, tenant_id=tenant.pk, provider_id=n.provider_id, queue_name=n.queue,
                     priority=n.priority, payload={"channel": n.channel},
-                    rate_limited=tenant_limited or n.provider.rate_per_second is not None,
                 )  # fmt: skip
                 for n in rows
                 if n.status == Status.QUEUED
@@ -409,6 +407,9 @@ def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | Non
                 old = Provider.objects.for_tenant(provider.tenant_id).filter(channel=provider.channel, is_default=True)
                 old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
             provider.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
+            if not created and (fields is None or "rate_per_second" in fields):
+                # Items already queued follow the limit as it is now, in both directions.
+                sync_rate_limited(provider_ids=[provider.pk])
             AuditEvent.record(
                 actor=actor, action="provider.created" if created else "provider.updated", target=provider,
                 details={"name": provider.name, "fields": sorted(fields or [])},

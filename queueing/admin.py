@@ -77,7 +77,7 @@ class QueueItemAdmin(ReadOnlyAdmin, TenantScopedAdmin):
     list_select_related = ("tenant", "provider")
     search_fields = ["=queue_name"]
     search_help_text = "A queue name, or a notification id."
-    ordering = ["enqueued_at"]  # oldest first: queue_state_age_idx
+    ordering = ["item_id"]  # first enqueued first: the primary key (an index on enqueued_at misled claims)
     paginator = stats.CappedCountPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER

@@ -20,6 +20,11 @@ from core.models.tenancy import HOT_FK
 
 # A dispatcher holds the item: leased, and the lease has not run out (by the database's clock).
 LEASED = Q(lock_token__isnull=False, locked_until__gt=Now())
+# The predicate of the main claim's partial indexes. Those for claims over all queues also say
+# `priority >= 0`, always true (queue_state_priority_0_9): a claim for named queues does not say it,
+# so the planner can never read them for one (their order puts every other queue's items in front).
+_READY_UNLIMITED = Q(ready=True, rate_limited=False)
+_READY_UNLIMITED_ANY_QUEUE = Q(ready=True, rate_limited=False, priority__gte=0)
 
 
 class QueueItemQuerySet(TenantQuerySet):
@@ -40,9 +45,14 @@ class QueueItem(TenantOwned):
     lock_token = models.UUIDField(null=True, blank=True)
     locked_until = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(db_default=Now())
-    # Ready when available_at <= now(). A claim moves it to the lease's end, so an expired lease
-    # makes the item ready again without any sweeper.
+    # Due when available_at <= now(). A claim moves it to the lease's end, so an expired lease
+    # makes the item due again; the stager (`queue.stage`) then moves it back into the ready set.
     available_at = models.DateTimeField(db_default=Now())
+    # In the ready set: claimable now. False while leased or waiting out a delay (backoff, a retry's
+    # delay, a delayed enqueue), so the claim's indexes hold ready items only and a claim costs the
+    # same whatever waits for later (River's and Oban's `available` state). `queue.stage` moves due
+    # items back; every write in `queueing/queue.py` (and the record's `released`) sets it.
+    ready = models.BooleanField(db_default=True)
     attempts = models.PositiveIntegerField(default=0)
     # Indexed by the unique constraint below, not twice.
     notification = models.ForeignKey(
@@ -53,8 +63,9 @@ class QueueItem(TenantOwned):
     provider = models.ForeignKey(
         "notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+", db_index=False, **HOT_FK
     )
-    # True when the provider or tenant has a rate limit: such items are claimed only in per-provider
-    # lanes capped by the tokens already granted, so an exhausted tenant costs no claims.
+    # True when the provider or tenant has a rate limit (`ratelimit.limited_sql`, kept in sync when a
+    # limit changes by `queue.sync_rate_limited`): such items are claimed only in per-provider lanes
+    # capped by the tokens already granted, so an exhausted tenant costs no claims.
     rate_limited = models.BooleanField(default=False)
 
     objects = QueueItemQuerySet.as_manager()
@@ -66,18 +77,36 @@ class QueueItem(TenantOwned):
             models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="queue_state_priority_0_9"),
         ]
         indexes = [
-            # claim(), main lane: WHERE NOT rate_limited ORDER BY priority DESC, enqueued_at.
+            # claim() over all queues: WHERE ready AND NOT rate_limited ORDER BY priority DESC, enqueued_at.
             models.Index(
-                fields=["-priority", "enqueued_at"], condition=Q(rate_limited=False), name="queue_state_claim_idx"
+                fields=["-priority", "enqueued_at"], condition=_READY_UNLIMITED_ANY_QUEUE, name="queue_state_ready_idx"
             ),
-            # claim(), rate-limited lanes: WHERE rate_limited AND provider_id = ? ORDER BY priority DESC, enqueued_at.
+            # claim() for named queues, one LATERAL per queue: WHERE ready AND NOT rate_limited AND
+            # queue_name = ? ORDER BY priority DESC, enqueued_at (another queue's depth costs nothing).
+            models.Index(
+                fields=["queue_name", "-priority", "enqueued_at"],
+                condition=_READY_UNLIMITED,
+                name="queue_state_ready_queue_idx",
+            ),
+            # claim()'s starvation branch, over all queues and per named queue: WHERE ready AND NOT
+            # rate_limited [AND queue_name = ?] ORDER BY enqueued_at (leases, oldest of all, stay out).
+            models.Index(
+                fields=["enqueued_at"], condition=_READY_UNLIMITED_ANY_QUEUE, name="queue_state_starving_all_idx"
+            ),
+            models.Index(
+                fields=["queue_name", "enqueued_at"], condition=_READY_UNLIMITED, name="queue_state_starving_idx"
+            ),
+            # claim(), rate-limited lanes: WHERE ready AND rate_limited AND provider_id = ?
+            # ORDER BY priority DESC, enqueued_at; and `queue.rate_limited_providers`.
             models.Index(
                 fields=["provider", "-priority", "enqueued_at"],
-                condition=Q(rate_limited=True),
+                condition=Q(ready=True, rate_limited=True),
                 name="queue_state_lane_idx",
             ),
-            # claim() starvation branch and oldest-age stats: ORDER BY enqueued_at.
-            models.Index(fields=["enqueued_at"], name="queue_state_age_idx"),
+            # queue.stage(): WHERE NOT ready AND available_at <= now() ORDER BY available_at.
+            models.Index(fields=["available_at"], condition=Q(ready=False), name="queue_state_delayed_idx"),
+            # No index on enqueued_at alone: the planner read one for the starvation branch of a named
+            # queue, filtering out every other queue's older items row by row.
         ]
 
     def __str__(self) -> str:

@@ -9,6 +9,13 @@ Every claim gets a fresh `lock_token`; ack, release and extend only touch rows w
 (item_id, lock_token) still match, so a worker whose lease expired and was re-claimed (a zombie)
 changes nothing and learns which items it lost from the returned ids.
 
+Ready and waiting items are kept apart (River's and Oban's `available` vs `scheduled`): `ready`
+is true only for items claimable now. A claim, an extend and a delayed release or enqueue take the
+item out of the ready set; `stage()` (the dispatcher runs it every `STAGE_SECONDS`) brings back
+those whose `available_at` has passed, expired leases included. The claim's partial indexes hold
+ready items only, one of them led by `queue_name`, so a claim costs the same whatever waits for
+later or in other queues.
+
 Raw SQL lives here because the ORM cannot express the claim (CTE + SKIP LOCKED + RETURNING).
 """
 
@@ -25,6 +32,8 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
+from queueing import ratelimit
+
 NOTIFY_CHANNEL = "omnipost_queue"
 
 
@@ -37,7 +46,8 @@ class NewItem:
     priority: int = 5
     payload: dict[str, Any] = field(default_factory=dict)
     delay_seconds: float = 0.0
-    rate_limited: bool = False
+    # Whether the item is rate-limited is not the caller's to say: the enqueue decides from the
+    # provider's and tenant's limits as they are (ratelimit.limited_sql).
 
 
 @dataclass(slots=True)
@@ -156,6 +166,44 @@ def ring_after_commit(channel: str, payload: str, using: str = "default") -> Non
 
 
 # --- enqueue ---------------------------------------------------------------------------------------
+def insert_items_sql(source: str, *, order_by: str = "") -> str:
+    """PostgreSQL: `INSERT INTO queue_state … SELECT` of new items from `source`, a FROM item
+    (aliased `s`) with the columns queue_name, priority, payload (jsonb), delay (seconds, float8),
+    tenant_id, notification_id, provider_id. The one place new items get their `rate_limited`
+    (from the current limits) and their `ready`; `enqueue` and the scheduler's promotion use it.
+    Ends in ON CONFLICT (notification_id) DO NOTHING, for the caller to add RETURNING."""
+    limited = ratelimit.limited_sql("lim_p", "lim_t")
+    return f"""
+        INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                                 tenant_id, notification_id, provider_id, rate_limited, ready)
+        SELECT s.queue_name, s.priority, s.payload, now() + s.delay * interval '1 second',
+               now() + s.delay * interval '1 second', 0, s.tenant_id, s.notification_id, s.provider_id,
+               -- an item without a provider has no lane to go through
+               coalesce(s.provider_id IS NOT NULL AND {limited}, false), s.delay <= 0
+        FROM {source}
+        LEFT JOIN providers lim_p ON lim_p.id = s.provider_id
+        LEFT JOIN tenants lim_t ON lim_t.id = s.tenant_id
+        {f"ORDER BY {order_by}" if order_by else ""}
+        ON CONFLICT (notification_id) DO NOTHING"""
+
+
+_ENQUEUE_PG = insert_items_sql(
+    """(SELECT q AS queue_name, p AS priority, pl::jsonb AS payload, greatest(d, 0) AS delay, t AS tenant_id,
+               n AS notification_id, pr AS provider_id
+        FROM unnest(%s::text[], %s::int[], %s::text[], %s::float8[], %s::uuid[], %s::uuid[], %s::bigint[])
+            AS u(q, p, pl, d, t, n, pr)) s"""
+)
+
+_ENQUEUE_SQLITE = f"""
+    INSERT OR IGNORE INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                                       tenant_id, notification_id, provider_id, rate_limited, ready)
+    VALUES (%s, %s, %s, {_sqlite_now_plus()}, {_sqlite_now_plus()}, 0, %s, %s, %s,
+            coalesce((SELECT {ratelimit.limited_sql("lim_p", "lim_t")} FROM providers lim_p
+                      JOIN tenants lim_t ON lim_t.id = lim_p.tenant_id WHERE lim_p.id = %s), 0),
+            %s)
+"""
+
+
 def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
     """Insert items in the caller's transaction; a notification already queued is skipped.
 
@@ -168,24 +216,15 @@ def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
     with connections[using].cursor() as cursor:
         if is_pg(using):
             cursor.execute(
-                """
-                INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                                         tenant_id, notification_id, provider_id, rate_limited)
-                SELECT q, p, pl::jsonb, now() + d * interval '1 second', now() + d * interval '1 second', 0,
-                       t, n, pr, rl
-                FROM unnest(%s::text[], %s::int[], %s::text[], %s::float8[], %s::uuid[], %s::uuid[],
-                            %s::bigint[], %s::bool[]) AS u(q, p, pl, d, t, n, pr, rl)
-                ON CONFLICT (notification_id) DO NOTHING
-                """,
+                _ENQUEUE_PG,
                 [
                     [i.queue_name for i in items],
                     [i.priority for i in items],
                     [json.dumps(i.payload) for i in items],
-                    [max(0.0, float(i.delay_seconds)) for i in items],
+                    [float(i.delay_seconds) for i in items],
                     [i.tenant_id for i in items],
                     [i.notification_id for i in items],
                     [i.provider_id for i in items],
-                    [i.rate_limited for i in items],
                 ],
             )
             inserted = cursor.rowcount
@@ -201,19 +240,13 @@ def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
                     i.tenant_id.hex,
                     i.notification_id.hex,
                     i.provider_id,
-                    i.rate_limited,
+                    i.provider_id,
+                    i.delay_seconds <= 0,
                 )
                 for i in items
             ]
             before = connections[using].connection.total_changes
-            cursor.executemany(
-                f"""
-                INSERT OR IGNORE INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at,
-                                                   attempts, tenant_id, notification_id, provider_id, rate_limited)
-                VALUES (%s, %s, %s, {_sqlite_now_plus()}, {_sqlite_now_plus()}, 0, %s, %s, %s, %s)
-                """,
-                rows,
-            )
+            cursor.executemany(_ENQUEUE_SQLITE, rows)
             inserted = connections[using].connection.total_changes - before
     return inserted
 
@@ -233,6 +266,8 @@ def claim(
 
     `lanes` maps a rate-limited provider id to how many of its items may be taken (the tokens
     already granted); rate-limited items are never taken otherwise.
+    On PostgreSQL two statements: `stage()`, then the claim (the dispatcher stages on its own
+    schedule and composes `claim_ctes_pg` itself).
     """
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS if starvation_seconds is None else starvation_seconds)
@@ -241,6 +276,7 @@ def claim(
         return []
     token = uuid.uuid4()
     if is_pg(using):
+        stage(using=using)
         rows = _claim_pg(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
         leases = list(map(PgLeaseReader(), rows))
     else:
@@ -248,6 +284,35 @@ def claim(
         leases = [lease_from_row(r) for r in rows]
     leases.sort(key=lambda x: (-x.priority, x.enqueued_at))
     return leases
+
+
+# What a ready, unlimited item is to the main claim: the predicate of its partial indexes
+# (queue_state_ready_idx, queue_state_ready_queue_idx and the two queue_state_starving_*_idx).
+# `available_at <= now()` holds for every staged item and guards rows inserted by hand with a
+# later available_at.
+_READY_UNLIMITED = "ready AND NOT rate_limited AND available_at <= now()"
+
+
+def _per_queue(queues: list[str] | None, where: str, order_by: str) -> str:
+    """Up to %(n)s locked (item_id, ctid) rows WHERE `where`, in `order_by` order: one index scan
+    over all queues, or one LATERAL scan per named queue (each reads the index led by queue_name,
+    so it costs the same whatever other queues hold) merged in the same order."""
+    if not queues:
+        return f"""SELECT item_id, ctid FROM queue_state
+            WHERE {where} AND priority >= 0  -- always true: names the all-queue indexes (see models)
+            ORDER BY {order_by}
+            LIMIT %(n)s
+            FOR UPDATE SKIP LOCKED"""
+    return f"""SELECT l.item_id, l.ctid FROM unnest(%(queues)s::text[]) AS k(queue_name)
+            CROSS JOIN LATERAL (
+                SELECT item_id, ctid, priority, enqueued_at FROM queue_state
+                WHERE {where} AND queue_name = k.queue_name
+                ORDER BY queue_name, {order_by}  -- one value per loop: the order of the index led by it
+                LIMIT %(n)s
+                FOR UPDATE SKIP LOCKED
+            ) l
+            ORDER BY {", ".join("l." + c.strip() for c in order_by.split(","))}
+            LIMIT %(n)s"""
 
 
 def claim_ctes_pg(
@@ -263,21 +328,22 @@ def claim_ctes_pg(
     """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING <returning>)`, so
     callers can extend the same single statement (the dispatcher joins the notifications to it and
     returns fewer columns). `starve=None` leaves out the starving branch (and its index scan).
+    Only ready items are read (see `stage`); the claim takes them out of the ready set.
 
     The update finds the rows it locked by their `ctid` (a TID scan: no index descent, and no plan
     to misjudge). Joined on `item_id` instead, the planner hash-joined a sequential scan of the
     whole queue once it held fewer than ≈ 30,000 rows (7 ms for a claim of 250 at 20,000). The
     rows are locked (FOR UPDATE) by this statement, so their ctids cannot change before it ends."""
-    queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
     lane_cte = ""
     lane_union = ""
     if lanes:
+        queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
         lane_cte = f"""
         , lanes AS (
             SELECT l.item_id, l.ctid FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
             CROSS JOIN LATERAL (
                 SELECT item_id, ctid FROM queue_state
-                WHERE rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
+                WHERE ready AND rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
                 ORDER BY priority DESC, enqueued_at
                 LIMIT k.cap
                 FOR UPDATE SKIP LOCKED
@@ -285,25 +351,17 @@ def claim_ctes_pg(
         )"""
         lane_union = "UNION ALL SELECT item_id, ctid FROM lanes"
     main = f"""main AS (
-            SELECT item_id, ctid FROM queue_state
-            WHERE NOT rate_limited AND available_at <= now() {queue_filter}
-            ORDER BY priority DESC, enqueued_at
-            LIMIT %(n)s
-            FOR UPDATE SKIP LOCKED
+            {_per_queue(queues, _READY_UNLIMITED, "priority DESC, enqueued_at")}
         )"""
     if starve is None:  # the caller looks for starving items less often than it claims
         picking = f"""
         WITH {main}, picked_main AS (
             SELECT item_id, ctid FROM main"""
     else:
+        old = f"{_READY_UNLIMITED} AND enqueued_at <= now() - %(starve)s * interval '1 second'"
         picking = f"""
         WITH starving AS (
-            SELECT item_id, ctid FROM queue_state
-            WHERE NOT rate_limited AND available_at <= now()
-              AND enqueued_at <= now() - %(starve)s * interval '1 second' {queue_filter}
-            ORDER BY enqueued_at
-            LIMIT %(n)s
-            FOR UPDATE SKIP LOCKED
+            {_per_queue(queues, old, "enqueued_at")}
         ), {main}, picked_main AS (
             -- starving items first, then by priority; the two branches may overlap, hence DISTINCT
             SELECT item_id, ctid FROM (
@@ -324,6 +382,7 @@ def claim_ctes_pg(
             SET lock_token = %(token)s,
                 locked_until = now() + %(lease)s * interval '1 second',
                 available_at = now() + %(lease)s * interval '1 second',
+                ready = false,
                 attempts = q.attempts + 1
             WHERE q.ctid = ANY(ARRAY(SELECT ctid FROM picked))
             RETURNING {", ".join("q." + c.strip() for c in returning.split(","))}
@@ -347,6 +406,8 @@ def _claim_pg(
 def _claim_sqlite(
     n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
 ) -> list[tuple]:
+    # SQLite reads `available_at` itself (one writer at a time, no index to keep lean); it still
+    # writes `ready` as PostgreSQL does, so a database's rows mean the same whoever wrote them.
     queue_filter = f"AND queue_name IN ({', '.join(['%s'] * len(queues))})" if queues else ""
     qparams: list[Any] = list(queues or [])
     cutoff = _sqlite_now_plus("%s")
@@ -371,7 +432,7 @@ def _claim_sqlite(
     until = _sqlite_now_plus("%s")
     sql = f"""
         UPDATE queue_state
-        SET lock_token = %s, locked_until = {until}, available_at = {until}, attempts = attempts + 1
+        SET lock_token = %s, locked_until = {until}, available_at = {until}, ready = 0, attempts = attempts + 1
         WHERE item_id IN ({" UNION ALL ".join(selects)})
         RETURNING {_RETURNING}
     """
@@ -442,7 +503,7 @@ def release(
                 """
                 UPDATE queue_state q
                 SET lock_token = NULL, locked_until = NULL,
-                    available_at = now() + mine.delay * interval '1 second',
+                    available_at = now() + mine.delay * interval '1 second', ready = mine.delay <= 0,
                     enqueued_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
                                        ELSE q.enqueued_at END,
                     attempts = greatest(q.attempts - %s, 0)
@@ -459,20 +520,21 @@ def release(
             cursor.execute(
                 f"""
                 UPDATE queue_state
-                SET lock_token = NULL, locked_until = NULL, available_at = {_sqlite_now_plus("%s")},
+                SET lock_token = NULL, locked_until = NULL, available_at = {_sqlite_now_plus("%s")}, ready = %s,
                     enqueued_at = CASE WHEN %s > 0 THEN {_sqlite_now_plus("%s")} ELSE enqueued_at END,
                     attempts = max(attempts - %s, 0)
                 WHERE item_id = %s AND lock_token = %s
                 RETURNING item_id
                 """,
-                [modifier, delay, modifier, refund, item_id, token.hex],
+                [modifier, delay <= 0, delay, modifier, refund, item_id, token.hex],
             )
             released.update(row[0] for row in cursor.fetchall())
         return released
 
 
 def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using: str = "default") -> set[int]:
-    """Push the lease of items still held further out; returns the ids still ours."""
+    """Push the lease of items still held further out; returns the ids still ours. An item whose
+    lease ran out and was staged, but not yet re-claimed, leaves the ready set again."""
     if not leases:
         return set()
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
@@ -482,7 +544,8 @@ def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using
             cursor.execute(
                 """
                 UPDATE queue_state q
-                SET locked_until = now() + %s * interval '1 second', available_at = now() + %s * interval '1 second'
+                SET locked_until = now() + %s * interval '1 second', available_at = now() + %s * interval '1 second',
+                    ready = false
                 FROM unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
                 WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
                 RETURNING q.item_id
@@ -493,17 +556,151 @@ def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using
             clause, params = _sqlite_pair_filter(ids, tokens)
             until = _sqlite_now_plus("%s")
             cursor.execute(
-                f"UPDATE queue_state SET locked_until = {until}, available_at = {until} WHERE {clause} "
+                f"UPDATE queue_state SET locked_until = {until}, available_at = {until}, ready = 0 WHERE {clause} "
                 "RETURNING item_id",
                 [_seconds_modifier(lease), _seconds_modifier(lease), *params],
             )
         return {row[0] for row in cursor.fetchall()}
 
 
+# --- stage: due items back into the ready set ----------------------------------------------------
+STAGE_SECONDS = 0.25  # how often a dispatcher stages: a retry or an expired lease is ready this much late
+STAGE_LIMIT = 5000  # items per statement; a dispatcher stages again at once while it finds a full batch
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    count: int = 0
+    rate_limited: int = 0  # of which rate-limited: their lanes should be looked at again
+
+
+def stage(limit: int = STAGE_LIMIT, *, using: str = "default") -> Staged:
+    """Move up to `limit` waiting items whose `available_at` has passed (retries, delayed enqueues,
+    expired leases) into the ready set, oldest first: one statement, reading queue_state_delayed_idx
+    (so only due rows), skipping rows a peer holds. An expired lease keeps its lock_token: its
+    holder may still record it until someone re-claims it (as before staging existed)."""
+    with connections[using].cursor() as cursor:
+        if is_pg(using):
+            cursor.execute(
+                """
+                WITH due AS (
+                    SELECT ctid FROM queue_state WHERE NOT ready AND available_at <= now()
+                    ORDER BY available_at LIMIT %s FOR UPDATE SKIP LOCKED
+                ), staged AS (
+                    UPDATE queue_state SET ready = true WHERE ctid = ANY(ARRAY(SELECT ctid FROM due))
+                    RETURNING rate_limited
+                )
+                SELECT count(*), count(*) FILTER (WHERE rate_limited) FROM staged
+                """,
+                [limit],
+            )
+        else:
+            cursor.execute(
+                f"""
+                WITH staged AS (
+                    SELECT item_id, rate_limited FROM queue_state WHERE NOT ready AND available_at <= {_SQLITE_NOW}
+                    ORDER BY available_at LIMIT %s
+                )
+                SELECT count(*), coalesce(sum(rate_limited), 0) FROM staged
+                """,
+                [limit],
+            )
+            count, limited = cursor.fetchone()
+            cursor.execute(
+                f"""
+                UPDATE queue_state SET ready = 1 WHERE item_id IN (
+                    SELECT item_id FROM queue_state WHERE NOT ready AND available_at <= {_SQLITE_NOW}
+                    ORDER BY available_at LIMIT %s)
+                """,
+                [limit],
+            )
+            return Staged(int(count), int(limited))
+        count, limited = cursor.fetchone()
+    return Staged(int(count), int(limited))
+
+
+# --- rate limits that changed under queued items -----------------------------------------------------
+def sync_rate_limited(
+    *, provider_ids: Sequence[int] = (), tenant_ids: Sequence[uuid.UUID] = (), using: str = "default"
+) -> int:
+    """Re-decide `rate_limited` of the queued items of these providers and of every provider of
+    these tenants, from their limits as they are now (in the caller's transaction: the service
+    that saves a limit calls it there). Returns how many items changed lanes. Finds the items by
+    provider, with no index of their own: a limit changes rarely, and a scan of the live queue
+    once per change costs less than an index written by every enqueue and claim."""
+    if not provider_ids and not tenant_ids:
+        return 0
+    limited = ratelimit.limited_sql("p", "t")
+    with connections[using].cursor() as cursor:
+        if is_pg(using):
+            cursor.execute(
+                f"""
+                UPDATE queue_state q SET rate_limited = lim.limited
+                FROM (SELECT p.id, {limited} AS limited FROM providers p JOIN tenants t ON t.id = p.tenant_id
+                      WHERE p.id = ANY(%s::bigint[]) OR p.tenant_id = ANY(%s::uuid[])) lim
+                WHERE q.provider_id = lim.id AND q.rate_limited <> lim.limited
+                """,
+                [list(provider_ids), list(tenant_ids)],
+            )
+            return cursor.rowcount
+        pids, tids = list(provider_ids), [_as_uuid(t).hex for t in tenant_ids]
+        in_pids = ", ".join(["%s"] * len(pids)) or "NULL"
+        in_tids = ", ".join(["%s"] * len(tids)) or "NULL"
+        cursor.execute(
+            f"""
+            UPDATE queue_state SET rate_limited = lim.limited
+            FROM (SELECT p.id, {limited} AS limited FROM providers p JOIN tenants t ON t.id = p.tenant_id
+                  WHERE p.id IN ({in_pids}) OR p.tenant_id IN ({in_tids})) AS lim
+            WHERE queue_state.provider_id = lim.id AND queue_state.rate_limited <> lim.limited
+            """,
+            [*pids, *tids],
+        )
+        return cursor.rowcount
+
+
+def rate_limited_providers(queues: Sequence[str] | None = None, *, using: str = "default") -> list[int]:
+    """Providers with ready rate-limited items (in `queues`, if named), whatever their limits say
+    now: lanes are offered to all of them, so items whose limit went away are never stranded.
+    On PostgreSQL a loose index scan of queue_state_lane_idx: one descent per provider, not one
+    row per waiting item."""
+    with connections[using].cursor() as cursor:
+        if is_pg(using):
+            in_queues = (
+                """AND EXISTS (SELECT 1 FROM queue_state w WHERE w.ready AND w.rate_limited AND w.provider_id = p.id
+                               AND w.queue_name = ANY(%(queues)s::text[]))"""
+                if queues
+                else ""
+            )
+            cursor.execute(
+                f"""
+                WITH RECURSIVE p(id) AS (
+                    (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id IS NOT NULL
+                     ORDER BY provider_id LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id > p.id
+                            ORDER BY provider_id LIMIT 1)
+                    FROM p WHERE p.id IS NOT NULL
+                )
+                SELECT id FROM p WHERE id IS NOT NULL {in_queues}
+                """,
+                {"queues": list(queues or [])},
+            )
+        else:
+            in_queues = f"AND queue_name IN ({', '.join(['%s'] * len(queues))})" if queues else ""
+            cursor.execute(
+                f"""
+                SELECT DISTINCT provider_id FROM queue_state
+                WHERE rate_limited AND provider_id IS NOT NULL AND available_at <= {_SQLITE_NOW} {in_queues}
+                """,
+                list(queues or []),
+            )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int:
-    """Give back, untried, every item still leased with one of `tokens`: the claims of a caller
-    whose session was lost during the claim statement, which may have committed with no one left
-    to send what it leased. Refunds the claim's attempt. Returns how many items came back.
+    """Give back, untried and ready at once, every item still leased with one of `tokens`: the
+    claims of a caller whose session was lost during the claim statement, which may have committed
+    with no one left to send what it leased. Refunds the claim's attempt. Returns how many came back.
 
     Rare (only after a lost session), so it may scan: lock_token has no index of its own."""
     if not tokens:
@@ -513,7 +710,8 @@ def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int
             cursor.execute(
                 """
                 UPDATE queue_state
-                SET lock_token = NULL, locked_until = NULL, available_at = now(), attempts = greatest(attempts - 1, 0)
+                SET lock_token = NULL, locked_until = NULL, available_at = now(), ready = true,
+                    attempts = greatest(attempts - 1, 0)
                 WHERE lock_token = ANY(%s::uuid[])
                 """,
                 [list(tokens)],
@@ -523,7 +721,7 @@ def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int
             cursor.execute(
                 f"""
                 UPDATE queue_state
-                SET lock_token = NULL, locked_until = NULL, available_at = {_SQLITE_NOW},
+                SET lock_token = NULL, locked_until = NULL, available_at = {_SQLITE_NOW}, ready = 1,
                     attempts = max(attempts - 1, 0)
                 WHERE lock_token IN ({marks})
                 """,

@@ -38,7 +38,8 @@ from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connec
 from queueing import heartbeat
 from queueing.janitor import Janitor
 from queueing.models import Worker
-from queueing.queue import NOTIFY_CHANNEL
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql
+from queueing.ratelimit import limited_sql
 from queueing.schedule import SCHEDULE_CHANNEL
 from queueing.wakeup import Doorbell
 
@@ -76,12 +77,19 @@ class Promotion:
 #            the notification's status is current, so a cancel that committed first wins.
 #   queued - those notifications still `scheduled` move to `queued`.
 #   jobs   - executed when their notification was queued, else cancelled (it was cancelled meanwhile).
-#   items  - queue items, inserted in run_at order so item ids follow run_at; rate_limited routes
-#            items of rate-limited providers/tenants to the claim's per-provider lanes.
+#   items  - queue items (queue.insert_items_sql: the queue's own INSERT, which decides rate_limited
+#            from the current limits and routes those items to the claim's per-provider lanes),
+#            inserted in run_at order so item ids follow run_at.
 # Every CTE joins the previous one to a table through its primary key (never CTE to CTE, whose row
 # estimates are guesses), so the plan stays index lookups per batch row.
 # The final SELECT rings the dispatchers' doorbell (delivered at commit) with the queue names.
-_PROMOTE_PG = """
+_INSERT_ITEMS_PG = insert_items_sql(
+    """(SELECT q.queue AS queue_name, q.priority, jsonb_build_object('channel', q.channel) AS payload,
+               0::float8 AS delay, q.tenant_id, q.id AS notification_id, q.provider_id, q.run_at
+        FROM queued q) s""",
+    order_by="s.run_at",
+)
+_PROMOTE_PG = f"""
 WITH due AS (
     SELECT j.job_id, j.notification_id, j.run_at, n.status = 'scheduled' AS live
     FROM scheduled_jobs j
@@ -103,16 +111,7 @@ WITH due AS (
     FROM due
     WHERE j.job_id = due.job_id
     RETURNING j.status
-), items AS (
-    INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                             tenant_id, notification_id, provider_id, rate_limited)
-    SELECT q.queue, q.priority, jsonb_build_object('channel', q.channel), now(), now(), 0,
-           q.tenant_id, q.id, q.provider_id, (p.rate_per_second IS NOT NULL OR t.rate_per_second IS NOT NULL)
-    FROM queued q
-    JOIN providers p ON p.id = q.provider_id
-    JOIN tenants t ON t.id = q.tenant_id
-    ORDER BY q.run_at
-    ON CONFLICT (notification_id) DO NOTHING
+), items AS ({_INSERT_ITEMS_PG}
     RETURNING queue_name
 ), summary AS (
     SELECT (SELECT count(*) FROM jobs WHERE status = 'executed') AS promoted,
@@ -123,7 +122,7 @@ WITH due AS (
 SELECT s.promoted, s.cancelled, s.queues, s.max_lag
 FROM summary s
 LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, s.queues) WHERE s.queues IS NOT NULL) AS rang ON true
-"""
+"""  # noqa: S608 - constant fragments only (queue.insert_items_sql); values are bound parameters
 
 # The partial index serves min(run_at) over pending jobs; the wait is computed by the database so
 # the host's clock never matters.
@@ -138,11 +137,11 @@ FROM scheduled_jobs WHERE status = 'pending'
 _NOW_SQLITE = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
 # Each statement re-selects the batch (the `job_id IN (…)` subquery): the same rows every time, since
 # the transaction holds the write lock, the timestamp is fixed and job_id breaks ties.
-_ENQUEUE_SQLITE = """
+_ENQUEUE_SQLITE = f"""
 INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                         tenant_id, notification_id, provider_id, rate_limited)
+                         tenant_id, notification_id, provider_id, rate_limited, ready)
 SELECT n.queue, n.priority, json_object('channel', n.channel), %s, %s, 0,
-       n.tenant_id, n.id, n.provider_id, (p.rate_per_second IS NOT NULL OR t.rate_per_second IS NOT NULL)
+       n.tenant_id, n.id, n.provider_id, {limited_sql("p", "t")}, 1
 FROM scheduled_jobs j
 JOIN notifications n ON n.id = j.notification_id
 JOIN providers p ON p.id = n.provider_id
@@ -154,7 +153,7 @@ WHERE j.job_id IN (
 ORDER BY j.run_at, j.job_id
 ON CONFLICT (notification_id) DO NOTHING
 RETURNING queue_name
-"""
+"""  # noqa: S608 - the rate-limit rule is a constant fragment; values are bound parameters
 _QUEUE_NOTIFICATIONS_SQLITE = """
 UPDATE notifications SET status = 'queued', enqueued_at = %s, updated_at = %s
 WHERE status = 'scheduled'

@@ -34,7 +34,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
 
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from dlq.classifier import Classification, classify
@@ -110,6 +109,7 @@ class Dispatcher:
         self._starving_checked = -1e9
         self._any_limits_checked = -1e9
         self._any_limits = False
+        self._staged_at = -1e9
         self.worker: Worker | None = None
         self._orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen (see _claim_batch)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
@@ -445,6 +445,7 @@ class Dispatcher:
             return prepared, skipped, next_token_in, []
 
     def _claim_batch_locked(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
+        self._stage_due()
         lanes, next_token_in = self._grant_lanes(want)
         main = max(0, want - sum(lanes.values()))
         now = self.clock()
@@ -477,6 +478,17 @@ class Dispatcher:
                 if n > 0:  # the lane ran dry: look again at the next refresh, not every batch
                     self._lanes.pop(pid, None)
         return prepared, skipped, next_token_in
+
+    def _stage_due(self) -> None:
+        """Bring due retries and expired leases back into the ready set, at most every STAGE_SECONDS
+        (sooner while a full batch was staged: a backlog of them came due at once)."""
+        now = self.clock()
+        if now - self._staged_at < queue.STAGE_SECONDS:
+            return
+        staged = queue.stage()
+        self._staged_at = -1e9 if staged.count >= queue.STAGE_LIMIT else now
+        if staged.rate_limited:  # their lanes may have been dropped as dry: look again now
+            self._any_limits_checked = self._lanes_checked = -1e9
 
     def _grant_lanes(self, want: int) -> tuple[dict[int, int], float | None]:
         now = self.clock()
@@ -515,7 +527,7 @@ class Dispatcher:
                 instance=_instantiate(row),
                 row_updated_at=row.updated_at,
                 max_attempts=row.max_attempts or settings.OMNIPOST_MAX_ATTEMPTS,
-                limited=row.rate_per_second is not None or row.tenant.rate_per_second is not None,
+                limited=ratelimit.is_limited(row.rate_per_second, row.tenant.rate_per_second),
                 loaded_at=now,
                 secrets=secret_values(row.secrets),
             )
@@ -834,23 +846,24 @@ def _instantiate(row: Provider) -> BaseProvider | _MisconfiguredProvider:
 
 
 def queue_has_rate_limited_items() -> bool:
+    """Whether any ready item waits for a lane (one probe of queue_state_lane_idx)."""
     from queueing.models import QueueItem
 
-    return QueueItem.objects.filter(rate_limited=True).exists()
+    return QueueItem.objects.filter(ready=True, rate_limited=True).exists()
 
 
 def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
-    """Rate-limited providers that have ready items, with their limits (one query)."""
-    from queueing.models import QueueItem
+    """Every provider with ready rate-limited items, with its limits as they are now (two queries).
 
-    ready = QueueItem.objects.ready().filter(rate_limited=True, provider_id=OuterRef("pk"))
-    if queues:
-        ready = ready.filter(queue_name__in=queues)
-    # Providers with a limit are few; for each, EXISTS probes the lane index once.
-    rows = (
-        Provider.objects.filter(Q(rate_per_second__isnull=False) | Q(tenant__rate_per_second__isnull=False))
-        .filter(Exists(ready))
-        .values_list("pk", "tenant_id", "rate_per_second", "burst", "tenant__rate_per_second", "tenant__rate_burst")
+    Whatever the items' flag says: a provider whose limit (or its tenant's) was removed gets a lane
+    with no keys, whose grant is all that is asked, so its items are never stranded while
+    `queue.sync_rate_limited` catches up (or if a flag was set by an enqueue that raced the change).
+    """
+    provider_ids = queue.rate_limited_providers(queues)
+    if not provider_ids:
+        return {}
+    rows = Provider.objects.filter(pk__in=provider_ids).values_list(
+        "pk", "tenant_id", "rate_per_second", "burst", "tenant__rate_per_second", "tenant__rate_burst"
     )
     return {
         pid: ratelimit.LaneSpec(pid, tid, prate, pburst, trate, tburst)

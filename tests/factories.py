@@ -39,11 +39,15 @@ def queued(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, que
     rows = notifications(tenant, prov, count, priority=priority, queue_name=queue_name, **fields)
     items = [
         queue.NewItem(notification_id=n.id, tenant_id=tenant.pk, provider_id=prov.pk, queue_name=queue_name,
-                      priority=priority, payload={"n": str(n.id)}, rate_limited=rate_limited, delay_seconds=delay)
+                      priority=priority, payload={"n": str(n.id)}, delay_seconds=delay)
         for n in rows
     ]
     for start in range(0, len(items), 5000):
         queue.enqueue(items[start:start + 5000])
+    if rate_limited:  # the enqueue decides from the limits; a test may want the flag whatever they are
+        from queueing.models import QueueItem
+
+        QueueItem.objects.filter(notification_id__in=[n.id for n in rows]).update(rate_limited=True)
     return rows
 
 

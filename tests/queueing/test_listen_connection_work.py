@@ -41,7 +41,8 @@ def claim_pages_read(conn: psycopg.Connection) -> int:
     with conn.transaction(force_rollback=True):
         plan = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT item_id FROM queue_state "
-            "WHERE NOT rate_limited AND available_at <= now() ORDER BY priority DESC, enqueued_at "
+            "WHERE ready AND NOT rate_limited AND priority >= 0 AND available_at <= now() "  # as queue.claim_ctes_pg
+            "ORDER BY priority DESC, enqueued_at "
             "LIMIT 10 FOR UPDATE SKIP LOCKED"
         ).fetchone()[0][0]["Plan"]
     return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queueing', '0003_lean_indexes'),
+        ('queueing', '0004_claim_ready_state'),
     ]
 
     operations = [

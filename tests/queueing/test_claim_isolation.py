@@ -1,0 +1,184 @@
+"""A claim costs the same whatever waits elsewhere: other queues' depth, items in backoff, leases.
+
+Ready items live in partial indexes of their own (`ready`), one led by queue_name; waiting items
+(backoff, delayed enqueues, leases) come back through `queue.stage`. The plans are read from
+EXPLAIN (ANALYZE, FORMAT JSON) of the real statements, on 400,000 synthetic rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connection
+
+from notifications import delivery
+from queueing import queue
+from queueing.models import QueueItem
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+OTHER_QUEUE_DEPTH = 200_000  # ready, in queue "big"
+BACKOFF_DEPTH = 200_000  # waiting out a retry delay, in the claimed queue itself
+READY_HERE = 1_000
+LEASED_HERE = 300  # in flight at other dispatchers
+SLACK = 20  # rows a scan may touch beyond those it hands on (index boundaries, SKIP LOCKED)
+
+
+@pytest.fixture
+def hook(tenant_a):
+    return factories.provider(tenant_a)
+
+
+def fill(tenant, hook) -> None:  # noqa: ANN001
+    """Synthetic items (one real notification serves the FK once the unique constraint is gone, in
+    this test's transaction only). Backoff items carry priority 9 and leases the oldest enqueued_at,
+    so any index that still held them would put them in front of the ready ones."""
+    note = factories.notifications(tenant, hook, 1)[0]
+    common = [tenant.pk, note.id, hook.pk]
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_state DROP CONSTRAINT IF EXISTS queue_state_one_live_item_per_notification")
+        insert = (
+            "INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts, "
+            "tenant_id, notification_id, provider_id, rate_limited, ready, lock_token, locked_until) "
+        )
+        cursor.execute(  # another queue's backlog, older than anything in "small"
+            insert + "SELECT 'big', 9, '{}'::jsonb, now() - interval '1 hour' + (g || ' ms')::interval, "
+            "now() - interval '1 hour', 0, %s, %s, %s, false, true, NULL, NULL FROM generate_series(1, %s) g",
+            [*common, OTHER_QUEUE_DEPTH],
+        )
+        cursor.execute(  # a provider outage: retries due in an hour (release moves enqueued_at there)
+            insert + "SELECT 'small', 9, '{}'::jsonb, now() + interval '1 hour' + (g || ' ms')::interval, "
+            "now() + interval '1 hour' + (g || ' ms')::interval, 3, %s, %s, %s, false, false, NULL, NULL "
+            "FROM generate_series(1, %s) g",
+            [*common, BACKOFF_DEPTH],
+        )
+        cursor.execute(  # leased by peers: the oldest of all, lease running for another 30 s
+            insert + "SELECT 'small', 9, '{}'::jsonb, now() - interval '2 hours', now() + interval '30 seconds', "
+            "1, %s, %s, %s, false, false, gen_random_uuid(), now() + interval '30 seconds' "
+            "FROM generate_series(1, %s) g",
+            [*common, LEASED_HERE],
+        )
+        cursor.execute(
+            insert + "SELECT 'small', 5, '{}'::jsonb, now() - interval '10 minutes' + (g || ' ms')::interval, "
+            "now() - interval '10 minutes', 0, %s, %s, %s, false, true, NULL, NULL FROM generate_series(1, %s) g",
+            [*common, READY_HERE],
+        )
+        cursor.execute("ANALYZE queue_state")
+
+
+def explain(sql: str, params) -> dict:  # noqa: ANN001
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        (document,) = cursor.fetchone()
+    return document[0]["Plan"]
+
+
+def queue_state_scans(node: dict) -> list[dict]:
+    found = [node] if node.get("Relation Name") == "queue_state" else []
+    for child in node.get("Plans", []):
+        found += queue_state_scans(child)
+    return found
+
+
+def touched(scan: dict) -> float:
+    """Rows a scan read: those it returned and those its filter threw away, over all its loops."""
+    loops = scan.get("Actual Loops", 1)
+    removed = scan.get("Rows Removed by Filter", 0) + scan.get("Rows Removed by Index Recheck", 0)
+    return loops * (scan["Actual Rows"] + removed)
+
+
+def assert_constant_cost(plan: dict, returned: int) -> None:
+    scans = queue_state_scans(plan)
+    assert scans, plan
+    for scan in scans:
+        assert scan["Node Type"] != "Seq Scan", scan
+        removed = scan.get("Actual Loops", 1) * scan.get("Rows Removed by Filter", 0)
+        assert removed <= SLACK, (scan["Node Type"], scan.get("Index Name"), removed)
+        assert touched(scan) <= returned + SLACK, (scan["Node Type"], scan.get("Index Name"), touched(scan))
+
+
+@pytest.mark.parametrize("starving", [False, True], ids=["claim", "claim-with-starvation-branch"])
+def test_a_claim_for_one_queue_reads_only_what_it_takes(tenant_a, hook, starving):
+    fill(tenant_a, hook)
+    sql, params = delivery.claim_statement(100, 30.0, 300.0 if starving else None, ["small"], {}, uuid.uuid4())
+    plan = explain(sql, params)
+    assert plan["Actual Rows"] == 100
+    assert_constant_cost(plan, 100)
+    indexes = {scan.get("Index Name") for scan in queue_state_scans(plan)}
+    assert "queue_state_ready_queue_idx" in indexes, indexes
+    if starving:  # the ready items are 10 minutes old: all of them are starving at a 300 s threshold
+        assert "queue_state_starving_idx" in indexes, indexes
+    claimed = QueueItem.objects.filter(ready=False, lock_token=params["token"])
+    assert claimed.count() == 100 and set(claimed.values_list("queue_name", "priority").distinct()) == {("small", 5)}
+
+
+def test_a_claim_over_all_queues_skips_backoff_and_leases(tenant_a, hook):
+    fill(tenant_a, hook)
+    sql, params = delivery.claim_statement(100, 30.0, 300.0, None, {}, uuid.uuid4())
+    plan = explain(sql, params)
+    assert plan["Actual Rows"] == 100
+    assert_constant_cost(plan, 100)
+    claimed = QueueItem.objects.filter(lock_token=params["token"])
+    assert set(claimed.values_list("queue_name", flat=True).distinct()) == {"big"}  # oldest, starving
+
+
+def test_the_stager_reads_only_due_rows(tenant_a, hook):
+    fill(tenant_a, hook)
+    with connection.cursor() as cursor:  # 50 retries come due, and 10 leases of a dead dispatcher expire
+        cursor.execute(
+            "UPDATE queue_state SET available_at = now() - interval '1 second' WHERE item_id IN "
+            "(SELECT item_id FROM queue_state WHERE NOT ready AND lock_token IS NULL ORDER BY available_at LIMIT 50)"
+        )
+        cursor.execute(
+            "UPDATE queue_state SET available_at = now() - interval '1 second', locked_until = now() - interval "
+            "'1 second' WHERE item_id IN (SELECT item_id FROM queue_state WHERE lock_token IS NOT NULL LIMIT 10)"
+        )
+        cursor.execute("ANALYZE queue_state")
+        cursor.execute("SAVEPOINT before_explain")
+    stage_sql = (
+        "WITH due AS (SELECT ctid FROM queue_state WHERE NOT ready AND available_at <= now() "
+        "ORDER BY available_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+        "UPDATE queue_state SET ready = true WHERE ctid = ANY(ARRAY(SELECT ctid FROM due)) RETURNING rate_limited"
+    )
+    plan = explain(stage_sql, [queue.STAGE_LIMIT])
+    assert plan["Actual Rows"] == 60
+    assert_constant_cost(plan, 60)
+    with connection.cursor() as cursor:
+        cursor.execute("ROLLBACK TO SAVEPOINT before_explain")
+    assert queue.stage() == queue.Staged(count=60, rate_limited=0)  # the function runs the same statement
+    assert queue.stage() == queue.Staged()
+
+
+def test_staging_brings_back_retries_and_expired_leases_and_extend_keeps_them_out(tenant_a, hook):
+    factories.queued(tenant_a, hook, 3)
+    first, second, third = queue.claim(3, lease_seconds=30)
+    assert queue.release([first], 60) == {first.item_id}  # a retry in a minute
+    assert set(QueueItem.objects.values_list("ready", flat=True)) == {False}
+
+    def shift(seconds: float) -> None:  # move the database's idea of every item's times back
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE queue_state SET available_at = available_at - %s * interval '1 second', "
+                "enqueued_at = enqueued_at - %s * interval '1 second', "
+                "locked_until = locked_until - %s * interval '1 second'",
+                [seconds, seconds, seconds],
+            )
+
+    shift(31)  # the leases have run out, the retry is not due yet
+    assert queue.extend([third], 30) == {third.item_id}  # its holder is alive: out of reach again
+    assert queue.stage() == queue.Staged(count=1)  # only `second`'s expired lease
+    (again,) = queue.claim(5)
+    assert again.item_id == second.item_id and again.attempts == 2
+    assert queue.ack([second]) == set(), "the old holder is fenced once a peer re-claimed"
+    shift(30)  # the retry is due, and the extended lease has run out too (and `again`'s)
+    back = {lease.item_id for lease in queue.claim(5, lease_seconds=30)}
+    assert back == {first.item_id, second.item_id, third.item_id}
+
+
+def test_delayed_enqueue_waits_outside_the_ready_set(tenant_a, hook):
+    factories.queued(tenant_a, hook, 2, delay=60)
+    factories.queued(tenant_a, hook, 1)
+    assert sorted(QueueItem.objects.values_list("ready", flat=True)) == [False, False, True]
+    assert len(queue.claim(5)) == 1
