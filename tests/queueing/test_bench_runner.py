@@ -21,14 +21,14 @@ def index_file(name: str) -> int:
 
 def test_indexes_are_rebuilt_only_for_tables_left_empty(tenant_a):
     factories.queued(tenant_a, factories.provider(tenant_a), 5)
-    before, queue_before = index_file("notifications_pkey"), index_file("queue_state_claim_idx")
+    before, queue_before = index_file("notifications_pkey"), index_file("queue_state_ready_idx")
     vacuum_hot_tables()
     assert index_file("notifications_pkey") == before, "a table holding rows must not be reindexed"
-    assert index_file("queue_state_claim_idx") == queue_before
+    assert index_file("queue_state_ready_idx") == queue_before
 
     Notification.objects.all().delete()
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM queue_state")
     vacuum_hot_tables()
     assert index_file("notifications_pkey") != before
-    assert index_file("queue_state_claim_idx") != queue_before
+    assert index_file("queue_state_ready_idx") != queue_before
