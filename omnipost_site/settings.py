@@ -131,6 +131,13 @@ OMNIPOST_WORKER_STALE_SECONDS = number(env, "OMNIPOST_WORKER_STALE_SECONDS", 60.
 # /readyz answers 503 when a due scheduled job has waited longer than this (0 turns the check off).
 OMNIPOST_READY_MAX_SCHEDULER_LAG_SECONDS = number(env, "OMNIPOST_READY_MAX_SCHEDULER_LAG_SECONDS", 60.0, minimum=0)
 
+# --- sends under running work ----------------------------------------------------------------------
+# SMTP sends run on a pool of their own; one provider holds at most OMNIPOST_SMTP_THREADS_PER_PROVIDER.
+OMNIPOST_SMTP_THREADS = number(env, "OMNIPOST_SMTP_THREADS", 32, minimum=1, integer=True)
+OMNIPOST_SMTP_THREADS_PER_PROVIDER = number(env, "OMNIPOST_SMTP_THREADS_PER_PROVIDER", 8, minimum=1, integer=True)
+# After a webhook signing secret is rotated, sends carry the old signature beside the new one this long.
+OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_GRACE_SECONDS", 86400.0)
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 
