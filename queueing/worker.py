@@ -752,7 +752,7 @@ class _MisconfiguredProvider:
 
 def _instantiate(row: Provider) -> BaseProvider | _MisconfiguredProvider:
     try:
-        return build_provider(row.kind, row.config, row.secrets)
+        return build_provider(row.kind, row.config, row.secrets, **row.rotation_options())
     except Exception as exc:  # noqa: BLE001 - any bad stored config must not stop the dispatcher
         logger.error("provider %s (%s) is misconfigured: %s", row.pk, row.kind, exc)
         return _MisconfiguredProvider(f"provider configuration is invalid: {type(exc).__name__}")
