@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import json
 import signal
 
 import pytest
@@ -36,7 +37,9 @@ def test_a_provider_edited_while_twenty_of_its_sends_are_in_flight_sends_nothing
         assert created.status_code == 201, created.json()
         prov = Provider.objects.get(name="hook")
         first = factories.queued(tenant_a, prov, 20)
-        (proc,) = start_dispatchers(1, subprocess_env, "--concurrency", "40", "--batch-size", "50", log_dir=tmp_path)
+        stats_file = tmp_path / "stats.json"
+        (proc,) = start_dispatchers(1, subprocess_env, "--concurrency", "40", "--batch-size", "50",
+                                    "--stats-file", str(stats_file), log_dir=tmp_path)
         assert wait_started(tmp_path, 1)
         assert wait_until(lambda: len(receiver.requests) >= 20, 20), "20 sends in flight"
 
@@ -47,10 +50,21 @@ def test_a_provider_edited_while_twenty_of_its_sends_are_in_flight_sends_nothing
         second = factories.queued(tenant_a, prov, 20)
         everyone = {str(n.id) for n in first + second}
         assert wait_until(lambda: Notification.objects.filter(status="delivered").count() == 40, 30)
+
+        # Idle now: the next claim is the one on the LISTEN connection, which checks providers too.
+        assert wait_until(lambda: not QueueItem.objects.exists(), 10)
+        receiver.configure(delay_ms=0)
+        edited = api_a.patch("/api/v1/providers/hook", {"config": {"url": f"{base}/v3"}}, format="json")
+        assert edited.status_code == 200, edited.json()
+        third = factories.queued(tenant_a, prov, 5)
+        assert wait_until(lambda: Notification.objects.filter(status="delivered").count() == 45, 30)
         proc.send_signal(signal.SIGTERM)
         assert wait_exit([proc], 20) == [0]
         requests = receiver.requests
 
+    assert {r.path for r in requests if r.webhook_id in {str(n.id) for n in third}} == {"/v3"}
+    assert json.loads(stats_file.read_text())["rings_answered"] >= 1, "a claim on the LISTEN connection"
+    requests = [r for r in requests if r.webhook_id in everyone]
     counts = collections.Counter(r.webhook_id for r in requests)
     assert set(counts) == everyone and max(counts.values()) == 1, "0 duplicates, not a single retry"
     assert all(r.status == 200 and r.verified for r in requests)
@@ -67,7 +81,7 @@ def test_a_provider_edited_while_twenty_of_its_sends_are_in_flight_sends_nothing
     for r in new_sends:  # the rotated secret signs the next sends, the old one beside it (grace)
         Webhook(NEW).verify(r.body, r.headers)
         Webhook(OLD).verify(r.body, r.headers)
-    assert DeliveryAttempt.objects.count() == 40
+    assert DeliveryAttempt.objects.count() == 45
     assert set(DeliveryAttempt.objects.values_list("outcome", "number")) == {("delivered", 1)}
     assert QueueItem.objects.count() == 0
 
