@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -244,3 +245,53 @@ def test_tarpit_send_fails_at_deadline_others_go_out_and_sigterm_aborts_the_rest
     assert not QueueItem.objects.filter(notification=aborted, lock_token__isnull=False).exists(), "given back"
     assert not DeliveryAttempt.objects.filter(notification=aborted, outcome="delivered").exists()
     assert "SIGTERM received" in (tmp_path / "dispatcher0.log").read_text()
+
+
+# --- the webhook side: its cancel() closes the connection too ---------------------------------------
+def test_a_cancelled_webhook_send_stops_writing_its_request():
+    """notifications/providers/http.py: a cancelled request aborts its transport, dropping what is
+    still buffered, instead of closing it gracefully (which flushes the rest of the request)."""
+    from tests.support.receivers import TEST_SIGNING_SECRET
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    cancelled = threading.Event()
+    received = []
+
+    def slow_reader() -> None:  # accepts, reads nothing until the send is cancelled, then everything
+        conn, _ = listener.accept()
+        cancelled.wait(10)
+        total = 0
+        conn.settimeout(5)
+        try:
+            while chunk := conn.recv(1 << 20):
+                total += len(chunk)
+        except OSError:
+            pass
+        received.append(total)
+        conn.close()
+
+    reader = threading.Thread(target=slow_reader, daemon=True)
+    reader.start()
+    body = "x" * (32 << 20)  # far more than the kernel's buffers hold: the rest waits in the transport's
+
+    async def scenario() -> list:
+        secrets = {"signing_secret": TEST_SIGNING_SECRET}
+        prov = build_provider("webhook", {"url": f"http://127.0.0.1:{port}/hook"}, secrets)
+        results: list = []
+        msg = message()
+        msg.body = body
+        handle = prov.start_send(msg, results.append)
+        await asyncio.sleep(0.3)  # connected; the kernel's buffers are full
+        handle.cancel()
+        cancelled.set()
+        await asyncio.sleep(0.5)  # a graceful close would flush the rest now
+        await prov.aclose()
+        return results
+
+    try:
+        assert asyncio.run(scenario()) == []
+        reader.join(10)
+    finally:
+        listener.close()
+    assert received and received[0] < len(body) // 2, received
