@@ -72,7 +72,7 @@ class Provider(TenantOwned):
     # What the last rotation replaced (only the kind's `rotating_secrets`, e.g. a webhook's
     # signing_secret), and when: sends carry the old signature beside the new one for
     # OMNIPOST_SECRET_ROTATION_GRACE_SECONDS, so a receiver can switch secrets at any moment.
-    previous_secrets = EncryptedJSONField(default=dict, blank=True)
+    previous_secrets = EncryptedJSONField(null=True, blank=True)
     secrets_rotated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

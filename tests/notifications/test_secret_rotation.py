@@ -56,7 +56,7 @@ def signed(row: Provider) -> tuple[bytes, bytes]:
 def test_a_rotation_keeps_the_old_secret_encrypted_with_its_time(tenant_a, api_a):
     create_hook(api_a)
     row = Provider.objects.get(name="hook")
-    assert (row.previous_secrets, row.secrets_rotated_at) == ({}, None)
+    assert (row.previous_secrets, row.secrets_rotated_at) == (None, None)
     before = datetime.now(UTC)
     rotate(api_a, NEW)
     row.refresh_from_db()
