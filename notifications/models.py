@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat
@@ -67,6 +69,11 @@ class Provider(TenantOwned):
     burst = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
     is_default = models.BooleanField(default=False)
+    # What the last rotation replaced (only the kind's `rotating_secrets`, e.g. a webhook's
+    # signing_secret), and when: sends carry the old signature beside the new one for
+    # OMNIPOST_SECRET_ROTATION_GRACE_SECONDS, so a receiver can switch secrets at any moment.
+    previous_secrets = EncryptedJSONField(null=True, blank=True)
+    secrets_rotated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -84,6 +91,14 @@ class Provider(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    def rotation_options(self) -> dict[str, Any]:
+        """`build_provider` options for the secrets the last rotation replaced: they sign beside the
+        new ones until `previous_until` (epoch seconds), which the provider checks at each send."""
+        if not self.previous_secrets or self.secrets_rotated_at is None:
+            return {}
+        until = self.secrets_rotated_at.timestamp() + settings.OMNIPOST_SECRET_ROTATION_GRACE_SECONDS
+        return {"previous_secrets": self.previous_secrets, "previous_until": until}
 
 
 class Template(TenantOwned):

@@ -406,6 +406,8 @@ def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | Non
             if provider.is_default:
                 old = Provider.objects.for_tenant(provider.tenant_id).filter(channel=provider.channel, is_default=True)
                 old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
+            if not created and fields is not None and "secrets" in fields:
+                fields = [*fields, *_note_rotation(provider)]
             provider.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
             if not created and (fields is None or "rate_per_second" in fields):
                 # Items already queued follow the limit as it is now, in both directions.
@@ -417,6 +419,26 @@ def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | Non
     except IntegrityError as exc:
         raise _duplicate(exc, "provider", provider.name) from None
     return provider
+
+
+def _note_rotation(provider: Provider) -> list[str]:
+    """Keep the values of the kind's rotating secrets (a webhook's signing_secret) that this save
+    replaces, and when: they sign beside the new ones for OMNIPOST_SECRET_ROTATION_GRACE_SECONDS.
+    Returns the fields to save as well (none when no such secret changed). A second rotation
+    within the grace keeps only the secret it replaced."""
+    from notifications.providers import provider_class
+
+    rotating = provider_class(provider.kind).rotating_secrets
+    if not rotating:
+        return []
+    stored = Provider.objects.select_for_update().only("secrets").get(pk=provider.pk).secrets or {}
+    new = provider.secrets or {}
+    replaced = {k: stored[k] for k in rotating if stored.get(k) and stored.get(k) != new.get(k)}
+    if not replaced:
+        return []
+    provider.previous_secrets = replaced
+    provider.secrets_rotated_at = timezone.now()
+    return ["previous_secrets", "secrets_rotated_at"]
 
 
 def save_template(template: Template, *, actor: str, fields: Sequence[str] | None = None) -> Template:

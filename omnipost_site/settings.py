@@ -140,6 +140,12 @@ OMNIPOST_MAX_QUEUES_PER_TENANT = number(env, "OMNIPOST_MAX_QUEUES_PER_TENANT", 5
 OMNIPOST_METRICS_TOKEN = env.str("OMNIPOST_METRICS_TOKEN", default="")
 OMNIPOST_METRICS_MAX_QUEUES = number(env, "OMNIPOST_METRICS_MAX_QUEUES", 20, minimum=1, integer=True)
 OMNIPOST_METRICS_MAX_PROVIDERS = number(env, "OMNIPOST_METRICS_MAX_PROVIDERS", 200, minimum=1, integer=True)
+# --- sends under running work ----------------------------------------------------------------------
+# SMTP sends run on a pool of their own; one provider holds at most OMNIPOST_SMTP_THREADS_PER_PROVIDER.
+OMNIPOST_SMTP_THREADS = number(env, "OMNIPOST_SMTP_THREADS", 32, minimum=1, integer=True)
+OMNIPOST_SMTP_THREADS_PER_PROVIDER = number(env, "OMNIPOST_SMTP_THREADS_PER_PROVIDER", 8, minimum=1, integer=True)
+# After a webhook signing secret is rotated, sends carry the old signature beside the new one this long.
+OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_GRACE_SECONDS", 86400.0)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000

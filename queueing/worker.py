@@ -38,7 +38,15 @@ from django.db import connection
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy, exhausted
-from notifications.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
+from notifications.delivery import (
+    Attempt,
+    DispatchLease,
+    Outcome,
+    Prepared,
+    claim_and_start,
+    hot_cursor,
+    record_outcomes,
+)
 from notifications.models import Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
 from notifications.providers.base import Cancellable
@@ -78,10 +86,10 @@ class DispatcherConfig:
 @dataclass
 class _CachedProvider:
     instance: BaseProvider | _MisconfiguredProvider
-    row_updated_at: datetime
+    row_updated_at: datetime  # compared with the row's at every claim: an edit takes effect at the next
     max_attempts: int
     limited: bool
-    loaded_at: float
+    loaded_at: float = 0.0  # the dispatcher's clock when this instance was built
     secrets: tuple[str, ...] = ()  # scrubbed from error texts (notifications.scrub)
 
 
@@ -104,6 +112,11 @@ class Dispatcher:
         self._inflight: dict[int, tuple[Cancellable, Prepared]] = {}  # a task, or a send that calls back
         self._outcomes: list[Outcome] = []
         self._providers: dict[int, _CachedProvider] = {}
+        # Instances replaced by an edit, with the items they still have in flight: each is closed
+        # once those are done (its connections drain, then close), on the event loop.
+        self._retiring: list[tuple[BaseProvider | _MisconfiguredProvider, set[int]]] = []
+        self._closing: set[asyncio.Task] = set()
+        self.provider_checks_on_listen = 0  # version checks after claims on the LISTEN connection
         self._lanes: dict[int, ratelimit.LaneSpec] = {}
         self._lanes_checked = -1e9
         self._starving_checked = -1e9
@@ -192,14 +205,18 @@ class Dispatcher:
                 await self.db(heartbeat.stop, self.worker)
             except Exception as exc:  # noqa: BLE001 - the registry shows the worker stale instead
                 logger.warning("could not record the dispatcher's stop (%s)", exc)
-            for cached in self._providers.values():
+            for instance in [c.instance for c in self._providers.values()] + [i for i, _ in self._retiring]:
                 with contextlib.suppress(Exception):
-                    await cached.instance.aclose()
+                    await instance.aclose()
+            if self._closing:
+                await asyncio.gather(*self._closing, return_exceptions=True)
             await self.db(lambda: connection.close())  # resolved on the DB thread
             self.db_thread.shutdown(wait=True)
             if self.config.stats_file:
                 with open(self.config.stats_file, "w") as fh:
-                    statements = self.statements + self.wakeup_claims * self._hot_statements
+                    statements = self.statements + (self.wakeup_claims + self.provider_checks_on_listen) * (
+                        self._hot_statements
+                    )
                     json.dump(
                         {
                             "delivered": self.processed,
@@ -355,9 +372,10 @@ class Dispatcher:
             if not prepared and not skipped:
                 # A peer was faster. Wake the fetch loop only if rate-limited lanes may hold work.
                 return not self._any_limits
+            versions = self._provider_versions_on(conn, prepared)
             self._handed += len(prepared)
             self.rings_answered += 1
-            self.loop.call_soon_threadsafe(self._take_over, prepared, skipped)
+            self.loop.call_soon_threadsafe(self._take_over, prepared, skipped, versions)
             return True
         except Exception:  # noqa: BLE001 - the fetch loop is the fallback for any failure here
             logger.warning("claim on the LISTEN connection failed; waking the fetch loop", exc_info=True)
@@ -365,23 +383,37 @@ class Dispatcher:
         finally:
             self._claim_lock.release()
 
-    def _take_over(self, prepared: list[Prepared], skipped: list[DispatchLease]) -> None:
+    def _provider_versions_on(self, conn: Any, prepared: list[Prepared]) -> dict[int, datetime]:  # noqa: ANN401
+        """On the doorbell thread, after a claim there: each claimed provider's `updated_at`, so the
+        items start with the provider as it is now (one statement a claim, as on the fetch path)."""
+        if not prepared:
+            return {}
+        ids = list({p.provider_id for p in prepared})
+        self.provider_checks_on_listen += 1
+        return dict(conn.execute(_PROVIDER_VERSIONS, [ids], prepare=True).fetchall())
+
+    def _take_over(
+        self, prepared: list[Prepared], skipped: list[DispatchLease], versions: dict[int, datetime] | None = None
+    ) -> None:
         """On the event loop: start what the doorbell thread claimed."""
         if skipped:
             self._outcomes.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
             self.record_wake.set()
         self.claimed += len(prepared) + len(skipped)
         self.claimed_by_tenant.update(p.tenant_key for p in prepared)
-        if all(p.provider_id in self._providers for p in prepared):
+        providers = self._providers
+        if versions is not None and all(
+            (c := providers.get(pid)) is not None and c.row_updated_at == at for pid, at in versions.items()
+        ):
             self._start_handed(prepared)  # the usual case: no detour through a task
             return
-        task = self.loop.create_task(self._load_then_start(prepared))
+        task = self.loop.create_task(self._load_then_start(prepared, versions))
         self._takeovers.add(task)
         task.add_done_callback(self._takeovers.discard)
 
-    async def _load_then_start(self, prepared: list[Prepared]) -> None:
+    async def _load_then_start(self, prepared: list[Prepared], versions: dict[int, datetime] | None = None) -> None:
         try:
-            await self.db(self._load_providers, {p.provider_id for p in prepared})
+            await self.db(self._load_providers, {p.provider_id for p in prepared}, versions)
         except Exception:  # noqa: BLE001 - never lost: given back untried
             logger.warning("could not load providers for %d claimed items; giving them back", len(prepared))
             self._give_back(prepared)
@@ -506,31 +538,53 @@ class Dispatcher:
         grant = ratelimit.take(self._lanes, {pid: want for pid in self._lanes})
         return {pid: n for pid, n in grant.granted.items() if n > 0}, grant.next_token_in
 
-    def _load_providers(self, provider_ids: set[int]) -> None:
-        now = self.clock()
-        stale = {
-            pid
-            for pid in provider_ids
-            if pid not in self._providers or now - self._providers[pid].loaded_at > PROVIDER_CACHE_SECONDS
-        }
+    def _load_providers(self, provider_ids: set[int], versions: dict[int, datetime] | None = None) -> None:
+        """On the DB thread: the claimed items' providers as they are now, so an edit or a secret
+        rotation takes effect for the next claim. One statement a claim compares `updated_at`
+        (`versions`: the caller has asked already); only the providers that changed are loaded.
+        A replaced instance is not closed here: its sends in flight finish on it (see `_retire`)."""
+        if not provider_ids:
+            return
+        if versions is None:
+            versions = provider_versions(provider_ids)
+            self.statements += self._hot_statements  # PostgreSQL: not through Django's cursor
+        cache = self._providers
+        stale = {pid for pid in provider_ids if (c := cache.get(pid)) is None or c.row_updated_at != versions.get(pid)}
         if not stale:
             return
-        rows = Provider.objects.filter(pk__in=stale).select_related("tenant")
-        for row in rows:
-            cached = self._providers.get(row.pk)
-            if cached and cached.row_updated_at == row.updated_at:
-                cached.loaded_at = now
-                continue
-            if cached:
-                asyncio.run_coroutine_threadsafe(cached.instance.aclose(), self.loop)
-            self._providers[row.pk] = _CachedProvider(
+        for row in Provider.objects.filter(pk__in=stale).select_related("tenant"):
+            replaced = cache.get(row.pk)
+            cache[row.pk] = _CachedProvider(
                 instance=_instantiate(row),
                 row_updated_at=row.updated_at,
                 max_attempts=row.max_attempts or settings.OMNIPOST_MAX_ATTEMPTS,
                 limited=ratelimit.is_limited(row.rate_per_second, row.tenant.rate_per_second),
-                loaded_at=now,
-                secrets=secret_values(row.secrets),
+                loaded_at=self.clock(),
+                secrets=secret_values(row.secrets) + secret_values(row.previous_secrets),
             )
+            if replaced is not None and (loop := getattr(self, "loop", None)) is not None:  # None: no main()
+                loop.call_soon_threadsafe(self._retire, row.pk, replaced.instance)
+
+    def _retire(self, provider_id: int, instance: BaseProvider | _MisconfiguredProvider) -> None:
+        """On the event loop: close a replaced instance once the sends it has in flight are done
+        (the old client drains, then closes); those items' outcomes are recorded as usual."""
+        waiting = {item_id for item_id, (_, item) in self._inflight.items() if item.provider_id == provider_id}
+        if waiting:
+            self._retiring.append((instance, waiting))
+        else:
+            self._close_later(instance)
+
+    def _drained(self, item_id: int) -> None:
+        for entry in list(self._retiring):  # a few at most: providers edited while they were sending
+            entry[1].discard(item_id)
+            if not entry[1]:
+                self._retiring.remove(entry)
+                self._close_later(entry[0])
+
+    def _close_later(self, instance: BaseProvider | _MisconfiguredProvider) -> None:
+        task = self.loop.create_task(instance.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _wait_for_go(self, go_file: str) -> None:
         parent = os.getppid()
@@ -587,6 +641,8 @@ class Dispatcher:
         """A send's callback, or its task's end."""
         if self._inflight.pop(item.lease.item_id, None) is None:
             return  # given back already (one outcome per claimed item, whatever calls back late)
+        if self._retiring:
+            self._drained(item.lease.item_id)
         self.capacity.set()
         self._judge(item, result, started, t0)
 
@@ -602,6 +658,8 @@ class Dispatcher:
     def _given_back(self, item: Prepared) -> None:
         if self._inflight.pop(item.lease.item_id, None) is None:
             return  # its outcome is in already
+        if self._retiring:
+            self._drained(item.lease.item_id)
         self.capacity.set()
         self.record_wake.set()
         self._outcomes.append(Outcome(lease=item.lease, kind="deferred"))
@@ -839,10 +897,24 @@ class _MisconfiguredProvider:
 
 def _instantiate(row: Provider) -> BaseProvider | _MisconfiguredProvider:
     try:
-        return build_provider(row.kind, row.config, row.secrets)
+        return build_provider(row.kind, row.config, row.secrets, **row.rotation_options())
     except Exception as exc:  # noqa: BLE001 - any bad stored config must not stop the dispatcher
         logger.error("provider %s (%s) is misconfigured: %s", row.pk, row.kind, exc)
         return _MisconfiguredProvider(f"provider configuration is invalid: {type(exc).__name__}")
+
+
+# Once per claim: which of its providers changed since they were loaded (raw on PostgreSQL through
+# the hot path's prepared cursor: ≈ 0.1 ms a claim against ≈ 0.35 ms through the ORM).
+_PROVIDER_VERSIONS = "SELECT id, updated_at FROM providers WHERE id = ANY(%s)"
+
+
+def provider_versions(provider_ids: set[int]) -> dict[int, datetime]:
+    """`updated_at` of each of these providers, in one statement."""
+    if connection.vendor != "postgresql":
+        return dict(Provider.objects.filter(pk__in=provider_ids).values_list("pk", "updated_at"))
+    with hot_cursor("default") as cursor:
+        cursor.execute(_PROVIDER_VERSIONS, [list(provider_ids)], prepare=True)
+        return dict(cursor.fetchall())
 
 
 def queue_has_rate_limited_items() -> bool:

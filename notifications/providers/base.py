@@ -161,6 +161,9 @@ class BaseProvider(ABC):
 
     kind: ClassVar[str]
     options: ClassVar[tuple[str, ...]] = ()  # keyword-only constructor options build_provider() passes on
+    # Secrets whose old value keeps working for a grace period after a change (a webhook's signing
+    # secret); their replaced values are kept, encrypted, as the provider's `previous_secrets`.
+    rotating_secrets: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: dict, secrets: dict) -> None:
         self.config = dict(config or {})

@@ -198,26 +198,31 @@ class _Connection(asyncio.Protocol):
         self.inflight.add(self)  # the client's sweeper enforces the deadline
         self.transport.write(req.data)  # type: ignore[union-attr]
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """`abort`: drop what is still buffered instead of flushing it (a send given up, or past its
+        deadline, must not go on writing its request)."""
         self.closed = True
         self.reusable = False
         if self.transport is not None:
-            self.transport.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     def on_timeout(self) -> None:
-        self._fail(HttpTimeout("no complete response before the timeout"))
+        self._fail(HttpTimeout("no complete response before the timeout"), abort=True)
 
     def abandon(self) -> None:
         """The request was cancelled: no response is wanted, and the connection cannot be reused."""
         self._req = None
         self.inflight.discard(self)
-        self.close()
+        self.close(abort=True)
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: Exception, *, abort: bool = False) -> None:
         self.reusable = False
         self.inflight.discard(self)
         req, self._req = self._req, None
-        self.close()
+        self.close(abort=abort)
         if req is not None:
             req.failed(exc)
 

@@ -3,17 +3,32 @@
 The host is resolved and every address checked by the SSRF guard before connecting; the socket
 then connects to the checked address while TLS verifies the configured host name (SNI).
 A 5xx reply is a permanent failure, a 4xx reply or a connection problem a transient one.
+
+Deadlines: one per send (`timeout_seconds`, default 30) for the whole dialogue, connect to QUIT.
+The event loop keeps it: at the deadline, or when the send is cancelled (the dispatcher's shutdown
+grace is over), it shuts the session's socket down from outside, so the thread blocked in smtplib
+errors out at once and nothing more can be written: a send given back cannot deliver later.
+Threads: SMTP sends run on their own pool (OMNIPOST_SMTP_THREADS), not asyncio's default executor,
+and one provider holds at most OMNIPOST_SMTP_THREADS_PER_PROVIDER of them (its further sends wait,
+within their deadline), so one tenant's slow server cannot take every thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import smtplib
 import socket
 import ssl
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from email.message import EmailMessage
 from email.utils import formatdate
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 
@@ -29,7 +44,65 @@ from notifications.providers.base import (
     reject_unknown_keys,
 )
 
-TIMEOUT_SECONDS = 30.0
+DEFAULT_TIMEOUT_SECONDS = 30.0
+MAX_TIMEOUT_SECONDS = 120.0
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def thread_pool() -> ThreadPoolExecutor:
+    """The threads every SMTP send runs on (OMNIPOST_SMTP_THREADS), created on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(
+                max_workers=int(getattr(settings, "OMNIPOST_SMTP_THREADS", 32)), thread_name_prefix="omnipost-smtp"
+            )
+        return _pool
+
+
+class _Aborted(OSError):
+    """The send was aborted (deadline or cancel) before or while its socket was opened."""
+
+
+class _Session:
+    """One send's TCP connection as seen from outside its thread. `abort()` (event loop) shuts the
+    connection down through a duplicate of the socket: that works whatever smtplib has wrapped
+    around it since (STARTTLS, implicit TLS), wakes a thread blocked in recv() or send(), and makes
+    every later write fail."""
+
+    __slots__ = ("_lock", "_dup", "aborted")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dup: socket.socket | None = None
+        self.aborted = False
+
+    def attach(self, sock: socket.socket) -> None:
+        """In the send's thread, right after connecting and before a byte is exchanged."""
+        dup = sock.dup()
+        with self._lock:
+            if not self.aborted:
+                self._dup = dup
+                return
+        dup.close()
+        sock.close()
+        raise _Aborted("the send was aborted before its connection was used")
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            if self._dup is not None:
+                with contextlib.suppress(OSError):
+                    self._dup.shutdown(socket.SHUT_RDWR)
+
+    def release(self) -> None:
+        """In the send's thread, when it is done with the connection."""
+        with self._lock:
+            dup, self._dup = self._dup, None
+        if dup is not None:
+            dup.close()
 
 
 def tls_context() -> ssl.SSLContext:
@@ -41,22 +114,99 @@ class _PinnedSMTP(smtplib.SMTP):
     """smtplib.SMTP that connects to a pre-checked IP while keeping the host name for TLS."""
 
     _address: tuple
+    _session: _Session
 
-    def __init__(self, *args: object, address: tuple | None = None, **kwargs: object) -> None:
+    def __init__(self, *args: object, address: tuple | None = None, session: _Session, **kwargs: object) -> None:
         if address is not None:
             self._address = address
+        self._session = session
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
-        return socket.create_connection(self._address[:2], timeout, self.source_address)
+        sock = socket.create_connection(self._address[:2], timeout, self.source_address)
+        self._session.attach(sock)
+        return sock
 
 
 class _PinnedSMTPSSL(smtplib.SMTP_SSL, _PinnedSMTP):
     """Implicit TLS. MRO SMTP_SSL -> _PinnedSMTP -> SMTP: SMTP_SSL wraps the pinned socket."""
 
-    def __init__(self, *args: object, address: tuple, **kwargs: object) -> None:
+    def __init__(self, *args: object, address: tuple, session: _Session, **kwargs: object) -> None:
         self._address = address
+        self._session = session
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def _timed_out(seconds: float) -> DeliveryResult:
+    return DeliveryResult(
+        delivered=False,
+        error_code="timeout",
+        error_class="TimeoutError",
+        message=f"the SMTP dialogue did not finish within its {seconds:g}s deadline (timeout_seconds)",
+    )
+
+
+class _SmtpSend:
+    """A send in flight (or waiting for one of its provider's threads): the dispatcher's handle.
+    `on_result` is called once, on the event loop: with the thread's result, or with a timeout at
+    the deadline; never after `cancel()`. Deadline and cancel abort the connection."""
+
+    __slots__ = ("provider", "message", "on_result", "loop", "timer", "session", "future", "done")
+
+    def __init__(
+        self, provider: SmtpProvider, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]
+    ) -> None:
+        self.provider = provider
+        self.message = message
+        self.on_result = on_result
+        self.loop = asyncio.get_running_loop()
+        self.timer = self.loop.call_later(provider.timeout, self._expire)
+        self.session: _Session | None = None
+        self.future: Future | None = None
+        self.done = False
+
+    def cancel(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.timer.cancel()
+        self._abort()
+
+    def _expire(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self._abort()
+        self.on_result(_timed_out(self.provider.timeout))
+
+    def _abort(self) -> None:
+        if self.future is not None:
+            self.future.cancel()  # still queued for a thread: it never starts
+        if self.session is not None:
+            self.session.abort()  # running: its thread errors out now; its result is dropped
+
+    def start(self) -> None:
+        """Hand the send to a thread (its provider has a slot for it)."""
+        self.session = session = _Session()
+        remaining = max(0.001, self.timer.when() - self.loop.time())
+        self.future = thread_pool().submit(self.provider._send_blocking, self.message, session, remaining)
+        self.future.add_done_callback(self._thread_done)
+
+    def _thread_done(self, future: Future) -> None:  # in the send's thread (or here, if cancelled)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self._finished, future)
+
+    def _finished(self, future: Future) -> None:
+        self.provider._release_slot()
+        if self.done:
+            return
+        self.done = True
+        self.timer.cancel()
+        try:
+            result = future.result()
+        except BaseException as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+            result = self.provider._failure(exc)
+        self.on_result(result)
 
 
 class SmtpProvider(BaseProvider):
@@ -71,12 +221,17 @@ class SmtpProvider(BaseProvider):
         self.port = int(self.config.get("port") or default_port(self.use_tls, self.use_ssl))
         self.from_email = self.config["from_email"]
         self.username = self.config.get("username") or ""
+        self.timeout = float(self.config.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
         self._ssl_context = ssl_context
+        self._threads_allowed = int(getattr(settings, "OMNIPOST_SMTP_THREADS_PER_PROVIDER", 8))
+        self._threads_used = 0
+        self._waiting: deque[_SmtpSend] = deque()
 
     @classmethod
     def validate(cls, config: dict, secrets: dict, *, check_destination: bool = True) -> dict:
         config, secrets = as_dict(config, "config"), as_dict(secrets, "secrets")
-        reject_unknown_keys(config, ("host", "port", "use_tls", "use_ssl", "from_email", "username"), section="config")
+        allowed = ("host", "port", "use_tls", "use_ssl", "from_email", "username", "timeout_seconds")
+        reject_unknown_keys(config, allowed, section="config")
         reject_unknown_keys(secrets, ("password",), section="secrets")
         host = config.get("host")
         if not isinstance(host, str) or not host.strip() or any(c in host for c in " /\\@\r\n"):
@@ -106,6 +261,11 @@ class SmtpProvider(BaseProvider):
             raise config_error("password", "must be a string", section="secrets")
         if username and not password:
             raise config_error("password", "required when a username is set", section="secrets")
+        timeout = config.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+            raise config_error("timeout_seconds", "must be a number of seconds (the whole SMTP dialogue's deadline)")
+        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise config_error("timeout_seconds", f"must be greater than 0 and at most {MAX_TIMEOUT_SECONDS:g}")
         if check_destination:
             check_destination_host(host, port, "host")
         return {
@@ -115,10 +275,35 @@ class SmtpProvider(BaseProvider):
             "use_ssl": use_ssl,
             "from_email": from_email,
             "username": username,
+            "timeout_seconds": float(timeout),
         }
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
-        return await asyncio.to_thread(self._send_blocking, message)
+        future = asyncio.get_running_loop().create_future()
+        handle = self.start_send(message, lambda result: future.done() or future.set_result(result))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            handle.cancel()  # closes the connection now, not when the thread next wakes
+            raise
+
+    def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> _SmtpSend:
+        send = _SmtpSend(self, message, on_result)
+        self._waiting.append(send)
+        self._start_waiting()
+        return send
+
+    def _start_waiting(self) -> None:
+        while self._waiting and self._threads_used < self._threads_allowed:
+            send = self._waiting.popleft()
+            if send.done:  # expired or cancelled while it waited
+                continue
+            self._threads_used += 1
+            send.start()
+
+    def _release_slot(self) -> None:
+        self._threads_used -= 1
+        self._start_waiting()
 
     def _build(self, message: OutboundMessage) -> EmailMessage:
         email = EmailMessage()
@@ -132,7 +317,13 @@ class SmtpProvider(BaseProvider):
         email.set_content(message.body)
         return email
 
-    def _send_blocking(self, message: OutboundMessage) -> DeliveryResult:
+    def _send_blocking(self, message: OutboundMessage, session: _Session, timeout: float) -> DeliveryResult:
+        try:
+            return self._dialogue(message, session, timeout)
+        finally:
+            session.release()
+
+    def _dialogue(self, message: OutboundMessage, session: _Session, timeout: float) -> DeliveryResult:
         try:
             validate_email(message.recipient)
         except DjangoValidationError:
@@ -151,7 +342,7 @@ class SmtpProvider(BaseProvider):
             )
         try:
             infos = ssrf.resolve_checked(self.host, self.port)
-            return self._deliver(self._connect(infos), email, message.recipient)
+            return self._deliver(self._connect(infos, session, timeout), email, message.recipient)
         except smtplib.SMTPRecipientsRefused as exc:
             code, reply = next(iter(exc.recipients.values()), (550, b"recipient refused"))
             return self._smtp_failure(exc, code, reply)
@@ -175,7 +366,7 @@ class SmtpProvider(BaseProvider):
         except Exception as exc:  # noqa: BLE001 - timeouts, refused connections, TLS and DNS errors
             return self._failure(exc)
 
-    def _connect(self, infos: list[tuple]) -> smtplib.SMTP:
+    def _connect(self, infos: list[tuple], session: _Session, timeout: float) -> smtplib.SMTP:
         """Open a session to the first checked address that accepts a connection."""
         context = self._ssl_context or tls_context()
         refused: OSError | None = None
@@ -183,11 +374,12 @@ class SmtpProvider(BaseProvider):
             try:
                 if self.use_ssl:
                     return _PinnedSMTPSSL(
-                        address=info[4], host=self.host, port=self.port, timeout=TIMEOUT_SECONDS, context=context
-                    )
-                return _PinnedSMTP(address=info[4], host=self.host, port=self.port, timeout=TIMEOUT_SECONDS)
+                        address=info[4], session=session, host=self.host, port=self.port, timeout=timeout,
+                        context=context,
+                    )  # fmt: skip
+                return _PinnedSMTP(address=info[4], session=session, host=self.host, port=self.port, timeout=timeout)
             except OSError as exc:
-                if isinstance(exc, smtplib.SMTPException | ssl.SSLError | TimeoutError):
+                if isinstance(exc, smtplib.SMTPException | ssl.SSLError | TimeoutError | _Aborted):
                     raise  # the server answered (or hung): trying another address would not help
                 refused = exc
         raise refused or ConnectionRefusedError(f"no address of {self.host} accepted a connection")

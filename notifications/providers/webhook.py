@@ -3,6 +3,9 @@
 Headers: `webhook-id` (the notification id, constant across retries), `webhook-timestamp`,
 `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">` keyed with the
 base64-decoded part of the `whsec_` secret, and `Idempotency-Key` (the notification id again).
+For OMNIPOST_SECRET_ROTATION_GRACE_SECONDS after the secret was rotated, the signature made with
+the previous secret follows, space-separated (`v1,<new> v1,<old>`), as Standard Webhooks allows:
+a receiver verifies whichever secret it has.
 """
 
 from __future__ import annotations
@@ -77,10 +80,21 @@ def decode_signing_secret(secret: object) -> bytes:
 
 class WebhookProvider(BaseProvider):
     kind = "webhook"
-    options = ("http_client",)
+    options = ("http_client", "previous_secrets", "previous_until")
+    rotating_secrets = ("signing_secret",)
 
-    def __init__(self, config: dict, secrets: dict, *, http_client: HttpClient | None = None) -> None:
-        """`http_client` may be shared by several providers; it is then not closed by aclose()."""
+    def __init__(
+        self,
+        config: dict,
+        secrets: dict,
+        *,
+        http_client: HttpClient | None = None,
+        previous_secrets: dict | None = None,
+        previous_until: float | None = None,
+    ) -> None:
+        """`http_client` may be shared by several providers; it is then not closed by aclose().
+        `previous_secrets` (the rotated-out signing secret) also signs until `previous_until`
+        (epoch seconds, `time.time()`), checked at each send."""
         super().__init__(config, secrets)
         self.url = self.config["url"]
         self.timeout = float(self.config.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
@@ -90,6 +104,17 @@ class WebhookProvider(BaseProvider):
             "POST", self._origin, target, {"Content-Type": "application/json", "Accept": "*/*"}, final=False
         )
         self._signer = HmacSha256(decode_signing_secret(self.secrets.get("signing_secret")))
+        self._previous_secret = ""
+        self._previous_signer: HmacSha256 | None = None
+        self._previous_until = 0.0
+        old = (previous_secrets or {}).get("signing_secret")
+        if old and previous_until and old != self.secrets.get("signing_secret"):
+            try:
+                self._previous_signer = HmacSha256(decode_signing_secret(old))
+            except ValueError:
+                pass  # never valid (it was checked when saved): nothing to sign beside the new one
+            else:
+                self._previous_secret, self._previous_until = old, float(previous_until)
         self._owns_client = http_client is None
         self._client = http_client or HttpClient()
 
@@ -173,9 +198,13 @@ class WebhookProvider(BaseProvider):
                     message=clean_message(f"payload is not JSON-serialisable: {exc}"),
                     permanent=True,
                 )
-            timestamp = str(int(time.time()))
-            signature = base64.b64encode(self._signer.digest(f"{msg_id}.{timestamp}.".encode(), body))
-            head = b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: v1,%s\r\n" % (
+            now = time.time()
+            timestamp = str(int(now))
+            signed = f"{msg_id}.{timestamp}.".encode()
+            signature = b"v1," + base64.b64encode(self._signer.digest(signed, body))
+            if self._previous_signer is not None and now < self._previous_until:  # a rotation's grace
+                signature += b" v1," + base64.b64encode(self._previous_signer.digest(signed, body))
+            head = b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: %s\r\n" % (
                 self._head_prefix,
                 msg_id.encode(),
                 timestamp.encode(),
@@ -207,6 +236,10 @@ class WebhookProvider(BaseProvider):
                 self._secret_values(),
             ),
         )
+
+    def _secret_values(self) -> list[str]:
+        values = super()._secret_values()
+        return [*values, self._previous_secret] if self._previous_secret else values
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -145,6 +145,7 @@ def test_validate_normalises_defaults():
         "use_ssl": False,
         "from_email": FROM,
         "username": "",
+        "timeout_seconds": 30.0,
     }
     assert SmtpProvider.validate({"host": "h.example", "from_email": FROM, "use_ssl": True}, {})["port"] == 465
     assert SmtpProvider.validate({"host": "h.example", "from_email": FROM}, {})["port"] == 25
