@@ -273,7 +273,7 @@ def claim_statement(
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
-        ORDER BY c.priority DESC, c.enqueued_at
+        ORDER BY c.priority DESC, c.enqueued_at, c.item_id
     """
     return sql, params
 

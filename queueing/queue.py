@@ -282,7 +282,7 @@ def claim(
     else:
         rows = _claim_sqlite(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
         leases = [lease_from_row(r) for r in rows]
-    leases.sort(key=lambda x: (-x.priority, x.enqueued_at))
+    leases.sort(key=lambda x: (-x.priority, x.enqueued_at, x.item_id))  # ties: first enqueued first
     return leases
 
 

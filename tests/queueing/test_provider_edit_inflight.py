@@ -112,7 +112,7 @@ def test_a_replaced_instance_is_closed_only_once_its_sends_in_flight_are_done(te
             dispatcher.capacity, dispatcher.record_wake = asyncio.Event(), asyncio.Event()
             dispatcher.wake = asyncio.Event()
             dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
-            prepared, _, _ = await asyncio.to_thread(on_db_thread, dispatcher._claim_batch, 10)
+            prepared, _, _, _ = await asyncio.to_thread(on_db_thread, dispatcher._claim_batch, 10)
             dispatcher._start_all(prepared)
             old = dispatcher._providers[prov.pk].instance
             await asyncio.sleep(0.1)  # the five requests are on the wire
