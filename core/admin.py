@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 
+from core import services
 from core.admin_scoping import TenantScopedAdmin, visible_tenants
 from core.models import ApiKey, AuditEvent, Tenant, TenantMembership
 
@@ -56,13 +57,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        actor = f"user:{request.user.get_username()}"
-        revoked = 0
-        for key in queryset:
-            with transaction.atomic():
-                if key.revoke():
-                    revoked += 1
-                    AuditEvent.record(actor=actor, action="api_key.revoked", target=key)
+        revoked = services.revoke_api_keys(list(queryset), actor=f"user:{request.user.get_username()}")
         self.message_user(request, f"Revoked {revoked} key(s).")
 
 
