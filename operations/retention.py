@@ -110,7 +110,7 @@ class Totals:
 
 
 class Pruner:
-    """The retention queries; `Command` drives them batch by batch."""
+    """The retention queries; `prune` below drives them batch by batch."""
 
     def __init__(self, *, older_than_days: float, batch_size: int, using: str = "default") -> None:
         self.days = older_than_days
