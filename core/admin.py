@@ -3,7 +3,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import transaction
 from django.http import HttpRequest
 
 from core import services
@@ -49,10 +48,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        raw = obj.assign_new_secret()
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            AuditEvent.record(actor=f"user:{request.user.get_username()}", action="api_key.created", target=obj)
+        raw = services.issue_api_key(obj, actor=f"user:{request.user.get_username()}")
         self.message_user(request, f"New API key (shown once, copy it now): {raw}", messages.WARNING)
 
     @admin.action(description="Revoke selected API keys", permissions=["change"])

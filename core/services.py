@@ -6,6 +6,7 @@ from django.db import transaction
 
 from core.models import ApiKey, AuditEvent
 
+CREATED_ACTION = "api_key.created"
 REVOKED_ACTION = "api_key.revoked"
 
 
@@ -15,6 +16,16 @@ class ApiKeyAlreadyRevoked(Exception):
     def __init__(self, key: ApiKey) -> None:
         super().__init__(f"API key {key} was already revoked")
         self.key = key
+
+
+def issue_api_key(key: ApiKey, *, actor: str) -> str:
+    """Give the unsaved `key` (tenant and name set) a fresh secret, save it and write one
+    `api_key.created` audit event, in one transaction. Returns the raw key: shown once, never stored."""
+    raw = key.assign_new_secret()
+    with transaction.atomic():
+        key.save()
+        AuditEvent.record(actor=actor, action=CREATED_ACTION, target=key)
+    return raw
 
 
 def revoke_api_key(key: ApiKey, *, actor: str) -> ApiKey:

@@ -1,5 +1,6 @@
 """One service revokes a key and audits it: the admin action and `revoke_api_key` both call it,
-each path writes exactly one `api_key.revoked` event, and a second revocation is an error."""
+each path writes exactly one `api_key.revoked` event, and a second revocation is an error. Issuing
+a key is one service too (`api_key.created`), for the admin's add form and `create_api_key`."""
 
 from __future__ import annotations
 
@@ -92,3 +93,12 @@ def test_two_concurrent_revocations_audit_once(tenant_a):
         t.join(timeout=10)
     assert sorted(outcomes) == ["already", "revoked"]
     assert len(revoked_events(key)) == 1
+
+
+def test_issuing_writes_one_created_event_from_the_admin_and_from_the_command(tenant_a, superuser_client):
+    superuser_client.post("/admin/core/apikey/add/", {"tenant": tenant_a.pk, "name": "from-admin"})
+    call_command("create_api_key", tenant_a.name, "--name", "from-command", stdout=io.StringIO())
+    for name, actor in (("from-admin", "user:root"), ("from-command", "system:create_api_key")):
+        key = ApiKey.objects.get(name=name)
+        events = AuditEvent.objects.filter(action="api_key.created", target_id=str(key.pk))
+        assert [(e.actor, e.tenant_id) for e in events] == [(actor, tenant_a.pk)], name
