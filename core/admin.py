@@ -3,9 +3,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import transaction
 from django.http import HttpRequest
 
+from core import services
 from core.admin_scoping import TenantScopedAdmin, visible_tenants
 from core.models import ApiKey, AuditEvent, Tenant, TenantMembership
 
@@ -48,21 +48,12 @@ class ApiKeyAdmin(TenantScopedAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        raw = obj.assign_new_secret()
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            AuditEvent.record(actor=f"user:{request.user.get_username()}", action="api_key.created", target=obj)
+        raw = services.issue_api_key(obj, actor=f"user:{request.user.get_username()}")
         self.message_user(request, f"New API key (shown once, copy it now): {raw}", messages.WARNING)
 
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        actor = f"user:{request.user.get_username()}"
-        revoked = 0
-        for key in queryset:
-            with transaction.atomic():
-                if key.revoke():
-                    revoked += 1
-                    AuditEvent.record(actor=actor, action="api_key.revoked", target=key)
+        revoked = services.revoke_api_keys(list(queryset), actor=f"user:{request.user.get_username()}")
         self.message_user(request, f"Revoked {revoked} key(s).")
 
 

@@ -34,7 +34,8 @@ from core.models import AuditEvent, Tenant
 from notifications import services
 from notifications.models import CANCELLABLE, Enrollment, Notification, Sequence, SequenceStep, Status, Template
 from notifications.validation import Draft, check_recipient
-from queueing.models import QueueItem, ScheduledJob
+from queueing import queue
+from queueing.models import ScheduledJob
 
 logger = logging.getLogger(__name__)
 
@@ -261,13 +262,11 @@ def unenroll(tenant: Tenant, sequence_key: str, enrollment_id: uuid.UUID | str, 
             .filter(status=ScheduledJob.Status.PENDING, notification_id__in=steps.values("id"))
             .update(status=ScheduledJob.Status.CANCELLED)
         )
-        leases = services.locked_queue_items(tenant, steps.values("id"))
+        leases = queue.lock_for(steps.values("id"), tenant_id=tenant.pk)
         sending = [nid for nid, leased in leases.items() if leased]
         cancellable = steps.filter(status__in=CANCELLABLE).exclude(pk__in=sending)
         steps_cancelled = cancellable.update(status=Status.CANCELLED, updated_at=Now())
-        QueueItem.objects.for_tenant(tenant).filter(
-            notification_id__in=steps.filter(status=Status.CANCELLED).values("id")
-        ).delete()
+        queue.remove_for(steps.filter(status=Status.CANCELLED).values("id"), tenant_id=tenant.pk)
         AuditEvent.record(
             actor=actor, action="sequence.unenrolled", target_type=Enrollment._meta.label_lower,
             target_id=enrollment_id, tenant=tenant,

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BooleanField, ExpressionWrapper, JSONField, ProtectedError, Q
+from django.db.models import JSONField, ProtectedError, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
@@ -37,7 +37,8 @@ from core.models import AuditEvent, Tenant
 from notifications import templating
 from notifications.models import CANCELLABLE, Notification, Provider, Status, Template, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
-from queueing.models import LEASED, QueueItem, ScheduledJob
+from queueing import queue
+from queueing.models import ScheduledJob
 from queueing.queue import NewItem, enqueue, sync_rate_limited
 from queueing.schedule import add_jobs
 
@@ -331,7 +332,7 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
         jobs_cancelled = jobs.update(status=ScheduledJob.Status.CANCELLED)
         # Lock the queue item first (the order the dispatcher's record statement uses): a claim in
         # flight is waited for and then seen as a lease; an idle item can no longer be claimed.
-        if locked_queue_items(tenant, [notification_id]).get(str(notification_id)):
+        if queue.lock_for([notification_id], tenant_id=tenant.pk).get(str(notification_id)):
             raise Conflict("A notification that is dispatching cannot be cancelled.", code="not_cancellable")
         changed = notifications.filter(pk=notification_id, status__in=CANCELLABLE).update(
             status=Status.CANCELLED, updated_at=Now()
@@ -341,29 +342,13 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
             if current is None:
                 raise NotFound("No notification with this id.")
             raise Conflict(f"A notification that is {current} cannot be cancelled.", code="not_cancellable")
-        QueueItem.objects.for_tenant(tenant).filter(notification_id=notification_id).delete()
+        queue.remove_for([notification_id], tenant_id=tenant.pk)
         notification = notifications.select_related("provider", "template").get(pk=notification_id)
         AuditEvent.record(
             actor=actor, action="notification.cancelled", target=notification,
             details={"scheduled_job_cancelled": bool(jobs_cancelled)},
         )  # fmt: skip
     return notification
-
-
-def locked_queue_items(tenant: Tenant, notification_ids: Any) -> dict[str, bool]:  # noqa: ANN401
-    """Lock the queue items of these notifications (ids, or a `values("id")` subquery; FOR UPDATE,
-    in the caller's transaction) and say for each whether a dispatcher holds a live lease on it (by
-    the database's clock)."""
-    leased = ExpressionWrapper(LEASED, output_field=BooleanField())
-    rows = (
-        QueueItem.objects.for_tenant(tenant)
-        .select_for_update()
-        .filter(notification_id__in=notification_ids)
-        .order_by("item_id")
-        .annotate(leased=leased)
-        .values_list("notification_id", "leased")
-    )
-    return {str(nid): is_leased for nid, is_leased in rows}
 
 
 def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str) -> ScheduledJob:

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "notifications",
     "queueing",
     "dlq",
+    "operations",
 ]
 
 MIDDLEWARE = [

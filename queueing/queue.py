@@ -1,4 +1,8 @@
-"""The queue API every other part uses: enqueue, claim, ack, release, extend.
+"""The queue API every other part uses: enqueue, claim, ack, release, extend, lock and remove.
+
+The one module that writes `queue_state` (tests/queueing/test_one_place.py checks it): every INSERT,
+UPDATE and DELETE is here, as a function or as a SQL fragment (`insert_items_sql`, …) that the
+scheduler's promotion and the dispatcher's record statement compose.
 
 Each operation is a fixed number of SQL statements per call, whatever the number of items, and
 all times come from the database's clock (`now()`), so clock skew between machines never matters.
@@ -183,6 +187,26 @@ def insert_items_sql(source: str, *, order_by: str = "") -> str:
         FROM {source}
         LEFT JOIN providers lim_p ON lim_p.id = s.provider_id
         LEFT JOIN tenants lim_t ON lim_t.id = s.tenant_id
+        {f"ORDER BY {order_by}" if order_by else ""}
+        ON CONFLICT (notification_id) DO NOTHING"""
+
+
+def insert_items_sqlite(source: str, *, order_by: str = "") -> str:
+    """SQLite's `insert_items_sql`: `INSERT INTO queue_state … SELECT` from `source` (aliased `s`)
+    with the columns queue_name, priority, payload (JSON text), at (the database time the items
+    become available, as Django stores it), tenant_id, notification_id, provider_id; the items are
+    ready at once. Ends in ON CONFLICT (notification_id) DO NOTHING, for the caller to add RETURNING."""
+    limited = ratelimit.limited_sql("lim_p", "lim_t")
+    # `WHERE true`: SQLite reads an ON right after a join as the join's constraint, not the upsert.
+    return f"""
+        INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                                 tenant_id, notification_id, provider_id, rate_limited, ready)
+        SELECT s.queue_name, s.priority, s.payload, s.at, s.at, 0, s.tenant_id, s.notification_id, s.provider_id,
+               coalesce(s.provider_id IS NOT NULL AND {limited}, 0), 1
+        FROM {source}
+        LEFT JOIN providers lim_p ON lim_p.id = s.provider_id
+        LEFT JOIN tenants lim_t ON lim_t.id = s.tenant_id
+        WHERE true
         {f"ORDER BY {order_by}" if order_by else ""}
         ON CONFLICT (notification_id) DO NOTHING"""
 
@@ -728,3 +752,34 @@ def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int
                 [t.hex for t in tokens],
             )
         return cursor.rowcount
+
+
+# --- lock and remove by notification (cancels) ------------------------------------------------------
+def lock_for(notification_ids: Any, *, tenant_id: Any, using: str = "default") -> dict[str, bool]:  # noqa: ANN401
+    """Lock the items of these notifications (ids, or a `values("id")` subquery) with FOR UPDATE in
+    the caller's transaction, in item order (the order the dispatcher's record statement locks), and
+    say for each whether a claimer holds a live lease on it (by the database's clock): one statement.
+    A claim in flight is waited for and then seen as a lease; an idle item can no longer be claimed."""
+    from django.db.models import BooleanField, ExpressionWrapper
+
+    from queueing.models import LEASED, QueueItem
+
+    rows = (
+        QueueItem.objects.using(using)
+        .for_tenant(tenant_id)
+        .select_for_update()
+        .filter(notification_id__in=notification_ids)
+        .order_by("item_id")
+        .annotate(leased=ExpressionWrapper(LEASED, output_field=BooleanField()))
+        .values_list("notification_id", "leased")
+    )
+    return {str(nid): is_leased for nid, is_leased in rows}
+
+
+def remove_for(notification_ids: Any, *, tenant_id: Any, using: str = "default") -> int:  # noqa: ANN401
+    """Delete the items of these notifications (ids, or a `values("id")` subquery), whoever holds
+    them, in the caller's transaction: one statement. For cancels, which `lock_for` the items first
+    and leave the leased ones out."""
+    from queueing.models import QueueItem
+
+    return QueueItem.objects.using(using).for_tenant(tenant_id).filter(notification_id__in=notification_ids).delete()[0]

@@ -38,8 +38,7 @@ from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connec
 from queueing import heartbeat
 from queueing.janitor import Janitor
 from queueing.models import Worker
-from queueing.queue import NOTIFY_CHANNEL, insert_items_sql
-from queueing.ratelimit import limited_sql
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, insert_items_sqlite
 from queueing.schedule import SCHEDULE_CHANNEL
 from queueing.wakeup import Doorbell
 
@@ -137,23 +136,18 @@ FROM scheduled_jobs WHERE status = 'pending'
 _NOW_SQLITE = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
 # Each statement re-selects the batch (the `job_id IN (…)` subquery): the same rows every time, since
 # the transaction holds the write lock, the timestamp is fixed and job_id breaks ties.
-_ENQUEUE_SQLITE = f"""
-INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                         tenant_id, notification_id, provider_id, rate_limited, ready)
-SELECT n.queue, n.priority, json_object('channel', n.channel), %s, %s, 0,
-       n.tenant_id, n.id, n.provider_id, {limited_sql("p", "t")}, 1
-FROM scheduled_jobs j
-JOIN notifications n ON n.id = j.notification_id
-JOIN providers p ON p.id = n.provider_id
-JOIN tenants t ON t.id = n.tenant_id
-WHERE j.job_id IN (
-    SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
-    ORDER BY run_at, job_id LIMIT %s
-) AND n.status = 'scheduled'
-ORDER BY j.run_at, j.job_id
-ON CONFLICT (notification_id) DO NOTHING
-RETURNING queue_name
-"""  # noqa: S608 - the rate-limit rule is a constant fragment; values are bound parameters
+# The queue's own INSERT (queue.insert_items_sqlite), as the PostgreSQL promotion composes insert_items_sql.
+_ENQUEUE_SQLITE = insert_items_sqlite(  # noqa: S608 - constant fragments only; values are bound parameters
+    """(SELECT n.queue AS queue_name, n.priority, json_object('channel', n.channel) AS payload, %s AS at,
+               n.tenant_id, n.id AS notification_id, n.provider_id, j.run_at, j.job_id
+        FROM scheduled_jobs j
+        JOIN notifications n ON n.id = j.notification_id
+        WHERE j.job_id IN (
+            SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
+            ORDER BY run_at, job_id LIMIT %s
+        ) AND n.status = 'scheduled') s""",
+    order_by="s.run_at, s.job_id",
+) + "\nRETURNING queue_name"
 _QUEUE_NOTIFICATIONS_SQLITE = """
 UPDATE notifications SET status = 'queued', enqueued_at = %s, updated_at = %s
 WHERE status = 'scheduled'
@@ -217,7 +211,7 @@ def _promote_sqlite(n: int, using: str) -> Promotion:
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(_NOW_SQLITE)
         (now,) = cursor.fetchone()
-        cursor.execute(_ENQUEUE_SQLITE, [now, now, now, n])
+        cursor.execute(_ENQUEUE_SQLITE, [now, now, n])
         queues = {row[0] for row in cursor.fetchall()}
         cursor.execute(_QUEUE_NOTIFICATIONS_SQLITE, [now, now, now, n])
         cursor.execute(_FINISH_JOBS_SQLITE, [now, now, now, now, n])

@@ -7,18 +7,20 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils import timezone
 
 from core.management.commands.create_staff_user import operators_group
 from core.masking import mask_recipient
 from core.models import ApiKey, AuditEvent, Tenant, TenantMembership
 from dlq.models import DeadLetter
-from notifications.models import Notification, Provider
+from notifications.models import Enrollment, IdempotencyRecord, Notification, Provider, Sequence
 
 REPO = Path(settings.BASE_DIR)
 
@@ -80,6 +82,28 @@ def rows_a(tenant_a: Tenant) -> TenantRows:
 @pytest.fixture
 def rows_b(tenant_b: Tenant) -> TenantRows:
     return make_rows(tenant_b, "bob@example.org")
+
+
+@pytest.fixture
+def secrets_everywhere(rows_a):  # noqa: ANN001, ANN201
+    """One row in every encrypted column."""
+    record = IdempotencyRecord.objects.create(
+        tenant=rows_a.tenant,
+        key="idem-1",
+        fingerprint="f" * 64,
+        response_status=201,
+        response_body='{"recipient": "alice@example.com"}',
+        expires_at=timezone.now() + timedelta(hours=24),
+    )
+    sequence = Sequence.objects.create(tenant=rows_a.tenant, key="welcome")
+    enrollment = Enrollment.objects.create(
+        tenant=rows_a.tenant,
+        sequence=sequence,
+        recipient=PHONE,
+        recipient_masked="+1******4567",
+        starts_at=timezone.now(),
+    )
+    return rows_a, record, enrollment
 
 
 def staff_client(username: str, *tenants: Tenant) -> Client:

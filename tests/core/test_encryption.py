@@ -2,69 +2,26 @@
 
 from __future__ import annotations
 
-import io
 import os
 import stat
-import uuid
-from datetime import timedelta
 
 import pytest
 from cryptography.fernet import Fernet
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
-from django.utils import timezone
 
 from core import crypto
-from core.fields import encrypted_fields
-from notifications.models import Enrollment, IdempotencyRecord, Notification, Provider, Sequence
+from notifications.models import Enrollment, Notification, Provider
 from omnipost_site.keys import load_encryption_keys, parse_keys
 from tests.core.conftest import PHONE, WHSEC, clean_env, run_manage
 
 pytestmark = pytest.mark.django_db
 
-OLD = settings.OMNIPOST_ENCRYPTION_KEYS[0]
-
-
 def raw_column(table: str, column: str, pk: object) -> str:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {column} FROM {table} WHERE id = %s", [pk])  # noqa: S608 - fixed names
         return cursor.fetchone()[0]
-
-
-@pytest.fixture
-def secrets_everywhere(rows_a):  # noqa: ANN001, ANN201
-    """One row in every encrypted column."""
-    record = IdempotencyRecord.objects.create(
-        tenant=rows_a.tenant,
-        key="idem-1",
-        fingerprint="f" * 64,
-        response_status=201,
-        response_body='{"recipient": "alice@example.com"}',
-        expires_at=timezone.now() + timedelta(hours=24),
-    )
-    sequence = Sequence.objects.create(tenant=rows_a.tenant, key="welcome")
-    enrollment = Enrollment.objects.create(
-        tenant=rows_a.tenant,
-        sequence=sequence,
-        recipient=PHONE,
-        recipient_masked="+1******4567",
-        starts_at=timezone.now(),
-    )
-    return rows_a, record, enrollment
-
-
-def test_every_encrypted_column_is_covered_by_rotation():
-    names = {f"{m._meta.label}.{f.name}" for m, f in encrypted_fields()}
-    assert {
-        "notifications.Notification.recipient",
-        "notifications.Provider.secrets",
-        "notifications.IdempotencyRecord.response_body",
-        "notifications.Enrollment.recipient",
-    } <= names
 
 
 def test_stored_values_are_not_plain_text(secrets_everywhere):
@@ -107,79 +64,6 @@ def test_saving_a_loaded_row_without_touching_the_field_keeps_the_token(rows_a):
     row.subject = "changed"
     row.save()
     assert raw_column("notifications", "recipient", rows_a.notification.pk) == before
-
-
-# --- rotation ---------------------------------------------------------------------------------
-
-
-def _tokens() -> dict[str, str]:
-    out = {}
-    for model, field in encrypted_fields():
-        for pk, token in model._default_manager.exclude(**{f"{field.attname}__isnull": True}).values_list(
-            "pk", field.attname
-        ):
-            out[f"{model._meta.label}.{field.name}:{pk}"] = token
-    return out
-
-
-def test_rotation_re_encrypts_everything_under_the_newest_key_only(secrets_everywhere):
-    rows, record, enrollment = secrets_everywhere
-    new = Fernet.generate_key().decode()
-    before = _tokens()
-    assert len(before) == 4
-    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[new, OLD]):
-        err, out = io.StringIO(), io.StringIO()
-        call_command("rotate_encryption_keys", stdout=out, stderr=err)
-        assert "re-encrypted 4 value(s)" in out.getvalue()
-        # the progress bar goes to stderr, one per encrypted column
-        progress = err.getvalue()
-        assert "notifications.Notification.recipient" in progress and "100%" in progress
-        after = _tokens()
-        assert after.keys() == before.keys()
-        assert all(after[k] != before[k] for k in before)
-
-        # Re-running is safe: nothing left to do, nothing changes.
-        out = io.StringIO()
-        call_command("rotate_encryption_keys", stdout=out, stderr=io.StringIO())
-        assert "re-encrypted 0 value(s)" in out.getvalue()
-        assert _tokens() == after
-
-    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[new]):  # the old key is gone
-        old_only = Fernet(OLD.encode())
-        for token in _tokens().values():
-            assert Fernet(new.encode()).decrypt(token.encode())
-            with pytest.raises(Exception):  # noqa: B017 - InvalidToken: no longer readable by the old key
-                old_only.decrypt(token.encode())
-        assert Notification.objects.get(pk=rows.notification.pk).recipient == "alice@example.com"
-        assert Provider.objects.get(pk=rows.provider.pk).secrets == {"signing_secret": WHSEC}
-        assert IdempotencyRecord.objects.get(pk=record.pk).response_body == '{"recipient": "alice@example.com"}'
-        assert Enrollment.objects.get(pk=enrollment.pk).recipient == PHONE
-
-
-def test_rotation_processes_in_batches(rows_a):
-    for i in range(5):
-        Notification.objects.create(
-            id=uuid.uuid4(),
-            tenant=rows_a.tenant,
-            channel="sms",
-            recipient=f"+1555000000{i}",
-            recipient_masked="x",
-            provider=rows_a.provider,
-        )
-    new = Fernet.generate_key().decode()
-    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[new, OLD]):
-        out = io.StringIO()
-        call_command("rotate_encryption_keys", "--batch-size", "2", stdout=out, stderr=io.StringIO())
-        assert "re-encrypted 7 value(s)" in out.getvalue()  # 6 recipients + 1 provider secret
-        assert all(crypto.is_current(t) for t in _tokens().values())
-
-
-def test_rotation_without_the_old_key_stops_with_a_clear_error_and_changes_nothing(rows_a):
-    before = _tokens()
-    with override_settings(OMNIPOST_ENCRYPTION_KEYS=[Fernet.generate_key().decode()]):
-        with pytest.raises(CommandError, match=r"of row"):
-            call_command("rotate_encryption_keys", stdout=io.StringIO(), stderr=io.StringIO())
-    assert _tokens() == before
 
 
 # --- decrypting with a missing key ----------------------------------------------------------------

@@ -3,10 +3,10 @@ from __future__ import annotations
 import json as jsonlib
 
 from django.core.management.base import BaseCommand
-from django.db import transaction
 
+from core import services
 from core.management.tenants import resolve_tenant
-from core.models import ApiKey, AuditEvent
+from core.models import ApiKey
 
 
 class Command(BaseCommand):
@@ -19,9 +19,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, tenant: str, name: str, json: bool, **options) -> None:
         owner = resolve_tenant(tenant)
-        with transaction.atomic():
-            key, raw = ApiKey.issue(owner, name=name)
-            AuditEvent.record(actor="system:create_api_key", action="api_key.created", target=key)
+        key = ApiKey(tenant=owner, name=name)
+        raw = services.issue_api_key(key, actor="system:create_api_key")
         if json:
             self.stdout.write(jsonlib.dumps({"tenant_id": str(owner.pk), "api_key": raw, "prefix": key.prefix}))
         else:

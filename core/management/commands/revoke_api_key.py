@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
-from core.models import ApiKey, AuditEvent
+from core import services
+from core.models import ApiKey
 
 
 class Command(BaseCommand):
@@ -17,8 +17,8 @@ class Command(BaseCommand):
         key = ApiKey.objects.filter(prefix=prefix).first()
         if key is None:
             raise CommandError(f"no API key with prefix {prefix!r}")
-        with transaction.atomic():
-            if not key.revoke():
-                raise CommandError(f"API key op_{prefix}_… was already revoked")
-            AuditEvent.record(actor="system:revoke_api_key", action="api_key.revoked", target=key)
+        try:
+            services.revoke_api_key(key, actor="system:revoke_api_key")
+        except services.ApiKeyAlreadyRevoked as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(f"revoked op_{prefix}_…")

@@ -1,8 +1,10 @@
-"""`manage.py prune`: what goes and what stays, counters that stay monotonic, bad input, SQLite, and a
-million rows removed in short batches while a real dispatcher drains beside it."""
+"""Retention (`operations.retention`, run by `manage.py prune`): what goes and what stays, counters
+that stay monotonic, bad input, SQLite, and a million rows removed in short batches while a real
+dispatcher drains beside it."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -22,12 +24,12 @@ from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
-from core.management.commands.prune import Pruner
-from core.metrics import PRUNE_ACTION
 from core.models import AuditEvent, Tenant
 from dlq.models import DeadLetter
 from notifications import counters
 from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
+from operations import retention
+from operations.retention import PRUNE_ACTION, Pruner
 from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
 from tests import factories
@@ -193,7 +195,7 @@ def test_prune_on_sqlite(tmp_path):
     script = (
         "import django, json; django.setup();"
         "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        "from core.models import Tenant; from tests.core.test_prune import build, check;"
+        "from core.models import Tenant; from tests.operations.test_retention import build, check;"
         "ids = build(Tenant.objects.create(name='t'));"
         "call_command('prune', '--older-than', '30', '--batch-size', '2'); check(ids); print('checked')"
     )
@@ -207,6 +209,48 @@ def test_prune_on_sqlite(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pruned 6 notification(s) with 9 attempt(s)" in result.stdout
     assert result.stdout.strip().endswith("checked")
+
+
+# --- the service, without the command ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_service_counts_then_prunes_what_it_counted(tenant_a):
+    ids = build(tenant_a)
+    would = retention.dry_run(Pruner(older_than_days=30, batch_size=2))
+    assert (would.notifications, would.attempts, would.jobs, would.idempotency) == (6, 9, 1, 1)
+    assert set(Notification.objects.values_list("pk", flat=True)) == ids["gone"] | ids["kept"]  # nothing went
+
+    seen: list[tuple[str, int]] = []
+
+    @contextlib.contextmanager
+    def progress(total: int, desc: str):  # noqa: ANN202
+        seen.append((desc, total))
+
+        class Bar:
+            def update(self, n: int) -> None:
+                seen.append((desc, n))
+
+        yield Bar()
+
+    totals = retention.prune(Pruner(older_than_days=30, batch_size=2), progress=progress)
+    check(ids)
+    assert (totals.notifications, totals.attempts, totals.dead_letters, totals.jobs, totals.idempotency) == (
+        6, 9, 2, 3, 1,
+    )  # fmt: skip
+    assert not totals.interrupted
+    assert seen[0] == ("notifications", 6) and seen[1:4] == [("notifications", 2)] * 3
+
+
+@pytest.mark.django_db
+def test_a_stop_set_before_the_run_prunes_nothing_and_says_interrupted(tenant_a):
+    ids = build(tenant_a)
+    stop = threading.Event()
+    stop.set()
+    totals = retention.prune(Pruner(older_than_days=30, batch_size=2), stop=stop)
+    assert totals.interrupted and totals.notifications == totals.batches == 0
+    assert set(Notification.objects.values_list("pk", flat=True)) == ids["gone"] | ids["kept"]
+    assert not AuditEvent.objects.filter(action=PRUNE_ACTION).exists()
 
 
 # --- a million rows beside a draining dispatcher ---------------------------------------------------

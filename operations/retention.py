@@ -1,5 +1,6 @@
-"""`manage.py prune`: retention for finished notifications, their attempts, done scheduled jobs and
-expired idempotency records, in bounded batches that never hold a transaction for long.
+"""Retention: finished notifications, their attempts, done scheduled jobs and expired idempotency
+records go in bounded batches that never hold a transaction for long. `manage.py prune` parses its
+flags and calls `dry_run` or `prune`; anything else (a scheduled task, a test) calls the same.
 
 What goes (created and last changed more than `--older-than DAYS` ago):
 - notifications `delivered`, `failed`, `dead_lettered` or `cancelled` that have no open dead-letter
@@ -23,24 +24,20 @@ lowers them.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
-import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import FrameType
-from typing import Any
+from typing import Protocol
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import OperationalError, connections, transaction
+from django.db import connections, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
-from tqdm import tqdm
 
-from core.metrics import PRUNE_ACTION, PRUNE_ACTOR
 from core.models import AuditEvent
 from dlq.models import DeadLetter
 from notifications.models import FINISHED, DeliveryAttempt, IdempotencyRecord, Notification
@@ -50,6 +47,8 @@ DEFAULT_DAYS = 30.0
 DEFAULT_BATCH = 5000
 MAX_BATCH = 100_000
 LOCK_TIMEOUT = "2s"  # a batch that would wait longer for a lock fails instead of queueing behind it
+PRUNE_ACTION = "retention.prune"  # the audit event each notification batch writes
+PRUNE_ACTOR = "system:prune"
 
 AttemptCounts = dict[tuple[str, int | None], int]
 
@@ -103,6 +102,7 @@ class Totals:
     idempotency: int = 0
     batches: int = 0
     longest_batch: float = 0.0
+    interrupted: bool = False  # stopped by a signal before the end: run prune again to finish
 
     def timed(self, started: float, removed: int) -> None:
         self.batches += 1 if removed else 0
@@ -110,7 +110,7 @@ class Totals:
 
 
 class Pruner:
-    """The retention queries; `Command` drives them batch by batch."""
+    """The retention queries; `prune` below drives them batch by batch."""
 
     def __init__(self, *, older_than_days: float, batch_size: int, using: str = "default") -> None:
         self.days = older_than_days
@@ -230,115 +230,82 @@ class Pruner:
             return IdempotencyRecord.objects.using(self.using).filter(pk__in=ids).delete()[0] if ids else 0
 
 
-def _days(value: str) -> float:
-    try:
-        days = float(value)
-    except ValueError:
-        raise CommandError(f"--older-than must be a number of days, got {value!r}") from None
-    if not math.isfinite(days) or days < 0:
-        raise CommandError(f"--older-than must be zero or more days, got {value!r}")
-    return days
+class Progress(Protocol):
+    def update(self, n: int) -> object: ...
 
 
-def _batch_size(value: str) -> int:
-    try:
-        size = int(value)
-    except ValueError:
-        raise CommandError(f"--batch-size must be a whole number, got {value!r}") from None
-    if not 1 <= size <= MAX_BATCH:
-        raise CommandError(f"--batch-size must be between 1 and {MAX_BATCH:,}, got {value!r}")
-    return size
+# A progress display for `total` rows of one kind (`desc`), used as a context manager; the command
+# hands in tqdm, anything else may show nothing.
+ProgressFactory = Callable[[int, str], contextlib.AbstractContextManager[Progress]]
 
 
-class Command(BaseCommand):
-    help = (
-        "Delete finished notifications (with their attempts, closed dead letters and scheduled jobs), done "
-        "scheduled jobs and expired idempotency records past retention, in short batches. Live notifications, "
-        "open dead letters and the audit log are never touched. Ctrl-C stops after the current batch."
-    )
+@contextlib.contextmanager
+def no_progress(total: int, desc: str) -> Iterator[Progress]:
+    class _Silent:
+        def update(self, n: int) -> None:
+            pass
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        # Values are checked in handle(), so bad input is one readable line (CommandError).
-        parser.add_argument("--older-than", default=str(DEFAULT_DAYS), metavar="DAYS",
-                            help=f"retention in days since a notification finished (default {DEFAULT_DAYS:g})")
-        parser.add_argument("--batch-size", default=str(DEFAULT_BATCH), metavar="N",
-                            help=f"rows per transaction (default {DEFAULT_BATCH:,})")
-        parser.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    yield _Silent()
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        pruner = Pruner(older_than_days=_days(options["older_than"]), batch_size=_batch_size(options["batch_size"]))
-        pruner.name_connection()
-        counts = pruner.counts(attempts=options["dry_run"])
-        if options["dry_run"]:
-            self.stdout.write(
-                f"dry run: would delete {counts['notifications']:,} finished notification(s) older than "
-                f"{pruner.days:g} day(s) with {counts['attempts']:,} attempt(s), {counts['jobs']:,} other done "
-                f"scheduled job(s) and {counts['idempotency']:,} expired idempotency record(s)"
-            )
-            return
-        stop = threading.Event()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-        def on_signal(sig: int, frame: FrameType | None) -> None:
-            if stop.is_set():
-                raise KeyboardInterrupt
-            self.stderr.write(f"\n{signal.Signals(sig).name}: stopping after the current batch")
-            stop.set()
+@dataclass(frozen=True)
+class DryRun:
+    """What a prune would remove now."""
 
-        for sig in previous:
-            signal.signal(sig, on_signal)
-        started = time.perf_counter()
-        try:
-            totals = self._run(pruner, counts, stop)
-        except OperationalError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CommandError(f"prune stopped: {first}; the batches before are committed, run it again") from None
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        self.stdout.write(
-            f"pruned {totals.notifications:,} notification(s) with {totals.attempts:,} attempt(s), "
-            f"{totals.dead_letters:,} closed dead letter(s) and {totals.jobs:,} scheduled job(s); "
-            f"{totals.idempotency:,} expired idempotency record(s); {totals.batches} batch(es) in "
-            f"{time.perf_counter() - started:.1f}s, longest batch {totals.longest_batch:.3f}s"
-        )
-        if stop.is_set():
-            raise CommandError("interrupted: run prune again to finish")
+    days: float
+    notifications: int
+    attempts: int
+    jobs: int
+    idempotency: int
 
-    def _bar(self, total: int, desc: str) -> tqdm:
-        # Always drawn (also when stderr is a log file), so an operator can see it advance.
-        return tqdm(total=total, desc=desc, unit="row", file=self.stderr._out, disable=False)
 
-    def _run(self, pruner: Pruner, counts: dict[str, int], stop: threading.Event) -> Totals:
-        totals = Totals()
-        with self._bar(counts["notifications"], "notifications") as bar:
-            after: datetime | None = None
+def dry_run(pruner: Pruner) -> DryRun:
+    """Count what would go, deleting nothing."""
+    pruner.name_connection()
+    counts = pruner.counts(attempts=True)
+    return DryRun(pruner.days, counts["notifications"], counts["attempts"], counts["jobs"], counts["idempotency"])
+
+
+def prune(
+    pruner: Pruner, *, stop: threading.Event | None = None, progress: ProgressFactory = no_progress
+) -> Totals:
+    """Remove everything past retention, batch by batch (oldest notifications first, then done jobs,
+    then expired idempotency records), each batch its own short transaction. `stop` (set by a
+    signal) ends the run after the current batch; what was committed stays committed. A lost
+    session raises `OperationalError` with the earlier batches committed: running again finishes."""
+    stop = stop or threading.Event()
+    pruner.name_connection()
+    counts = pruner.counts()
+    totals = Totals()
+    with progress(counts["notifications"], "notifications") as bar:
+        after: datetime | None = None
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            batch = pruner.notification_batch(after)
+            totals.timed(t0, batch.notifications)
+            if not batch.notifications:
+                break
+            after = batch.last_created_at
+            totals.notifications += batch.notifications
+            totals.attempts += sum(batch.attempts.values())
+            totals.dead_letters += batch.dead_letters
+            totals.jobs += batch.jobs
+            bar.update(batch.notifications)
+    for desc, step, total in (
+        ("scheduled jobs", pruner.job_batch, counts["jobs"]),
+        ("idempotency", pruner.idempotency_batch, counts["idempotency"]),
+    ):
+        with progress(total, desc) as bar:
             while not stop.is_set():
                 t0 = time.perf_counter()
-                batch = pruner.notification_batch(after)
-                totals.timed(t0, batch.notifications)
-                if not batch.notifications:
+                n = step()
+                totals.timed(t0, n)
+                if not n:
                     break
-                after = batch.last_created_at
-                totals.notifications += batch.notifications
-                totals.attempts += sum(batch.attempts.values())
-                totals.dead_letters += batch.dead_letters
-                totals.jobs += batch.jobs
-                bar.update(batch.notifications)
-        for desc, step, total in (
-            ("scheduled jobs", pruner.job_batch, counts["jobs"]),
-            ("idempotency", pruner.idempotency_batch, counts["idempotency"]),
-        ):
-            with self._bar(total, desc) as bar:
-                while not stop.is_set():
-                    t0 = time.perf_counter()
-                    n = step()
-                    totals.timed(t0, n)
-                    if not n:
-                        break
-                    bar.update(n)
-                    if desc == "scheduled jobs":
-                        totals.jobs += n
-                    else:
-                        totals.idempotency += n
-        return totals
+                bar.update(n)
+                if desc == "scheduled jobs":
+                    totals.jobs += n
+                else:
+                    totals.idempotency += n
+    totals.interrupted = stop.is_set()
+    return totals

@@ -1,0 +1,54 @@
+"""Workflows of the core app that the admin, the commands and any API call alike (STYLE.md 1, 3)."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from core.models import ApiKey, AuditEvent
+
+CREATED_ACTION = "api_key.created"
+REVOKED_ACTION = "api_key.revoked"
+
+
+class ApiKeyAlreadyRevoked(Exception):
+    """Revoking a key twice is an error, so a script that names the wrong key notices."""
+
+    def __init__(self, key: ApiKey) -> None:
+        super().__init__(f"API key {key} was already revoked")
+        self.key = key
+
+
+def issue_api_key(key: ApiKey, *, actor: str) -> str:
+    """Give the unsaved `key` (tenant and name set) a fresh secret, save it and write one
+    `api_key.created` audit event, in one transaction. Returns the raw key: shown once, never stored."""
+    raw = key.assign_new_secret()
+    with transaction.atomic():
+        key.save()
+        AuditEvent.record(actor=actor, action=CREATED_ACTION, target=key)
+    return raw
+
+
+def revoke_api_key(key: ApiKey, *, actor: str) -> ApiKey:
+    """Revoke `key` and write one `api_key.revoked` audit event, in one transaction.
+
+    The revocation is a compare-and-set on `revoked_at IS NULL` (`ApiKey.revoke`), so of two
+    concurrent revocations exactly one wins and audits; the other raises `ApiKeyAlreadyRevoked`,
+    as does revoking a key that was revoked before."""
+    with transaction.atomic():
+        if not key.revoke():
+            raise ApiKeyAlreadyRevoked(key)
+        AuditEvent.record(actor=actor, action=REVOKED_ACTION, target=key)
+    return key
+
+
+def revoke_api_keys(keys: list[ApiKey], *, actor: str) -> int:
+    """Revoke each key (one short transaction each); returns how many were revoked now, skipping
+    those already revoked."""
+    revoked = 0
+    for key in keys:
+        try:
+            revoke_api_key(key, actor=actor)
+        except ApiKeyAlreadyRevoked:
+            continue
+        revoked += 1
+    return revoked
