@@ -77,29 +77,35 @@ class QueueItem(TenantOwned):
             models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="queue_state_priority_0_9"),
         ]
         indexes = [
-            # claim() over all queues: WHERE ready AND NOT rate_limited ORDER BY priority DESC, enqueued_at.
+            # claim() over all queues: WHERE ready AND NOT rate_limited ORDER BY priority DESC, enqueued_at, item_id
+            # (item_id: items enqueued by one statement share enqueued_at; the first inserted goes first).
             models.Index(
-                fields=["-priority", "enqueued_at"], condition=_READY_UNLIMITED_ANY_QUEUE, name="queue_state_ready_idx"
+                fields=["-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED_ANY_QUEUE,
+                name="queue_state_ready_idx",
             ),
             # claim() for named queues, one LATERAL per queue: WHERE ready AND NOT rate_limited AND
             # queue_name = ? ORDER BY priority DESC, enqueued_at (another queue's depth costs nothing).
             models.Index(
-                fields=["queue_name", "-priority", "enqueued_at"],
+                fields=["queue_name", "-priority", "enqueued_at", "item_id"],
                 condition=_READY_UNLIMITED,
                 name="queue_state_ready_queue_idx",
             ),
             # claim()'s starvation branch, over all queues and per named queue: WHERE ready AND NOT
             # rate_limited [AND queue_name = ?] ORDER BY enqueued_at (leases, oldest of all, stay out).
             models.Index(
-                fields=["enqueued_at"], condition=_READY_UNLIMITED_ANY_QUEUE, name="queue_state_starving_all_idx"
+                fields=["enqueued_at", "item_id"],
+                condition=_READY_UNLIMITED_ANY_QUEUE,
+                name="queue_state_starving_all_idx",
             ),
             models.Index(
-                fields=["queue_name", "enqueued_at"], condition=_READY_UNLIMITED, name="queue_state_starving_idx"
+                fields=["queue_name", "enqueued_at", "item_id"],
+                condition=_READY_UNLIMITED,
+                name="queue_state_starving_idx",
             ),
             # claim(), rate-limited lanes: WHERE ready AND rate_limited AND provider_id = ?
             # ORDER BY priority DESC, enqueued_at; and `queue.rate_limited_providers`.
             models.Index(
-                fields=["provider", "-priority", "enqueued_at"],
+                fields=["provider", "-priority", "enqueued_at", "item_id"],
                 condition=Q(ready=True, rate_limited=True),
                 name="queue_state_lane_idx",
             ),

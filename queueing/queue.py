@@ -368,14 +368,14 @@ def claim_ctes_pg(
             CROSS JOIN LATERAL (
                 SELECT item_id, ctid FROM queue_state
                 WHERE ready AND rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
-                ORDER BY priority DESC, enqueued_at
+                ORDER BY priority DESC, enqueued_at, item_id
                 LIMIT k.cap
                 FOR UPDATE SKIP LOCKED
             ) l
         )"""
         lane_union = "UNION ALL SELECT item_id, ctid FROM lanes"
     main = f"""main AS (
-            {_per_queue(queues, _READY_UNLIMITED, "priority DESC, enqueued_at")}
+            {_per_queue(queues, _READY_UNLIMITED, "priority DESC, enqueued_at, item_id")}
         )"""
     if starve is None:  # the caller looks for starving items less often than it claims
         picking = f"""
@@ -385,7 +385,7 @@ def claim_ctes_pg(
         old = f"{_READY_UNLIMITED} AND enqueued_at <= now() - %(starve)s * interval '1 second'"
         picking = f"""
         WITH starving AS (
-            {_per_queue(queues, old, "enqueued_at")}
+            {_per_queue(queues, old, "enqueued_at, item_id")}
         ), {main}, picked_main AS (
             -- starving items first, then by priority; the two branches may overlap, hence DISTINCT
             SELECT item_id, ctid FROM (
@@ -441,7 +441,7 @@ def _claim_sqlite(
                 WHERE NOT rate_limited AND available_at <= {_SQLITE_NOW} {queue_filter}
                 ORDER BY (enqueued_at <= {cutoff}) DESC,
                          CASE WHEN enqueued_at <= {cutoff} THEN enqueued_at END,
-                         priority DESC, enqueued_at
+                         priority DESC, enqueued_at, item_id
                 LIMIT %s)"""
     ]
     params: list[Any] = [*qparams, _seconds_modifier(-starve), _seconds_modifier(-starve), n]
@@ -450,7 +450,7 @@ def _claim_sqlite(
             f"""SELECT item_id FROM (
                 SELECT item_id FROM queue_state
                 WHERE rate_limited AND provider_id = %s AND available_at <= {_SQLITE_NOW} {queue_filter}
-                ORDER BY priority DESC, enqueued_at LIMIT %s)"""
+                ORDER BY priority DESC, enqueued_at, item_id LIMIT %s)"""
         )
         params += [provider_id, *qparams, cap]
     until = _sqlite_now_plus("%s")

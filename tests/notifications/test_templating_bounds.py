@@ -38,13 +38,13 @@ def test_the_bomb_is_small_and_compiles():
 
 def peak_while(func) -> tuple[int, float, BaseException | None]:  # noqa: ANN001
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()  # CPU, not wall: other processes on a shared machine do not count
     error = None
     try:
         func()
     except BaseException as exc:  # noqa: BLE001
         error = exc
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak, elapsed, error
@@ -108,19 +108,19 @@ def test_time_budget_with_an_injected_clock(monkeypatch, settings):
 def test_time_budget_stops_a_cpu_bound_template(settings):
     settings.OMNIPOST_TEMPLATE_RENDER_SECONDS = 0.2
     text = "{% for i in l %}" + "{% if i %}{% endif %}" * 2000 + "{% endfor %}"  # 20 million nodes
-    started = time.perf_counter()
+    started = time.process_time()  # the deadline is wall time, so the CPU spent is at most that
     with pytest.raises(templating.TemplateError, match="longer than 0.2 s"):
         render(text, {"l": list(range(10_000))})
-    assert time.perf_counter() - started < 0.6
+    assert time.process_time() - started < 0.6
 
 
 def test_compiling_is_bounded_by_source_size_and_tags():
     with pytest.raises(templating.TemplateError, match="longer than 262144 characters"):
         templating.check("x" * (templating.MAX_SOURCE_CHARS + 1))
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(templating.TemplateError, match="more than 5000 tags"):
         templating.check("{{ a }}" * 30_000)
-    assert time.perf_counter() - started < 0.1  # refused before parsing (parsing these takes ~1 s)
+    assert time.process_time() - started < 0.1  # refused before parsing (parsing these takes ~1 s)
     templating.check("x" * templating.MAX_SOURCE_CHARS)
     templating.check("{{ a }}" * templating.MAX_TAGS)
 
