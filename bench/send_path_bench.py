@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
-# as `omnipost_bench` runs its dispatchers (queueing.bench.runner.dispatcher_env)
+# as `omnipost_bench` runs its dispatchers (benchmarks.runner.dispatcher_env)
 os.environ.update(DEBUG="false", OMNIPOST_ALLOW_PRIVATE_DESTINATIONS="true", OMNIPOST_LOG_LEVEL="WARNING")
 os.environ.setdefault("SECRET_KEY", "omnipost-bench-only")
 os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
@@ -34,7 +34,7 @@ os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7
 
 def items(count: int, provider_id: int) -> list:
     from core import crypto
-    from notifications.delivery import DispatchLease, Prepared
+    from dispatch.delivery import DispatchLease, Prepared
 
     now = datetime.now(UTC)
     tenant = uuid.uuid4()
@@ -50,10 +50,10 @@ def items(count: int, provider_id: int) -> list:
 
 
 async def run(args: argparse.Namespace, url: str) -> float:
+    from benchmarks.runner import SIGNING_SECRET
     from core.crypto import decrypt_many
+    from dispatch.dispatcher import Dispatcher, DispatcherConfig, _CachedProvider
     from notifications.providers import build_provider
-    from queueing.bench.runner import SIGNING_SECRET
-    from queueing.worker import Dispatcher, DispatcherConfig, _CachedProvider
 
     dispatcher = Dispatcher(DispatcherConfig(concurrency=args.concurrency, batch_size=args.batch, jitter=False))
     dispatcher.loop = asyncio.get_running_loop()
@@ -102,8 +102,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from queueing.bench.receiver import ReceiverProcess
-    from queueing.bench.runner import SIGNING_SECRET
+    from benchmarks.receiver import ReceiverProcess
+    from benchmarks.runner import SIGNING_SECRET
 
     try:
         import uvloop

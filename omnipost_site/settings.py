@@ -41,6 +41,9 @@ INSTALLED_APPS = [
     "notifications",
     "queueing",
     "dlq",
+    "dispatch",
+    "omnipost_site.ops",
+    "benchmarks",  # optional: `omnipost_bench` only
 ]
 
 MIDDLEWARE = [

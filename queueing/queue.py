@@ -126,7 +126,7 @@ _SCALAR_TYPES = (str, int, float, bool, type(None))
 
 class PgLeaseReader:
     """Leases from the rows of one PostgreSQL `claim` (the dispatcher reads fewer columns, see
-    `notifications.delivery.DispatchLease`), where psycopg already gives UUIDs and aware datetimes: positional
+    `dispatch.delivery.DispatchLease`), where psycopg already gives UUIDs and aware datetimes: positional
     construction, and each distinct flat payload text parsed once per claim (a claim's payloads are
     nearly all alike, e.g. {"channel": "webhook"}); every lease still gets its own dict."""
 

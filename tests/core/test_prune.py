@@ -23,16 +23,16 @@ from django.test import Client
 from django.utils import timezone
 
 from core.management.commands.prune import Pruner
-from core.metrics import PRUNE_ACTION
 from core.models import AuditEvent, Tenant
 from dlq.models import DeadLetter
 from notifications import counters
 from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
+from omnipost_site.ops.metrics import PRUNE_ACTION
 from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
 from tests import factories
 from tests.core.conftest import REPO, clean_env, run_manage
-from tests.core.test_metrics import metric_value
+from tests.ops.test_metrics import metric_value
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 

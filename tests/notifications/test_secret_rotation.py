@@ -12,9 +12,9 @@ import time_machine
 from django.db import connection
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from dispatch.dispatcher import Dispatcher, DispatcherConfig, _instantiate
 from notifications.models import Provider
 from notifications.providers.base import OutboundMessage
-from queueing.worker import Dispatcher, DispatcherConfig, _instantiate
 from tests import factories
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 

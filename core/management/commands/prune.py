@@ -40,10 +40,10 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from tqdm import tqdm
 
-from core.metrics import PRUNE_ACTION, PRUNE_ACTOR
 from core.models import AuditEvent
 from dlq.models import DeadLetter
 from notifications.models import FINISHED, DeliveryAttempt, IdempotencyRecord, Notification
+from omnipost_site.ops.metrics import PRUNE_ACTION, PRUNE_ACTOR
 from queueing.models import QueueItem, ScheduledJob
 
 DEFAULT_DAYS = 30.0
