@@ -52,40 +52,39 @@ def items(count: int, provider_id: int) -> list:
 async def run(args: argparse.Namespace, url: str) -> float:
     from benchmarks.runner import SIGNING_SECRET
     from core.crypto import decrypt_many
-    from dispatch.dispatcher import Dispatcher, DispatcherConfig, _CachedProvider
+    from dispatch.dispatcher import Dispatcher, DispatcherConfig
+    from dispatch.providers import CachedProvider
     from notifications.providers import build_provider
 
     dispatcher = Dispatcher(DispatcherConfig(concurrency=args.concurrency, batch_size=args.batch, jitter=False))
-    dispatcher.loop = asyncio.get_running_loop()
-    dispatcher.record_wake = asyncio.Event()
-    dispatcher.capacity = asyncio.Event()
+    dispatcher.bind(asyncio.get_running_loop())
     provider = build_provider("webhook", {"url": url}, {"signing_secret": SIGNING_SECRET})
-    dispatcher._providers[1] = _CachedProvider(provider, datetime.now(UTC), 5, False, time.monotonic())
+    dispatcher.providers.entries[1] = CachedProvider(provider, datetime.now(UTC), 5, False, time.monotonic())
     work = items(args.n, 1)
     warm = items(args.concurrency, 1)
     for item in warm:  # connections opened, caches warm
-        dispatcher._start_send(item)
-    while dispatcher._inflight:
+        dispatcher.sender.start(item)
+    while dispatcher.sender.inflight:
         await asyncio.sleep(0.01)
-    dispatcher._outcomes.clear()
+    dispatcher.recorder.pending.clear()
     gc.collect()
     gc.freeze()
     started = time.process_time()
     position = 0
-    while position < len(work) or dispatcher._inflight:
-        free = args.concurrency - len(dispatcher._inflight)
+    while position < len(work) or dispatcher.sender.inflight:
+        free = args.concurrency - len(dispatcher.sender.inflight)
         if free >= args.batch and position < len(work):
             claimed = work[position : position + args.batch]
             for item, opened in zip(claimed, decrypt_many([p.recipient_token for p in claimed]), strict=True):
                 item.opened_recipient = opened  # as claim_and_start does
             for item in claimed:
-                dispatcher._start_send(item)
+                dispatcher.sender.start(item)
             position += args.batch
             continue
-        dispatcher.capacity.clear()
-        await dispatcher.capacity.wait()
-        if len(dispatcher._outcomes) >= args.batch:
-            dispatcher._outcomes.clear()  # recorded, as far as this bench goes
+        dispatcher.sender.capacity.clear()
+        await dispatcher.sender.capacity.wait()
+        if len(dispatcher.recorder.pending) >= args.batch:
+            dispatcher.recorder.pending.clear()  # recorded, as far as this bench goes
     spent = time.process_time() - started
     await provider.aclose()
     return spent / args.n * 1e6

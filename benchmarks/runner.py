@@ -2,7 +2,8 @@
 
 Everything runs on the configured database and this machine's loopback: a bench tenant with a
 webhook provider pointing at a built-in receiver subprocess, notifications created through the
-same service the batch API uses, and real `run_dispatcher` processes. Three modes:
+same service the batch API uses, and real dispatcher processes (`benchmarks.dispatcher`: the
+ordinary Dispatcher behind a start gate, its figures read from outside). Three modes:
 
 - e2e: enqueue N, then P dispatchers drain them to the receiver; delivery rate, latency, SQL
   statements per delivery, duplicates and losses (both must be zero).
@@ -200,7 +201,7 @@ def start_dispatchers(
     procs = []
     for i in range(count):
         args = [
-            sys.executable, "manage.py", "run_dispatcher", "--no-jitter", "--concurrency", str(concurrency),
+            sys.executable, "-m", "benchmarks.dispatcher", "--no-jitter", "--concurrency", str(concurrency),
             "--batch-size", str(batch), "--stats-file", str(stats_dir / f"dispatcher{i}.json"),
         ]  # fmt: skip
         if not listen:

@@ -17,7 +17,8 @@ from django.db import connection
 from django.test import Client
 
 from dispatch.delivery import DispatchLease, Prepared
-from dispatch.dispatcher import Dispatcher, DispatcherConfig, _CachedProvider
+from dispatch.dispatcher import Dispatcher, DispatcherConfig
+from dispatch.providers import CachedProvider
 from dlq.models import DeadLetter
 from notifications.models import DeliveryAttempt, Notification
 from notifications.scrub import forms, secret_values
@@ -143,19 +144,18 @@ class CrashingProvider:
 def test_a_crashing_provider_is_scrubbed_in_the_attempt_the_reason_and_the_traceback(caplog):
     async def run():  # noqa: ANN202
         dispatcher = Dispatcher(DispatcherConfig(concurrency=10, batch_size=10, jitter=False))
-        dispatcher.loop = asyncio.get_running_loop()
-        dispatcher.capacity, dispatcher.record_wake = asyncio.Event(), asyncio.Event()
-        dispatcher._providers[7] = _CachedProvider(
+        dispatcher.bind(asyncio.get_running_loop())
+        dispatcher.providers.entries[7] = CachedProvider(
             CrashingProvider(), datetime.now(UTC), 1, False, time.monotonic(),
             secret_values({"signing_secret": TEST_SIGNING_SECRET}),
         )  # fmt: skip
         lease = DispatchLease(1, uuid.uuid4(), 7, False, str(uuid.uuid4()), str(uuid.uuid4()))
         item = Prepared(lease, "webhook", "", "s", "b", {}, datetime.now(UTC), 1, 1, opened_recipient=REFUSED_TO)
-        dispatcher._start_send(item)
+        dispatcher.sender.start(item)
         async with asyncio.timeout(5):
-            while not dispatcher._outcomes:
+            while not dispatcher.recorder.pending:
                 await asyncio.sleep(0.01)
-        return dispatcher._outcomes
+        return dispatcher.recorder.pending
 
     with caplog.at_level(logging.INFO, logger="omnipost.dispatcher"):
         (outcome,) = asyncio.run(run())

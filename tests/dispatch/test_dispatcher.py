@@ -138,7 +138,7 @@ def test_a_recording_bug_stops_the_dispatcher_instead_of_sending_on(tenant_a, we
     def broken(batch, **kwargs):
         raise TypeError("a bug in recording")
 
-    monkeypatch.setattr("dispatch.dispatcher.record_outcomes", broken)
+    monkeypatch.setattr("dispatch.recording.record_outcomes", broken)
     dispatcher = Dispatcher(DispatcherConfig(jitter=False, batch_size=5, concurrency=5))
     assert dispatcher.run() == 1
     assert len(webhook_receiver.requests) < 30  # it stopped claiming after the first failed batch
@@ -152,10 +152,9 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
     fresh = {n.id for n in factories.queued(tenant_a, hook, 10, priority=9)}
     now = [1000.0]
     dispatcher = Dispatcher(DispatcherConfig(jitter=False), clock=lambda: now[0])
-    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
 
     def claim(n: int) -> set:
-        prepared, _, _, _ = dispatcher._claim_batch(n)
+        prepared, _, _, _ = dispatcher.claimer.claim(n)
         return {p.notification_id for p in prepared}
 
     assert claim(2) <= starving  # the first claim looks: the starving items outrank priority 9
@@ -165,102 +164,70 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
     assert len(claim(2) & starving) == 1  # a second on: the last starving item
 
 
-def test_a_ring_answered_on_the_listen_connection_stays_within_the_concurrency(tenant_a, webhook_receiver):
-    import asyncio
-
-    import psycopg
-
-    from queueing.wakeup import _conninfo
-
-    factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 8)
-    dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=3, batch_size=10))
-    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
-    dispatcher.loop = asyncio.new_event_loop()  # hand-overs are only queued on it
-    try:
-        with psycopg.connect(**_conninfo("default", "test-answer")) as listen:
-            assert not dispatcher._answer_ring(listen, "default")  # the fetch loop is not asleep
-            dispatcher._waiting = True
-            with dispatcher._claim_lock:  # a claim is under way on the database thread
-                assert not dispatcher._answer_ring(listen, "default")
-            assert dispatcher._answer_ring(listen, "default")
-        assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3  # concurrency 3, batch 10
-        # Not in flight yet, but counted: the fetch loop finds no room.
-        assert dispatcher._claim_batch(10) == ([], [], None, [])
-        assert QueueItem.objects.filter(lock_token__isnull=False).count() == 3
-    finally:
-        dispatcher.loop.close()
-
-
-def test_a_ring_whose_items_a_peer_took_first_does_not_also_wake_the_fetch_loop(tenant_a, webhook_receiver):
-    import asyncio
-
-    import psycopg
-
-    from queueing.wakeup import _conninfo
-
-    dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=3, batch_size=10))
-    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
-    dispatcher.loop = asyncio.new_event_loop()
-    dispatcher._waiting = True
-    try:
-        with psycopg.connect(**_conninfo("default", "test-answer")) as listen:
-            # The queue is empty: a peer claimed what the ring announced. Handled (no wake-up),
-            # unless rate-limited lanes may hold work, which only the fetch loop claims.
-            assert dispatcher._answer_ring(listen, "default") is True
-            assert (dispatcher.wakeup_claims, dispatcher.rings_answered) == (1, 0)
-            dispatcher._any_limits = True
-            assert dispatcher._answer_ring(listen, "default") is False
-        assert dispatcher._handed == 0 and not dispatcher.loop._ready  # nothing was handed over
-    finally:
-        dispatcher.loop.close()
-
-
-def test_a_ring_answered_as_the_dispatcher_stops_is_given_back_not_left_to_its_lease(tenant_a, webhook_receiver):
-    import asyncio
-
-    import psycopg
-
-    from dispatch.delivery import record_outcomes
-    from queueing.wakeup import _conninfo
+def test_an_idle_dispatcher_is_woken_by_an_enqueue_within_milliseconds(tenant_a, webhook_receiver):
+    """The doorbell only wakes: a ring ends the fetch loop's sleep (a second, once idle long
+    enough) and the fetch loop claims on its own connection."""
+    import threading
+    import time
 
     hook = hook_for(tenant_a, webhook_receiver)
-    factories.queued(tenant_a, hook, 4)
     dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=10, batch_size=10))
-    dispatcher.statements = dispatcher._hot_statements = 0  # set by main(), which this test skips
-    dispatcher.loop = loop = asyncio.new_event_loop()
-    dispatcher.wake, dispatcher.record_wake = asyncio.Event(), asyncio.Event()
-    dispatcher._load_providers({hook.pk})
-    dispatcher._waiting = True
+    result: dict = {}
+
+    def run() -> None:
+        result["code"] = dispatcher.run()
+
+    thread = threading.Thread(target=run)
+    thread.start()
     try:
-        with psycopg.connect(**_conninfo("default", "test-answer")) as listen:
-            assert dispatcher._answer_ring(listen, "default")  # claimed on the doorbell thread ...
-        dispatcher.stopping.set()  # ... and the stop comes before the event loop takes it over
-        loop.run_until_complete(asyncio.sleep(0))  # what main() does after stopping the doorbell
+        assert wait_for(lambda: Worker.objects.filter(stopped_at__isnull=True).exists(), 10)
+        time.sleep(2.5)  # idle: the poll has backed off to a second; LISTEN is established
+        latencies = []
+        for _ in range(3):
+            before = len(webhook_receiver.requests)
+            started = time.monotonic()
+            factories.queued(tenant_a, hook, 1)  # enqueue commits and rings
+            assert wait_for(lambda before=before: len(webhook_receiver.requests) > before, 5)
+            latencies.append(time.monotonic() - started)
+            time.sleep(1.2)
     finally:
-        loop.close()
-    assert not dispatcher._inflight and dispatcher._free_slots() == 10
-    assert [o.kind for o in dispatcher._outcomes] == ["deferred"] * 4
-    assert QueueItem.objects.filter(lock_token__isnull=False).count() == 4
-    assert len(record_outcomes(dispatcher._outcomes).ours) == 4
-    assert QueueItem.objects.filter(lock_token__isnull=True, attempts=0).count() == 4  # claimable again, at once
-    assert not webhook_receiver.requests
+        dispatcher.loop.call_soon_threadsafe(dispatcher._on_signal, 15)
+        thread.join(20)
+    assert result["code"] == 0
+    assert max(latencies) < 0.3, latencies  # a poll alone would take up to a second
+    assert sorted(latencies)[1] < 0.1, latencies
+    assert Notification.objects.filter(status="delivered").count() == 3
+
+
+def wait_for(predicate, timeout: float) -> bool:  # noqa: ANN001
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
 
 
 def test_a_delivered_outcome_records_what_the_classifier_would():
-    """The delivered fast path in Dispatcher._outcome builds the same attempt as classification."""
+    """The delivered fast path in Sender.outcome builds the same attempt as classification."""
     import uuid
     from datetime import UTC, datetime
 
     from dispatch.delivery import DispatchLease, Prepared
+    from dispatch.providers import ProviderCache
+    from dispatch.sending import Sender
     from dlq.classifier import classify
+    from dlq.retry import RetryPolicy
     from notifications.providers.base import DeliveryResult
 
     lease = DispatchLease(7, uuid.uuid4(), 3, False, str(uuid.uuid4()), str(uuid.uuid4()))
     item = Prepared(lease, "webhook", "token", "s", "b", {}, datetime.now(UTC), 4, 2)
-    dispatcher = Dispatcher.__new__(Dispatcher)  # _outcome reads only its arguments on this path
+    sender = Sender(ProviderCache({}), recorder=None, retry=RetryPolicy(1, 1))  # the outcome reads its arguments
     started = datetime.now(UTC)
     result = DeliveryResult(delivered=True, http_status=201, message="accepted " * 100, error_class="")
-    outcome = dispatcher._outcome(item, result, started, 0.0425)
+    outcome = sender.outcome(item, result, started, 0.0425)
     verdict = classify(result)
     assert (outcome.lease, outcome.kind, outcome.retry_delay, outcome.error_code) == (lease, "delivered", 0.0, "")
     a = outcome.attempt

@@ -26,32 +26,30 @@ class Command(BaseCommand):
         parser.add_argument("--lease-seconds", type=float, help="default: OMNIPOST_LEASE_SECONDS")
         parser.add_argument("--no-jitter", action="store_true", help="skip the random start-up delay")
         parser.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY wake-ups")
-        parser.add_argument("--stats-file", help="write delivered/claimed/statement counts here as JSON at exit")
-        parser.add_argument(
-            "--go-file",
-            help="benchmarks: once started, write GO_FILE.ready.<pid> and claim nothing until GO_FILE exists",
-        )
 
     def handle(self, *args, **options) -> None:
-        queues = [q.strip() for q in (options["queues"] or "").split(",") if q.strip()] or None
-        if options["grace_seconds"] < 0:
-            raise CommandError("--grace-seconds must be zero or more")
-        config = DispatcherConfig(
-            queues=queues,
-            concurrency=options["concurrency"],
-            batch_size=options["batch_size"],
-            grace_seconds=options["grace_seconds"],
-            once=options["once"],
-            max_items=options["max_items"],
-            jitter=not options["no_jitter"],
-            stats_file=options["stats_file"],
-            listen=not options["no_listen"],
-            go_file=options["go_file"],
-        )
-        if options["lease_seconds"] is not None:
-            if options["lease_seconds"] <= 0:
-                raise CommandError("--lease-seconds must be positive")
-            config.lease_seconds = options["lease_seconds"]
         set_process_name("omnipost-disp")  # before the dispatcher's threads start: they inherit it
-        if Dispatcher(config).run() != 0:
+        if Dispatcher(config_from(options)).run() != 0:
             raise CommandError("the dispatcher stopped after an internal error; see the log above")
+
+
+def config_from(options: dict) -> DispatcherConfig:
+    """The DispatcherConfig these command-line options ask for (benchmarks.dispatcher uses it too)."""
+    queues = [q.strip() for q in (options["queues"] or "").split(",") if q.strip()] or None
+    if options["grace_seconds"] < 0:
+        raise CommandError("--grace-seconds must be zero or more")
+    config = DispatcherConfig(
+        queues=queues,
+        concurrency=options["concurrency"],
+        batch_size=options["batch_size"],
+        grace_seconds=options["grace_seconds"],
+        once=options["once"],
+        max_items=options["max_items"],
+        jitter=not options["no_jitter"],
+        listen=not options["no_listen"],
+    )
+    if options["lease_seconds"] is not None:
+        if options["lease_seconds"] <= 0:
+            raise CommandError("--lease-seconds must be positive")
+        config.lease_seconds = options["lease_seconds"]
+    return config

@@ -1,5 +1,5 @@
-"""Work on the LISTEN connection: the queue janitor (VACUUM of churning tables when dead rows pile up,
-one process at a time) and answering a ring on the connection itself."""
+"""The queue janitor (VACUUM of churning tables when dead rows pile up, one process at a time), run as
+maintenance on a process's own connection; the doorbell beside it only wakes."""
 
 from __future__ import annotations
 
@@ -99,57 +99,67 @@ def test_a_second_process_skips_while_one_vacuums(tenant_a):
         assert "queue_state" in Janitor(min_dead=1).maybe_vacuum(conn)
 
 
-def test_the_doorbell_does_housekeeping_between_rings():
-    seen: list[object] = []
-    called = threading.Event()
+def test_maintenance_vacuums_on_djangos_connection_and_never_inside_a_transaction(tenant_a):
+    from django.db import transaction
 
-    def housekeeping(conn: object) -> None:
-        seen.append(conn)
-        called.set()
+    from queueing.janitor import vacuum_on_default
 
-    failures: list[int] = []
-    failed_twice = threading.Event()
-
-    def failing(conn: object) -> None:
-        failures.append(1)
-        if len(failures) >= 2:
-            failed_twice.set()
-        raise RuntimeError("boom")
-
-    bell = Doorbell(lambda payload: None, between_rings=housekeeping).start()
-    broken = Doorbell(lambda payload: None, between_rings=failing).start()
-    try:
-        assert called.wait(5.0)
-        assert failed_twice.wait(5.0)  # a failure is logged and the doorbell keeps listening
-        assert broken.connected.is_set()
-    finally:
-        bell.stop()
-        broken.stop()
-    assert isinstance(seen[0], psycopg.Connection)
+    leave_dead_queue_rows(tenant_a, 3000)
+    with transaction.atomic():  # VACUUM cannot run in a transaction block: skipped, not failed
+        assert vacuum_on_default(Janitor(min_dead=2000)) == []
+    assert vacuum_on_default(Janitor(min_dead=2000)) == ["queue_state"]
+    with autocommit_connection() as conn:
+        assert dead_rows(conn, "queue_state") == 0
 
 
-def test_the_doorbell_lets_an_answer_use_its_connection_and_falls_back_when_declined():
-    answered: list[tuple[str, int]] = []
+def test_the_dispatchers_maintenance_loop_runs_the_janitor_on_its_db_thread(tenant_a):
+    """dispatch.upkeep.maintain hands the janitor to the dispatcher's `db` (its one SQL thread)."""
+    import asyncio
+
+    from dispatch import upkeep
+
+    leave_dead_queue_rows(tenant_a, 3000)
+    ran: list[tuple[str, list[str]]] = []
+
+    async def db(fn, *args):  # noqa: ANN001, ANN202 - as Dispatcher.db, on a thread of its own
+        def call():  # noqa: ANN202
+            try:
+                return fn(*args)
+            finally:
+                connection.close()
+
+        done = await asyncio.to_thread(call)
+        ran.append((threading.current_thread().name, done))
+        return done
+
+    async def scenario() -> None:
+        loop = asyncio.create_task(upkeep.maintain(db, every=0.05, keeper=Janitor(min_dead=2000, every=0.0)))
+        while len(ran) < 2:
+            await asyncio.sleep(0.01)
+        loop.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert ran[0][1] == ["queue_state"] and ran[1][1] == []  # vacuumed once, then nothing due
+
+
+def test_the_doorbell_only_wakes():
+    """It takes the ring's payload to `on_ring` and nothing else: no connection is handed out."""
+    import inspect
+
     rung: list[str] = []
     done = threading.Event()
-
-    def answer(conn: psycopg.Connection, payload: str) -> bool:
-        (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone()  # the LISTEN connection itself
-        answered.append((payload, backend))
-        return payload == "mine"
 
     def on_ring(payload: str) -> None:
         rung.append(payload)
         done.set()
 
-    bell = Doorbell(on_ring, answer=answer).start()
+    assert list(inspect.signature(Doorbell).parameters) == ["on_ring", "channel", "using", "application_name"]
+    bell = Doorbell(on_ring).start()
     try:
         assert bell.connected.wait(5)
         with autocommit_connection() as conn:
             conn.execute("SELECT pg_notify('omnipost_queue', 'mine')")
-            conn.execute("SELECT pg_notify('omnipost_queue', 'yours')")
         assert done.wait(5)
     finally:
         bell.stop()
-    assert [payload for payload, _ in answered] == ["mine", "yours"]
-    assert rung == ["yours"]  # answered rings do not also wake the loop
+    assert rung == ["mine"]
