@@ -324,24 +324,13 @@ _RECORD_SQL = """
         SELECT * FROM unnest(%(item_ids)b::bigint[], %(tokens)b::uuid[], %(kinds)b::text[],
                              %(delays)b::float8[], %(statuses)b::text[], %(counts)b::int[], %(codes)b::text[])
             AS o(item_id, lock_token, kind, delay, status, attempts, code)
-    ), acked AS (
-        -- the queue row gives back the ids the rest of the statement needs: the batch carries
-        -- only what the queue row does not know
-        DELETE FROM queue_state q USING outcome o
-        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token
-          AND o.kind IN ('delivered', 'failed', 'dead_lettered', 'skipped')
-        RETURNING q.item_id, q.notification_id, q.tenant_id, q.provider_id
-    ), released AS (
-        -- retries re-enter the queue when their delay ends; deferrals are refunded their claim
-        UPDATE queue_state q
-        SET lock_token = NULL, locked_until = NULL,
-            available_at = now() + o.delay * interval '1 second', ready = o.delay <= 0,
-            enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
-            attempts = greatest(q.attempts - CASE WHEN o.kind = 'deferred' THEN 1 ELSE 0 END, 0)
-        FROM outcome o
-        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.kind IN ('retry', 'deferred')
-        RETURNING q.item_id, q.notification_id, q.tenant_id, q.provider_id
-    ), ours AS (
+    ), settling AS (
+        -- what the queue does with each item (queue.settle_ctes_pg): the ack kinds leave it
+        SELECT item_id, lock_token, delay,
+               CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped') THEN 'ack'
+                    WHEN kind = 'deferred' THEN 'refund' ELSE 'release' END AS settle
+        FROM outcome
+    ), {settle}, ours AS (
         SELECT * FROM acked UNION ALL SELECT * FROM released
     ), kept AS (
         SELECT o.*, ours.notification_id FROM outcome o JOIN ours USING (item_id)
@@ -398,6 +387,11 @@ _RECORD_SQL = """
     )
     SELECT item_id FROM ours
 """.format(
+    # the queue row gives back the ids the rest of the statement needs: the batch carries only
+    # what the queue row does not know
+    settle=queue.settle_ctes_pg(
+        "settling", returning="q.item_id, q.notification_id, q.tenant_id, q.provider_id"
+    ),
     shards=counters.SHARDS,
     latency_bucket="CASE "
     + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(counters.LATENCY_BUCKETS))
