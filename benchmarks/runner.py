@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import connection
 
 from benchmarks.receiver import ReceiverProcess, first_to_last_rate, steady_rate
+from queueing import queue
 
 ROOT = Path(settings.BASE_DIR)
 BENCH_TENANT = "omnipost-bench"
@@ -112,7 +113,8 @@ HOT_TABLES = ("queue_state", "notifications", "delivery_attempts", "dead_letter_
 def wipe_bench_rows(tenant) -> None:  # noqa: ANN001
     """Delete the bench tenant's rows with plain DELETEs: the ORM's cascade would first load every
     row into memory (a million-row queue-only fill took 8 GB)."""
-    tables = ("queue_state", "scheduled_jobs", "dead_letter_queue", "delivery_attempts", "notifications", "providers")
+    queue.drop_tenant_items(tenant.pk)
+    tables = ("scheduled_jobs", "dead_letter_queue", "delivery_attempts", "notifications", "providers")
     with connection.cursor() as cursor:
         for table in tables:
             cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [tenant.pk])  # noqa: S608 - fixed names
@@ -438,11 +440,13 @@ def _fill_noop(tenant, count: int, *, priority: int) -> None:  # noqa: ANN001
                            '{}', 0, 0, '', now(), now()
                     FROM generate_series(1, %s)
                     RETURNING id
+                ), items AS (
+                    SELECT 'bench' AS queue_name, %s AS priority, '{}'::jsonb AS payload, 0::float8 AS delay,
+                           %s::uuid AS tenant_id, id AS notification_id, %s::bigint AS provider_id
+                    FROM notes
                 )
-                INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                                         tenant_id, notification_id, provider_id, rate_limited)
-                SELECT 'bench', %s, '{}'::jsonb, now(), now(), 0, %s, id, %s, false FROM notes
-                """,
+                """
+                + queue.insert_items_sql("items s"),
                 [tenant.pk, provider.pk, priority, n, priority, tenant.pk, provider.pk],
             )
 

@@ -156,7 +156,7 @@ def test_idle_dispatchers_are_woken_by_rings_and_claim_on_their_own_connection(t
             spec = NotificationSpec(channel="webhook", recipient=f"https://x.test/{i}", provider=hook, body="ping")
             before, started = len(delivered_ids(receiver)), time.monotonic()
             notes += create_notifications(tenant_a, [spec], actor="test")
-            assert wait_until(lambda before=before: len(delivered_ids(receiver)) > before, 5)
+            assert wait_until(lambda before=before: len(delivered_ids(receiver)) > before, 5, interval=0.005)
             latencies.append(time.monotonic() - started)
             time.sleep(0.05)
         for proc in procs:
@@ -164,7 +164,7 @@ def test_idle_dispatchers_are_woken_by_rings_and_claim_on_their_own_connection(t
         assert wait_exit(procs, 20) == [0, 0]
         counts = delivered_ids(receiver)
     assert set(counts) == {str(n.id) for n in notes} and max(counts.values()) == 1
-    assert sorted(latencies)[len(latencies) // 2] < 0.1, latencies  # polling alone: up to a second
+    assert sorted(latencies)[len(latencies) // 2] < 0.15, latencies  # polling alone: up to a second
     stats = [json.loads((tmp_path / f"stats{i}.json").read_text()) for i in range(2)]
     assert sum(s["delivered"] for s in stats) == 20
     assert Notification.objects.filter(status="delivered").count() == 20
