@@ -88,7 +88,7 @@ class Dispatcher:
         self.claimed = 0
         self.claimed_by_tenant: Counter[str] = Counter()
         self.worker: Worker | None = None
-        self.providers = ProviderCache({}, clock)
+        self.providers = ProviderCache(clock)
         self.recorder = Recorder(self.db, self.providers, on_bug=self._recording_broke)
         self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings())
         self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock)

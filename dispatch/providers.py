@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -79,12 +79,12 @@ def provider_versions(provider_ids: set[int]) -> dict[int, datetime]:
 
 
 class ProviderCache:
-    """`entries` by provider id; `inflight` is the sender's (item id → (handle, item)), read to know
-    which sends a replaced instance still carries."""
+    """`entries` by provider id; `inflight` (item id → (handle, item)) is filled by the sender and
+    read here to know which sends a replaced instance still carries."""
 
-    def __init__(self, inflight: Mapping[int, tuple[Any, Prepared]], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.entries: dict[int, CachedProvider] = {}
-        self.inflight = inflight
+        self.inflight: dict[int, tuple[Any, Prepared]] = {}
         self.clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None  # set by the dispatcher; None: nothing to retire on
         self._retiring: list[tuple[BaseProvider | MisconfiguredProvider, set[int]]] = []

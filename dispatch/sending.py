@@ -31,9 +31,10 @@ class Sender:
         self.providers = providers
         self.recorder = recorder
         self.retry = retry
-        self.inflight: dict[int, tuple[Cancellable, Prepared]] = {}  # a task, or a send that calls back
+        # item id -> (a task, or a send that calls back; the item): the provider cache's, which
+        # reads it to know what a replaced instance still carries
+        self.inflight: dict[int, tuple[Cancellable, Prepared]] = providers.inflight
         self.capacity = asyncio.Event()  # set whenever a slot frees up
-        providers.inflight = self.inflight
 
     def start(self, item: Prepared) -> None:
         """Start one delivery. A provider that can (`start_send`: the webhook provider) sends at once

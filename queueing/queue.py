@@ -194,6 +194,18 @@ _ENQUEUE_PG = insert_items_sql(
             AS u(q, p, pl, d, t, n, pr)) s"""
 )
 
+def insert_items_sqlite(select: str) -> str:
+    """SQLite: `INSERT INTO queue_state (…) <select> ON CONFLICT (notification_id) DO NOTHING`, for
+    a caller that selects new items from its own tables (the scheduler's promotion). `select`
+    yields, in order: queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+    tenant_id, notification_id, provider_id, rate_limited (ratelimit.limited_sql), ready."""
+    return f"""
+INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
+                         tenant_id, notification_id, provider_id, rate_limited, ready)
+{select.strip()}
+ON CONFLICT (notification_id) DO NOTHING"""
+
+
 _ENQUEUE_SQLITE = f"""
     INSERT OR IGNORE INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
                                        tenant_id, notification_id, provider_id, rate_limited, ready)

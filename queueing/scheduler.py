@@ -38,7 +38,7 @@ from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connec
 from queueing import heartbeat
 from queueing.janitor import Janitor, vacuum_on_default
 from queueing.models import Worker
-from queueing.queue import NOTIFY_CHANNEL, insert_items_sql
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, insert_items_sqlite
 from queueing.ratelimit import limited_sql
 from queueing.schedule import SCHEDULE_CHANNEL
 from queueing.wakeup import Doorbell
@@ -137,9 +137,7 @@ FROM scheduled_jobs WHERE status = 'pending'
 _NOW_SQLITE = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
 # Each statement re-selects the batch (the `job_id IN (…)` subquery): the same rows every time, since
 # the transaction holds the write lock, the timestamp is fixed and job_id breaks ties.
-_ENQUEUE_SQLITE = f"""
-INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                         tenant_id, notification_id, provider_id, rate_limited, ready)
+_ENQUEUE_SQLITE = insert_items_sqlite(f"""
 SELECT n.queue, n.priority, json_object('channel', n.channel), %s, %s, 0,
        n.tenant_id, n.id, n.provider_id, {limited_sql("p", "t")}, 1
 FROM scheduled_jobs j
@@ -151,9 +149,7 @@ WHERE j.job_id IN (
     ORDER BY run_at, job_id LIMIT %s
 ) AND n.status = 'scheduled'
 ORDER BY j.run_at, j.job_id
-ON CONFLICT (notification_id) DO NOTHING
-RETURNING queue_name
-"""  # noqa: S608 - the rate-limit rule is a constant fragment; values are bound parameters
+""") + "\nRETURNING queue_name\n"  # noqa: S608 - the rate-limit rule is a constant fragment; values are bound
 _QUEUE_NOTIFICATIONS_SQLITE = """
 UPDATE notifications SET status = 'queued', enqueued_at = %s, updated_at = %s
 WHERE status = 'scheduled'

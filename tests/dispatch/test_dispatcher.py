@@ -224,7 +224,7 @@ def test_a_delivered_outcome_records_what_the_classifier_would():
 
     lease = DispatchLease(7, uuid.uuid4(), 3, False, str(uuid.uuid4()), str(uuid.uuid4()))
     item = Prepared(lease, "webhook", "token", "s", "b", {}, datetime.now(UTC), 4, 2)
-    sender = Sender(ProviderCache({}), recorder=None, retry=RetryPolicy(1, 1))  # the outcome reads its arguments
+    sender = Sender(ProviderCache(), recorder=None, retry=RetryPolicy(1, 1))  # the outcome reads its arguments
     started = datetime.now(UTC)
     result = DeliveryResult(delivered=True, http_status=201, message="accepted " * 100, error_class="")
     outcome = sender.outcome(item, result, started, 0.0425)
