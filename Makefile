@@ -33,6 +33,7 @@ test: $(VENV)/.installed-dev
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 check: $(VENV)/.installed-dev
 	DJANGO_SETTINGS_MODULE=omnipost_site.settings_test DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) manage.py check

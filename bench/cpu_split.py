@@ -21,7 +21,7 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 GROUPS = (
     ("postgres", lambda cmd: cmd.startswith("postgres")),
-    ("dispatchers", lambda cmd: "run_dispatcher" in cmd),
+    ("dispatchers", lambda cmd: "run_dispatcher" in cmd or "benchmarks.dispatcher" in cmd),
     ("receiver", lambda cmd: "bench.receiver" in cmd or "receiver" in cmd.split(" ")[-1:]),
     ("bench command", lambda cmd: "omnipost_bench" in cmd),
     ("node (anchors)", lambda cmd: cmd.startswith("node")),

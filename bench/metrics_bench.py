@@ -107,7 +107,7 @@ def scrape_times(scrapes: int) -> list[float]:
     from django.db import reset_queries
     from django.test import RequestFactory
 
-    from core.metrics import metrics
+    from omnipost_site.ops.metrics import metrics
 
     factory = RequestFactory()
     times = []
@@ -138,7 +138,7 @@ def backend_cpu_seconds(pid: int) -> float:
 def bench_record(batches: int, batch: int) -> None:
     from django.db import connection
 
-    from notifications.delivery import Attempt, Outcome, claim_and_start, record_outcomes
+    from dispatch.delivery import Attempt, Outcome, claim_and_start, record_outcomes
     from tests import factories
 
     empty()

@@ -14,7 +14,7 @@ out=$(mktemp -d)
 bench=$!
 pid=""
 for _ in $(seq 1 1200); do
-  pid=$(pgrep -f "manage[.]py run_dispatcher" | head -n 1 || true)
+  pid=$(pgrep -f "benchmarks[.]dispatcher|manage[.]py run_dispatcher" | head -n 1 || true)
   [ -n "$pid" ] && break
   sleep 0.1
 done

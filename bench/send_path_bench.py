@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
-# as `omnipost_bench` runs its dispatchers (queueing.bench.runner.dispatcher_env)
+# as `omnipost_bench` runs its dispatchers (benchmarks.runner.dispatcher_env)
 os.environ.update(DEBUG="false", OMNIPOST_ALLOW_PRIVATE_DESTINATIONS="true", OMNIPOST_LOG_LEVEL="WARNING")
 os.environ.setdefault("SECRET_KEY", "omnipost-bench-only")
 os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
@@ -34,7 +34,7 @@ os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7
 
 def items(count: int, provider_id: int) -> list:
     from core import crypto
-    from notifications.delivery import DispatchLease, Prepared
+    from dispatch.delivery import DispatchLease, Prepared
 
     now = datetime.now(UTC)
     tenant = uuid.uuid4()
@@ -50,42 +50,41 @@ def items(count: int, provider_id: int) -> list:
 
 
 async def run(args: argparse.Namespace, url: str) -> float:
+    from benchmarks.runner import SIGNING_SECRET
     from core.crypto import decrypt_many
+    from dispatch.dispatcher import Dispatcher, DispatcherConfig
+    from dispatch.providers import CachedProvider
     from notifications.providers import build_provider
-    from queueing.bench.runner import SIGNING_SECRET
-    from queueing.worker import Dispatcher, DispatcherConfig, _CachedProvider
 
     dispatcher = Dispatcher(DispatcherConfig(concurrency=args.concurrency, batch_size=args.batch, jitter=False))
-    dispatcher.loop = asyncio.get_running_loop()
-    dispatcher.record_wake = asyncio.Event()
-    dispatcher.capacity = asyncio.Event()
+    dispatcher.bind(asyncio.get_running_loop())
     provider = build_provider("webhook", {"url": url}, {"signing_secret": SIGNING_SECRET})
-    dispatcher._providers[1] = _CachedProvider(provider, datetime.now(UTC), 5, False, time.monotonic())
+    dispatcher.providers.entries[1] = CachedProvider(provider, datetime.now(UTC), 5, False, time.monotonic())
     work = items(args.n, 1)
     warm = items(args.concurrency, 1)
     for item in warm:  # connections opened, caches warm
-        dispatcher._start_send(item)
-    while dispatcher._inflight:
+        dispatcher.sender.start(item)
+    while dispatcher.sender.inflight:
         await asyncio.sleep(0.01)
-    dispatcher._outcomes.clear()
+    dispatcher.recorder.pending.clear()
     gc.collect()
     gc.freeze()
     started = time.process_time()
     position = 0
-    while position < len(work) or dispatcher._inflight:
-        free = args.concurrency - len(dispatcher._inflight)
+    while position < len(work) or dispatcher.sender.inflight:
+        free = args.concurrency - len(dispatcher.sender.inflight)
         if free >= args.batch and position < len(work):
             claimed = work[position : position + args.batch]
             for item, opened in zip(claimed, decrypt_many([p.recipient_token for p in claimed]), strict=True):
                 item.opened_recipient = opened  # as claim_and_start does
             for item in claimed:
-                dispatcher._start_send(item)
+                dispatcher.sender.start(item)
             position += args.batch
             continue
-        dispatcher.capacity.clear()
-        await dispatcher.capacity.wait()
-        if len(dispatcher._outcomes) >= args.batch:
-            dispatcher._outcomes.clear()  # recorded, as far as this bench goes
+        dispatcher.sender.capacity.clear()
+        await dispatcher.sender.capacity.wait()
+        if len(dispatcher.recorder.pending) >= args.batch:
+            dispatcher.recorder.pending.clear()  # recorded, as far as this bench goes
     spent = time.process_time() - started
     await provider.aclose()
     return spent / args.n * 1e6
@@ -102,8 +101,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from queueing.bench.receiver import ReceiverProcess
-    from queueing.bench.runner import SIGNING_SECRET
+    from benchmarks.receiver import ReceiverProcess
+    from benchmarks.runner import SIGNING_SECRET
 
     try:
         import uvloop

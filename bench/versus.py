@@ -18,7 +18,7 @@ both alike:
   requests. A wrong signature is still answered 401 and fails the run.
 - graphile-worker (bench/anchors/graphile_worker, pinned in its package-lock.json): a fresh
   `graphile_worker` schema in a separate database (DATABASE_URL with the name replaced by
-  `omnipost_anchor`, created if missing); the same receiver (`queueing.bench.receiver`, without a
+  `omnipost_anchor`, created if missing); the same receiver (`benchmarks.receiver`, without a
   signing secret: the anchor does not sign); N jobs enqueued first (`enqueue.js`), then 2 worker
   processes (`worker.js`, concurrency 200 each, batched fetch and completion) started, warmed up
   (their HTTP client, against a server of their own) and let go at the same moment, and drained.
@@ -48,7 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from queueing.bench.receiver import ReceiverProcess, first_to_last_rate, steady_rate  # noqa: E402 - Django-free; the receiver both systems use
+from benchmarks.receiver import ReceiverProcess, first_to_last_rate, steady_rate  # noqa: E402 - Django-free; the receiver both systems use
 
 ANCHOR = ROOT / "bench" / "anchors" / "graphile_worker"
 WORKERS = 2  # both systems: two processes

@@ -1,7 +1,7 @@
 """Delivery counters for `/metrics`, kept up to date by the record statement, batch by batch.
 
 A scrape must not cost more as history grows (CONTRACT §11), so it never reads `delivery_attempts`:
-the dispatcher's one record statement per batch (`notifications.delivery._RECORD_SQL`) adds what
+the dispatcher's one record statement per batch (`dispatch.delivery._RECORD_SQL`) adds what
 the batch did to this small table, and a scrape sums it (`totals()`).
 
 Rows are keyed by (shard, provider_id, outcome, le):

@@ -42,6 +42,9 @@ INSTALLED_APPS = [
     "queueing",
     "dlq",
     "operations",
+    "dispatch",
+    "omnipost_site.ops",
+    "benchmarks",  # optional: `omnipost_bench` only
 ]
 
 MIDDLEWARE = [

@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from core import health
 from core.api import views as api_views
+from omnipost_site.ops import health
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -11,7 +11,11 @@ class QueueingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from core.api import throttling
         from core.models import Tenant
+        from queueing.ratelimit import take_key
+
+        throttling.use_bucket(take_key)  # core's API throttle spends the queue's token buckets
 
         # A tenant is saved by the admin (core knows nothing of the queue): its limit, set or
         # removed, re-decides its queued items in the same transaction. Providers are saved through

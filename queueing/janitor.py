@@ -7,10 +7,10 @@ it off), while a busy queue leaves tens of thousands of dead rows a second: meas
 of one item took 87 ms with 800,000 dead rows behind it and 0.35 ms after a VACUUM.
 
 `vacuum_if_needed` reads the statistics collector's dead-row counts and vacuums the tables past
-their threshold. It runs on a connection that is not on the hot path (the dispatchers' and the
-scheduler's LISTEN connection, between wake-ups) and only in one process at a time: a session
-advisory lock is taken with `pg_try_advisory_lock`, so a second process skips instead of queueing
-behind the first.
+their threshold. It runs where its name says, as maintenance on a process's own connection: the
+dispatcher's DB thread every couple of seconds (dispatch.upkeep.maintain), the scheduler between
+batches. Only one process vacuums at a time: a session advisory lock is taken with
+`pg_try_advisory_lock`, so a second process skips instead of queueing behind the first.
 """
 
 from __future__ import annotations
@@ -78,3 +78,15 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
     return done
+
+
+def vacuum_on_default(janitor: Janitor, using: str = "default") -> list[str]:
+    """`janitor.maybe_vacuum` on Django's connection (autocommit, outside any transaction: VACUUM
+    cannot run inside one), for a process whose SQL all runs on one thread. Off PostgreSQL: nothing."""
+    from django.db import connections
+
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return []
+    connection.ensure_connection()
+    return janitor.maybe_vacuum(connection.connection)

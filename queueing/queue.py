@@ -130,7 +130,7 @@ _SCALAR_TYPES = (str, int, float, bool, type(None))
 
 class PgLeaseReader:
     """Leases from the rows of one PostgreSQL `claim` (the dispatcher reads fewer columns, see
-    `notifications.delivery.DispatchLease`), where psycopg already gives UUIDs and aware datetimes: positional
+    `dispatch.delivery.DispatchLease`), where psycopg already gives UUIDs and aware datetimes: positional
     construction, and each distinct flat payload text parsed once per claim (a claim's payloads are
     nearly all alike, e.g. {"channel": "webhook"}); every lease still gets its own dict."""
 
@@ -503,6 +503,29 @@ def ack(leases: Sequence[Lease], *, using: str = "default") -> set[int]:
         return {row[0] for row in cursor.fetchall()}
 
 
+def settle_ctes_pg(source: str, *, returning: str = "q.item_id") -> str:
+    """`acked AS (DELETE …), released AS (UPDATE …)`: a batch's leases settled inside a caller's
+    single statement (the dispatcher's record, dispatch.delivery), as `claim_ctes_pg` is a claim.
+    `source` is a relation with columns item_id, lock_token, settle and delay: settle 'ack' removes
+    the item; 'release' puts it back after `delay` seconds (a retry: ready again once it is due);
+    'refund' puts it back and undoes the claim's attempt (given back untried). Fenced by lock_token:
+    an item a peer re-claimed is not ours, and neither CTE returns it."""
+    return f"""acked AS (
+        DELETE FROM queue_state q USING {source} o
+        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle = 'ack'
+        RETURNING {returning}
+    ), released AS (
+        UPDATE queue_state q
+        SET lock_token = NULL, locked_until = NULL,
+            available_at = now() + o.delay * interval '1 second', ready = o.delay <= 0,
+            enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
+            attempts = greatest(q.attempts - CASE WHEN o.settle = 'refund' THEN 1 ELSE 0 END, 0)
+        FROM {source} o
+        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle IN ('release', 'refund')
+        RETURNING {returning}
+    )"""
+
+
 def release(
     leases: Sequence[Lease],
     delays: Sequence[float] | float = 0.0,
@@ -719,6 +742,14 @@ def rate_limited_providers(queues: Sequence[str] | None = None, *, using: str = 
                 list(queues or []),
             )
         return [row[0] for row in cursor.fetchall()]
+
+
+def drop_tenant_items(tenant_id: uuid.UUID, *, using: str = "default") -> int:
+    """Delete every item of one tenant, leased or not, in one plain DELETE (no ORM cascade that
+    would load a million rows first). For wiping a tenant's work wholesale (the benchmarks')."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("DELETE FROM queue_state WHERE tenant_id = %s", [tenant_id])
+        return cursor.rowcount
 
 
 def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int:

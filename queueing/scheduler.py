@@ -36,7 +36,7 @@ from django.utils.dateparse import parse_datetime
 
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from queueing import heartbeat
-from queueing.janitor import Janitor
+from queueing.janitor import Janitor, vacuum_on_default
 from queueing.models import Worker
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, insert_items_sqlite
 from queueing.schedule import SCHEDULE_CHANNEL
@@ -270,6 +270,7 @@ class Scheduler:
         self._window_promoted = 0
         self._window_max_lag = 0.0
         self._next_beat = 0.0
+        self.janitor = Janitor()  # VACUUM of the churning tables, between batches (_maintain)
         self._previous_handlers: dict[int, Any] = {}
         self._previous_name: tuple[str | None] | None = None  # set while run() renames the connection
 
@@ -311,7 +312,6 @@ class Scheduler:
                 doorbell = Doorbell(
                     self._on_schedule_ring, channel=SCHEDULE_CHANNEL, using=self.using,
                     application_name=f"{self.application_name}-listen"[:63],
-                    between_rings=Janitor().maybe_vacuum,
                 ).start()
                 if doorbell.available:
                     # Listening before the first read, so no job scheduled from now on is missed.
@@ -362,6 +362,7 @@ class Scheduler:
         self._target = None
         promoted = self.run_once()
         self._maybe_beat()
+        self._maintain()
         if self.last.claimed >= self.batch_size:
             return False  # backlog: next batch right away
         run_at, wait = next_due(using=self.using)
@@ -376,6 +377,16 @@ class Scheduler:
             logger.debug("sleeping %.3fs toward %s", timeout, run_at)
         self._wake.wait(timeout)
         return False
+
+    def _maintain(self) -> None:
+        """The queue janitor, on the scheduler's own connection between batches (it looks at the
+        dead-row counts at most every `Janitor.every` seconds). A lost session goes to the loop."""
+        try:
+            vacuum_on_default(self.janitor, self.using)
+        except Exception as exc:
+            if is_connection_lost(exc):
+                raise
+            logger.warning("queue maintenance failed (%r)", exc)
 
     def _timeout(self, wait: float | None, promoted: int) -> float:
         if wait is None:

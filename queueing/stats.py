@@ -21,7 +21,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
-from django.db.models.functions import Now, TruncMinute
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from queueing.models import LEASED, QueueItem, Worker
@@ -41,7 +41,7 @@ _DELAYED = Q(available_at__gt=Now()) & ~LEASED
 PRIORITIES = range(10)
 
 
-def _scoped(qs: QuerySet, tenant_ids: TenantIds) -> QuerySet:
+def scoped(qs: QuerySet, tenant_ids: TenantIds) -> QuerySet:
     return qs if tenant_ids is None else qs.filter(tenant_id__in=list(tenant_ids))
 
 
@@ -52,7 +52,7 @@ def queue_figures(tenant_ids: TenantIds = None) -> list[dict[str, Any]]:
     """`GET queues` rows, by queue name: {queue, depth, ready, leased, delayed, oldest_age_seconds,
     by_priority: {"0": n, …, "9": n}}. One query."""
     rows = (
-        _scoped(QueueItem.objects.all(), tenant_ids)
+        scoped(QueueItem.objects.all(), tenant_ids)
         .values("queue_name", "priority")
         .annotate(
             depth=Count("pk"),
@@ -95,53 +95,6 @@ def totals(figures: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# --- throughput ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Minute:
-    start: datetime
-    delivered: int = 0
-    transient: int = 0
-    permanent: int = 0
-
-    @property
-    def failed(self) -> int:
-        return self.transient + self.permanent
-
-
-def throughput(tenant_ids: TenantIds = None, *, minutes: int = 60, now: datetime | None = None) -> list[Minute]:
-    """Attempts per minute over the last `minutes` by outcome, oldest first, zero-filled. One query.
-
-    The window is cut with the database clock; the buckets are labelled from `now` (default: this
-    process's clock), which only decides where an empty minute is drawn.
-    """
-    from notifications.models import AttemptOutcome, DeliveryAttempt
-
-    rows = (
-        _scoped(DeliveryAttempt.objects.all(), tenant_ids)
-        .filter(finished_at__gte=Now() - timedelta(minutes=minutes))
-        .annotate(minute=TruncMinute("finished_at"))
-        .values("minute")
-        .annotate(
-            delivered=Count("pk", filter=Q(outcome=AttemptOutcome.DELIVERED)),
-            transient=Count("pk", filter=Q(outcome=AttemptOutcome.TRANSIENT_ERROR)),
-            permanent=Count("pk", filter=Q(outcome=AttemptOutcome.PERMANENT_ERROR)),
-        )
-        .order_by("minute")
-    )
-    found = {r["minute"]: r for r in rows}
-    end = (now or timezone.now()).replace(second=0, microsecond=0)
-    if found:
-        end = max(end, max(found))
-    out = []
-    for i in range(minutes - 1, -1, -1):
-        start = end - timedelta(minutes=i)
-        r = found.get(start)
-        out.append(Minute(start, r["delivered"], r["transient"], r["permanent"]) if r else Minute(start))
-    return out
-
-
 # --- sizes ----------------------------------------------------------------------------------------------
 
 
@@ -180,13 +133,6 @@ def capped_count(qs: QuerySet, cap: int = 10_000) -> Size:
         return Size(counted, True)
     estimate = planner_estimate(qs)
     return Size(max(estimate or 0, counted), False)
-
-
-def dlq_open(tenant_ids: TenantIds = None, cap: int = 100_000) -> Size:
-    """Open dead letters (dlq_status_recent_idx / dlq_tenant_status_idx serve the count)."""
-    from dlq.models import DeadLetter
-
-    return capped_count(_scoped(DeadLetter.objects.open(), tenant_ids), cap)
 
 
 # --- workers ----------------------------------------------------------------------------------------------

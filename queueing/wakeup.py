@@ -2,9 +2,8 @@
 
 Notifications carry queue names only and merely wake a loop, which then reads the table; polling
 stays the fallback (and the only mechanism on SQLite). The connection is re-established with
-backoff after errors, and LISTEN is re-issued each time. The same connection can answer a ring
-itself (`answer`: the dispatcher claims on it when idle) and do light housekeeping between rings
-(`between_rings`, e.g. the queue janitor's VACUUM) off the hot path.
+backoff after errors, and LISTEN is re-issued each time. The doorbell only wakes: it runs no SQL
+but LISTEN (the janitor's maintenance runs on the woken process's own connection).
 """
 
 from __future__ import annotations
@@ -49,14 +48,8 @@ class Doorbell:
         channel: str = NOTIFY_CHANNEL,
         using: str = "default",
         application_name: str | None = None,
-        between_rings: Callable[[object], object] | None = None,
-        answer: Callable[[object, str], bool] | None = None,
     ) -> None:
         self.on_ring = on_ring
-        self.between_rings = between_rings
-        # Tried first for each ring, with the LISTEN connection (its server process is awake the
-        # moment the notification arrives); returning False falls back to `on_ring`.
-        self.answer = answer
         self.channel = channel
         name = application_name or f"omnipost-listen-{socket.gethostname()}-{os.getpid()}"
         self._params = _conninfo(using, name)
@@ -79,12 +72,6 @@ class Doorbell:
         if self._thread is not None:
             self._thread.join(timeout=2)
 
-    def _housekeep(self, conn: object) -> None:
-        try:
-            self.between_rings(conn)  # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - housekeeping never takes the doorbell down
-            logger.exception("housekeeping on the LISTEN connection failed")
-
     def _run(self) -> None:
         import psycopg
         from psycopg import sql
@@ -97,14 +84,8 @@ class Doorbell:
                     self.connected.set()
                     backoff = 0.1
                     while not self._stop.is_set():
-                        # Leave the generator (it holds the connection's lock) before a handler may use
-                        # the connection.
-                        payloads = [note.payload for note in conn.notifies(timeout=0.5, stop_after=1)]
-                        for payload in payloads:
-                            if self.answer is None or not self.answer(conn, payload):
-                                self.on_ring(payload)
-                        if self.between_rings is not None and not self._stop.is_set():
-                            self._housekeep(conn)
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                            self.on_ring(note.payload)
             except Exception as exc:  # noqa: BLE001 - reconnect after any connection failure
                 count_reconnect()
                 self.connected.clear()

@@ -21,10 +21,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
+from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from dlq.models import DeadLetter
 from notifications.models import DeliveryAttempt, Notification
 from queueing.models import QueueItem, Worker
-from queueing.worker import Dispatcher, DispatcherConfig
 from tests import factories
 from tests.dlq.test_services import dead_letters
 from tests.support.fixtures import signing_secret, webhook_receiver  # noqa: F401

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from dlq.models import DeadLetter
 from dlq.retry import RetryPolicy
 from notifications.models import DeliveryAttempt, Notification
 from queueing.models import QueueItem
-from queueing.worker import Dispatcher, DispatcherConfig
 from tests import factories
 from tests.support.fixtures import signing_secret, webhook_receiver  # noqa: F401
 from tests.support.receivers import TEST_SIGNING_SECRET

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import connection
 
-from notifications.delivery import Attempt, Outcome, claim_and_start, record_outcomes
+from dispatch.delivery import Attempt, Outcome, claim_and_start, record_outcomes
 from notifications.models import Notification
 from tests import factories
 

@@ -12,9 +12,10 @@ import time_machine
 from django.db import connection
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from dispatch.dispatcher import Dispatcher, DispatcherConfig
+from dispatch.providers import instantiate
 from notifications.models import Provider
 from notifications.providers.base import OutboundMessage
-from queueing.worker import Dispatcher, DispatcherConfig, _instantiate
 from tests import factories
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
@@ -49,7 +50,7 @@ def signed(row: Provider) -> tuple[bytes, bytes]:
     """The head and body the dispatcher's instance of `row` sends now."""
     message = OutboundMessage(notification_id=str(uuid.uuid4()), tenant_id="t", channel="webhook",
                               recipient="r", subject="s", body="b")  # fmt: skip
-    return _instantiate(row)._request(message)  # type: ignore[union-attr,return-value]
+    return instantiate(row)._request(message)  # type: ignore[union-attr,return-value]
 
 
 @pytest.mark.django_db
@@ -114,7 +115,7 @@ def test_an_instance_built_during_the_grace_stops_signing_with_the_old_secret_on
     create_hook(api_a)
     rotate(api_a, NEW)
     row = Provider.objects.get(name="hook")
-    instance = _instantiate(row)
+    instance = instantiate(row)
     message = OutboundMessage(notification_id=str(uuid.uuid4()), tenant_id="t", channel="webhook",
                               recipient="r", subject="s", body="b")  # fmt: skip
     with time_machine.travel(row.secrets_rotated_at + timedelta(seconds=59), tick=False):
@@ -128,7 +129,7 @@ def test_an_instance_built_during_the_grace_stops_signing_with_the_old_secret_on
 def test_the_old_secret_is_scrubbed_from_error_texts_too(tenant_a, api_a):
     create_hook(api_a)
     rotate(api_a, NEW)
-    instance = _instantiate(Provider.objects.get(name="hook"))
+    instance = instantiate(Provider.objects.get(name="hook"))
     assert OLD in instance._secret_values() and NEW in instance._secret_values()
 
 

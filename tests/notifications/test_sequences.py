@@ -11,13 +11,13 @@ from django.db import connection
 from django.utils import timezone
 
 from core.models import Tenant
+from dispatch.delivery import claim_and_start
+from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from notifications import sequences
-from notifications.delivery import claim_and_start
 from notifications.models import DeliveryAttempt, Enrollment, Notification, Template
 from notifications.sequences import StepSpec
 from queueing.models import QueueItem, ScheduledJob
 from queueing.scheduler import Scheduler
-from queueing.worker import Dispatcher, DispatcherConfig
 from tests import factories
 from tests.notifications.conftest import EMAIL
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver

@@ -13,8 +13,8 @@ from rest_framework.exceptions import NotFound
 
 from core.api.errors import Conflict
 from core.models import AuditEvent
+from dispatch.delivery import claim_and_start
 from notifications import services
-from notifications.delivery import claim_and_start
 from notifications.models import Notification, Provider, Status, Template
 from notifications.services import NotificationSpec
 from notifications.validation import Draft

@@ -296,9 +296,9 @@ def test_save_time_refusal_of_a_name_hides_what_it_resolves_to(guard_on, interna
 def test_stored_and_shown_errors_never_carry_the_resolved_address(guard_on, internal_dns, tenant_a, key_a):
     """A dispatcher refuses providers pointed at names resolving to 10.x and 127.x: the attempt's
     error_message, the DLQ's failure_reason and every API answer name the rule, not the address."""
+    from dispatch.dispatcher import Dispatcher, DispatcherConfig
     from dlq.models import DeadLetter
     from notifications.models import DeliveryAttempt
-    from queueing.worker import Dispatcher, DispatcherConfig
     from tests import factories
     from tests.conftest import client_for
 

@@ -34,7 +34,7 @@ from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
 from tests import factories
 from tests.core.conftest import REPO, clean_env, run_manage
-from tests.core.test_metrics import metric_value
+from tests.ops.test_metrics import metric_value
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 

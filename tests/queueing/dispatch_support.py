@@ -10,13 +10,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_dispatchers(count: int, env: dict, *args: str, log_dir: Path | None = None) -> list[subprocess.Popen]:
+def start_dispatchers(
+    count: int, env: dict, *args: str, log_dir: Path | None = None, bench: bool = False
+) -> list[subprocess.Popen]:
+    """`run_dispatcher` processes; `bench`: through the benchmarks' entry point instead (which also
+    takes --go-file and --stats-file)."""
+    command = ["-m", "benchmarks.dispatcher"] if bench else ["manage.py", "run_dispatcher"]
     procs = []
     for i in range(count):
         stderr = open(log_dir / f"dispatcher{i}.log", "w") if log_dir else subprocess.DEVNULL  # noqa: SIM115
         procs.append(
             subprocess.Popen(  # noqa: S603
-                [sys.executable, "manage.py", "run_dispatcher", "--no-jitter", *args],
+                [sys.executable, *command, "--no-jitter", *args],
                 cwd=ROOT, env=env, stdout=stderr, stderr=stderr,
             )
         )

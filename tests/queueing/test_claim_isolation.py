@@ -12,7 +12,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from notifications import delivery
+from dispatch import delivery
 from queueing import queue
 from queueing.models import QueueItem
 from tests import factories

@@ -1,0 +1,104 @@
+"""A benchmark's dispatcher: the ordinary one behind a start gate, with its figures read from outside.
+
+    python -m benchmarks.dispatcher [--go-file GO] [--stats-file STATS] [run_dispatcher options…]
+
+Started by the runner with every other dispatcher of a run, it gets ready (Django loaded,
+connected, registered, garbage collector settled), writes `GO.ready.<pid>` and claims nothing until
+`GO` exists, so no process's start-up runs while another delivers; it stops waiting if the process
+that started it exits. At the end it writes STATS as JSON: delivered and claimed (the dispatcher's
+own counters), SQL statements sent by this process (counted at psycopg's cursor, every thread,
+the LISTEN connection's included) and garbage collections after start-up. None of this touches
+the dispatcher's code: it runs through the `Observer` the Dispatcher accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+
+class Statements:
+    """Counts every statement this process sends through psycopg (Django's cursors and the hot
+    path's raw ones are all psycopg cursors)."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.count = 0
+        original = psycopg.Cursor.execute
+
+        def counted(cursor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            self.count += 1
+            return original(cursor, *args, **kwargs)
+
+        psycopg.Cursor.execute = counted
+
+
+class GoGate:
+    """The Observer: waits for the go before the first claim; writes the figures at the end."""
+
+    def __init__(self, go_file: str | None, stats_file: str | None, statements: Statements) -> None:
+        self.go_file = go_file
+        self.stats_file = stats_file
+        self.statements = statements
+        self.collections_at_start = 0
+        self.statements_at_start = 0
+
+    async def started(self, dispatcher) -> None:  # noqa: ANN001
+        from dispatch import gc_tuning
+
+        if self.go_file is None:
+            self.collections_at_start = gc_tuning.collections_so_far()
+            return
+        parent = os.getppid()
+        with open(f"{self.go_file}.ready.{os.getpid()}", "w"):
+            pass
+        while not os.path.exists(self.go_file) and not dispatcher.stopping.is_set():
+            if os.getppid() != parent:  # whoever was to say go has gone: do not wait forever
+                print("the process that started this dispatcher exited before the go; stopping", file=sys.stderr)
+                dispatcher.stopping.set()
+                return
+            await asyncio.sleep(0.001)
+        self.collections_at_start = gc_tuning.collections_so_far()
+        self.statements_at_start = self.statements.count
+
+    def stopped(self, dispatcher) -> None:  # noqa: ANN001
+        from dispatch import gc_tuning
+
+        if not self.stats_file:
+            return
+        figures = {
+            "delivered": dispatcher.processed,
+            "claimed": dispatcher.claimed,
+            "statements": self.statements.count - self.statements_at_start,
+            "gc_collections": gc_tuning.collections_so_far() - self.collections_at_start,
+        }
+        with open(self.stats_file, "w") as fh:
+            json.dump(figures, fh)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--go-file", help="wait for this file before claiming (none: start at once)")
+    parser.add_argument("--stats-file")
+    ours, rest = parser.parse_known_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
+    import django
+
+    django.setup()
+    from core.process_name import set_process_name
+    from dispatch.dispatcher import Dispatcher
+    from dispatch.management.commands.run_dispatcher import Command, config_from
+
+    options = vars(Command().create_parser("manage.py", "run_dispatcher").parse_args(rest))
+    statements = Statements()
+    set_process_name("omnipost-disp")
+    gate = GoGate(ours.go_file, ours.stats_file, statements)
+    return Dispatcher(config_from(options), observer=gate).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""The end-to-end benchmark behind `manage.py omnipost_bench`.
+
+Everything runs on the configured database and this machine's loopback: a bench tenant with a
+webhook provider pointing at a built-in receiver subprocess, notifications created through the
+same service the batch API uses, and real dispatcher processes (`benchmarks.dispatcher`: the
+ordinary Dispatcher behind a start gate, its figures read from outside). Three modes:
+
+- e2e: enqueue N, then P dispatchers drain them to the receiver; delivery rate, latency, SQL
+  statements per delivery, duplicates and losses (both must be zero).
+- pickup: idle dispatchers; notifications created one at a time at a steady rate; latency from
+  the create call returning to arrival at the receiver.
+- queue-only: no-op items, P processes claim+ack in batches; the queue alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from benchmarks.receiver import ReceiverProcess, first_to_last_rate, steady_rate
+from queueing import queue
+
+ROOT = Path(settings.BASE_DIR)
+BENCH_TENANT = "omnipost-bench"
+SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # noqa: S105 - a throwaway for the loopback bench
+
+
+@dataclass
+class BenchResult:
+    mode: str
+    notifications: int
+    processes: int
+    concurrency: int
+    batch_size: int
+    receiver_delay_ms: float
+    enqueue_per_second: float | None = None
+    delivered_per_second: float | None = None
+    steady_per_second: float | None = None  # over the middle 80 % of arrivals (see steady_rate)
+    wall_seconds: float | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    statements_per_delivery: float | None = None
+    delivered: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    depth: int | None = None
+    database: str = ""
+    machine: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.duplicates == 0 and self.lost == 0
+
+    def table(self) -> str:
+        rows = [
+            ("mode", self.mode),
+            ("notifications", f"{self.notifications:,}"),
+            (
+                "dispatcher processes × concurrency / batch",
+                f"{self.processes} × {self.concurrency} / {self.batch_size}",
+            ),
+            ("receiver latency", f"{self.receiver_delay_ms:g} ms"),
+        ]
+        if self.depth is not None:
+            rows.append(("items waiting (depth)", f"{self.depth:,}"))
+        if self.enqueue_per_second is not None:
+            rows.append(("enqueue rate", f"{self.enqueue_per_second:,.0f} /s"))
+        if self.delivered_per_second is not None:
+            label = "claim+ack rate" if self.mode == "queue-only" else "delivery rate"
+            rows.append((label, f"{self.delivered_per_second:,.0f} /s"))
+        if self.steady_per_second is not None:
+            rows.append(("delivery rate, middle 80 %", f"{self.steady_per_second:,.0f} /s"))
+        if self.wall_seconds is not None:
+            rows.append(("wall time", f"{self.wall_seconds:.2f} s"))
+        for name, value in self.latency_ms.items():
+            rows.append((f"latency {name}", f"{value:.2f} ms"))
+        if self.statements_per_delivery is not None:
+            rows.append(("SQL statements per delivery", f"{self.statements_per_delivery:.3f}"))
+        rows += [("delivered", f"{self.delivered:,}"), ("duplicates", str(self.duplicates)), ("lost", str(self.lost))]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": statistics.median(ordered), "p95": pick(0.95), "p99": pick(0.99), "max": ordered[-1]}
+
+
+# --- setup ----------------------------------------------------------------------------------------------
+HOT_TABLES = ("queue_state", "notifications", "delivery_attempts", "dead_letter_queue")
+
+
+def wipe_bench_rows(tenant) -> None:  # noqa: ANN001
+    """Delete the bench tenant's rows with plain DELETEs: the ORM's cascade would first load every
+    row into memory (a million-row queue-only fill took 8 GB)."""
+    queue.drop_tenant_items(tenant.pk)
+    tables = ("scheduled_jobs", "dead_letter_queue", "delivery_attempts", "notifications", "providers")
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [tenant.pk])  # noqa: S608 - fixed names
+
+
+def vacuum_hot_tables() -> None:
+    """Every round starts from vacuumed tables: on a server without autovacuum (this machine's),
+    the rows earlier rounds deleted would otherwise slow each later round (3× after a dozen runs).
+
+    A table left empty (a database of the bench's own) also gets its indexes rebuilt: VACUUM frees
+    index pages but never returns them, so after a few dozen runs of 120,000 the notifications'
+    primary key held 45 MB for 120,000 rows (8 MB fresh) and the tenant index 85 MB (14 MB), beyond
+    shared_buffers, and every run paid for the last one's. graphile-worker, beside which the
+    bench is compared, starts each run from a new schema. A table holding other rows is left as it
+    is (REINDEX would lock a database in use)."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for table in HOT_TABLES:
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table})")  # noqa: S608 - fixed names
+            if not cursor.fetchone()[0]:
+                cursor.execute(f"REINDEX TABLE {table}")
+
+
+def bench_tenant_and_provider(url: str):  # noqa: ANN201
+    from core.models import Tenant
+    from notifications.models import Provider
+
+    tenant, _ = Tenant.objects.get_or_create(name=BENCH_TENANT)
+    # Start from nothing: earlier runs' rows would distort depth and counts.
+    wipe_bench_rows(tenant)
+    vacuum_hot_tables()
+    provider = Provider.objects.create(
+        tenant=tenant, name="bench-hook", channel="webhook", kind="webhook",
+        config={"url": url, "timeout_seconds": 30}, secrets={"signing_secret": SIGNING_SECRET}, is_default=True,
+    )  # fmt: skip
+    return tenant, provider
+
+
+def enqueue(tenant, provider, count: int, *, batch: int = 1000) -> float:  # noqa: ANN001
+    """Create `count` notifications through the batch service; returns seconds taken."""
+    from notifications.services import NotificationSpec, create_notifications
+
+    body = "Your order #12345 has shipped and will arrive on Thursday. Track it in the app any time."
+    started = time.perf_counter()
+    for start in range(0, count, batch):
+        specs = [
+            NotificationSpec(
+                channel="webhook",
+                recipient=f"https://hooks.example.test/u/{start + i}",
+                provider=provider,
+                subject="Order shipped",
+                body=body,
+                metadata={"order": start + i},
+            )
+            for i in range(min(batch, count - start))
+        ]
+        create_notifications(tenant, specs, actor="system:omnipost_bench")
+    return time.perf_counter() - started
+
+
+def dispatcher_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true", "DEBUG": "false"}
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        env["DATABASE_URL"] = (
+            f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+        )
+    env.setdefault("SECRET_KEY", "omnipost-bench-only")
+    env["OMNIPOST_ENCRYPTION_KEYS"] = ",".join(settings.OMNIPOST_ENCRYPTION_KEYS)
+    env["ALLOWED_HOSTS"] = "127.0.0.1"
+    env["OMNIPOST_LOG_LEVEL"] = "WARNING"
+    return env
+
+
+def start_dispatchers(
+    count: int,
+    *,
+    concurrency: int,
+    batch: int,
+    stats_dir: Path,
+    listen: bool = True,
+    go_file: Path | None = None,
+) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(count):
+        args = [
+            sys.executable, "-m", "benchmarks.dispatcher", "--no-jitter", "--concurrency", str(concurrency),
+            "--batch-size", str(batch), "--stats-file", str(stats_dir / f"dispatcher{i}.json"),
+        ]  # fmt: skip
+        if not listen:
+            args.append("--no-listen")
+        if go_file is not None:
+            args += ["--go-file", str(go_file)]
+        procs.append(subprocess.Popen(args, cwd=ROOT, env=dispatcher_env()))  # noqa: S603
+    return procs
+
+
+def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: float = 120.0) -> None:
+    """Wait until every dispatcher has started (its ready file exists), then let them all go at once:
+    no process's start-up (≈ 0.7 s of CPU importing Django) runs while another already delivers.
+    If they cannot all start, the ones waiting are killed (they would wait for the go forever)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while len(list(go_file.parent.glob(f"{go_file.name}.ready.*"))) < len(procs):
+            if any(proc.poll() is not None for proc in procs):
+                raise RuntimeError("a dispatcher exited before it was ready; see its output above")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dispatchers not ready after {timeout:.0f} s")
+            time.sleep(0.01)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
+    go_file.touch()
+
+
+def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.1) -> None:  # noqa: ANN001
+    """Let the dispatchers run until the tenant's queue is empty (every notification delivered or
+    dead-lettered), then stop them as an operator would (SIGTERM: they record and exit 0).
+
+    Not `run_dispatcher --once`: that ends a dispatcher when nothing is ready *now*, and a retry
+    waiting out its backoff is not, so with `--receiver-error-rate` the dispatchers left and the
+    run reported the retried notifications as lost."""
+    with connection.cursor() as cursor:
+        while any(proc.poll() is None for proc in procs):
+            cursor.execute("SELECT EXISTS (SELECT 1 FROM queue_state WHERE tenant_id = %s)", [tenant.pk])
+            if not cursor.fetchone()[0]:
+                break
+            time.sleep(poll)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=120)
+
+
+def read_stats(stats_dir: Path) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for path in stats_dir.glob("dispatcher*.json"):
+        for key, value in json.loads(path.read_text()).items():
+            totals[key] = totals.get(key, 0) + int(value)
+    return totals
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}"
+
+
+# --- modes ---------------------------------------------------------------------------------------------
+def run_e2e(
+    *, count: int, processes: int, concurrency: int, batch: int, delay_ms: float, error_rate: float, verify_every: int
+) -> BenchResult:
+    from notifications.models import Notification
+
+    receiver = ReceiverProcess(
+        delay_ms=delay_ms, error_rate=error_rate, verify_every=verify_every, secret=SIGNING_SECRET
+    )
+    result = BenchResult(
+        "e2e", count, processes, concurrency, batch, delay_ms, database=connection.vendor, machine=machine()
+    )
+    try:
+        tenant, provider = bench_tenant_and_provider(receiver.url)
+        result.enqueue_per_second = count / enqueue(tenant, provider, count)
+        with tempfile.TemporaryDirectory() as stats_dir:
+            go_file = Path(stats_dir) / "go"
+            procs = start_dispatchers(
+                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), go_file=go_file
+            )
+            release_together(procs, go_file)
+            started = time.time()
+            stop_when_drained(procs, tenant)
+            result.wall_seconds = time.time() - started
+            stats = read_stats(Path(stats_dir))
+    finally:
+        final, arrivals = receiver.stop()
+    delivered = Notification.objects.filter(tenant=tenant, status="delivered")
+    result.delivered = delivered.count()
+    result.duplicates = final["duplicates"]
+    result.lost = count - len(arrivals) + (count - result.delivered if result.delivered < count else 0)
+    result.delivered_per_second = first_to_last_rate(arrivals.values())
+    result.steady_per_second = steady_rate(arrivals.values())
+    created = dict(delivered.values_list("id", "created_at"))
+    result.latency_ms = percentiles(
+        [(arrivals[str(i)] - c.timestamp()) * 1000 for i, c in created.items() if str(i) in arrivals]
+    )
+    if stats.get("delivered"):
+        result.statements_per_delivery = stats["statements"] / stats["delivered"]
+    return result
+
+
+PICKUP_WARMUP = 20  # untimed sends first: connections, prepared statements and provider caches warm up
+
+
+def run_pickup(
+    *, count: int, rate: float, processes: int, concurrency: int, batch: int, listen: bool = True
+) -> BenchResult:
+    """Sends one at a time into idle dispatchers, after PICKUP_WARMUP untimed ones (steady state,
+    not cold start: the first few sends open HTTP connections and prepare statements)."""
+    from queueing.models import Worker
+
+    receiver = ReceiverProcess(secret=SIGNING_SECRET)
+    result = BenchResult(
+        "pickup" if listen else "pickup (polling only)",
+        count,
+        processes,
+        concurrency,
+        batch,
+        0,
+        database=connection.vendor,
+        machine=machine(),
+    )
+    returned: dict[str, float] = {}
+    try:
+        tenant, provider = bench_tenant_and_provider(receiver.url)
+        with tempfile.TemporaryDirectory() as stats_dir:
+            before = Worker.objects.live().count()
+            procs = start_dispatchers(
+                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), listen=listen
+            )
+            deadline = time.time() + 60
+            while Worker.objects.live().count() < before + processes and time.time() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # let the LISTEN connections settle
+            from notifications.services import NotificationSpec, create_notifications
+
+            interval = 1.0 / rate
+            next_at = time.perf_counter()
+            for i in range(PICKUP_WARMUP + count):
+                spec = NotificationSpec(
+                    channel="webhook",
+                    recipient=f"https://hooks.example.test/{i}",
+                    provider=provider,
+                    subject="ping",
+                    body="pickup latency probe",
+                )
+                (note,) = create_notifications(tenant, [spec], actor="system:omnipost_bench")
+                if i >= PICKUP_WARMUP:
+                    returned[str(note.id)] = time.time()
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+            time.sleep(1.0)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=30)
+    finally:
+        final, arrivals = receiver.stop()
+    result.delivered = len([i for i in returned if i in arrivals])
+    result.duplicates = final["duplicates"]
+    result.lost = count - result.delivered
+    result.latency_ms = percentiles([(arrivals[i] - t) * 1000 for i, t in returned.items() if i in arrivals])
+    return result
+
+
+def run_queue_only(*, count: int, processes: int, batch: int, depth: int) -> BenchResult:
+    """Claim+ack of `count` no-op items while `depth` lower-priority items wait beneath them."""
+    from core.models import Tenant
+
+    result = BenchResult(
+        "queue-only", count, processes, 0, batch, 0, depth=depth, database=connection.vendor, machine=machine()
+    )
+    tenant, _ = Tenant.objects.get_or_create(name=BENCH_TENANT)
+    _fill_noop(tenant, depth, priority=4)
+    _fill_noop(tenant, count, priority=5)
+    vacuum_hot_tables()  # both depths start alike, and no autovacuum of the fill runs inside the measurement
+    with tempfile.TemporaryDirectory() as out_dir:
+        started = time.time()
+        procs = [
+            subprocess.Popen(  # noqa: S603
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.claimer",
+                    "--count",
+                    str(count // processes + (1 if i < count % processes else 0)),
+                    "--batch",
+                    str(batch),
+                    "--priority",
+                    "5",
+                    "--out",
+                    str(Path(out_dir) / f"c{i}.json"),
+                ],
+                cwd=ROOT,
+                env=dispatcher_env(),
+            )
+            for i in range(processes)
+        ]
+        for proc in procs:
+            proc.wait()
+        result.wall_seconds = time.time() - started
+        spans = [json.loads(p.read_text()) for p in Path(out_dir).glob("c*.json")]
+    done = sum(s["acked"] for s in spans)
+    first = min(s["first"] for s in spans)
+    last = max(s["last"] for s in spans)
+    result.delivered = done
+    result.delivered_per_second = done / (last - first) if last > first else None
+    result.lost = max(0, count - done)
+    wipe_bench_rows(tenant)
+    return result
+
+
+def _fill_noop(tenant, count: int, *, priority: int) -> None:  # noqa: ANN001
+    """Insert `count` notifications with live items in chunks (INSERT … SELECT generate_series)."""
+    from notifications.models import Provider
+
+    provider, _ = Provider.objects.get_or_create(
+        tenant=tenant, name="bench-noop", defaults={"channel": "webhook", "kind": "console"}
+    )
+    chunk = 200_000
+    with connection.cursor() as cursor:
+        for start in range(0, count, chunk):
+            n = min(chunk, count - start)
+            cursor.execute(
+                """
+                WITH notes AS (
+                    INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id,
+                        context, subject, body, priority, queue, status, metadata, attempt_count, attempt_offset,
+                        last_error_code, created_at, updated_at)
+                    SELECT gen_random_uuid(), %s, 'webhook', 'noop', 'noop', %s, '{}', '', '', %s, 'bench', 'queued',
+                           '{}', 0, 0, '', now(), now()
+                    FROM generate_series(1, %s)
+                    RETURNING id
+                ), items AS (
+                    SELECT 'bench' AS queue_name, %s AS priority, '{}'::jsonb AS payload, 0::float8 AS delay,
+                           %s::uuid AS tenant_id, id AS notification_id, %s::bigint AS provider_id
+                    FROM notes
+                )
+                """
+                + queue.insert_items_sql("items s"),
+                [tenant.pk, provider.pk, priority, n, priority, tenant.pk, provider.pk],
+            )
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:8]

@@ -1,0 +1,140 @@
+"""One claim of the dispatcher, on its DB thread: stage due items, take tokens for rate-limited
+lanes, claim (one statement), read the claimed items' providers. A fixed number of statements
+per batch; the lane arithmetic is dispatch.policy's."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from core.db_faults import is_connection_lost, reset_connection
+from dispatch import policy
+from dispatch.delivery import DispatchLease, Prepared, claim_and_start
+from dispatch.providers import ProviderCache
+from notifications.models import Provider
+from queueing import queue, ratelimit
+from queueing.models import QueueItem
+
+logger = logging.getLogger("omnipost.dispatcher")
+
+PROVIDER_CACHE_SECONDS = 5.0  # how often a claim asks whether any ready item waits for a lane
+LANE_REFRESH_SECONDS = 0.25
+STARVATION_CHECK_SECONDS = 1.0  # how often a claim also looks for items past the starvation threshold
+
+Claimed = tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared]]
+
+
+def queue_has_rate_limited_items() -> bool:
+    """Whether any ready item waits for a lane (one probe of queue_state_lane_idx)."""
+    return QueueItem.objects.filter(ready=True, rate_limited=True).exists()
+
+
+def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
+    """Every provider with ready rate-limited items, with its limits as they are now (two queries).
+
+    Whatever the items' flag says: a provider whose limit (or its tenant's) was removed gets a lane
+    with no keys, whose grant is all that is asked, so its items are never stranded while
+    `queue.sync_rate_limited` catches up (or if a flag was set by an enqueue that raced the change).
+    """
+    provider_ids = queue.rate_limited_providers(queues)
+    if not provider_ids:
+        return {}
+    rows = Provider.objects.filter(pk__in=provider_ids).values_list(
+        "pk", "tenant_id", "rate_per_second", "burst", "tenant__rate_per_second", "tenant__rate_burst"
+    )
+    return {
+        pid: ratelimit.LaneSpec(pid, tid, prate, pburst, trate, tburst)
+        for pid, tid, prate, pburst, trate, tburst in rows
+    }
+
+
+class Claimer:
+    def __init__(
+        self, queues: list[str] | None, lease_seconds: float, providers: ProviderCache,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.queues = queues
+        self.lease_seconds = lease_seconds
+        self.providers = providers
+        self.clock = clock
+        self.lanes: dict[int, ratelimit.LaneSpec] = {}
+        self._lanes_checked = self._starving_checked = self._any_limits_checked = self._staged_at = -1e9
+        self.any_limits = False
+        self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
+
+    def claim(self, want: int) -> Claimed:
+        """Returns the items to send, those to ack unsent, when the next token is due, and items
+        claimed but to be given back (the session was lost after the claim, before their providers
+        were read)."""
+        if want <= 0:
+            return [], [], None, []
+        if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
+            released = queue.release_claim(self.orphans)
+            if released:
+                logger.warning("gave back %d items leased by a claim whose session was lost", released)
+            self.orphans.clear()
+        prepared, skipped, next_token_in = self._claim(want)
+        try:
+            self.providers.load({p.provider_id for p in prepared})
+        except Exception as exc:
+            if not is_connection_lost(exc):
+                raise
+            reset_connection()
+            logger.warning("database lost after a claim; giving back %d items", len(prepared))
+            return [], skipped, None, prepared
+        return prepared, skipped, next_token_in, []
+
+    def _claim(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
+        self._stage_due()
+        granted, next_token_in = self._grant_lanes(want)
+        lanes, main = policy.split_claim(want, granted)
+        now = self.clock()
+        look_for_starving = now - self._starving_checked >= STARVATION_CHECK_SECONDS
+        if look_for_starving:
+            self._starving_checked = now
+        token = uuid.uuid4()
+        try:
+            prepared, skipped = claim_and_start(
+                main, lease_seconds=self.lease_seconds, queues=self.queues, lanes=lanes,
+                look_for_starving=look_for_starving, token=token,
+            )  # fmt: skip
+        except Exception:
+            self.orphans.append(token)  # it may have committed: given back by the next claim
+            raise
+        if lanes:
+            claimed = [(p.lease.provider_id, p.lease.rate_limited) for p in prepared]
+            unused = policy.unused_grants(lanes, claimed + [(s.provider_id, s.rate_limited) for s in skipped])
+            ratelimit.give_back(self.lanes, unused)
+            for pid, n in unused.items():
+                if n > 0:  # the lane ran dry: look again at the next refresh, not every batch
+                    self.lanes.pop(pid, None)
+        return prepared, skipped, next_token_in
+
+    def _stage_due(self) -> None:
+        """Bring due retries and expired leases back into the ready set, at most every STAGE_SECONDS
+        (sooner while a full batch was staged: a backlog of them came due at once)."""
+        now = self.clock()
+        if now - self._staged_at < queue.STAGE_SECONDS:
+            return
+        staged = queue.stage()
+        self._staged_at = -1e9 if staged.count >= queue.STAGE_LIMIT else now
+        if staged.rate_limited:  # their lanes may have been dropped as dry: look again now
+            self._any_limits_checked = self._lanes_checked = -1e9
+
+    def _grant_lanes(self, want: int) -> tuple[dict[int, int], float | None]:
+        now = self.clock()
+        if now - self._any_limits_checked > PROVIDER_CACHE_SECONDS:
+            self.any_limits = queue_has_rate_limited_items()
+            self._any_limits_checked = now
+        if not self.any_limits:
+            return {}, None
+        if now - self._lanes_checked > LANE_REFRESH_SECONDS:
+            self.lanes = ready_lanes(self.queues)
+            self._lanes_checked = now
+            self.any_limits = bool(self.lanes) or queue_has_rate_limited_items()
+        if not self.lanes:
+            return {}, None
+        grant = ratelimit.take(self.lanes, policy.lane_asks(self.lanes, want))
+        return dict(grant.granted), grant.next_token_in

@@ -1,0 +1,273 @@
+"""The dispatcher: claims batches, delivers them concurrently on asyncio, records every outcome.
+
+One process keeps up to `concurrency` provider calls in flight on one event loop. All database
+work runs on one dedicated thread (one connection), in short transactions with a fixed number of
+statements per batch: [stage] [take tokens] → claim + read providers' versions → … sends … →
+record outcomes. A second connection only LISTENs for enqueues (PostgreSQL, queueing.wakeup): a
+ring wakes the fetch loop, which claims; otherwise it polls with backoff.
+
+The class orchestrates; its collaborators do the work: `Claimer` (dispatch.claims), `Sender`
+(dispatch.sending, which asks dispatch.policy what to do with each result), `Recorder`
+(dispatch.recording), `ProviderCache` (dispatch.providers) and the loops of dispatch.upkeep.
+
+Shutdown (SIGTERM/SIGINT): stop claiming, let in-flight sends finish within the grace period,
+give back whatever has not been sent, record everything, exit 0. A second signal ends the grace
+period at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.db import connection
+
+from core.db_faults import Backoff, is_connection_lost, reset_connection
+from dispatch import gc_tuning, upkeep
+from dispatch.claims import Claimer
+from dispatch.delivery import Outcome, Prepared
+from dispatch.providers import ProviderCache
+from dispatch.recording import Recorder, SessionLost
+from dispatch.sending import Sender
+from dlq.retry import RetryPolicy
+from queueing import heartbeat
+from queueing.models import Worker
+from queueing.wakeup import Doorbell
+
+logger = logging.getLogger("omnipost.dispatcher")
+
+MIN_POLL = 0.05
+MAX_POLL = 1.0
+
+__all__ = ["Dispatcher", "DispatcherConfig", "Observer", "SessionLost"]
+
+
+@dataclass
+class DispatcherConfig:
+    queues: list[str] | None = None
+    concurrency: int = 100
+    batch_size: int = 100
+    grace_seconds: float = 10.0
+    once: bool = False
+    max_items: int | None = None
+    lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
+    jitter: bool = True
+    listen: bool = True  # LISTEN for enqueues (PostgreSQL); off, idle workers only poll
+
+
+class Observer(Protocol):
+    """Told when the dispatcher is ready to claim (after start-up) and when it has stopped; the
+    benchmarks gate starts and read figures through one (benchmarks.dispatcher)."""
+
+    def started(self, dispatcher: Dispatcher) -> Any: ...  # noqa: ANN401 - may be awaitable
+    def stopped(self, dispatcher: Dispatcher) -> None: ...
+
+
+class Dispatcher:
+    def __init__(
+        self, config: DispatcherConfig, *, clock: Callable[[], float] = time.monotonic, observer: Observer | None = None
+    ) -> None:
+        self.config = config
+        self.observer = observer
+        self.stopping = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.force = self.failed = False
+        self.claimed = 0
+        self.claimed_by_tenant: Counter[str] = Counter()
+        self.worker: Worker | None = None
+        self.providers = ProviderCache(clock)
+        self.recorder = Recorder(self.db, self.providers, on_bug=self._recording_broke)
+        self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings())
+        self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock)
+        self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
+
+    @property
+    def processed(self) -> int:
+        return self.recorder.processed
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = self.providers.loop = loop
+
+    # --- entry points -----------------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            import uvloop  # a faster event loop where it is installed (Linux, macOS)
+        except ImportError:
+            return asyncio.run(self.main())
+        return uvloop.run(self.main())
+
+    async def main(self) -> int:
+        self.bind(asyncio.get_running_loop())
+        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnipost-db")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                self.loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.config.jitter:
+            await asyncio.sleep(random.random() * 0.5)  # noqa: S311 - start-up jitter, not crypto
+        self.worker = await self._until_connected(heartbeat.register, "dispatcher", self.config.queues or ["*"])
+        gc_tuning.settle_after_start_up(self.config.concurrency, self.config.batch_size)
+        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}")
+        if self.observer is not None and asyncio.iscoroutine(started := self.observer.started(self)):
+            await started
+        if self.config.listen:
+            bell.start()
+        logger.info(
+            "dispatcher %s:%s started (concurrency %d, batch %d, queues %s)", socket.gethostname(), os.getpid(),
+            self.config.concurrency, self.config.batch_size, ",".join(self.config.queues or ["*"]),
+        )  # fmt: skip
+        recorder = asyncio.create_task(self.recorder.run(), name="recorder")
+        loops = [
+            asyncio.create_task(upkeep.keep_leases(self.db, self.sender.inflight, self.config.lease_seconds)),
+            asyncio.create_task(upkeep.beat(self.db, self.worker, lambda: self.processed)),
+            asyncio.create_task(upkeep.maintain(self.db)),
+        ]
+        try:
+            await self._fetch_loop()
+        finally:
+            self.stopping.set()
+            await self.loop.run_in_executor(None, bell.stop)
+            await self._drain_inflight()
+            self.recorder.finished.set()
+            self.recorder.wake.set()
+            await recorder
+            for task in loops:
+                task.cancel()
+            try:
+                await self.db(heartbeat.stop, self.worker)
+            except Exception as exc:  # noqa: BLE001 - the registry shows the worker stale instead
+                logger.warning("could not record the dispatcher's stop (%s)", exc)
+            await self.providers.aclose()
+            await self.db(lambda: connection.close())  # resolved on the DB thread
+            self.db_thread.shutdown(wait=True)
+            if self.observer is not None:
+                self.observer.stopped(self)
+        if self.failed:
+            return 1
+        logger.info("dispatcher stopped after %d deliveries; claims by tenant: %s", self.processed,
+                    json.dumps(dict(self.claimed_by_tenant)))  # fmt: skip
+        return 0
+
+    async def _until_connected(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn` on the DB thread, retried with backoff while the database is unreachable (a
+        dispatcher started during an outage waits for it instead of exiting)."""
+        backoff = Backoff(first=0.1, cap=5.0)
+        while True:
+            try:
+                return await self.db(fn, *args)
+            except SessionLost as exc:
+                if self.stopping.is_set():
+                    raise
+                delay = backoff.next()
+                logger.warning("database unavailable at start-up (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stopping.is_set():
+            logger.warning("second %s: giving back in-flight work now", signal.Signals(sig).name)
+            self.force = self.recorder.force = True
+            self.sender.cancel_all()
+        else:
+            logger.info("%s received: no new claims; finishing in-flight work (grace %.0fs)",
+                        signal.Signals(sig).name, self.config.grace_seconds)  # fmt: skip
+        self._stop()
+
+    def _stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+        self.sender.capacity.set()
+
+    def _recording_broke(self) -> None:
+        self.failed = True
+        self._stop()
+
+    def _ring(self, payload: str) -> None:
+        """On the doorbell thread: wake the fetch loop (which then reads the table), nothing more."""
+        if not self.config.queues or not payload or set(payload.split(",")) & set(self.config.queues):
+            self.loop.call_soon_threadsafe(self.wake.set)
+
+    async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn` on the database thread. A lost session (any driver's error for it: psycopg's
+        own from the hot path's raw cursor, or Django's) drops the connection and raises
+        `SessionLost`; the caller backs off and tries again, on a new connection."""
+
+        def call() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if is_connection_lost(exc):
+                    reset_connection()
+                    raise SessionLost(f"{type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+                raise
+
+        return await self.loop.run_in_executor(self.db_thread, call)
+
+    # --- claiming -----------------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        poll = MIN_POLL
+        capacity = self.sender.capacity
+        while not self.stopping.is_set():
+            free = self.config.concurrency - len(self.sender.inflight)
+            remaining = None if self.config.max_items is None else max(0, self.config.max_items - self.claimed)
+            if remaining == 0:
+                return
+            if free <= 0:
+                capacity.clear()
+                await capacity.wait()
+                continue
+            want = min(self.config.batch_size, free, remaining if remaining is not None else free)
+            self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
+            try:
+                prepared, skipped, next_token_in, unready = await self.db(self.claimer.claim, want)
+            except SessionLost as exc:
+                delay = self._outage.next()
+                logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
+                await self._sleep(delay)
+                continue
+            self._outage.reset()
+            if unready:  # claimed, but the session was lost before their providers were loaded
+                self._give_back(unready)
+            if skipped:
+                self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
+            self._start_all(prepared)
+            self.claimed += len(prepared) + len(skipped)
+            self.claimed_by_tenant.update(p.tenant_key for p in prepared)
+            if prepared or skipped:
+                poll = MIN_POLL
+                continue
+            if self.config.once:
+                return
+            await self._sleep(poll if next_token_in is None else min(poll, max(0.005, next_token_in)))
+            poll = min(poll * 2, MAX_POLL)
+
+    def _start_all(self, prepared: list[Prepared]) -> None:
+        """Start a claim's sends, or give them all back if a signal came while it was being claimed."""
+        if self.stopping.is_set():
+            self._give_back(prepared)
+            return
+        for item in prepared:
+            self.sender.start(item)
+
+    def _give_back(self, prepared: list[Prepared]) -> None:
+        self.recorder.extend(Outcome(lease=p.lease, kind="deferred") for p in prepared)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until `seconds` pass or a ring (or a signal) comes; a ring during the claim counts."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout=seconds)
+        self.wake.clear()
+
+    async def _drain_inflight(self) -> None:
+        await self.sender.drain(self.config.grace_seconds, lambda: self.force)

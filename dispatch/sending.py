@@ -1,0 +1,196 @@
+"""Sends in flight: start each claimed item on its provider, take its result back, judge it
+(dispatch.policy) and hand the outcome to the recorder. One outcome per claimed item, whatever
+calls back late: an item given back (shutdown, grace over) is never judged again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from dispatch import policy
+from dispatch.delivery import Attempt, Outcome, Prepared
+from dispatch.providers import ProviderCache
+from dispatch.recording import Recorder
+from dlq.classifier import Classification
+from dlq.retry import RetryPolicy
+from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage
+from notifications.providers.base import Cancellable
+from notifications.scrub import scrub
+
+logger = logging.getLogger("omnipost.dispatcher")
+
+
+class Sender:
+    def __init__(self, providers: ProviderCache, recorder: Recorder, retry: RetryPolicy) -> None:
+        self.providers = providers
+        self.recorder = recorder
+        self.retry = retry
+        # item id -> (a task, or a send that calls back; the item): the provider cache's, which
+        # reads it to know what a replaced instance still carries
+        self.inflight: dict[int, tuple[Cancellable, Prepared]] = providers.inflight
+        self.capacity = asyncio.Event()  # set whenever a slot frees up
+
+    def start(self, item: Prepared) -> None:
+        """Start one delivery. A provider that can (`start_send`: the webhook provider) sends at once
+        and calls back with the result, which costs no task, coroutine or future per delivery; any
+        other is awaited in a task of its own."""
+        started = datetime.now(UTC)
+        t0 = time.perf_counter()
+        try:
+            instance = self.providers.entries[item.provider_id].instance
+            message = OutboundMessage(
+                notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
+                recipient=item.recipient(), subject=item.subject, body=item.body, metadata=item.metadata,
+                created_at=item.created_at, attempt=item.attempt_number,
+            )  # fmt: skip
+            handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
+        except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
+            self._judge(item, _crash(item, exc, self.scrub), started, t0)
+            return
+        if handle is None:
+            handle = asyncio.get_running_loop().create_task(self._send(item, instance, message, started, t0))
+        self.inflight[item.lease.item_id] = (handle, item)
+
+    async def _send(
+        self, item: Prepared, instance: BaseProvider, message: OutboundMessage, started: datetime, t0: float
+    ) -> None:
+        try:
+            result = await instance.send(message)
+        except asyncio.CancelledError:
+            self.given_back(item)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a crash in a provider is recorded, never lost
+            result = _crash(item, exc, self.scrub)
+        self._sent(item, result, started, t0)
+
+    def _sent(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
+        """A send's callback, or its task's end."""
+        if self._leave(item) is None:
+            return  # given back already
+        self._judge(item, result, started, t0)
+
+    def _leave(self, item: Prepared) -> Any:  # noqa: ANN401
+        entry = self.inflight.pop(item.lease.item_id, None)
+        if entry is not None:
+            self.providers.drained(item.lease.item_id)
+            self.capacity.set()
+        return entry
+
+    def _judge(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
+        try:
+            outcome = self.outcome(item, result, started, time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001 - a bug must still leave exactly one outcome for the item
+            logger.exception("could not judge the result of delivering %s", item.notification_id)
+            outcome = _unjudged(item, result, started, self.retry)
+        self.recorder.add(outcome)
+
+    def given_back(self, item: Prepared) -> None:
+        if self._leave(item) is not None:
+            self.recorder.add(Outcome(lease=item.lease, kind="deferred"))
+
+    def cancel_all(self) -> None:
+        """Cancel every unfinished delivery and give it back now (whatever its task or callback
+        does later finds it given back already)."""
+        # Newest first: those still wait for a connection, and cancelling a send on the wire before
+        # them would hand its slot to a waiter (a new connection for nothing).
+        for handle, item in reversed(list(self.inflight.values())):
+            handle.cancel()
+            self.given_back(item)
+
+    async def drain(self, grace_seconds: float, forced: Callable[[], bool]) -> None:
+        """Let in-flight deliveries finish within the grace period, then give back the rest."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (0 if forced() else grace_seconds)
+        while self.inflight and not forced() and (left := deadline - loop.time()) > 0:
+            self.capacity.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.capacity.wait(), timeout=left)
+        if not self.inflight:
+            return
+        tasks = [handle for handle, _ in self.inflight.values() if isinstance(handle, asyncio.Task)]
+        logger.warning("grace period over: giving back %d unfinished deliveries", len(self.inflight))
+        self.cancel_all()
+        if tasks:  # let them end before their providers are closed
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def outcome(self, item: Prepared, result: DeliveryResult, started: datetime, seconds: float) -> Outcome:
+        """The outcome to record: dispatch.policy decides, this builds the attempt and logs."""
+        if result.delivered:  # nearly every outcome: nothing more to decide
+            verdict = policy.DELIVERED_VERDICT
+            attempt = Attempt(
+                item.attempt_number, started, datetime.now(UTC), verdict.outcome, result.error_class[:100],
+                "", result.message[:500], result.http_status, int(seconds * 1000),
+            )  # fmt: skip
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("delivered %s", item.notification_id, extra=_log_extra(item, verdict))
+            return Outcome(item.lease, "delivered", attempt)
+        decision = policy.decide(result, item.attempts_this_run, self.providers.max_attempts(item.provider_id),
+                                 self.retry)  # fmt: skip
+        verdict = decision.verdict
+        message = self.scrub(item, result.message) if result.message else ""  # before it is stored or logged
+        attempt = Attempt(
+            item.attempt_number, started, datetime.now(UTC), verdict.outcome, result.error_class[:100],
+            verdict.error_code[:100], message[:500], result.http_status, int(seconds * 1000),
+        )  # fmt: skip
+        reason = f"{verdict.error_code}: {message}".strip(": ")
+        log_extra = _log_extra(item, verdict)
+        if decision.kind == policy.FAILED:
+            logger.warning("permanent failure of %s: %s", item.notification_id, reason, extra=log_extra)
+        elif decision.kind == policy.DEAD_LETTERED:
+            logger.warning("%s dead-lettered after %d attempts: %s", item.notification_id, item.attempts_this_run,
+                           reason, extra=log_extra)  # fmt: skip
+        else:
+            logger.info("%s will retry in %.1fs: %s", item.notification_id, decision.retry_delay, reason,
+                        extra=log_extra)  # fmt: skip
+        return Outcome(
+            lease=item.lease, kind=decision.kind, attempt=attempt, retry_delay=decision.retry_delay,
+            error_code=verdict.error_code, failure_reason=reason, failure_class=verdict.failure_class,
+            status_code=result.http_status,
+        )  # fmt: skip
+
+    def scrub(self, item: Prepared, text: str) -> str:
+        """`text` without the item's recipient or its provider's secrets, in any form (notifications.scrub)."""
+        try:
+            recipient = item.recipient()
+        except Exception:  # noqa: BLE001 - unreadable (the crash being reported may be this): nothing to find
+            recipient = None
+        return scrub(text, recipient, self.providers.secrets(item.provider_id), channel=item.channel)
+
+
+def _crash(item: Prepared, exc: Exception, clean: Callable[[Prepared, str], str]) -> DeliveryResult:
+    # The traceback is logged as scrubbed text: the exception's message may hold the recipient or a secret.
+    trace = clean(item, "".join(traceback.format_exception(exc)).rstrip())
+    logger.error("provider crashed delivering %s\n%s", item.notification_id, trace)
+    return DeliveryResult(
+        delivered=False, error_code="provider_crash", error_class=type(exc).__name__,
+        message=clean(item, str(exc))[:200],
+    )  # fmt: skip
+
+
+def _unjudged(item: Prepared, result: DeliveryResult, started: datetime, retry: RetryPolicy) -> Outcome:
+    """The outcome of a send whose result could not be judged (a bug in the policy): delivered
+    stays delivered (never sent again); anything else is retried after the first backoff, as a
+    transient failure, so the item is neither lost nor held until its lease runs out."""
+    delivered = bool(getattr(result, "delivered", False))
+    outcome = "delivered" if delivered else "transient_error"
+    attempt = Attempt(item.attempt_number, started, datetime.now(UTC), outcome, "", "" if delivered else "judge_error")
+    if delivered:
+        return Outcome(item.lease, "delivered", attempt)
+    return Outcome(item.lease, "retry", attempt, retry_delay=retry.delay(1, None), error_code="judge_error",
+                   failure_reason="judge_error", failure_class="transient")
+
+
+def _log_extra(item: Prepared, verdict: Classification) -> dict[str, Any]:
+    return {
+        "notification_id": item.notification_key,
+        "tenant_id": item.tenant_key,
+        "attempt": item.attempt_number,
+        "outcome": verdict.outcome,
+        "error_code": verdict.error_code,
+    }

@@ -1,0 +1,122 @@
+"""`make run`: migrate, make sure a demo tenant exists, then supervise web + scheduler + dispatcher."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.core.management import call_command, get_commands
+from django.core.management.base import BaseCommand
+
+from omnipost_site.ops.demo import ensure_demo
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, children get SIGTERM if the supervisor itself is killed, so none are orphaned."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return preexec
+
+
+class Command(BaseCommand):
+    help = "Run the API/admin server, one scheduler and one dispatcher until Ctrl-C."
+
+    def add_arguments(self, parser) -> None:  # noqa: ANN001
+        parser.add_argument("--bind", default="127.0.0.1:8000")
+        parser.add_argument("--grace-seconds", type=float, default=10.0)
+
+    def handle(self, *args, bind: str, grace_seconds: float, **options) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        demo = ensure_demo()
+        self.stdout.write(demo.banner(bind))
+        self.stdout.flush()  # a pipe (`make run | tee`) would otherwise hold the banner back
+
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        # runserver exits 0 on SIGINT (and dies on SIGTERM); the workers stop gracefully on SIGTERM.
+        programs: dict[str, tuple[list[str], signal.Signals]] = {
+            "web": ([*manage, "runserver", bind, "--noreload", "--skip-checks"], signal.SIGINT)
+        }
+        available = get_commands()
+        if "run_scheduler" in available:
+            programs["scheduler"] = ([*manage, "run_scheduler"], signal.SIGTERM)
+        if "run_dispatcher" in available:
+            programs["dispatcher"] = ([*manage, "run_dispatcher"], signal.SIGTERM)
+
+        stop = threading.Event()
+        received: list[int] = []
+
+        def on_signal(signum: int, frame: object) -> None:
+            received.append(signum)
+            stop.set()
+
+        # Handlers go in before any child starts, so an early Ctrl-C cannot orphan one.
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+        children: dict[str, subprocess.Popen] = {}
+        crashed: list[str] = []
+        try:
+            for name, (cmd, _) in programs.items():
+                # Own process group: Ctrl-C in the terminal reaches only this supervisor, which then
+                # stops each child once; a second signal to a worker would mean "force exit".
+                children[name] = subprocess.Popen(  # noqa: S603
+                    cmd, env=env, cwd=settings.BASE_DIR, process_group=0, preexec_fn=_die_with_parent()
+                )
+            while not stop.wait(0.2):
+                crashed = [name for name, proc in children.items() if proc.poll() is not None]
+                if crashed:
+                    self.stderr.write(f"{', '.join(crashed)} exited; stopping the rest")
+                    break
+        finally:
+            reason = signal.Signals(received[0]).name if received else "child exit"
+            self.stdout.write(f"stopping ({reason}) …")
+            self._stop_children(children, programs, grace_seconds, received)
+
+        unexpected = {
+            name: proc.returncode
+            for name, proc in children.items()
+            if name in crashed or proc.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)
+        }
+        if unexpected:
+            self.stderr.write(f"exited abnormally: {unexpected}")
+            raise SystemExit(1)
+        # Each child's exit code, so a clean stop of all three is visible (and testable).
+        self.stdout.write(f"stopped ({', '.join(f'{name} {proc.returncode}' for name, proc in children.items())})")
+
+    def _stop_children(
+        self,
+        children: dict[str, subprocess.Popen],
+        programs: dict[str, tuple[list[str], signal.Signals]],
+        grace_seconds: float,
+        received: list[int],
+    ) -> None:
+        for name, proc in children.items():
+            if proc.poll() is None:
+                proc.send_signal(programs[name][1])
+        deadline = time.monotonic() + grace_seconds
+        signals_seen = len(received)
+        while any(proc.poll() is None for proc in children.values()):
+            if time.monotonic() >= deadline or len(received) > signals_seen:
+                why = "a second signal" if len(received) > signals_seen else f"{grace_seconds:g}s"
+                for name, proc in children.items():
+                    if proc.poll() is None:
+                        self.stderr.write(f"{name} still running after {why}; killing it")
+                        proc.kill()
+                break
+            time.sleep(0.05)
+        for proc in children.values():
+            proc.wait()

@@ -1,0 +1,345 @@
+"""`/metrics`: Prometheus text read from the database at scrape time.
+
+Every figure lives in the database, so one scrape of any web process describes the whole system
+(every dispatcher and scheduler, on any machine) and nothing is lost when a process restarts. A
+scrape is a fixed number of queries (about ten), none of which reads `delivery_attempts`: its cost
+does not grow with history (CONTRACT §11).
+
+- queue depth by queue/priority, ready/leased/delayed, oldest ready age: `queueing.stats.queue_figures()`,
+  one grouped scan of `queue_state` (live items only, so it stays small); the OMNIPOST_METRICS_MAX_QUEUES
+  (20) deepest queues by name, the rest added up as `queue="other"`;
+- rate-limited items waiting for tokens: `queue_state_lane_idx`; token buckets: `rate_limit_buckets`
+  (one row per limited provider or tenant);
+- delivery attempts by outcome and provider, and the due → delivered latency histogram: counters
+  (`notifications.counters`) that the dispatcher's record statement adds to per batch, summed over
+  their shards: a table of a few rows per provider; providers past OMNIPOST_METRICS_MAX_PROVIDERS
+  (200, lowest ids first, so no series ever moves) add up as `provider="other"`;
+- open dead letters: `omnipost_site.ops.figures.dlq_open()`, exact up to 100,000, then the planner's estimate;
+- scheduler lag: min(run_at) of due pending jobs, `scheduled_jobs_due_idx`;
+- workers live/stale: `queueing.stats.workers()`.
+
+Counters never go down: nothing subtracts from them, and `prune` deletes attempts, not counters.
+
+Labels carry queue names, provider names and ids, outcomes and worker kinds only: never a
+recipient, a tenant's data or a secret. With OMNIPOST_METRICS_TOKEN set, a scrape needs
+`Authorization: Bearer <token>` (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.db.models import Count
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from omnipost_site.ops import figures
+from queueing import stats
+
+OTHER = "other"  # the label value of what is folded past a cap
+MAX_QUEUES = 20
+MAX_PROVIDERS = 200
+
+
+def _provider_label(provider_id: int | None, names: dict[int, str]) -> tuple[str, str]:
+    if provider_id is None:
+        return "", ""  # the provider was deleted (attempts keep their rows, provider_id NULL)
+    return names.get(provider_id, ""), str(provider_id)
+
+
+class OmniPostCollector(Collector):
+    """Reads every figure from the database on each `collect()` (one scrape)."""
+
+    def __init__(self, *, using: str = "default") -> None:
+        self.using = using
+        self.max_queues = int(getattr(settings, "OMNIPOST_METRICS_MAX_QUEUES", MAX_QUEUES))
+        self.max_providers = int(getattr(settings, "OMNIPOST_METRICS_MAX_PROVIDERS", MAX_PROVIDERS))
+
+    def collect(self) -> Iterator[Metric]:
+        from notifications import counters
+
+        started = time.perf_counter()
+        yield from self._queues()
+        yield from self._rate_limits()
+        counted = counters.totals(self.using)
+        yield from self._attempts(counted)
+        yield self._latency(counted)
+        yield from self._dlq()
+        yield self._scheduler_lag()
+        yield self._workers()
+        yield self._reconnects()
+        scrape = GaugeMetricFamily(
+            "omnipost_metrics_scrape_duration_seconds", "Time this scrape spent reading the database."
+        )
+        scrape.add_metric([], round(time.perf_counter() - started, 6))
+        yield scrape
+
+    # --- queue ------------------------------------------------------------------------------------
+    def _queues(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "omnipost_queue_depth",
+            "Live items in queue_state by queue and priority (past the OMNIPOST_METRICS_MAX_QUEUES deepest "
+            "queues, queue=\"other\").",
+            labels=["queue", "priority"],
+        )
+        items = GaugeMetricFamily(
+            "omnipost_queue_items",
+            "Live items by queue and state: ready (claimable now), leased (being delivered), "
+            "delayed (waiting for a retry's backoff).",
+            labels=["queue", "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "omnipost_queue_oldest_ready_age_seconds",
+            "Age of the oldest ready item by queue (0 when none is ready).",
+            labels=["queue"],
+        )
+        for q in fold_queues(stats.queue_figures(), self.max_queues):
+            for priority, n in q["by_priority"].items():
+                depth.add_metric([q["queue"], priority], n)
+            for state in ("ready", "leased", "delayed"):
+                items.add_metric([q["queue"], state], q[state])
+            oldest.add_metric([q["queue"]], q["oldest_age_seconds"])
+        yield from (depth, items, oldest)
+
+    # --- rate limits --------------------------------------------------------------------------------
+    def _rate_limits(self) -> Iterator[Metric]:
+        from notifications.models import Provider
+        from queueing.models import QueueItem, RateBucket
+
+        waiting = GaugeMetricFamily(
+            "omnipost_rate_limited_ready_items",
+            "Ready items of rate-limited providers, claimed only as fast as their token buckets allow "
+            "(deferred by the rate limit while this stays above zero).",
+            labels=["provider", "provider_id"],
+        )
+        # queue_state_lane_idx: WHERE rate_limited, by provider.
+        rows = list(
+            QueueItem.objects.using(self.using)
+            .ready()
+            .filter(rate_limited=True)
+            .values("provider_id")
+            .annotate(n=Count("pk"))
+            .order_by("provider_id")
+        )
+        # Each row carries the database's clock, the one the buckets are refilled on.
+        buckets = list(RateBucket.objects.using(self.using).annotate(db_now=Now()).order_by("key"))
+        ids = {r["provider_id"] for r in rows if r["provider_id"] is not None}
+        ids |= {int(b.key.split(":", 1)[1]) for b in buckets if b.key.startswith("provider:")}
+        names = dict(Provider.objects.using(self.using).filter(pk__in=ids).values_list("pk", "name")) if ids else {}
+        for r in rows:
+            waiting.add_metric(list(_provider_label(r["provider_id"], names)), r["n"])
+        yield waiting
+
+        labels = ["scope", "id", "provider"]
+        configured = GaugeMetricFamily(
+            "omnipost_rate_limit_rate", "Configured rate of a shared token bucket (tokens/s).", labels=labels
+        )
+        effective = GaugeMetricFamily(
+            "omnipost_rate_limit_effective_rate",
+            "Adaptive rate of a shared token bucket (tokens/s): lowered on 429s, raised back on success.",
+            labels=labels,
+        )
+        tokens = GaugeMetricFamily(
+            "omnipost_rate_limit_tokens", "Tokens a bucket holds now (refilled up to its burst).", labels=labels
+        )
+        exhausted = GaugeMetricFamily(
+            "omnipost_rate_limit_buckets_exhausted",
+            "Token buckets holding less than one token now: their lanes wait for the next token.",
+        )
+        empty = 0
+        for bucket in buckets:
+            scope, _, key_id = bucket.key.partition(":")
+            name = names.get(int(key_id), "") if scope == "provider" and key_id.isdigit() else ""
+            elapsed = max(0.0, (bucket.db_now - bucket.updated_at).total_seconds())
+            available = min(bucket.burst, bucket.tokens + elapsed * bucket.effective_rate)
+            empty += available < 1
+            for family, value in ((configured, bucket.rate), (effective, bucket.effective_rate), (tokens, available)):
+                family.add_metric([scope, key_id, name], round(value, 6))
+        exhausted.add_metric([], empty)
+        yield from (configured, effective, tokens, exhausted)
+
+    # --- attempts ------------------------------------------------------------------------------------
+    def _attempts(self, totals: dict[tuple[int, str, int], tuple[int, float]]) -> Iterator[Metric]:
+        from notifications import counters
+        from notifications.models import AttemptOutcome, Provider
+
+        ids = sorted({pid for pid, outcome, _ in totals if outcome != counters.LATENCY and pid})
+        # The lowest ids keep a series of their own, the rest add up in `other`: counters only ever
+        # gain providers, and new providers get higher ids, so no series ever moves (and goes down).
+        named, folded = ids[: self.max_providers], set(ids[self.max_providers :])
+        names = dict(Provider.objects.using(self.using).filter(pk__in=named).values_list("pk", "name")) if named else {}
+
+        attempts = CounterMetricFamily(
+            "omnipost_delivery_attempts",
+            "Delivery attempts by outcome (delivered, transient_error, permanent_error) and provider "
+            "(past OMNIPOST_METRICS_MAX_PROVIDERS, provider=\"other\").",
+            labels=["outcome", "provider", "provider_id"],
+        )
+        retries = CounterMetricFamily(
+            "omnipost_delivery_retries",
+            "Attempts that ended in a transient error: each schedules a retry unless its attempts are exhausted.",
+            labels=["provider", "provider_id"],
+        )
+        by_label: dict[tuple[str, str, str], int] = defaultdict(int)
+        for (provider_id, outcome, le), (n, _) in totals.items():
+            if le != counters.ATTEMPTS:
+                continue
+            if provider_id in folded:
+                name, pid = OTHER, OTHER
+            else:
+                name, pid = _provider_label(provider_id or None, names)
+            by_label[(outcome, name, pid)] += n
+        for (outcome, name, pid), n in sorted(by_label.items()):
+            attempts.add_metric([outcome, name, pid], n)
+            if outcome == AttemptOutcome.TRANSIENT_ERROR:
+                retries.add_metric([name, pid], n)
+        yield from (attempts, retries)
+
+    # --- latency -------------------------------------------------------------------------------------
+    def _latency(self, totals: dict[tuple[int, str, int], tuple[int, float]]) -> Metric:
+        from notifications import counters
+
+        per_bucket = [0] * (len(counters.LATENCY_BUCKETS) + 1)
+        total = 0.0
+        for (_, outcome, le), (n, seconds) in totals.items():
+            if outcome == counters.LATENCY and 0 <= le < len(per_bucket):
+                per_bucket[le] += n
+                total += seconds
+        family = HistogramMetricFamily(
+            "omnipost_delivery_latency_seconds",
+            "Due (created, or scheduled_for) to delivered, seconds: a histogram of every delivery "
+            "(read it with rate()/increase()).",
+            labels=[],
+        )
+        cumulative, points = 0, []
+        for bound, n in zip([*(f"{b:g}" for b in counters.LATENCY_BUCKETS), "+Inf"], per_bucket, strict=True):
+            cumulative += n
+            points.append((bound, cumulative))
+        family.add_metric([], points, sum_value=round(total, 6))
+        return family
+
+    # --- DLQ, scheduler, workers --------------------------------------------------------------------
+    def _dlq(self) -> Iterator[Metric]:
+        size = figures.dlq_open()
+        family = GaugeMetricFamily(
+            "omnipost_dlq_open",
+            "Open dead-letter entries (exact up to 100,000, then the planner's estimate; see omnipost_dlq_open_exact).",
+        )
+        family.add_metric([], size.count)
+        exact = GaugeMetricFamily("omnipost_dlq_open_exact", "1 when omnipost_dlq_open is an exact count.")
+        exact.add_metric([], 1 if size.exact else 0)
+        yield from (family, exact)
+
+    def _scheduler_lag(self) -> Metric:
+        from queueing.scheduler import next_due
+
+        _, seconds = next_due(using=self.using)
+        family = GaugeMetricFamily(
+            "omnipost_scheduler_lag_seconds",
+            "How overdue the oldest due, still pending scheduled job is (0 when none is due).",
+        )
+        family.add_metric([], round(max(0.0, -seconds), 3) if seconds is not None else 0.0)
+        return family
+
+    def _workers(self) -> Metric:
+        family = GaugeMetricFamily(
+            "omnipost_workers",
+            "Registered dispatcher and scheduler processes not stopped, by heartbeat: live or stale "
+            "(no heartbeat for OMNIPOST_WORKER_STALE_SECONDS; killed or hung).",
+            labels=["kind", "state"],
+        )
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for row in stats.workers(limit=10_000):
+            counts[(row.worker.kind, "live" if row.alive else "stale")] += 1
+        for kind in ("dispatcher", "scheduler"):
+            for state in ("live", "stale"):
+                family.add_metric([kind, state], counts[(kind, state)])
+        return family
+
+    def _reconnects(self) -> Metric:
+        from django.db.models import Sum
+
+        from queueing.models import Worker
+
+        family = CounterMetricFamily(
+            "omnipost_db_reconnects",
+            "Times a dispatcher or scheduler dropped a lost database session and reconnected, as their "
+            "heartbeats last reported (core.db_faults).",
+            labels=["kind"],
+        )
+        totals = dict(Worker.objects.using(self.using).values_list("kind").annotate(n=Sum("reconnects")).order_by())
+        for kind in ("dispatcher", "scheduler"):
+            family.add_metric([kind], totals.get(kind) or 0)
+        return family
+
+
+def fold_queues(figures: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
+    """The `cap` deepest queues (ties by name) as they are, the rest added up as one queue `other`:
+    queue names are the tenants' choice, label values must stay few (CONTRACT §11)."""
+    if len(figures) <= cap:
+        return figures
+    deepest = sorted(figures, key=lambda q: (-q["depth"], q["queue"]))
+    kept, rest = deepest[:cap], deepest[cap:]
+    other = stats.totals(rest)
+    other["queue"] = OTHER
+    same = next((q for q in kept if q["queue"] == OTHER), None)  # a tenant's queue named "other"
+    if same is not None:
+        kept.remove(same)
+        other = stats.totals([same, other]) | {"queue": OTHER}
+    return [*kept, other]
+
+
+def registry() -> CollectorRegistry:
+    """A registry with only OmniPost's collector: per-process figures (GC, memory) would describe
+    whichever web process happened to answer, not the system."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(OmniPostCollector())
+    return reg
+
+
+def _authorised(request: HttpRequest) -> bool:
+    token = getattr(settings, "OMNIPOST_METRICS_TOKEN", "") or ""
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    # Compared in constant time, as bytes (compare_digest refuses non-ASCII str).
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text (OpenMetrics when the scraper asks for it); 503 when the database is down;
+    401 without the bearer token when OMNIPOST_METRICS_TOKEN is set."""
+    if not _authorised(request):
+        response = HttpResponse(
+            "# unauthorised: send Authorization: Bearer <OMNIPOST_METRICS_TOKEN>\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        body = encoder(registry())
+    except DatabaseError as exc:
+        return HttpResponse(
+            f"# database unavailable: {type(exc).__name__}\n", status=503, content_type="text/plain; charset=utf-8"
+        )
+    return HttpResponse(body, content_type=content_type)

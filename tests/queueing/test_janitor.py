@@ -1,0 +1,165 @@
+"""The queue janitor (VACUUM of churning tables when dead rows pile up, one process at a time), run as
+maintenance on a process's own connection; the doorbell beside it only wakes."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from django.db import connection
+
+from notifications.models import Provider
+from queueing.janitor import Janitor
+from queueing.wakeup import Doorbell, _conninfo
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def autocommit_connection() -> psycopg.Connection:
+    return psycopg.connect(**_conninfo("default", "omnipost-test-janitor"))
+
+
+def dead_rows(conn: psycopg.Connection, table: str) -> int:
+    row = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", [table]).fetchone()
+    return row[0]
+
+
+def leave_dead_queue_rows(tenant, count: int) -> None:  # noqa: ANN001
+    """Enqueue `count` items and delete them, as acks do, then publish the counts at once."""
+    provider = Provider.objects.filter(tenant=tenant).first() or factories.provider(tenant)
+    factories.queued(tenant, provider, count)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM queue_state")
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    connection.close()  # the backend publishes its statistics as it goes idle / exits
+
+
+def claim_pages_read(conn: psycopg.Connection) -> int:
+    """Buffers the claim's index scan touches (in a rolled-back transaction)."""
+    with conn.transaction(force_rollback=True):
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT item_id FROM queue_state "
+            "WHERE ready AND NOT rate_limited AND priority >= 0 AND available_at <= now() "  # as queue.claim_ctes_pg
+            "ORDER BY priority DESC, enqueued_at "
+            "LIMIT 10 FOR UPDATE SKIP LOCKED"
+        ).fetchone()[0][0]["Plan"]
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+
+def test_due_tables_follow_the_dead_row_threshold():
+    janitor = Janitor(min_dead=1000, live_fraction=0.5)
+    stats = [
+        ("queue_state", 999, 0),
+        ("scheduled_jobs", 1000, 0),
+        ("workers", 1400, 1000),
+        ("rate_limit_buckets", 1500, 1000),
+    ]
+    assert janitor.due(stats) == ["scheduled_jobs", "rate_limit_buckets"]
+
+
+def test_looks_at_most_once_per_interval(tenant_a):
+    now = [100.0]
+    janitor = Janitor(min_dead=1, every=2.0, clock=lambda: now[0])
+    leave_dead_queue_rows(tenant_a, 50)
+    with autocommit_connection() as conn:
+        assert "queue_state" in janitor.maybe_vacuum(conn)
+        leave_dead_queue_rows(tenant_a, 50)
+        now[0] += 1.0
+        assert janitor.maybe_vacuum(conn) == []  # too soon: not even a look at the statistics
+        now[0] += 1.5
+        assert "queue_state" in janitor.maybe_vacuum(conn)
+
+
+def test_vacuum_clears_dead_rows_and_keeps_the_claim_cheap(tenant_a):
+    leave_dead_queue_rows(tenant_a, 3000)
+    with autocommit_connection() as conn:
+        assert dead_rows(conn, "queue_state") >= 3000
+        before = claim_pages_read(conn)
+        assert Janitor(min_dead=2000).maybe_vacuum(conn) == ["queue_state"]
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        assert dead_rows(conn, "queue_state") == 0
+        after = claim_pages_read(conn)
+    assert after * 5 < before, (before, after)  # the claim no longer steps over dead index entries
+
+
+def test_nothing_due_nothing_vacuumed(tenant_a):
+    leave_dead_queue_rows(tenant_a, 10)
+    with autocommit_connection() as conn:
+        assert Janitor(min_dead=10_000).maybe_vacuum(conn) == []
+
+
+def test_a_second_process_skips_while_one_vacuums(tenant_a):
+    leave_dead_queue_rows(tenant_a, 100)
+    with autocommit_connection() as holder, autocommit_connection() as conn:
+        holder.execute("SELECT pg_advisory_lock(%s)", [0x6F6D6E6970_7661])
+        assert Janitor(min_dead=1).maybe_vacuum(conn) == []
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        assert "queue_state" in Janitor(min_dead=1).maybe_vacuum(conn)
+
+
+def test_maintenance_vacuums_on_djangos_connection_and_never_inside_a_transaction(tenant_a):
+    from django.db import transaction
+
+    from queueing.janitor import vacuum_on_default
+
+    leave_dead_queue_rows(tenant_a, 3000)
+    with transaction.atomic():  # VACUUM cannot run in a transaction block: skipped, not failed
+        assert vacuum_on_default(Janitor(min_dead=2000)) == []
+    assert vacuum_on_default(Janitor(min_dead=2000)) == ["queue_state"]
+    with autocommit_connection() as conn:
+        assert dead_rows(conn, "queue_state") == 0
+
+
+def test_the_dispatchers_maintenance_loop_runs_the_janitor_on_its_db_thread(tenant_a):
+    """dispatch.upkeep.maintain hands the janitor to the dispatcher's `db` (its one SQL thread)."""
+    import asyncio
+
+    from dispatch import upkeep
+
+    leave_dead_queue_rows(tenant_a, 3000)
+    ran: list[tuple[str, list[str]]] = []
+
+    async def db(fn, *args):  # noqa: ANN001, ANN202 - as Dispatcher.db, on a thread of its own
+        def call():  # noqa: ANN202
+            try:
+                return fn(*args)
+            finally:
+                connection.close()
+
+        done = await asyncio.to_thread(call)
+        ran.append((threading.current_thread().name, done))
+        return done
+
+    async def scenario() -> None:
+        loop = asyncio.create_task(upkeep.maintain(db, every=0.05, keeper=Janitor(min_dead=2000, every=0.0)))
+        while len(ran) < 2:
+            await asyncio.sleep(0.01)
+        loop.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert ran[0][1] == ["queue_state"] and ran[1][1] == []  # vacuumed once, then nothing due
+
+
+def test_the_doorbell_only_wakes():
+    """It takes the ring's payload to `on_ring` and nothing else: no connection is handed out."""
+    import inspect
+
+    rung: list[str] = []
+    done = threading.Event()
+
+    def on_ring(payload: str) -> None:
+        rung.append(payload)
+        done.set()
+
+    assert list(inspect.signature(Doorbell).parameters) == ["on_ring", "channel", "using", "application_name"]
+    bell = Doorbell(on_ring).start()
+    try:
+        assert bell.connected.wait(5)
+        with autocommit_connection() as conn:
+            conn.execute("SELECT pg_notify('omnipost_queue', 'mine')")
+        assert done.wait(5)
+    finally:
+        bell.stop()
+    assert rung == ["mine"]
