@@ -213,9 +213,10 @@ def insert_items_sqlite(source: str, *, order_by: str = "") -> str:
 
 _ENQUEUE_PG = insert_items_sql(
     """(SELECT q AS queue_name, p AS priority, pl::jsonb AS payload, greatest(d, 0) AS delay, t AS tenant_id,
-               n AS notification_id, pr AS provider_id
+               n AS notification_id, pr AS provider_id, ord
         FROM unnest(%s::text[], %s::int[], %s::text[], %s::float8[], %s::uuid[], %s::uuid[], %s::bigint[])
-            AS u(q, p, pl, d, t, n, pr)) s"""
+            WITH ORDINALITY AS u(q, p, pl, d, t, n, pr, ord)) s""",
+    order_by="s.ord",  # item ids in the caller's order: claims take ties first inserted first
 )
 
 _ENQUEUE_SQLITE = f"""
