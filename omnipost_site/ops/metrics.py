@@ -128,11 +128,12 @@ class OmniPostCollector(Collector):
             "(deferred by the rate limit while this stays above zero).",
             labels=["provider", "provider_id"],
         )
-        # queue_state_lane_idx: WHERE rate_limited, by provider.
+        # queue_state_lane_idx: WHERE ready AND rate_limited, by provider (without `ready`, a scan of
+        # the whole queue).
         rows = list(
             QueueItem.objects.using(self.using)
             .ready()
-            .filter(rate_limited=True)
+            .filter(ready=True, rate_limited=True)
             .values("provider_id")
             .annotate(n=Count("pk"))
             .order_by("provider_id")

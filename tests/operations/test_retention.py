@@ -269,6 +269,9 @@ def insert_finished(tenant: Tenant, provider_id: int, count: int) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         # Test data only: skip the per-row foreign-key triggers (every referenced row exists) for speed.
         cursor.execute("SET LOCAL session_replication_role = replica")
+        # The anti-join below must hash: with stale statistics (autovacuum is off here) the planner may
+        # pick a nested loop over a million attempts per row, which never finishes.
+        cursor.execute("SET LOCAL enable_nestloop = off")
         cursor.execute(
             """
             INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
