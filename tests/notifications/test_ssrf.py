@@ -12,6 +12,7 @@ from rest_framework.exceptions import ValidationError
 
 from notifications import ssrf
 from notifications.providers import build_provider
+from notifications.providers.aiohttp_client import CLIENTS, new_client
 from notifications.providers.base import OutboundMessage
 from notifications.providers.http import HttpClient
 from notifications.providers.smtp import SmtpProvider
@@ -150,7 +151,9 @@ def test_validate_refuses_private_twilio_base_url(guard_on):
 
 # -- send time -----------------------------------------------------------------------------
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "[::ffff:127.0.0.1]"])
-def test_webhook_send_to_private_destination_is_refused_before_connecting(guard_on, host):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_webhook_send_to_private_destination_is_refused_before_connecting(guard_on, host, settings, kind):
+    settings.OMNIPOST_HTTP_CLIENT = kind
     with HttpReceiver(secret=TEST_SIGNING_SECRET) as receiver:
         url = f"http://{host}:{receiver.port}/hook"
         provider = build_provider("webhook", {"url": url}, {"signing_secret": TEST_SIGNING_SECRET})
@@ -168,7 +171,9 @@ def test_webhook_send_to_private_destination_is_refused_before_connecting(guard_
         assert receiver.stats()["connections"] == 0
 
 
-def test_webhook_send_to_localhost_is_delivered_when_setting_on(guard_off):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_webhook_send_to_localhost_is_delivered_when_setting_on(guard_off, settings, kind):
+    settings.OMNIPOST_HTTP_CLIENT = kind
     with HttpReceiver(secret=TEST_SIGNING_SECRET) as receiver:
         url = f"http://localhost:{receiver.port}/hook"
         provider = build_provider("webhook", {"url": url}, {"signing_secret": TEST_SIGNING_SECRET})
@@ -183,7 +188,9 @@ def test_webhook_send_to_localhost_is_delivered_when_setting_on(guard_off):
         assert receiver.requests[0].verified
 
 
-def test_connection_goes_to_the_checked_address_not_a_second_lookup(settings):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_connection_goes_to_the_checked_address_not_a_second_lookup(settings, kind):
+    settings.OMNIPOST_HTTP_CLIENT = kind
     """DNS rebinding: the client connects to the IP it checked, keeping the name for Host."""
     lookups: list[str] = []
 
@@ -195,7 +202,7 @@ def test_connection_goes_to_the_checked_address_not_a_second_lookup(settings):
         url = f"http://rebind.example:{receiver.port}/hook"
 
         async def run(allow):
-            client = HttpClient(resolver=resolver, allow_private=allow)
+            client = new_client(resolver=resolver, allow_private=allow)
             provider = WebhookProvider({"url": url}, {"signing_secret": TEST_SIGNING_SECRET}, http_client=client)
             try:
                 return await provider.send(message())
@@ -222,7 +229,9 @@ def test_smtp_send_to_private_host_is_refused(guard_on):
         assert sink.messages == []
 
 
-def test_twilio_send_to_private_base_url_is_refused(guard_on):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_twilio_send_to_private_base_url_is_refused(guard_on, settings, kind):
+    settings.OMNIPOST_HTTP_CLIENT = kind
     with HttpReceiver() as receiver:
         provider = TwilioProvider(
             {"account_sid": SID, "from_number": "+15005550006", "base_url": f"http://127.0.0.1:{receiver.port}"},
