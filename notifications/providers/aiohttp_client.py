@@ -29,6 +29,7 @@ import socket
 import ssl
 import weakref
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 import aiohttp
@@ -124,6 +125,7 @@ class _Handle:
             self.task.cancel()  # type: ignore[union-attr]
 
 
+@lru_cache(maxsize=1024)
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
