@@ -127,8 +127,6 @@ OMNIPOST_MAX_ATTEMPTS = number(env, "OMNIPOST_MAX_ATTEMPTS", 8, minimum=1, integ
 # Requests a minute per tenant; 0 turns the API rate limit off.
 OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=True)
 OMNIPOST_ALLOW_PRIVATE_DESTINATIONS = env.bool("OMNIPOST_ALLOW_PRIVATE_DESTINATIONS", default=False)
-# The webhook/Twilio HTTP transport: the hand-written client or aiohttp (notifications.providers.aiohttp_client).
-OMNIPOST_HTTP_CLIENT = env.str("OMNIPOST_HTTP_CLIENT", default="builtin")
 OMNIPOST_MAX_REQUEST_BYTES = number(env, "OMNIPOST_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1, integer=True)
 OMNIPOST_WORKER_STALE_SECONDS = number(env, "OMNIPOST_WORKER_STALE_SECONDS", 60.0, minimum=0.001)
 # /readyz answers 503 when a due scheduled job has waited longer than this (0 turns the check off).

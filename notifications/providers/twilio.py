@@ -7,7 +7,7 @@ import json
 import re
 from urllib.parse import quote, urlencode
 
-from notifications.providers.aiohttp_client import AiohttpClient, new_client
+from core.http import HttpClient, build_head, split_url
 from notifications.providers.base import (
     BaseProvider,
     DeliveryResult,
@@ -19,7 +19,7 @@ from notifications.providers.base import (
     parse_retry_after,
     reject_unknown_keys,
 )
-from notifications.providers.http import HttpClient, build_head, split_url
+from notifications.providers.transport import new_client
 
 DEFAULT_BASE_URL = "https://api.twilio.com"
 TIMEOUT_SECONDS = 15.0
@@ -35,18 +35,23 @@ class TwilioProvider(BaseProvider):
     kind = "twilio"
     options = ("http_client",)
 
-    def __init__(self, config: dict, secrets: dict, *, http_client: HttpClient | AiohttpClient | None = None) -> None:
+    def __init__(self, config: dict, secrets: dict, *, http_client: HttpClient | None = None) -> None:
         super().__init__(config, secrets)
         sid = self.config["account_sid"]
         base_url = (self.config.get("base_url") or DEFAULT_BASE_URL).rstrip("/")
-        self._origin, self._target = split_url(f"{base_url}/2010-04-01/Accounts/{quote(sid)}/Messages.json")
+        self._origin, target = split_url(f"{base_url}/2010-04-01/Accounts/{quote(sid)}/Messages.json")
         token = base64.b64encode(f"{sid}:{self.secrets.get('auth_token', '')}".encode()).decode("ascii")
-        self._headers = {
-            "Authorization": f"Basic {token}",
-            "Content-Type": "application/x-www-form-urlencoded",
-            "Accept": "application/json",
-        }
-        self._head_prefix = build_head("POST", self._origin, self._target, self._headers, final=False)
+        self._head_prefix = build_head(
+            "POST",
+            self._origin,
+            target,
+            {
+                "Authorization": f"Basic {token}",
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Accept": "application/json",
+            },
+            final=False,
+        )
         self._secret_texts = [self.secrets.get("auth_token", ""), token]
         self._owns_client = http_client is None
         self._client = http_client or new_client()
@@ -94,10 +99,7 @@ class TwilioProvider(BaseProvider):
             form = urlencode(
                 {"To": message.recipient, "From": self.config["from_number"], "Body": message.body}
             ).encode()
-            if isinstance(self._client, HttpClient):
-                head = self._head_prefix + b"Content-Length: %d\r\n\r\n" % len(form)
-            else:  # AiohttpClient: the target and a header dict
-                head = (self._target, self._headers)
+            head = self._head_prefix + b"Content-Length: %d\r\n\r\n" % len(form)
             response = await self._client.send(self._origin, head, form, TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return self._failure(exc)

@@ -23,7 +23,7 @@ from datetime import datetime
 import orjson
 
 from core.crypto import HmacSha256
-from notifications.providers.aiohttp_client import AiohttpClient, new_client
+from core.http import HttpClient, HttpConnectError, Response, build_head, split_url
 from notifications.providers.base import (
     BaseProvider,
     Cancellable,
@@ -36,7 +36,7 @@ from notifications.providers.base import (
     parse_retry_after,
     reject_unknown_keys,
 )
-from notifications.providers.http import HttpClient, HttpConnectError, Response, build_head, split_url
+from notifications.providers.transport import new_client
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 120.0
@@ -89,7 +89,7 @@ class WebhookProvider(BaseProvider):
         config: dict,
         secrets: dict,
         *,
-        http_client: HttpClient | AiohttpClient | None = None,
+        http_client: HttpClient | None = None,
         previous_secrets: dict | None = None,
         previous_until: float | None = None,
     ) -> None:
@@ -99,10 +99,10 @@ class WebhookProvider(BaseProvider):
         super().__init__(config, secrets)
         self.url = self.config["url"]
         self.timeout = float(self.config.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
-        self._origin, self._target = split_url(self.url)
+        self._origin, target = split_url(self.url)
         # Static part of every request, serialised once.
         self._head_prefix = build_head(
-            "POST", self._origin, self._target, {"Content-Type": "application/json", "Accept": "*/*"}, final=False
+            "POST", self._origin, target, {"Content-Type": "application/json", "Accept": "*/*"}, final=False
         )
         self._signer = HmacSha256(decode_signing_secret(self.secrets.get("signing_secret")))
         self._previous_secret = ""
@@ -118,7 +118,6 @@ class WebhookProvider(BaseProvider):
                 self._previous_secret, self._previous_until = old, float(previous_until)
         self._owns_client = http_client is None
         self._client = http_client or new_client()
-        self._raw_head = isinstance(self._client, HttpClient)
 
     @classmethod
     def validate(cls, config: dict, secrets: dict, *, check_destination: bool = True) -> dict:
@@ -173,7 +172,7 @@ class WebhookProvider(BaseProvider):
         except HttpConnectError as exc:  # a closed client, before the request is registered anywhere
             return asyncio.get_running_loop().call_soon(on_result, self._failure(exc))
 
-    def _request(self, message: OutboundMessage) -> tuple[bytes | tuple, bytes] | DeliveryResult:
+    def _request(self, message: OutboundMessage) -> tuple[bytes, bytes] | DeliveryResult:
         """The signed request's head and body, or the permanent failure that keeps it from being sent."""
         try:
             msg_id = message.notification_id
@@ -206,15 +205,6 @@ class WebhookProvider(BaseProvider):
             signature = b"v1," + base64.b64encode(self._signer.digest(signed, body))
             if self._previous_signer is not None and now < self._previous_until:  # a rotation's grace
                 signature += b" v1," + base64.b64encode(self._previous_signer.digest(signed, body))
-            if not self._raw_head:  # AiohttpClient: the target and a header dict
-                return (self._target, {
-                    "Content-Type": "application/json",
-                    "Accept": "*/*",
-                    "webhook-id": msg_id,
-                    "webhook-timestamp": timestamp,
-                    "webhook-signature": signature.decode("ascii"),
-                    "Idempotency-Key": msg_id,
-                }), body
             head = b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: %s\r\n" % (
                 self._head_prefix,
                 msg_id.encode(),

@@ -14,18 +14,9 @@ from rest_framework.exceptions import ValidationError
 
 from dlq.classifier import classify
 from notifications.providers import build_provider
-from notifications.providers.aiohttp_client import CLIENTS
 from notifications.providers.base import OutboundMessage
 from notifications.providers.twilio import TwilioProvider
 from tests.support.receivers import HttpReceiver
-
-
-@pytest.fixture(autouse=True, params=CLIENTS)
-def http_client_kind(request, settings):
-    """Every test here runs against both transports (OMNIPOST_HTTP_CLIENT)."""
-    settings.OMNIPOST_HTTP_CLIENT = request.param
-    return request.param
-
 
 SID = "AC" + "0123456789abcdef" * 2
 TOKEN = "auth-token-0123456789abcdef"

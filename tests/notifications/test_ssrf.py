@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 import pytest
 from rest_framework.exceptions import ValidationError
 
+from core.http import HttpClient
 from notifications import ssrf
 from notifications.providers import build_provider
-from notifications.providers.aiohttp_client import CLIENTS, new_client
 from notifications.providers.base import OutboundMessage
-from notifications.providers.http import HttpClient
 from notifications.providers.smtp import SmtpProvider
+from notifications.providers.transport import new_client
 from notifications.providers.twilio import TwilioProvider
 from notifications.providers.webhook import WebhookProvider
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver, SmtpSink
@@ -151,9 +151,7 @@ def test_validate_refuses_private_twilio_base_url(guard_on):
 
 # -- send time -----------------------------------------------------------------------------
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "[::ffff:127.0.0.1]"])
-@pytest.mark.parametrize("kind", CLIENTS)
-def test_webhook_send_to_private_destination_is_refused_before_connecting(guard_on, host, settings, kind):
-    settings.OMNIPOST_HTTP_CLIENT = kind
+def test_webhook_send_to_private_destination_is_refused_before_connecting(guard_on, host):
     with HttpReceiver(secret=TEST_SIGNING_SECRET) as receiver:
         url = f"http://{host}:{receiver.port}/hook"
         provider = build_provider("webhook", {"url": url}, {"signing_secret": TEST_SIGNING_SECRET})
@@ -171,9 +169,7 @@ def test_webhook_send_to_private_destination_is_refused_before_connecting(guard_
         assert receiver.stats()["connections"] == 0
 
 
-@pytest.mark.parametrize("kind", CLIENTS)
-def test_webhook_send_to_localhost_is_delivered_when_setting_on(guard_off, settings, kind):
-    settings.OMNIPOST_HTTP_CLIENT = kind
+def test_webhook_send_to_localhost_is_delivered_when_setting_on(guard_off):
     with HttpReceiver(secret=TEST_SIGNING_SECRET) as receiver:
         url = f"http://localhost:{receiver.port}/hook"
         provider = build_provider("webhook", {"url": url}, {"signing_secret": TEST_SIGNING_SECRET})
@@ -188,9 +184,7 @@ def test_webhook_send_to_localhost_is_delivered_when_setting_on(guard_off, setti
         assert receiver.requests[0].verified
 
 
-@pytest.mark.parametrize("kind", CLIENTS)
-def test_connection_goes_to_the_checked_address_not_a_second_lookup(settings, kind):
-    settings.OMNIPOST_HTTP_CLIENT = kind
+def test_connection_goes_to_the_checked_address_not_a_second_lookup(settings):
     """DNS rebinding: the client connects to the IP it checked, keeping the name for Host."""
     lookups: list[str] = []
 
@@ -229,9 +223,7 @@ def test_smtp_send_to_private_host_is_refused(guard_on):
         assert sink.messages == []
 
 
-@pytest.mark.parametrize("kind", CLIENTS)
-def test_twilio_send_to_private_base_url_is_refused(guard_on, settings, kind):
-    settings.OMNIPOST_HTTP_CLIENT = kind
+def test_twilio_send_to_private_base_url_is_refused(guard_on):
     with HttpReceiver() as receiver:
         provider = TwilioProvider(
             {"account_sid": SID, "from_number": "+15005550006", "base_url": f"http://127.0.0.1:{receiver.port}"},

@@ -14,7 +14,7 @@ from core import crypto
 from notifications.delivery import DispatchLease, Prepared
 from notifications.providers import build_provider
 from notifications.providers.base import BaseProvider, DeliveryResult, OutboundMessage
-from notifications.providers.http import HttpClient
+from notifications.providers.transport import new_client
 from queueing.worker import Dispatcher, DispatcherConfig, _CachedProvider
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
@@ -197,7 +197,7 @@ def test_giving_back_at_shutdown_opens_no_connection_for_the_sends_that_waited()
 
         async def run():
             dispatcher = await dispatcher_for(rx.url, slow_seconds=0, grace=30)
-            client = HttpClient(max_connections_per_host=4)
+            client = new_client(max_connections_per_host=4)
             secrets = {"signing_secret": TEST_SIGNING_SECRET}
             hook = build_provider("webhook", {"url": rx.url}, secrets, http_client=client)
             dispatcher._providers[HOOK].instance = hook

@@ -1,7 +1,7 @@
 """A small asyncio HTTP/1.1 client built for many small signed POSTs per second.
 
-Why not httpx: at hundreds of requests in flight its per-request overhead dominates a dispatcher
-process (see bench/http_client_bench.py). This client does only what delivery needs:
+Why it exists rather than httpx or aiohttp: measured, see core/http/__init__.py. It does only what
+delivery needs:
 
 - a keep-alive pool per (scheme, host, port) with a maximum size and FIFO waiting requests; a
   connection set free takes the next one itself;
@@ -10,15 +10,16 @@ process (see bench/http_client_bench.py). This client does only what delivery ne
 - one deadline per request covering pool wait, DNS, connect, TLS, write and response;
 - Content-Length, chunked and close-delimited response bodies, `Connection: close`, 1xx skipped;
 - TLS via ssl.create_default_context() with SNI and hostname verification;
-- the SSRF guard on the resolved addresses: the host is resolved with loop.getaddrinfo(), every
-  candidate is checked with notifications.ssrf, and the socket connects to the checked IP (the
+- a guard on the resolved addresses (the providers' SSRF check): the host is resolved with
+  loop.getaddrinfo(), the guard sees every candidate, and the socket connects to a checked IP (the
   Host header and SNI keep the name), so DNS rebinding cannot redirect the connection.
 
 It never follows redirects and never retries a request except once when a reused keep-alive
 connection turns out to have been closed by the server before any byte of a response arrived.
-Exceptions are DeliveryError subclasses (or ssrf.DestinationForbidden) with stable codes.
+Exceptions are HttpError subclasses with stable codes, or whatever the guard raises.
 Not supported, because delivery does not need them: HEAD, pipelining, streamed request bodies,
-proxies, HTTP/2, cookies, decompression.
+proxies, HTTP/2, cookies, decompression. The response parser is held to h11's verdicts by
+tests/core/test_http_conformance.py.
 """
 
 from __future__ import annotations
@@ -32,31 +33,38 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from notifications import ssrf
-from notifications.providers.base import DeliveryError
-
 MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 USER_AGENT = "OmniPost/1.0"
 
 
-class HttpTimeout(DeliveryError):
+class HttpError(Exception):
+    """A request that got no usable response, with a stable `code` (the providers turn it into a
+    DeliveryResult the way they turn a DeliveryError into one: same attributes)."""
+
+    code: str = "http_error"
+    permanent: bool | None = None
+    retry_after: float | None = None
+    http_status: int | None = None
+
+
+class HttpTimeout(HttpError):
     code = "timeout"
 
 
-class HttpConnectError(DeliveryError):
+class HttpConnectError(HttpError):
     code = "connect_error"
 
 
-class HttpDnsError(DeliveryError):
+class HttpDnsError(HttpError):
     code = "dns_error"
 
 
-class HttpTlsError(DeliveryError):
+class HttpTlsError(HttpError):
     code = "tls_error"
 
 
-class HttpProtocolError(DeliveryError):
+class HttpProtocolError(HttpError):
     code = "protocol_error"
 
 
@@ -384,6 +392,8 @@ class _Connection(asyncio.Protocol):
 
 
 Resolver = Callable[[str, int], Awaitable[list[tuple]]]
+# Called with the host and every address it resolved to, before connecting; raises to refuse them.
+Guard = Callable[[str, Iterable[str]], object]
 OnDone = Callable[["Response | None", "BaseException | None"], object]
 
 
@@ -601,12 +611,14 @@ class HttpClient:
         max_connections_per_host: int = 256,
         keepalive_expiry: float = 4.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        guard: Guard,
         ssl_context: ssl.SSLContext | None = None,
-        allow_private: bool | None = None,
         resolver: Resolver | None = None,
         timeout_resolution: float = 0.025,
     ) -> None:
-        """`allow_private=None` reads OMNIPOST_ALLOW_PRIVATE_DESTINATIONS at every new connection.
+        """`guard(host, addresses)` runs at every new connection on what the host resolved to and
+        raises to refuse it (the providers pass the SSRF check: notifications.providers.transport);
+        the connection then goes to a checked address, never through a second lookup.
 
         Response deadlines are enforced by one sweep every `timeout_resolution` seconds rather than
         a timer per request: at >10k requests/s with 10 s timeouts, per-request timers keep a heap of
@@ -616,7 +628,7 @@ class HttpClient:
         # Below the common 5 s server keep-alive timeout, so we rarely reuse a socket being closed.
         self.keepalive_expiry = keepalive_expiry
         self.max_body_bytes = max_body_bytes
-        self.allow_private = allow_private
+        self.guard = guard
         self._ssl_context = ssl_context
         self._resolver = resolver
         self._pools: dict[tuple[str, str, int], _Pool] = {}
@@ -760,7 +772,7 @@ class HttpClient:
                     raise HttpDnsError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
                 if not infos:
                     raise HttpDnsError(f"cannot resolve {origin.host}: no addresses")
-                ssrf.check_addresses(origin.host, (info[4][0] for info in infos), allow_private=self.allow_private)
+                self.guard(origin.host, [info[4][0] for info in infos])
                 last: OSError | None = None
                 for family, type_, proto, _, sockaddr in infos:
                     sock = socket.socket(family, type_, proto)
