@@ -25,6 +25,7 @@ tests/core/test_http_conformance.py.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections import deque
@@ -287,33 +288,32 @@ class _Connection(asyncio.Protocol):
                     if len(buf) > 4096:
                         raise HttpProtocolError("chunk size line too long")
                     return
-                line = bytes(buf[:end]).split(b";", 1)[0].strip()
-                del buf[: end + 2]
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    raise HttpProtocolError("invalid chunk size") from None
-                if size < 0:
+                match = _CHUNK_SIZE_LINE.fullmatch(buf, 0, end)
+                if match is None:
                     raise HttpProtocolError("invalid chunk size")
+                size = int(match.group(1), 16)
+                del buf[: end + 2]
                 if size == 0:
                     self._state = _TRAILERS
                 else:
                     self._remaining = size
                     self._state = _CHUNK_DATA
             elif state == _CHUNK_DATA:
-                if len(buf) < self._remaining + 2:
-                    if len(self._body) + len(buf) > self.max_body:
-                        del buf[:]
-                        self._complete(truncated=True)
-                    return
-                if buf[self._remaining : self._remaining + 2] != b"\r\n":
-                    raise HttpProtocolError("chunk not terminated by CRLF")
-                if len(self._body) + self._remaining > self.max_body:
+                remaining = self._remaining
+                room = self.max_body - len(self._body)
+                if remaining > room:  # this chunk goes over the cap: keep what fits, read no further
+                    if len(buf) < room:
+                        return
+                    self._body += buf[:room]
                     del buf[:]
                     self._complete(truncated=True)
                     return
-                self._body += buf[: self._remaining]
-                del buf[: self._remaining + 2]
+                if len(buf) < remaining + 2:
+                    return
+                if buf[remaining : remaining + 2] != b"\r\n":
+                    raise HttpProtocolError("chunk not terminated by CRLF")
+                self._body += buf[:remaining]
+                del buf[: remaining + 2]
                 self._state = _CHUNK_SIZE
             elif state == _TRAILERS:
                 if buf[:2] == b"\r\n":
@@ -342,53 +342,77 @@ class _Connection(asyncio.Protocol):
                 return
 
     def _start_response(self, head: bytes) -> bool:
-        """Parse a status line and headers; set the body state. True when it was a 1xx."""
+        """Parse a status line and headers (RFC 9112's grammar, as h11 reads it); set the body state.
+        True when it was a 1xx."""
         lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+        match = _STATUS_LINE.fullmatch(lines[0])
+        if match is None:
             raise HttpProtocolError("malformed status line")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise HttpProtocolError("malformed status code") from None
-        if not 100 <= status <= 999:
+        version, status, reason = match.group(1), int(match.group(2)), match.group(3) or ""
+        if status < 100:
             raise HttpProtocolError("malformed status code")
         if 100 <= status < 200 and status != 101:
             return True
         headers: dict[str, str] = {}
+        key = ""
         for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
+            if line[:1] in (" ", "\t") and key:  # obs-fold: a continuation of the previous value
+                folded = _FOLDED.fullmatch(line)
+                if folded is None:
+                    raise HttpProtocolError("malformed header line")
+                value = folded.group(1)
+                if value:
+                    headers[key] = f"{headers[key]} {value}" if headers[key] else value
+                continue
+            field = _HEADER_LINE.fullmatch(line)
+            if field is None:
                 raise HttpProtocolError("malformed header line")
-            key = name.strip().lower()
-            value = value.strip()
+            key, value = field.group(1).lower(), field.group(2)
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         self._status = status
-        self._reason = parts[2] if len(parts) > 2 else ""
+        self._reason = reason
         self._headers = headers
         self._body.clear()
-        connection = headers.get("connection", "").lower()
-        if "close" in connection or (parts[0] == "HTTP/1.0" and "keep-alive" not in connection):
+        connection = headers.get("connection")
+        if version == "1.0" or (connection is not None and "close" in _tokens(connection)):
+            # HTTP/1.0 keep-alive is not worth its corner cases (h11 does not do it either)
             self.reusable = False
         if status in (204, 304) or status == 101:
             if status == 101:
                 self.reusable = False
             self._state = _IDLE
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif "transfer-encoding" in headers:
+            if headers["transfer-encoding"].lower() != "chunked":  # the only coding a client must read
+                raise HttpProtocolError("unsupported Transfer-Encoding")
             self._state = _CHUNK_SIZE
         elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"].split(",")[0])
-            except ValueError:
-                raise HttpProtocolError("invalid Content-Length") from None
-            if length < 0:
+            lengths = set(_tokens(headers["content-length"]))  # repeated equal values are one value
+            if len(lengths) != 1:
+                raise HttpProtocolError("conflicting Content-Length values")
+            (length_text,) = lengths
+            if not length_text.isdigit() or not length_text.isascii():
                 raise HttpProtocolError("invalid Content-Length")
+            length = int(length_text)
             self._remaining = length
             self._state = _LENGTH if length else _IDLE
         else:
             self.reusable = False
             self._state = _UNTIL_CLOSE
         return False
+
+
+# RFC 9112 §4, §5 (h11's _abnf.py says the same): a 3-digit status, an optional reason; a header is a
+# token, a colon, optional whitespace and a value of visible characters (obs-text allowed) with
+# inner spaces.
+_STATUS_LINE = re.compile(r"HTTP/(1\.[0-9]) ([0-9]{3})(?: ([^\x00\n\r\x0b\x0c]*))?")
+_VALUE = r"((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)"
+_HEADER_LINE = re.compile(r"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*" + _VALUE + r"[ \t]*", re.ASCII)
+_FOLDED = re.compile(r"[ \t]+" + _VALUE + r"[ \t]*", re.ASCII)
+_CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+
+
+def _tokens(value: str) -> list[str]:
+    return [token.strip().lower() for token in value.split(",")]
 
 
 Resolver = Callable[[str, int], Awaitable[list[tuple]]]
