@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 from dataclasses import dataclass
 
 import h11
 import pytest
 
+import core.http as core_http
 from core.http import HttpConnectError, HttpProtocolError, Response
 from core.http.client import _Connection
 
@@ -301,3 +303,21 @@ def test_the_harness_sees_a_disagreement():
 
     assert agree(asyncio.run(mine()), reference)
     assert not agree(Verdict(200, {"content-length": "3"}, b"ab", True), reference)
+
+
+def test_the_client_stands_below_notifications_and_is_told_what_to_refuse():
+    """core.http imports nothing of OmniPost's apps (nor Django); the SSRF check is handed to it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, core.http; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'notifications', 'queueing', 'dlq', 'django'}))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=30, check=True
+    )
+    assert out.stdout.strip() == "[]"
+    with pytest.raises(TypeError, match="guard"):
+        core_http.HttpClient()  # type: ignore[call-arg] - no client without a guard
