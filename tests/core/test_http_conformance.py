@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import h11
 import pytest
