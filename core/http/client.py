@@ -344,7 +344,29 @@ class _Connection(asyncio.Protocol):
     def _start_response(self, head: bytes) -> bool:
         """Parse a status line and headers (RFC 9112's grammar, as h11 reads it); set the body state.
         True when it was a 1xx."""
-        lines = head.decode("latin-1").split("\r\n")
+        text = head.decode("latin-1")
+        if _HEAD.fullmatch(text) is None:
+            return self._start_unusual_response(text)
+        # Checked as a whole (one regex, the common case): the lines split without further checks.
+        lines = text.split("\r\n")
+        version, code, reason = (lines[0].split(" ", 2) + [""])[:3]
+        status = int(code)
+        if status < 100:
+            raise HttpProtocolError("malformed status code")
+        if 100 <= status < 200 and status != 101:
+            return True
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            key = name.lower()
+            value = value.strip(" \t")
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        return self._start_body(version[5:], status, reason, headers)
+
+    def _start_unusual_response(self, text: str) -> bool:
+        """The head did not pass the one-regex check: folded header lines (obs-fold, which a client
+        must unfold), or something malformed; line by line, then."""
+        lines = text.split("\r\n")
         match = _STATUS_LINE.fullmatch(lines[0])
         if match is None:
             raise HttpProtocolError("malformed status line")
@@ -357,18 +379,21 @@ class _Connection(asyncio.Protocol):
         key = ""
         for line in lines[1:]:
             if line[:1] in (" ", "\t") and key:  # obs-fold: a continuation of the previous value
-                folded = _FOLDED.fullmatch(line)
-                if folded is None:
+                if _FOLDED.fullmatch(line) is None:
                     raise HttpProtocolError("malformed header line")
-                value = folded.group(1)
+                value = line.strip(" \t")
                 if value:
                     headers[key] = f"{headers[key]} {value}" if headers[key] else value
                 continue
             field = _HEADER_LINE.fullmatch(line)
             if field is None:
                 raise HttpProtocolError("malformed header line")
-            key, value = field.group(1).lower(), field.group(2)
+            key, value = field.group(1).lower(), field.group(2).strip(" \t")
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        return self._start_body(version, status, reason, headers)
+
+    def _start_body(self, version: str, status: int, reason: str, headers: dict[str, str]) -> bool:
+        """Keep the final response's status line and headers; choose how its body is delimited."""
         self._status = status
         self._reason = reason
         self._headers = headers
@@ -386,12 +411,14 @@ class _Connection(asyncio.Protocol):
                 raise HttpProtocolError("unsupported Transfer-Encoding")
             self._state = _CHUNK_SIZE
         elif "content-length" in headers:
-            lengths = set(_tokens(headers["content-length"]))  # repeated equal values are one value
-            if len(lengths) != 1:
-                raise HttpProtocolError("conflicting Content-Length values")
-            (length_text,) = lengths
-            if not length_text.isdigit() or not length_text.isascii():
-                raise HttpProtocolError("invalid Content-Length")
+            length_text = headers["content-length"]
+            if not (length_text.isdigit() and length_text.isascii()):
+                lengths = set(_tokens(length_text))  # repeated equal values are one value
+                if len(lengths) != 1:
+                    raise HttpProtocolError("conflicting Content-Length values")
+                (length_text,) = lengths
+                if not (length_text.isdigit() and length_text.isascii()):
+                    raise HttpProtocolError("invalid Content-Length")
             length = int(length_text)
             self._remaining = length
             self._state = _LENGTH if length else _IDLE
@@ -404,10 +431,14 @@ class _Connection(asyncio.Protocol):
 # RFC 9112 §4, §5 (h11's _abnf.py says the same): a 3-digit status, an optional reason; a header is a
 # token, a colon, optional whitespace and a value of visible characters (obs-text allowed) with
 # inner spaces.
-_STATUS_LINE = re.compile(r"HTTP/(1\.[0-9]) ([0-9]{3})(?: ([^\x00\n\r\x0b\x0c]*))?")
-_VALUE = r"((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)"
-_HEADER_LINE = re.compile(r"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*" + _VALUE + r"[ \t]*", re.ASCII)
-_FOLDED = re.compile(r"[ \t]+" + _VALUE + r"[ \t]*", re.ASCII)
+_REASON = r"[^\x00\n\r\x0b\x0c]*"
+_STATUS_LINE = re.compile(r"HTTP/(1\.[0-9]) ([0-9]{3})(?: (" + _REASON + r"))?")
+# A value: visible characters, obs-text, spaces and tabs (h11's OWS field-content OWS is the same
+# set); stripped afterwards, so the regexes have nothing to backtrack over.
+_FIELD = r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[^\x00\n\r\x0b\x0c]*"
+_HEADER_LINE = re.compile(r"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):([^\x00\n\r\x0b\x0c]*)")
+_FOLDED = re.compile(r"[ \t][^\x00\n\r\x0b\x0c]*")
+_HEAD = re.compile(r"HTTP/1\.[0-9] [0-9]{3}(?: " + _REASON + r")?(?:\r\n" + _FIELD + r")*")
 _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 
 
