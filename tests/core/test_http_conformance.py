@@ -169,6 +169,8 @@ def valid(rng: random.Random) -> tuple[bytes, bool]:
         lines.append(f"{header_name(rng)}:{rng.choice(['', ' ', '  ', chr(9)])}{header_value(rng)}")
     if rng.random() < 0.2:  # a repeated header
         lines += ["X-Repeated: one", "X-Repeated: two"]
+    if rng.random() < 0.1:  # obs-fold: a value continued on the next line, which a client unfolds
+        lines += [f"X-Folded: {header_value(rng)}", rng.choice([" ", "\t", "   "]) + header_value(rng)]
     close = rng.random() < 0.25 or version == "HTTP/1.0"
     if close:
         lines.append(rng.choice(["Connection: close", "connection: Close", "Connection: keep-alive, close"]))
@@ -321,3 +323,18 @@ def test_the_client_stands_below_notifications_and_is_told_what_to_refuse():
     assert out.stdout.strip() == "[]"
     with pytest.raises(TypeError, match="guard"):
         core_http.HttpClient()  # type: ignore[call-arg] - no client without a guard
+
+
+@pytest.mark.timeout(30)
+def test_a_huge_hostile_head_is_refused_in_linear_time():
+    """A receiver is the tenant's: a 60 KB header of spaces ending in a NUL must not make the regexes
+    backtrack (the head limit is 64 KB)."""
+    import time
+
+    async def run() -> float:
+        started = time.process_time()
+        for head in (b"X-A: a" + b" " * 60_000 + b"\x00", b"X-A:" + b" a" * 30_000 + b"\x00", b" " * 60_000):
+            assert not ours([b"HTTP/1.1 200 OK\r\n" + head + b"\r\nContent-Length: 0\r\n\r\n"], False).accepted
+        return time.process_time() - started
+
+    assert asyncio.run(run()) < 0.5
