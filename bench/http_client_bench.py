@@ -1,4 +1,4 @@
-"""Compare notifications.providers.http.HttpClient with httpx.AsyncClient on loopback.
+"""Compare core.http.HttpClient with httpx.AsyncClient on loopback.
 
     .venv/bin/python bench/http_client_bench.py [--concurrency 200] [--seconds 4] [--server minimal|receiver]
 
@@ -135,10 +135,10 @@ async def _drive(send, concurrency: int, seconds: float) -> dict:  # noqa: ANN00
 
 async def bench_provider(url: str, concurrency: int, seconds: float) -> dict:
     from notifications.providers.base import OutboundMessage
-    from notifications.providers.http import HttpClient
+    from notifications.providers.transport import new_client
     from notifications.providers.webhook import WebhookProvider
 
-    client = HttpClient(allow_private=True, max_connections_per_host=concurrency)
+    client = new_client(allow_private=True, max_connections_per_host=concurrency)
     provider = WebhookProvider({"url": url}, {"signing_secret": SECRET}, http_client=client)
     created = datetime.now(UTC)
 
@@ -163,9 +163,9 @@ async def bench_provider(url: str, concurrency: int, seconds: float) -> dict:
 
 
 async def bench_omnipost_raw(url: str, concurrency: int, seconds: float) -> dict:
-    from notifications.providers.http import HttpClient
+    from notifications.providers.transport import new_client
 
-    client = HttpClient(allow_private=True, max_connections_per_host=concurrency)
+    client = new_client(allow_private=True, max_connections_per_host=concurrency)
 
     async def send() -> bool:
         body, headers = signed(str(uuid.uuid4()))

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from rest_framework.exceptions import ValidationError
 
+from core.http import HttpError
 from core.masking import mask_text
 from notifications import ssrf
 from notifications.ssrf import DestinationForbidden
@@ -113,7 +114,7 @@ def result_from_exception(exc: BaseException, secrets: Iterable[str] = ()) -> De
     """Map an exception raised while delivering to a DeliveryResult with a stable error code."""
     name = type(exc).__name__
     text = clean_message(f"{name}: {exc}", secrets)
-    if isinstance(exc, DeliveryError):
+    if isinstance(exc, DeliveryError | HttpError):  # the same attributes
         return DeliveryResult(
             delivered=False,
             http_status=exc.http_status,

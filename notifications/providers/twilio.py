@@ -7,6 +7,7 @@ import json
 import re
 from urllib.parse import quote, urlencode
 
+from core.http import HttpClient, build_head, split_url
 from notifications.providers.base import (
     BaseProvider,
     DeliveryResult,
@@ -18,7 +19,7 @@ from notifications.providers.base import (
     parse_retry_after,
     reject_unknown_keys,
 )
-from notifications.providers.http import HttpClient, build_head, split_url
+from notifications.providers.transport import new_client
 
 DEFAULT_BASE_URL = "https://api.twilio.com"
 TIMEOUT_SECONDS = 15.0
@@ -53,7 +54,7 @@ class TwilioProvider(BaseProvider):
         )
         self._secret_texts = [self.secrets.get("auth_token", ""), token]
         self._owns_client = http_client is None
-        self._client = http_client or HttpClient()
+        self._client = http_client or new_client()
 
     @classmethod
     def validate(cls, config: dict, secrets: dict, *, check_destination: bool = True) -> dict:

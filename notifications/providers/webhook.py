@@ -23,6 +23,7 @@ from datetime import datetime
 import orjson
 
 from core.crypto import HmacSha256
+from core.http import HttpClient, HttpConnectError, Response, build_head, split_url
 from notifications.providers.base import (
     BaseProvider,
     Cancellable,
@@ -35,7 +36,7 @@ from notifications.providers.base import (
     parse_retry_after,
     reject_unknown_keys,
 )
-from notifications.providers.http import HttpClient, HttpConnectError, Response, build_head, split_url
+from notifications.providers.transport import new_client
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 120.0
@@ -116,7 +117,7 @@ class WebhookProvider(BaseProvider):
             else:
                 self._previous_secret, self._previous_until = old, float(previous_until)
         self._owns_client = http_client is None
-        self._client = http_client or HttpClient()
+        self._client = http_client or new_client()
 
     @classmethod
     def validate(cls, config: dict, secrets: dict, *, check_destination: bool = True) -> dict:

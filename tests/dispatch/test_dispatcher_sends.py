@@ -16,7 +16,7 @@ from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from dispatch.providers import CachedProvider
 from notifications.providers import build_provider
 from notifications.providers.base import BaseProvider, DeliveryResult, OutboundMessage
-from notifications.providers.http import HttpClient
+from notifications.providers.transport import new_client
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
 HOOK, SLOW = 1, 2
@@ -195,7 +195,7 @@ def test_giving_back_at_shutdown_opens_no_connection_for_the_sends_that_waited()
 
         async def run():
             dispatcher = await dispatcher_for(rx.url, slow_seconds=0, grace=30)
-            client = HttpClient(max_connections_per_host=4)
+            client = new_client(max_connections_per_host=4)
             secrets = {"signing_secret": TEST_SIGNING_SECRET}
             hook = build_provider("webhook", {"url": rx.url}, secrets, http_client=client)
             dispatcher.providers.entries[HOOK].instance = hook

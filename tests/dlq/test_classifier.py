@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
+from core.http import HttpConnectError, HttpDnsError, HttpTimeout, HttpTlsError
 from dlq.classifier import Classification, classify
 from notifications.providers.base import DeliveryResult, result_from_exception
-from notifications.providers.http import HttpConnectError, HttpDnsError, HttpTimeout, HttpTlsError
 from notifications.ssrf import DestinationForbidden
 
 

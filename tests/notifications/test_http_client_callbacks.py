@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from notifications.providers.http import HttpClient, HttpConnectError, HttpTimeout, build_head, split_url
+from core.http import HttpConnectError, HttpTimeout, build_head, split_url
+from notifications.providers.transport import new_client
 from notifications.providers.webhook import WebhookProvider
 from tests.notifications.test_providers_webhook import SECRETS, message
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
@@ -53,7 +54,7 @@ def test_start_calls_back_once_after_returning_and_reuses_the_connection():
     with HttpReceiver() as rx:
 
         async def run():
-            client = HttpClient()
+            client = new_client()
             calls = Calls()
             req = client.start(*post(rx.url, "a"), 2.0, calls.for_("a"))
             assert calls.results == {}, "no callback from within start()"
@@ -75,7 +76,7 @@ def test_waiting_requests_take_the_connection_in_order_as_each_answer_arrives():
     with HttpReceiver(delay_ms=10) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
             tags = [f"r{i}" for i in range(6)]
             for tag in tags:
@@ -93,7 +94,7 @@ def test_a_cancelled_waiting_request_is_neither_sent_nor_called_back():
     with HttpReceiver(delay_ms=50) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
             client.start(*post(rx.url, "first"), 5.0, calls.for_("first"))
             dropped = client.start(*post(rx.url, "dropped"), 5.0, calls.for_("dropped"))
@@ -113,7 +114,7 @@ def test_a_cancelled_request_in_flight_closes_its_connection_and_the_next_one_op
     with HttpReceiver(delay_ms=300) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
             abandoned = client.start(*post(rx.url, "abandoned"), 5.0, calls.for_("abandoned"))
             waiting = client.start(*post(rx.url, "waiting"), 5.0, calls.for_("waiting"))
@@ -135,7 +136,7 @@ def test_timeouts_waiting_and_in_flight_arrive_as_errors_through_the_callback():
     with HttpReceiver(delay_ms=500) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
             client.start(*post(rx.url, "slow"), 0.1, calls.for_("slow"))
             client.start(*post(rx.url, "queued"), 0.1, calls.for_("queued"))
@@ -152,7 +153,7 @@ def test_a_closed_client_refuses_at_once_and_fails_its_waiting_requests():
     with HttpReceiver(delay_ms=200) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
             client.start(*post(rx.url, "sent"), 5.0, calls.for_("sent"))
             client.start(*post(rx.url, "waiting"), 5.0, calls.for_("waiting"))
@@ -172,7 +173,7 @@ def test_a_closed_client_refuses_at_once_and_fails_its_waiting_requests():
 
 def test_connect_errors_reach_the_callback():
     async def run():
-        client = HttpClient()
+        client = new_client()
         calls = Calls()
         origin, head, body = post("http://127.0.0.1:9/hook", "refused")  # discard port: nothing listens
         client.start(origin, head, body, 2.0, calls.for_("refused"))
@@ -239,7 +240,7 @@ def test_callbacks_that_raise_or_start_requests_leave_the_pool_and_its_timeouts_
             loop = asyncio.get_running_loop()
             reported: list = []
             loop.set_exception_handler(lambda _, context: reported.append(context.get("exception")))
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
             record_then = calls.for_
 
@@ -278,7 +279,7 @@ def test_a_callback_that_raises_on_its_response_does_not_resend_the_next_request
         async def run():
             loop = asyncio.get_running_loop()
             loop.set_exception_handler(lambda *_: None)
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             calls = Calls()
 
             def raising(response, error) -> None:  # noqa: ANN001

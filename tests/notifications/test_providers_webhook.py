@@ -17,10 +17,11 @@ import pytest
 from rest_framework.exceptions import ValidationError
 from standardwebhooks import Webhook
 
+from core.http import HttpClient, HttpProtocolError, split_url
 from dlq.classifier import classify
 from notifications.providers import REGISTRY, build_provider
 from notifications.providers.base import OutboundMessage
-from notifications.providers.http import HttpClient, HttpProtocolError, split_url
+from notifications.providers.transport import new_client
 from notifications.providers.webhook import WebhookProvider
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver, make_tls_material, spawn_receiver
 
@@ -218,7 +219,7 @@ def test_connection_close_and_chunked_responses(receiver):
 
 def test_idle_connection_closed_by_server_is_replaced_transparently(receiver):
     async def run():
-        client = HttpClient()
+        client = new_client()
         provider = WebhookProvider({"url": receiver.url}, SECRETS, http_client=client)
         first = await provider.send(message())
         # The server drops the idle keep-alive connection; the client has not noticed yet.
@@ -236,7 +237,7 @@ def test_pool_limits_connections_under_concurrency():
     with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=20) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=4)
+            client = new_client(max_connections_per_host=4)
             provider = WebhookProvider({"url": rx.url}, SECRETS, http_client=client)
             results = await asyncio.gather(*(provider.send(message()) for _ in range(40)))
             await client.aclose()
@@ -253,7 +254,7 @@ def test_waiting_for_a_pool_slot_counts_against_the_timeout():
     with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=400) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             provider = WebhookProvider({"url": rx.url, "timeout_seconds": 0.1}, SECRETS, http_client=client)
             started = time.monotonic()
             results = await asyncio.gather(*(provider.send(message()) for _ in range(3)))
@@ -283,7 +284,7 @@ def test_a_pool_waiter_times_out_while_the_only_connection_is_still_being_opened
                 await answer.wait()
                 return await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
-            client = HttpClient(max_connections_per_host=1, resolver=slow_dns)
+            client = new_client(max_connections_per_host=1, resolver=slow_dns)
             opener = WebhookProvider({"url": rx.url, "timeout_seconds": 5.0}, SECRETS, http_client=client)
             waiter = WebhookProvider({"url": rx.url, "timeout_seconds": 0.15}, SECRETS, http_client=client)
             first = asyncio.create_task(opener.send(message()))
@@ -309,7 +310,7 @@ def test_a_pool_waiter_with_a_shorter_timeout_expires_behind_one_with_a_longer_t
     with HttpReceiver(secret=TEST_SIGNING_SECRET, delay_ms=600) as rx:
 
         async def run():
-            client = HttpClient(max_connections_per_host=1)
+            client = new_client(max_connections_per_host=1)
             patient = WebhookProvider({"url": rx.url, "timeout_seconds": 5.0}, SECRETS, http_client=client)
             hasty = WebhookProvider({"url": rx.url, "timeout_seconds": 0.15}, SECRETS, http_client=client)
             holder = asyncio.create_task(patient.send(message()))  # takes the only connection
@@ -332,7 +333,7 @@ def test_https_with_sni_and_certificate_verification(tmp_path):
     tls = make_tls_material(tmp_path)
     with HttpReceiver(secret=TEST_SIGNING_SECRET, ssl_context=tls.server_context) as rx:
         url = f"https://localhost:{rx.port}/hook"
-        [ok] = deliver(url, message(), client=HttpClient(ssl_context=tls.client_context()))
+        [ok] = deliver(url, message(), client=new_client(ssl_context=tls.client_context()))
         assert ok.delivered and rx.requests[0].verified
         assert "localhost" in tls.sni_names
         # The default context does not trust the self-signed certificate.
@@ -442,7 +443,7 @@ async def _raw_exchange(chunks: list[bytes], *, byte_by_byte: bool = False, clos
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = HttpClient(**client_kw)
+    client = new_client(**client_kw)
     try:
         return await client.request("POST", f"http://127.0.0.1:{port}/x", body=b"{}", timeout=2)
     finally:

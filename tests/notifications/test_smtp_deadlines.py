@@ -249,7 +249,7 @@ def test_tarpit_send_fails_at_deadline_others_go_out_and_sigterm_aborts_the_rest
 
 # --- the webhook side: its cancel() closes the connection too ---------------------------------------
 def test_a_cancelled_webhook_send_stops_writing_its_request():
-    """notifications/providers/http.py: a cancelled request aborts its transport, dropping what is
+    """core/http/client.py: a cancelled request aborts its transport, dropping what is
     still buffered, instead of closing it gracefully (which flushes the rest of the request)."""
     from tests.support.receivers import TEST_SIGNING_SECRET
 

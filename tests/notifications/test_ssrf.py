@@ -10,11 +10,12 @@ from datetime import UTC, datetime
 import pytest
 from rest_framework.exceptions import ValidationError
 
+from core.http import HttpClient
 from notifications import ssrf
 from notifications.providers import build_provider
 from notifications.providers.base import OutboundMessage
-from notifications.providers.http import HttpClient
 from notifications.providers.smtp import SmtpProvider
+from notifications.providers.transport import new_client
 from notifications.providers.twilio import TwilioProvider
 from notifications.providers.webhook import WebhookProvider
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver, SmtpSink
@@ -195,7 +196,7 @@ def test_connection_goes_to_the_checked_address_not_a_second_lookup(settings):
         url = f"http://rebind.example:{receiver.port}/hook"
 
         async def run(allow):
-            client = HttpClient(resolver=resolver, allow_private=allow)
+            client = new_client(resolver=resolver, allow_private=allow)
             provider = WebhookProvider({"url": url}, {"signing_secret": TEST_SIGNING_SECRET}, http_client=client)
             try:
                 return await provider.send(message())

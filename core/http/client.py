@@ -1,7 +1,7 @@
 """A small asyncio HTTP/1.1 client built for many small signed POSTs per second.
 
-Why not httpx: at hundreds of requests in flight its per-request overhead dominates a dispatcher
-process (see bench/http_client_bench.py). This client does only what delivery needs:
+Why it exists rather than httpx or aiohttp: measured, see core/http/__init__.py. It does only what
+delivery needs:
 
 - a keep-alive pool per (scheme, host, port) with a maximum size and FIFO waiting requests; a
   connection set free takes the next one itself;
@@ -10,20 +10,22 @@ process (see bench/http_client_bench.py). This client does only what delivery ne
 - one deadline per request covering pool wait, DNS, connect, TLS, write and response;
 - Content-Length, chunked and close-delimited response bodies, `Connection: close`, 1xx skipped;
 - TLS via ssl.create_default_context() with SNI and hostname verification;
-- the SSRF guard on the resolved addresses: the host is resolved with loop.getaddrinfo(), every
-  candidate is checked with notifications.ssrf, and the socket connects to the checked IP (the
+- a guard on the resolved addresses (the providers' SSRF check): the host is resolved with
+  loop.getaddrinfo(), the guard sees every candidate, and the socket connects to a checked IP (the
   Host header and SNI keep the name), so DNS rebinding cannot redirect the connection.
 
 It never follows redirects and never retries a request except once when a reused keep-alive
 connection turns out to have been closed by the server before any byte of a response arrived.
-Exceptions are DeliveryError subclasses (or ssrf.DestinationForbidden) with stable codes.
+Exceptions are HttpError subclasses with stable codes, or whatever the guard raises.
 Not supported, because delivery does not need them: HEAD, pipelining, streamed request bodies,
-proxies, HTTP/2, cookies, decompression.
+proxies, HTTP/2, cookies, decompression. The response parser is held to h11's verdicts by
+tests/core/test_http_conformance.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections import deque
@@ -32,31 +34,38 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from notifications import ssrf
-from notifications.providers.base import DeliveryError
-
 MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 USER_AGENT = "OmniPost/1.0"
 
 
-class HttpTimeout(DeliveryError):
+class HttpError(Exception):
+    """A request that got no usable response, with a stable `code` (the providers turn it into a
+    DeliveryResult the way they turn a DeliveryError into one: same attributes)."""
+
+    code: str = "http_error"
+    permanent: bool | None = None
+    retry_after: float | None = None
+    http_status: int | None = None
+
+
+class HttpTimeout(HttpError):
     code = "timeout"
 
 
-class HttpConnectError(DeliveryError):
+class HttpConnectError(HttpError):
     code = "connect_error"
 
 
-class HttpDnsError(DeliveryError):
+class HttpDnsError(HttpError):
     code = "dns_error"
 
 
-class HttpTlsError(DeliveryError):
+class HttpTlsError(HttpError):
     code = "tls_error"
 
 
-class HttpProtocolError(DeliveryError):
+class HttpProtocolError(HttpError):
     code = "protocol_error"
 
 
@@ -279,33 +288,32 @@ class _Connection(asyncio.Protocol):
                     if len(buf) > 4096:
                         raise HttpProtocolError("chunk size line too long")
                     return
-                line = bytes(buf[:end]).split(b";", 1)[0].strip()
-                del buf[: end + 2]
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    raise HttpProtocolError("invalid chunk size") from None
-                if size < 0:
+                match = _CHUNK_SIZE_LINE.fullmatch(buf, 0, end)
+                if match is None:
                     raise HttpProtocolError("invalid chunk size")
+                size = int(match.group(1), 16)
+                del buf[: end + 2]
                 if size == 0:
                     self._state = _TRAILERS
                 else:
                     self._remaining = size
                     self._state = _CHUNK_DATA
             elif state == _CHUNK_DATA:
-                if len(buf) < self._remaining + 2:
-                    if len(self._body) + len(buf) > self.max_body:
-                        del buf[:]
-                        self._complete(truncated=True)
-                    return
-                if buf[self._remaining : self._remaining + 2] != b"\r\n":
-                    raise HttpProtocolError("chunk not terminated by CRLF")
-                if len(self._body) + self._remaining > self.max_body:
+                remaining = self._remaining
+                room = self.max_body - len(self._body)
+                if remaining > room:  # this chunk goes over the cap: keep what fits, read no further
+                    if len(buf) < room:
+                        return
+                    self._body += buf[:room]
                     del buf[:]
                     self._complete(truncated=True)
                     return
-                self._body += buf[: self._remaining]
-                del buf[: self._remaining + 2]
+                if len(buf) < remaining + 2:
+                    return
+                if buf[remaining : remaining + 2] != b"\r\n":
+                    raise HttpProtocolError("chunk not terminated by CRLF")
+                self._body += buf[:remaining]
+                del buf[: remaining + 2]
                 self._state = _CHUNK_SIZE
             elif state == _TRAILERS:
                 if buf[:2] == b"\r\n":
@@ -334,47 +342,84 @@ class _Connection(asyncio.Protocol):
                 return
 
     def _start_response(self, head: bytes) -> bool:
-        """Parse a status line and headers; set the body state. True when it was a 1xx."""
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise HttpProtocolError("malformed status line")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise HttpProtocolError("malformed status code") from None
-        if not 100 <= status <= 999:
+        """Parse a status line and headers (RFC 9112's grammar, as h11 reads it); set the body state.
+        True when it was a 1xx."""
+        text = head.decode("latin-1")
+        if _HEAD.fullmatch(text) is None:
+            return self._start_unusual_response(text)
+        # Checked as a whole (one regex, the common case): the lines split without further checks.
+        lines = text.split("\r\n")
+        version, code, reason = (lines[0].split(" ", 2) + [""])[:3]
+        status = int(code)
+        if status < 100:
             raise HttpProtocolError("malformed status code")
         if 100 <= status < 200 and status != 101:
             return True
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise HttpProtocolError("malformed header line")
-            key = name.strip().lower()
-            value = value.strip()
+            name, _, value = line.partition(":")
+            key = name.lower()
+            value = value.strip(" \t")
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        return self._start_body(version[5:], status, reason, headers)
+
+    def _start_unusual_response(self, text: str) -> bool:
+        """The head did not pass the one-regex check: folded header lines (obs-fold, which a client
+        must unfold), or something malformed; line by line, then."""
+        lines = text.split("\r\n")
+        match = _STATUS_LINE.fullmatch(lines[0])
+        if match is None:
+            raise HttpProtocolError("malformed status line")
+        version, status, reason = match.group(1), int(match.group(2)), match.group(3) or ""
+        if status < 100:
+            raise HttpProtocolError("malformed status code")
+        if 100 <= status < 200 and status != 101:
+            return True
+        headers: dict[str, str] = {}
+        key = ""
+        for line in lines[1:]:
+            if line[:1] in (" ", "\t") and key:  # obs-fold: a continuation of the previous value
+                if _FOLDED.fullmatch(line) is None:
+                    raise HttpProtocolError("malformed header line")
+                value = line.strip(" \t")
+                if value:
+                    headers[key] = f"{headers[key]} {value}" if headers[key] else value
+                continue
+            field = _HEADER_LINE.fullmatch(line)
+            if field is None:
+                raise HttpProtocolError("malformed header line")
+            key, value = field.group(1).lower(), field.group(2).strip(" \t")
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        return self._start_body(version, status, reason, headers)
+
+    def _start_body(self, version: str, status: int, reason: str, headers: dict[str, str]) -> bool:
+        """Keep the final response's status line and headers; choose how its body is delimited."""
         self._status = status
-        self._reason = parts[2] if len(parts) > 2 else ""
+        self._reason = reason
         self._headers = headers
         self._body.clear()
-        connection = headers.get("connection", "").lower()
-        if "close" in connection or (parts[0] == "HTTP/1.0" and "keep-alive" not in connection):
+        connection = headers.get("connection")
+        if version == "1.0" or (connection is not None and "close" in _tokens(connection)):
+            # HTTP/1.0 keep-alive is not worth its corner cases (h11 does not do it either)
             self.reusable = False
         if status in (204, 304) or status == 101:
             if status == 101:
                 self.reusable = False
             self._state = _IDLE
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif "transfer-encoding" in headers:
+            if headers["transfer-encoding"].lower() != "chunked":  # the only coding a client must read
+                raise HttpProtocolError("unsupported Transfer-Encoding")
             self._state = _CHUNK_SIZE
         elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"].split(",")[0])
-            except ValueError:
-                raise HttpProtocolError("invalid Content-Length") from None
-            if length < 0:
-                raise HttpProtocolError("invalid Content-Length")
+            length_text = headers["content-length"]
+            if not (length_text.isdigit() and length_text.isascii()):
+                lengths = set(_tokens(length_text))  # repeated equal values are one value
+                if len(lengths) != 1:
+                    raise HttpProtocolError("conflicting Content-Length values")
+                (length_text,) = lengths
+                if not (length_text.isdigit() and length_text.isascii()):
+                    raise HttpProtocolError("invalid Content-Length")
+            length = int(length_text)
             self._remaining = length
             self._state = _LENGTH if length else _IDLE
         else:
@@ -383,7 +428,27 @@ class _Connection(asyncio.Protocol):
         return False
 
 
+# RFC 9112 §4, §5 (h11's _abnf.py says the same): a 3-digit status, an optional reason; a header is a
+# token, a colon, optional whitespace and a value of visible characters (obs-text allowed) with
+# inner spaces.
+_REASON = r"[^\x00\n\r\x0b\x0c]*"
+_STATUS_LINE = re.compile(r"HTTP/(1\.[0-9]) ([0-9]{3})(?: (" + _REASON + r"))?")
+# A value: visible characters, obs-text, spaces and tabs (h11's OWS field-content OWS is the same
+# set); stripped afterwards, so the regexes have nothing to backtrack over.
+_FIELD = r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[^\x00\n\r\x0b\x0c]*"
+_HEADER_LINE = re.compile(r"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):([^\x00\n\r\x0b\x0c]*)")
+_FOLDED = re.compile(r"[ \t][^\x00\n\r\x0b\x0c]*")
+_HEAD = re.compile(r"HTTP/1\.[0-9] [0-9]{3}(?: " + _REASON + r")?(?:\r\n" + _FIELD + r")*")
+_CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+
+
+def _tokens(value: str) -> list[str]:
+    return [token.strip().lower() for token in value.split(",")]
+
+
 Resolver = Callable[[str, int], Awaitable[list[tuple]]]
+# Called with the host and every address it resolved to, before connecting; raises to refuse them.
+Guard = Callable[[str, Iterable[str]], object]
 OnDone = Callable[["Response | None", "BaseException | None"], object]
 
 
@@ -601,12 +666,14 @@ class HttpClient:
         max_connections_per_host: int = 256,
         keepalive_expiry: float = 4.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        guard: Guard,
         ssl_context: ssl.SSLContext | None = None,
-        allow_private: bool | None = None,
         resolver: Resolver | None = None,
         timeout_resolution: float = 0.025,
     ) -> None:
-        """`allow_private=None` reads OMNIPOST_ALLOW_PRIVATE_DESTINATIONS at every new connection.
+        """`guard(host, addresses)` runs at every new connection on what the host resolved to and
+        raises to refuse it (the providers pass the SSRF check: notifications.providers.transport);
+        the connection then goes to a checked address, never through a second lookup.
 
         Response deadlines are enforced by one sweep every `timeout_resolution` seconds rather than
         a timer per request: at >10k requests/s with 10 s timeouts, per-request timers keep a heap of
@@ -616,7 +683,7 @@ class HttpClient:
         # Below the common 5 s server keep-alive timeout, so we rarely reuse a socket being closed.
         self.keepalive_expiry = keepalive_expiry
         self.max_body_bytes = max_body_bytes
-        self.allow_private = allow_private
+        self.guard = guard
         self._ssl_context = ssl_context
         self._resolver = resolver
         self._pools: dict[tuple[str, str, int], _Pool] = {}
@@ -760,7 +827,7 @@ class HttpClient:
                     raise HttpDnsError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
                 if not infos:
                     raise HttpDnsError(f"cannot resolve {origin.host}: no addresses")
-                ssrf.check_addresses(origin.host, (info[4][0] for info in infos), allow_private=self.allow_private)
+                self.guard(origin.host, [info[4][0] for info in infos])
                 last: OSError | None = None
                 for family, type_, proto, _, sockaddr in infos:
                     sock = socket.socket(family, type_, proto)
