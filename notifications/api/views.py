@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db.models import Prefetch, QuerySet
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -15,8 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.errors import Conflict
 from notifications import services
-from notifications.api.idempotency import HEADER, run_idempotent
+from notifications.api.idempotency import HEADER, render, respond, run_idempotent
 from notifications.api.pagination import StrictCursorPagination
 from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.serializers import (
@@ -118,7 +120,7 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
         responses={201: NotificationSerializer, **errors(400, 409, 413, 422)},
     )
     def create(self, request: Request) -> Response:
-        return run_idempotent(request, self, lambda: self._create([request.data], single=True))
+        return run_idempotent(request, self, lambda record: self._create([request.data], single=True, record=record))
 
     @extend_schema(
         request=NotificationBatchSerializer,
@@ -127,7 +129,9 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
     )
     @action(detail=False, methods=["post"], url_path="batch")
     def batch(self, request: Request) -> Response:
-        return run_idempotent(request, self, lambda: self._create(self._batch_items(request.data), single=False))
+        return run_idempotent(
+            request, self, lambda record: self._create(self._batch_items(request.data), single=False, record=record)
+        )
 
     @extend_schema(request=None, responses={200: NotificationDetailSerializer, **errors(404, 409)})
     @action(detail=True, methods=["post"])
@@ -149,8 +153,11 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
             raise ValidationError({"notifications": [f"must be a list of 1 to {MAX_BATCH} notification objects"]})
         return items
 
-    def _create(self, items: list[Any], *, single: bool) -> Response:
-        """Check every item, resolve names and render templates, then store all or nothing."""
+    def _create(
+        self, items: list[Any], *, single: bool, record: services.IdempotentResponse | None
+    ) -> Response | HttpResponse:
+        """Check every item, resolve names and render templates, then store all or nothing (with
+        the Idempotency-Key's `record` and the response it replays, when there is one)."""
         problems: dict[int, dict[str, list[str]]] = {}
         drafts: list[tuple[int, Draft]] = []
         for index, item in enumerate(items):
@@ -158,21 +165,35 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
                 drafts.append((index, clean_notification(item)))
             except FieldErrors as exc:
                 problems[index] = exc.errors
-        try:
-            specs = services.build_specs(self.request.tenant, [d for _, d in drafts])
-        except services.SpecErrors as exc:
-            for position, errs in exc.errors.items():
-                problems[drafts[position][0]] = errs
-            specs = []
-        if problems:
-            if single:
-                raise ValidationError(problems[0])
-            raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
-        rows = services.create_notifications(self.request.tenant, specs, actor=actor(self.request))
+        tenant = self.request.tenant
+        if record is not None:
+            record.render = lambda rows: render(status.HTTP_201_CREATED, self._data(rows, single))
+        for _ in range(3):  # a provider or template edited meanwhile: resolve again
+            try:
+                specs = services.build_specs(tenant, [d for _, d in drafts])
+            except services.SpecErrors as exc:
+                for position, errs in exc.errors.items():
+                    problems[drafts[position][0]] = errs
+                specs = []
+            if problems:
+                if single:
+                    raise ValidationError(problems[0])
+                raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
+            try:
+                rows = services.create_notifications(tenant, specs, actor=actor(self.request), idempotency=record)
+            except services.StaleConfig:
+                continue
+            if record is not None:
+                return respond(record)
+            return Response(self._data(rows, single), status=status.HTTP_201_CREATED)
+        raise Conflict("The tenant's providers or templates are being changed; retry.", code="conflict")
+
+    @staticmethod
+    def _data(rows: list[Notification], single: bool) -> dict[str, Any]:
         if single:
-            return Response(NotificationSerializer(rows[0]).data, status=status.HTTP_201_CREATED)
+            return NotificationSerializer(rows[0]).data
         serializer = NotificationSerializer()
-        return Response({"results": [serializer.to_representation(n) for n in rows]}, status=status.HTTP_201_CREATED)
+        return {"results": [serializer.to_representation(n) for n in rows]}
 
 
 class ScheduledJobViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
