@@ -380,7 +380,7 @@ def _store_pg(
     lock_sql = "true"
     if idempotency is not None:
         lock_sql = "pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
-        gate_params.append(f"idempotency:{tenant.pk}:{idempotency.key}")
+        gate_params.append(_lock_name(tenant, idempotency.key))
     ctes.append(_GATE_PG.format(version=version_sql, lock=lock_sql))
     params += gate_params
     gated = "(SELECT version_ok AND key_free FROM gate)"
@@ -419,6 +419,37 @@ def _store_pg(
     if queued:
         ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({n.queue for n in queued})), connection.alias)
     ring_schedulers(jobs, using=connection.alias)
+
+
+def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) -> None:
+    """Write the record alone, in the caller's transaction (for workflows that are not one statement,
+    e.g. enrollments); raises IdempotencyKeyTaken when the key has a live record."""
+    connection = connections[IdempotencyRecord.objects.db]
+    if connection.vendor != "postgresql":
+        _store_record_sqlite(tenant, idempotency)
+        return
+    body = IdempotencyRecord._meta.get_field("response_body").get_prep_value(idempotency.body.decode())
+    sql = "WITH " + _GATE_PG.format(version="true", lock="true") + ", " + _RECORD_PG + " SELECT count(*) FROM record"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant.pk, idempotency.key, idempotency.fingerprint, idempotency.status, body,
+                             idempotency.created_at, idempotency.expires_at, idempotency.abandoned_before])  # fmt: skip
+        if not cursor.fetchone()[0]:
+            raise IdempotencyKeyTaken(in_progress=False)
+
+
+def try_idempotency_lock(tenant: Tenant, key: str) -> bool:
+    """PostgreSQL: the advisory lock the create statement takes for `key`, until the caller's
+    transaction ends; False while another request holds it. Elsewhere always True."""
+    connection = connections[IdempotencyRecord.objects.db]
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [_lock_name(tenant, key)])
+        return bool(cursor.fetchone()[0])
+
+
+def _lock_name(tenant: Tenant, key: str) -> str:
+    return f"idempotency:{tenant.pk}:{key}"
 
 
 def _store_record_sqlite(tenant: Tenant, idempotency: IdempotentResponse) -> None:

@@ -26,11 +26,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.http import HttpResponse
 from django.utils import timezone
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from core.api.errors import Conflict, Unprocessable
 from notifications import services
@@ -108,9 +110,44 @@ def run_idempotent(
         except services.IdempotencyKeyTaken as taken:
             if taken.in_progress:
                 raise _in_progress() from None
+        except (ValidationError, ParseError):
+            # Invalid, so it stored nothing; but a key bound to another request is a misuse first (422).
+            if _existing(request, key, digest) is None:
+                raise
         answer = _existing(request, key, digest)
         if answer is not None:
             return answer
+    raise Conflict(f"The {HEADER} is contended; retry.", code="idempotency_request_in_progress")
+
+
+def run_idempotent_in_transaction(request: Request, view: Any, handler: Callable[[], Response]) -> HttpResponse:
+    """`run_idempotent` for a workflow of several statements (enrollments): `handler` runs in a
+    transaction that then stores the record with the response it rendered (all or nothing)."""
+    key = request.headers.get(HEADER)
+    if key is None:
+        return handler()
+    if not KEY_PATTERN.match(key):
+        raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
+    digest = fingerprint(request)
+    for _ in range(5):
+        answer = _existing(request, key, digest)
+        if answer is not None:
+            return answer
+        now = timezone.now()
+        record = services.IdempotentResponse(
+            key=key, fingerprint=digest, created_at=now, expires_at=now + KEY_TTL,
+            abandoned_before=now - IN_FLIGHT_TIMEOUT, render=lambda rows: (0, b""),
+        )  # fmt: skip
+        try:
+            with transaction.atomic():
+                if not services.try_idempotency_lock(request.tenant, key):
+                    raise _in_progress()
+                result = handler()
+                record.status, record.body = render(result.status_code, result.data)
+                services.store_idempotency_record(request.tenant, record)
+            return respond(record)
+        except services.IdempotencyKeyTaken:
+            continue
     raise Conflict(f"The {HEADER} is contended; retry.", code="idempotency_request_in_progress")
 
 
