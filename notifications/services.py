@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
+from core import hot_sql
 from core.api.errors import Conflict
 from core.fields import EncryptedTextField
 from core.ids import uuid7
@@ -404,9 +405,7 @@ def _store_pg(
         ctes.append(_JOBS_PG)
         params += [now, [job.notification_id for job in jobs], [job.job_id for job in jobs]]
     sql = f"WITH {', '.join(ctes)} SELECT version_ok, key_free, (SELECT count(*) FROM n) FROM gate"  # noqa: S608
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        version_ok, key_free, stored = cursor.fetchone()
+    version_ok, key_free, stored = hot_sql.fetchone(sql, params, using=connection.alias)
     if not version_ok:
         tenant_config.forget(tenant.pk)
         raise StaleConfig()
