@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.errors import Conflict
-from notifications import services
+from notifications import reads, services
 from notifications.api.idempotency import HEADER, render, respond, run_idempotent
 from notifications.api.pagination import StrictCursorPagination
 from notifications.api.schema import StrictQueryMixin, errors
@@ -30,7 +30,7 @@ from notifications.api.serializers import (
     NotificationSerializer,
     ScheduledJobSerializer,
 )
-from notifications.models import DeliveryAttempt, Notification
+from notifications.models import Notification
 from notifications.validation import Draft, FieldErrors, clean_notification, unknown_fields
 from queueing.models import ScheduledJob
 from queueing.stats import queue_figures
@@ -86,9 +86,6 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
             .select_related("provider", "template", "scheduled_job")
             .with_live_status()
         )
-        if self.action == "retrieve":
-            attempts = DeliveryAttempt.objects.for_tenant(self.request.tenant).order_by("number")
-            qs = qs.prefetch_related(Prefetch("attempts", queryset=attempts))
         return qs
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
@@ -111,8 +108,11 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
         return super().list(request, *args, **kwargs)
 
     @extend_schema(responses={200: NotificationDetailSerializer, **errors(404)})
-    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().retrieve(request, *args, **kwargs)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        notification = reads.detail(request.tenant, as_uuid(pk))  # one statement, see notifications.reads
+        if notification is None:
+            raise NotFound()
+        return Response(NotificationDetailSerializer(notification).data)
 
     @extend_schema(
         request=NotificationCreateSerializer,
