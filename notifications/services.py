@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 from django.db.models import JSONField, ProtectedError, Q
+from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
@@ -470,7 +471,7 @@ def _store_record_sqlite(tenant: Tenant, idempotency: IdempotentResponse) -> Non
 
 
 def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notification:
-    """A Notification built positionally (Model.__init__ with keywords costs ~50 µs a row)."""
+    """A Notification not stored yet, with `tenant`, `provider` and `template` loaded."""
     future = spec.scheduled_for is not None and spec.scheduled_for > now
     values = {
         "id": uuid7(), "tenant_id": tenant.pk, "channel": spec.channel, "recipient": spec.recipient,
@@ -482,11 +483,12 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "enrollment_id": spec.enrollment_id, "created_at": now, "updated_at": now,
         "enqueued_at": None if future else now, "delivered_at": None,
     }  # fmt: skip
-    fields = _fields()
-    row = Notification.from_db(None, [f.attname for f in fields], [values[f.attname] for f in fields])
-    row._state.adding, row._state.db = True, None  # not stored yet
-    for name, related in (("tenant", tenant), ("provider", spec.provider), ("template", spec.template)):
-        Notification._meta.get_field(name).set_cached_value(row, related)
+    # Straight into the instance's __dict__, as Model.__init__ would leave it: its per-field setattr
+    # runs the foreign keys' descriptors (a quarter of a 1,000-item batch's Python time).
+    row = Notification.__new__(Notification)
+    row.__dict__.update(values)
+    row._state = ModelState()  # adding, not stored yet
+    row._state.fields_cache.update(tenant=tenant, provider=spec.provider, template=spec.template)
     return row
 
 
