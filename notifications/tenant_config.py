@@ -48,7 +48,7 @@ def load(tenant_id: Any) -> TenantConfig:
     version = Tenant.objects.filter(pk=tenant_id).values_list("config_version", flat=True).first() or 0
     providers: dict[str, Provider] = {}
     defaults: dict[str, Provider] = {}
-    for provider in Provider.objects.for_tenant(tenant_id).select_related(None):
+    for provider in Provider.objects.for_tenant(tenant_id):
         providers[provider.name] = provider
         if provider.is_default:
             defaults[provider.channel] = provider
@@ -73,7 +73,7 @@ def get(tenant_id: Any) -> TenantConfig | None:
 def templates(config: TenantConfig, tenant_id: Any, keys: Iterable[str]) -> dict[str, Template]:
     """The templates named `keys` that exist; one query for the keys not cached yet."""
     keys = set(keys)
-    missing = keys - config.templates.keys()
+    missing = {key for key in keys if key not in config.templates}  # no iteration of a dict another thread fills
     if missing:
         found = {t.key: t for t in Template.objects.for_tenant(tenant_id).filter(key__in=missing)}
         with _lock:
