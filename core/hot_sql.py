@@ -20,7 +20,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
-_ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: prepare only what asks (prepare=True)
+# psycopg's prepare_threshold: prepare only what asks (prepare=True). One less than the dispatcher's
+# value (notifications.delivery), which also registers its array dumpers when it finds another one.
+_ONLY_WHEN_ASKED = 2**31 - 2
 
 
 def _prepare_ok() -> bool:

@@ -18,6 +18,7 @@ def checks(monkeypatch, settings):  # noqa: ANN001, ANN201
     connection.ensure_connection()
     calls: list[int] = []
     monkeypatch.setattr(connection, "health_check_enabled", True)
+    monkeypatch.delattr(connection, conn_checks._ATTR, raising=False)  # a request of an earlier test
     monkeypatch.setattr(connection, "is_usable", lambda: calls.append(1) or True)
     now = [1000.0]
     monkeypatch.setattr(conn_checks.time, "monotonic", lambda: now[0])
