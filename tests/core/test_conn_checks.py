@@ -1,4 +1,4 @@
-"""CONN_HEALTH_CHECKS' `SELECT 1` only for a connection idle past OMNIPOST_CONN_CHECK_IDLE_SECONDS (core.conn_checks)."""
+"""CONN_HEALTH_CHECKS' `SELECT 1` only for a connection idle past OMNIPOST_CONN_CHECK_IDLE_SECONDS."""
 
 from __future__ import annotations
 
