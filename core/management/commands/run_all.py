@@ -37,16 +37,12 @@ WEB_THREADS = 4
 
 
 def web_server(bind: str, manage: list[str]) -> list[str]:
-    """The production server, as the Procfile runs it: granian's WSGI interface (the fastest of
-    those measured, README "Serving"), else gunicorn gthread, else runserver (neither installed)."""
-    host, _, port = bind.rpartition(":")
-    if importlib.util.find_spec("granian") is not None:
-        return [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", str(WEB_WORKERS),
-                "--blocking-threads", str(WEB_THREADS), "--host", host or "127.0.0.1", "--port", port, "--no-ws",
-                "--log-level", "warning", "--workers-kill-timeout", "5", "omnipost_site.wsgi:application"]  # fmt: skip
+    """The production server, as the Procfile runs it: gunicorn gthread (README "Serving": the
+    fastest of those measured that also stops cleanly on every Ctrl-C), else runserver."""
     if importlib.util.find_spec("gunicorn") is not None:
         return [sys.executable, "-m", "gunicorn", "omnipost_site.wsgi:application", "--bind", bind, "--workers",
-                str(WEB_WORKERS), "--worker-class", "gthread", "--threads", str(WEB_THREADS)]  # fmt: skip
+                str(WEB_WORKERS), "--worker-class", "gthread", "--threads", str(WEB_THREADS), "--graceful-timeout",
+                "5", "--log-level", "warning"]  # fmt: skip
     return [*manage, "runserver", bind, "--noreload", "--skip-checks"]
 
 
@@ -65,8 +61,12 @@ class Command(BaseCommand):
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
-        # The web server exits 0 on SIGINT; the workers stop gracefully on SIGTERM.
-        programs: dict[str, tuple[list[str], signal.Signals]] = {"web": (web_server(bind, manage), signal.SIGINT)}
+        # gunicorn and the workers stop gracefully on SIGTERM (in-flight requests and sends finish);
+        # runserver exits 0 on SIGINT (and dies on SIGTERM).
+        web = web_server(bind, manage)
+        programs: dict[str, tuple[list[str], signal.Signals]] = {
+            "web": (web, signal.SIGINT if "runserver" in web else signal.SIGTERM)
+        }
         available = get_commands()
         if "run_scheduler" in available:
             programs["scheduler"] = ([*manage, "run_scheduler"], signal.SIGTERM)
