@@ -1,11 +1,16 @@
 """Ingest throughput: notifications accepted per second through the HTTP API.
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
-        [--workers 2] [--worker-class sync|gthread] [--threads 4] [--single-clients 8] [--batch-clients 4]
+        [--server gunicorn|granian|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
+        [--single-clients 8] [--batch-clients 4] [--modes single,batch,read]
 
-Runs gunicorn (`--workers` processes, DEBUG off) on the database, then a load generator in a
-separate process: first `--single-clients` threads hammering `POST /api/v1/notifications`, then
-`--batch-clients` threads sending `POST /api/v1/notifications/batch` with `--batch-size` items.
+Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
+sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
+worker) or uvicorn on the ASGI application; then a load generator in a separate process: in mode
+`single`, `--single-clients` threads hammering `POST /api/v1/notifications`; `batch`,
+`--batch-clients` threads sending `POST /api/v1/notifications/batch` with `--batch-size` items;
+`read`, `--single-clients` threads reading `GET /api/v1/notifications/{id}` (with attempts) of
+notifications created beforehand.
 Prints accepted notifications per second and request latency p50/p99 per mode (median of
 `--repeat` runs) and checks the database holds exactly what was accepted. No dispatcher runs, so
 every accepted notification stays queued. The default database is a throwaway one the script
@@ -95,7 +100,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
+def server_command(args: argparse.Namespace, port: int) -> list[str]:
+    if args.server == "granian":
+        return [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", str(args.workers),
+                "--blocking-threads", str(args.threads), "--host", "127.0.0.1", "--port", str(port),
+                "--log-level", "warning", "--no-ws", "omnipost_site.wsgi:application"]  # fmt: skip
+    if args.server == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "omnipost_site.asgi:application", "--workers", str(args.workers),
+                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
+                "--loop", "uvloop", "--http", "httptools"]  # fmt: skip
     command = [
         str(Path(sys.executable).with_name("gunicorn")), "omnipost_site.wsgi:application",
         "--workers", str(args.workers), "--bind", f"127.0.0.1:{port}", "--worker-class", args.worker_class,
@@ -103,7 +116,14 @@ def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
     ]  # fmt: skip
     if args.worker_class == "gthread":
         command += ["--threads", str(args.threads)]
-    process = subprocess.Popen(command, cwd=ROOT, env=server_env(args.database_url))  # noqa: S603
+    return command
+
+
+def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
+    env = server_env(args.database_url)
+    if args.extra_path:  # e.g. a directory with granian/uvicorn installed beside the virtualenv
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.extra_path, env.get("PYTHONPATH")]))
+    process = subprocess.Popen(server_command(args, port), cwd=ROOT, env=env)  # noqa: S603
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -112,14 +132,15 @@ def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
         except httpx.TransportError:
             time.sleep(0.2)
     process.kill()
-    raise SystemExit("gunicorn did not come up")
+    raise SystemExit(f"{args.server} did not come up")
 
 
 # --- load generator (its own process) ---------------------------------------------------------
 
 
 def load(
-    url: str, key: str, body: bytes, per_request: int, clients: int, seconds: float, out: multiprocessing.Queue
+    url: str | list[str], key: str, body: bytes | None, per_request: int, clients: int, seconds: float,
+    out: multiprocessing.Queue,
 ) -> None:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -130,10 +151,16 @@ def load(
         mine: list[float] = []
         counts: dict[int, int] = {}
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        urls = url if isinstance(url, list) else [url]
+        n = 0
         with httpx.Client(timeout=120) as http:
             while time.monotonic() < stop_at:
                 started = time.perf_counter()
-                response = http.post(url, content=body, headers=headers)
+                if body is None:
+                    response = http.get(urls[n % len(urls)], headers=headers)
+                    n += 1
+                else:
+                    response = http.post(url, content=body, headers=headers)
                 mine.append(time.perf_counter() - started)
                 counts[response.status_code] = counts.get(response.status_code, 0) + 1
         with lock:
@@ -159,7 +186,7 @@ def run_mode(url: str, key: str, body: bytes, per_request: int, clients: int, se
     result = out.get(timeout=seconds + 300)
     process.join()
     latencies = sorted(result["latencies"])
-    accepted = result["statuses"].get(201, 0) * per_request
+    accepted = (result["statuses"].get(201, 0) + result["statuses"].get(200, 0)) * per_request
     return {
         "accepted": accepted,
         "accepted_per_s": accepted / result["elapsed"],
@@ -182,6 +209,9 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--server", choices=["gunicorn", "granian", "uvicorn"], default="gunicorn")
+    parser.add_argument("--extra-path", default=os.environ.get("BENCH_EXTRA_PATH", ""),
+                        help="PYTHONPATH entry for the server (granian/uvicorn installed outside the venv)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--worker-class", choices=["sync", "gthread"], default="sync")
     parser.add_argument("--threads", type=int, default=4)
@@ -196,7 +226,24 @@ def main() -> None:
     port = free_port()
     server = start_gunicorn(args, port)
     base = f"http://127.0.0.1:{port}/api/v1/notifications"
+    read_urls = []
+    if "read" in args.modes.split(","):
+        created = httpx.post(f"{base}/batch", json={"notifications": [EMAIL_ITEM] * 200},
+                             headers={"Authorization": f"Bearer {key}"}, timeout=60)  # fmt: skip
+        created.raise_for_status()
+        ids = [n["id"] for n in created.json()["results"]]
+        read_urls = [f"{base}/{i}" for i in ids]
+        import psycopg
+
+        with psycopg.connect(args.database_url) as conn:  # two attempts each, as a retried send has
+            conn.execute(
+                "INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, "
+                "finished_at, outcome, error_class, error_code, error_message, http_status, duration_ms) "
+                "SELECT tenant_id, id, g, provider_id, now(), now(), 'transient_error', 'Timeout', 'timeout', '', "
+                "NULL, 12 FROM notifications, generate_series(1, 2) g WHERE id = ANY(%s::uuid[])", [ids]
+            )
     modes = {
+        "read": (read_urls, None, 1, args.single_clients),
         "single": (base, json.dumps(EMAIL_ITEM).encode(), 1, args.single_clients),
         "batch": (f"{base}/batch", json.dumps({"notifications": [EMAIL_ITEM] * args.batch_size}).encode(),
                   args.batch_size, args.batch_clients),
@@ -209,7 +256,8 @@ def main() -> None:
             for mode in args.modes.split(","):
                 url, body, per_request, clients = modes[mode]
                 result = run_mode(url, key, body, per_request, clients, args.seconds)
-                total += result["accepted"]
+                if mode != "read":
+                    total += result["accepted"]
                 results.setdefault(mode, []).append(result)
                 print(f"{mode:>6}: {result['accepted_per_s']:9.0f} accepted/s  p50 {result['p50_ms']:7.1f} ms  "
                       f"p99 {result['p99_ms']:7.1f} ms  requests {result['requests']}  statuses {result['statuses']}")
@@ -217,12 +265,16 @@ def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
-    print(f"\ngunicorn {args.workers} x {args.worker_class} workers, {os.cpu_count()} CPUs, "
+    kind = {"gunicorn": f"gunicorn {args.worker_class}", "granian": "granian wsgi", "uvicorn": "uvicorn asgi"}
+    threads = f" x {args.threads} threads" if args.server == "granian" or args.worker_class == "gthread" else ""
+    print(f"\n{kind[args.server]}: {args.workers} workers{threads}, {os.cpu_count()} CPUs, "
           f"{args.seconds:g} s per run, median of {args.repeat}:")
     for mode, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("accepted_per_s", "p50_ms", "p99_ms")}
-        path = "notifications" if mode == "single" else "notifications/batch"
-        print(f"  POST {path:<20} {med['accepted_per_s']:9.0f} notifications/s   "
+        path = {"single": "POST notifications", "batch": "POST notifications/batch",
+                "read": "GET notifications/{id}"}[mode]  # fmt: skip
+        unit = "reads/s" if mode == "read" else "notifications/s"
+        print(f"  {path:<26} {med['accepted_per_s']:9.0f} {unit:<16}"
               f"p50 {med['p50_ms']:7.1f} ms   p99 {med['p99_ms']:7.1f} ms")
     print(f"  accepted {total}, stored {in_db}: {'OK' if total == in_db else 'MISMATCH'}")
     if total != in_db:

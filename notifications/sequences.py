@@ -201,7 +201,7 @@ def enroll(
         for step in steps
     ]
     try:
-        specs = services.build_specs(tenant, drafts)
+        specs = services.build_specs(tenant, drafts, cached=False)  # in our own transaction: no version check
     except services.SpecErrors as exc:
         raise step_errors(exc.errors) from None
     for spec in specs:

@@ -129,6 +129,10 @@ OMNIPOST_RETRY_MAX_SECONDS = number(env, "OMNIPOST_RETRY_MAX_SECONDS", 3600.0)
 OMNIPOST_MAX_ATTEMPTS = number(env, "OMNIPOST_MAX_ATTEMPTS", 8, minimum=1, integer=True)
 # Requests a minute per tenant; 0 turns the API rate limit off.
 OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=True)
+# Web processes cache verified API keys and LISTEN for revocations (core.auth_cache); off, entries live 1 s.
+OMNIPOST_AUTH_LISTEN = env.bool("OMNIPOST_AUTH_LISTEN", default=True)
+# CONN_HEALTH_CHECKS' `SELECT 1` only for a connection idle this long (core.conn_checks); 0: before every request.
+OMNIPOST_CONN_CHECK_IDLE_SECONDS = number(env, "OMNIPOST_CONN_CHECK_IDLE_SECONDS", 1.0)
 OMNIPOST_ALLOW_PRIVATE_DESTINATIONS = env.bool("OMNIPOST_ALLOW_PRIVATE_DESTINATIONS", default=False)
 OMNIPOST_MAX_REQUEST_BYTES = number(env, "OMNIPOST_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1, integer=True)
 OMNIPOST_WORKER_STALE_SECONDS = number(env, "OMNIPOST_WORKER_STALE_SECONDS", 60.0, minimum=0.001)

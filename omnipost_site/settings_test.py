@@ -10,6 +10,9 @@ os.environ.setdefault("OMNIPOST_ALLOW_PRIVATE_DESTINATIONS", "true")
 # A fixed test-only key so subprocess workers started by tests decrypt what the test wrote.
 os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
 os.environ.setdefault("CONN_MAX_AGE", "0")
+# No LISTEN thread in the test process (its connection would outlive the test database); the
+# auth cache then keeps entries 1 s. Tests of the listener start server processes with it on.
+os.environ.setdefault("OMNIPOST_AUTH_LISTEN", "false")
 
 from omnipost_site.settings import *  # noqa: E402,F403
 

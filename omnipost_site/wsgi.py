@@ -1,16 +1,20 @@
-"""
-WSGI config for omnipost_site project.
+"""WSGI entry point (granian's WSGI interface by default; gunicorn works too, see the Procfile).
 
-It exposes the WSGI callable as a module-level variable named ``application``.
-
-For more information on this file, see
-https://docs.djangoproject.com/en/5.2/howto/deployment/wsgi/
+With DEBUG on, static files (the admin's CSS and JavaScript) are served here, as `runserver` would:
+`make run` serves through the production server, not runserver. Off, they are collected
+(`collectstatic`) and served by whatever fronts the app.
 """
 
 import os
 
+from django.conf import settings
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
 
 application = get_wsgi_application()
+
+if settings.DEBUG and "django.contrib.staticfiles" in settings.INSTALLED_APPS:
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+
+    application = StaticFilesHandler(application)

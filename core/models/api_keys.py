@@ -68,14 +68,24 @@ class ApiKey(models.Model):
 
     @classmethod
     def authenticate(cls, raw_key: str) -> ApiKey | None:
+        """The active key of an active tenant, from this process's cache (core.auth_cache: no query
+        while warm, revocations reach it within a second) or one query."""
+        from core import auth_cache
+
         match = KEY_RE.match(raw_key or "")
         if not match:
             return None
-        key = (
-            cls.objects.active().select_related("tenant").filter(prefix=match["prefix"], tenant__is_active=True).first()
-        )
-        if key is None or not hmac.compare_digest(key.key_hash, hash_key(raw_key)):
-            return None
+        digest = hash_key(raw_key)
+        key = auth_cache.cache.get(digest)
+        if key is None:
+            generation, ttl = auth_cache.cache.generation, auth_cache.ttl()  # before the read
+            key = (
+                cls.objects.active().select_related("tenant")
+                .filter(prefix=match["prefix"], tenant__is_active=True).first()
+            )  # fmt: skip
+            if key is None or not hmac.compare_digest(key.key_hash, digest):
+                return None
+            auth_cache.cache.put(digest, key, ttl, generation)
         key.touch()
         return key
 
@@ -89,4 +99,12 @@ class ApiKey(models.Model):
         self.last_used_at = now
 
     def revoke(self) -> bool:
-        return bool(ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
+        """Revoke (compare-and-set); every web process refuses the key within a second (core.auth_cache)."""
+        from core import auth_cache
+
+        now = timezone.now()
+        revoked = bool(ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now))
+        if revoked:
+            self.revoked_at = now
+            auth_cache.announce(f"key:{self.prefix}")
+        return revoked

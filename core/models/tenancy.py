@@ -17,6 +17,10 @@ class Tenant(models.Model):
     rate_per_second = models.FloatField(null=True, blank=True)
     rate_burst = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Bumped in the transaction of every change to the tenant's providers or templates: web
+    # processes cache those and their creates only store while the version they read is current
+    # (notifications.tenant_config), so an edit takes effect for the next create in every process.
+    config_version = models.PositiveBigIntegerField(default=0, editable=False)
 
     class Meta:
         db_table = "tenants"

@@ -1,17 +1,18 @@
 """`Idempotency-Key` for the POSTs that create notifications (Stripe's semantics).
 
-1. The key is claimed by INSERTing an `in_flight` record in its own short transaction; the unique
-   (tenant, key) constraint decides between concurrent requests, never a check-then-insert.
-2. The request runs in one transaction that also stores its response on the record (→ `completed`),
-   so notifications are never committed without the response that replays them.
-3. Only a request that started executing keeps its record (Stripe's rule): one that fails
-   authentication or parsing never claims the key, and one that fails validation (a 400) releases
-   it, so the corrected retry with the same key runs. A 5xx or any other exception releases it too.
+1. The record is written by the same statement as the notifications it covers, completed, with the
+   response it replays (`services.create_notifications(idempotency=…)`): the response is rendered
+   before anything is stored, so notifications are never committed without it, and a create with
+   a key costs no statement more than one without.
+2. The unique (tenant, key) constraint decides between concurrent requests, never a check-then-insert;
+   an advisory lock taken in that statement tells a request whose twin is being stored at this
+   moment (409 `idempotency_request_in_progress`) from one that finds the record stored.
+3. Only a request that executed keeps its record (Stripe's rule): one that fails authentication,
+   parsing or validation (a 400) or raises never wrote one, so the corrected retry with the key runs.
 A later request with the key replays the stored response (`Idempotent-Replayed: true`), or gets
-422 `idempotency_key_reused` for another body, or 409 `idempotency_request_in_progress`.
-Records expire after 24 h. An `in_flight` record older than IN_FLIGHT_TIMEOUT belongs to a request
-that died (its transaction rolled back, so nothing was created) and is replaced; should that
-request still be running, storing its response fails and it rolls back with a 409.
+422 `idempotency_key_reused` for another body. Records expire after 24 h; an expired record is
+replaced by the next request with its key, as is an `in_flight` record (written by earlier
+versions, which claimed first and stored the response later) older than IN_FLIGHT_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from rest_framework.exceptions import ParseError, ValidationError
@@ -33,7 +34,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.errors import Conflict, Unprocessable, exception_handler
+from core.api.errors import Conflict, Unprocessable
+from notifications import services
 from notifications.models import IdempotencyRecord
 
 HEADER = "Idempotency-Key"
@@ -54,84 +56,105 @@ def fingerprint(request: Request) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), canonical.encode(), hashlib.sha256).hexdigest()
 
 
-def _render(status: int, data: Any) -> HttpResponse:
-    return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
-
-
 def _replay(record: IdempotencyRecord) -> HttpResponse:
     response = HttpResponse(record.response_body, status=record.response_status, content_type="application/json")
     response[REPLAYED_HEADER] = "true"
     return response
 
 
-def _claim(request: Request, key: str, digest: str) -> IdempotencyRecord | HttpResponse:
-    records = IdempotencyRecord.objects.for_tenant(request.tenant)
-    for _ in range(5):
-        now = timezone.now()
-        try:
-            with transaction.atomic():
-                return records.create(
-                    tenant=request.tenant, key=key, fingerprint=digest, state=State.IN_FLIGHT, expires_at=now + KEY_TTL
-                )
-        except IntegrityError:
-            pass
-        existing = records.filter(key=key).first()
-        if existing is None:  # released between our INSERT and this read
-            continue
-        abandoned = existing.state == State.IN_FLIGHT and existing.created_at < now - IN_FLIGHT_TIMEOUT
-        if existing.expires_at <= now or abandoned:
-            records.filter(pk=existing.pk, state=existing.state, expires_at=existing.expires_at).delete()
-            continue
-        if not hmac.compare_digest(existing.fingerprint, digest):
-            raise Unprocessable(
-                f"This {HEADER} was already used with a different request; use a new key for a new request.",
-                code="idempotency_key_reused",
-            )
-        if existing.state == State.IN_FLIGHT:
-            raise Conflict(
-                f"A request with this {HEADER} is still in progress; retry after it finishes.",
-                code="idempotency_request_in_progress",
-            )
-        return _replay(existing)
-    raise Conflict(f"The {HEADER} is contended; retry.", code="idempotency_request_in_progress")
+def _existing(request: Request, key: str, digest: str) -> HttpResponse | None:
+    """What a request gets whose key has a record: the replay, or 422 / 409; None when the record
+    went away or expired meanwhile (the caller tries again)."""
+    existing = IdempotencyRecord.objects.for_tenant(request.tenant).filter(key=key).first()
+    now = timezone.now()
+    if existing is None or existing.expires_at <= now:
+        return None
+    if not hmac.compare_digest(existing.fingerprint, digest):
+        raise Unprocessable(
+            f"This {HEADER} was already used with a different request; use a new key for a new request.",
+            code="idempotency_key_reused",
+        )
+    if existing.state == State.IN_FLIGHT:
+        if existing.created_at < now - IN_FLIGHT_TIMEOUT:
+            return None
+        raise _in_progress()
+    return _replay(existing)
 
 
-def _store(record: IdempotencyRecord, response: HttpResponse) -> int:
-    return IdempotencyRecord.objects.filter(pk=record.pk, state=State.IN_FLIGHT).update(
-        state=State.COMPLETED,
-        response_status=response.status_code,
-        response_body=response.content.decode(),
+def _in_progress() -> Conflict:
+    return Conflict(
+        f"A request with this {HEADER} is still in progress; retry after it finishes.",
+        code="idempotency_request_in_progress",
     )
 
 
-def run_idempotent(request: Request, view: Any, handler: Callable[[], Response]) -> HttpResponse:
-    """Run `handler` (which returns a Response) under the request's Idempotency-Key, if any."""
+def run_idempotent(
+    request: Request, view: Any, handler: Callable[[services.IdempotentResponse | None], HttpResponse]
+) -> HttpResponse:
+    """Run `handler` under the request's Idempotency-Key, if any: it gets the record to store with
+    its notifications (None without a key) and returns the response."""
+    key = request.headers.get(HEADER)
+    if key is None:
+        return handler(None)
+    if not KEY_PATTERN.match(key):
+        raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
+    digest = fingerprint(request)
+    for _ in range(5):
+        now = timezone.now()
+        record = services.IdempotentResponse(
+            key=key, fingerprint=digest, created_at=now, expires_at=now + KEY_TTL,
+            abandoned_before=now - IN_FLIGHT_TIMEOUT, render=lambda rows: (0, b""),
+        )  # fmt: skip
+        try:
+            return handler(record)
+        except services.IdempotencyKeyTaken as taken:
+            if taken.in_progress:
+                raise _in_progress() from None
+        except (ValidationError, ParseError):
+            # Invalid, so it stored nothing; but a key bound to another request is a misuse first (422).
+            if _existing(request, key, digest) is None:
+                raise
+        answer = _existing(request, key, digest)
+        if answer is not None:
+            return answer
+    raise Conflict(f"The {HEADER} is contended; retry.", code="idempotency_request_in_progress")
+
+
+def run_idempotent_in_transaction(request: Request, view: Any, handler: Callable[[], Response]) -> HttpResponse:
+    """`run_idempotent` for a workflow of several statements (enrollments): `handler` runs in a
+    transaction that then stores the record with the response it rendered (all or nothing)."""
     key = request.headers.get(HEADER)
     if key is None:
         return handler()
     if not KEY_PATTERN.match(key):
         raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
-    claimed = _claim(request, key, fingerprint(request))
-    if isinstance(claimed, HttpResponse):
-        return claimed
-    try:
-        with transaction.atomic():
-            result = handler()
-            response = _render(result.status_code, result.data)
-            if not _store(claimed, response):
-                raise Conflict(
-                    f"This request's {HEADER} was taken over after it timed out; nothing was created.",
-                    code="idempotency_request_in_progress",
-                )
-        return response
-    except (ValidationError, ParseError) as exc:
-        _release(claimed)  # nothing ran: the corrected retry must not be told the key was used
-        error = exception_handler(exc, {"view": view, "request": request})
-        return _render(error.status_code, error.data)
-    except BaseException:
-        _release(claimed)
-        raise
+    digest = fingerprint(request)
+    for _ in range(5):
+        answer = _existing(request, key, digest)
+        if answer is not None:
+            return answer
+        now = timezone.now()
+        record = services.IdempotentResponse(
+            key=key, fingerprint=digest, created_at=now, expires_at=now + KEY_TTL,
+            abandoned_before=now - IN_FLIGHT_TIMEOUT, render=lambda rows: (0, b""),
+        )  # fmt: skip
+        try:
+            with transaction.atomic():
+                if not services.try_idempotency_lock(request.tenant, key):
+                    raise _in_progress()
+                result = handler()
+                record.status, record.body = render(result.status_code, result.data)
+                services.store_idempotency_record(request.tenant, record)
+            return respond(record)
+        except services.IdempotencyKeyTaken:
+            continue
+    raise Conflict(f"The {HEADER} is contended; retry.", code="idempotency_request_in_progress")
 
 
-def _release(record: IdempotencyRecord) -> None:
-    IdempotencyRecord.objects.filter(pk=record.pk, state=State.IN_FLIGHT).delete()
+def render(status: int, data: Any) -> tuple[int, bytes]:
+    return status, JSONRenderer().render(data)
+
+
+def respond(record: services.IdempotentResponse) -> HttpResponse:
+    """The first response of a key: the very bytes its replays will carry."""
+    return HttpResponse(record.body, status=record.status, content_type="application/json")

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 
 from notifications import sequences
 from notifications.api.config_views import SLUG
-from notifications.api.idempotency import run_idempotent
+from notifications.api.idempotency import run_idempotent_in_transaction
 from notifications.api.pagination import StrictCursorPagination
 from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.sequence_serializers import (
@@ -123,7 +123,7 @@ class EnrollmentViewSet(
         return super().list(request, *args, **kwargs)
 
     def create(self, request: Request, key: str) -> Response:
-        return run_idempotent(request, self, lambda: self._enroll(request, key))
+        return run_idempotent_in_transaction(request, self, lambda: self._enroll(request, key))
 
     def _enroll(self, request: Request, key: str) -> Response:
         serializer = EnrollmentCreateSerializer(data=request.data)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import QuerySet
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -15,8 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifications import services
-from notifications.api.idempotency import HEADER, run_idempotent
+from core.api.errors import Conflict
+from notifications import reads, services
+from notifications.api.idempotency import HEADER, render, respond, run_idempotent
 from notifications.api.pagination import StrictCursorPagination
 from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.serializers import (
@@ -28,7 +30,7 @@ from notifications.api.serializers import (
     NotificationSerializer,
     ScheduledJobSerializer,
 )
-from notifications.models import DeliveryAttempt, Notification
+from notifications.models import Notification
 from notifications.validation import Draft, FieldErrors, clean_notification, unknown_fields
 from queueing.models import ScheduledJob
 from queueing.stats import queue_figures
@@ -84,9 +86,6 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
             .select_related("provider", "template", "scheduled_job")
             .with_live_status()
         )
-        if self.action == "retrieve":
-            attempts = DeliveryAttempt.objects.for_tenant(self.request.tenant).order_by("number")
-            qs = qs.prefetch_related(Prefetch("attempts", queryset=attempts))
         return qs
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
@@ -109,8 +108,11 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
         return super().list(request, *args, **kwargs)
 
     @extend_schema(responses={200: NotificationDetailSerializer, **errors(404)})
-    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().retrieve(request, *args, **kwargs)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        notification = reads.detail(request.tenant, as_uuid(pk))  # one statement, see notifications.reads
+        if notification is None:
+            raise NotFound()
+        return Response(NotificationDetailSerializer(notification).data)
 
     @extend_schema(
         request=NotificationCreateSerializer,
@@ -118,7 +120,7 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
         responses={201: NotificationSerializer, **errors(400, 409, 413, 422)},
     )
     def create(self, request: Request) -> Response:
-        return run_idempotent(request, self, lambda: self._create([request.data], single=True))
+        return run_idempotent(request, self, lambda record: self._create([request.data], single=True, record=record))
 
     @extend_schema(
         request=NotificationBatchSerializer,
@@ -127,7 +129,9 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
     )
     @action(detail=False, methods=["post"], url_path="batch")
     def batch(self, request: Request) -> Response:
-        return run_idempotent(request, self, lambda: self._create(self._batch_items(request.data), single=False))
+        return run_idempotent(
+            request, self, lambda record: self._create(self._batch_items(request.data), single=False, record=record)
+        )
 
     @extend_schema(request=None, responses={200: NotificationDetailSerializer, **errors(404, 409)})
     @action(detail=True, methods=["post"])
@@ -149,8 +153,11 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
             raise ValidationError({"notifications": [f"must be a list of 1 to {MAX_BATCH} notification objects"]})
         return items
 
-    def _create(self, items: list[Any], *, single: bool) -> Response:
-        """Check every item, resolve names and render templates, then store all or nothing."""
+    def _create(
+        self, items: list[Any], *, single: bool, record: services.IdempotentResponse | None
+    ) -> Response | HttpResponse:
+        """Check every item, resolve names and render templates, then store all or nothing (with
+        the Idempotency-Key's `record` and the response it replays, when there is one)."""
         problems: dict[int, dict[str, list[str]]] = {}
         drafts: list[tuple[int, Draft]] = []
         for index, item in enumerate(items):
@@ -158,21 +165,35 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
                 drafts.append((index, clean_notification(item)))
             except FieldErrors as exc:
                 problems[index] = exc.errors
-        try:
-            specs = services.build_specs(self.request.tenant, [d for _, d in drafts])
-        except services.SpecErrors as exc:
-            for position, errs in exc.errors.items():
-                problems[drafts[position][0]] = errs
-            specs = []
-        if problems:
-            if single:
-                raise ValidationError(problems[0])
-            raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
-        rows = services.create_notifications(self.request.tenant, specs, actor=actor(self.request))
+        tenant = self.request.tenant
+        if record is not None:
+            record.render = lambda rows: render(status.HTTP_201_CREATED, self._data(rows, single))
+        for _ in range(3):  # a provider or template edited meanwhile: resolve again
+            try:
+                specs = services.build_specs(tenant, [d for _, d in drafts])
+            except services.SpecErrors as exc:
+                for position, errs in exc.errors.items():
+                    problems[drafts[position][0]] = errs
+                specs = []
+            if problems:
+                if single:
+                    raise ValidationError(problems[0])
+                raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
+            try:
+                rows = services.create_notifications(tenant, specs, actor=actor(self.request), idempotency=record)
+            except services.StaleConfig:
+                continue
+            if record is not None:
+                return respond(record)
+            return Response(self._data(rows, single), status=status.HTTP_201_CREATED)
+        raise Conflict("The tenant's providers or templates are being changed; retry.", code="conflict")
+
+    @staticmethod
+    def _data(rows: list[Notification], single: bool) -> dict[str, Any]:
         if single:
-            return Response(NotificationSerializer(rows[0]).data, status=status.HTTP_201_CREATED)
+            return NotificationSerializer(rows[0]).data
         serializer = NotificationSerializer()
-        return Response({"results": [serializer.to_representation(n) for n in rows]}, status=status.HTTP_201_CREATED)
+        return {"results": [serializer.to_representation(n) for n in rows]}
 
 
 class ScheduledJobViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):

@@ -1,0 +1,113 @@
+"""A tenant's providers and templates as creates need them, cached in each web process.
+
+Every change to a tenant's providers or templates bumps `Tenant.config_version` in the change's
+own transaction (the signals below, so the API, the admin and plain ORM saves alike). A create
+resolves names from this cache, and its one INSERT statement stores only while the version the
+cache was read at is still the tenant's (`services.create_notifications(config_version=…)`
+checks it inside that statement). So a provider edit takes effect for the next create in every
+process, a stale cache costs one reload and one re-run, and an unchanged configuration costs
+no query at all. A name the cache does not know (a 400) is looked up afresh before it is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from core.models import Tenant
+from notifications.models import Provider, Template
+
+MAX_TENANTS = 10_000  # tenants cached per process (least recently used dropped first)
+MAX_TEMPLATES = 1_000  # template keys cached per tenant; past it, lookups still work, uncached
+
+
+@dataclass(slots=True)
+class TenantConfig:
+    version: int
+    providers: dict[str, Provider]
+    defaults: dict[str, Provider]  # channel → the default provider
+    templates: dict[str, Template | None] = field(default_factory=dict)  # None: known to be missing
+
+
+_cache: OrderedDict[Any, TenantConfig] = OrderedDict()
+_lock = threading.Lock()
+
+
+def load(tenant_id: Any) -> TenantConfig:
+    """Read the tenant's version and providers (two queries). The version is read first: an edit
+    between the two reads leaves the snapshot older than its version says, which the next
+    create's check catches."""
+    version = Tenant.objects.filter(pk=tenant_id).values_list("config_version", flat=True).first() or 0
+    providers: dict[str, Provider] = {}
+    defaults: dict[str, Provider] = {}
+    for provider in Provider.objects.for_tenant(tenant_id):
+        providers[provider.name] = provider
+        if provider.is_default:
+            defaults[provider.channel] = provider
+    config = TenantConfig(version=version, providers=providers, defaults=defaults)
+    with _lock:
+        _cache[tenant_id] = config
+        _cache.move_to_end(tenant_id)
+        while len(_cache) > MAX_TENANTS:
+            _cache.popitem(last=False)
+    return config
+
+
+def get(tenant_id: Any) -> TenantConfig | None:
+    """The cached configuration, or None."""
+    with _lock:
+        config = _cache.get(tenant_id)
+        if config is not None:
+            _cache.move_to_end(tenant_id)
+        return config
+
+
+def templates(config: TenantConfig, tenant_id: Any, keys: Iterable[str]) -> dict[str, Template]:
+    """The templates named `keys` that exist; one query for the keys not cached yet."""
+    keys = set(keys)
+    missing = {key for key in keys if key not in config.templates}  # no iteration of a dict another thread fills
+    if missing:
+        found = {t.key: t for t in Template.objects.for_tenant(tenant_id).filter(key__in=missing)}
+        with _lock:
+            if len(config.templates) + len(missing) <= MAX_TEMPLATES:
+                config.templates.update({key: found.get(key) for key in missing})
+        resolved = {key: config.templates.get(key) for key in keys - missing}
+        resolved.update(found)
+    else:
+        resolved = {key: config.templates[key] for key in keys}
+    return {key: t for key, t in resolved.items() if t is not None}
+
+
+def forget(tenant_id: Any) -> None:
+    with _lock:
+        _cache.pop(tenant_id, None)
+
+
+def clear() -> None:
+    with _lock:
+        _cache.clear()
+
+
+def bump(tenant_id: Any) -> None:
+    """Make every process's cached configuration of the tenant stale (in the caller's transaction)."""
+    Tenant.objects.filter(pk=tenant_id).update(config_version=F("config_version") + 1)
+    forget(tenant_id)
+    transaction.on_commit(lambda: forget(tenant_id))  # a create in between may have re-read the old one
+
+
+@receiver(post_save, sender=Provider, dispatch_uid="tenant_config.provider_saved")
+@receiver(post_delete, sender=Provider, dispatch_uid="tenant_config.provider_deleted")
+@receiver(post_save, sender=Template, dispatch_uid="tenant_config.template_saved")
+@receiver(post_delete, sender=Template, dispatch_uid="tenant_config.template_deleted")
+def _changed(sender: type, instance: Provider | Template, **kwargs: Any) -> None:
+    if kwargs.get("raw"):  # loaddata
+        return
+    bump(instance.tenant_id)
