@@ -23,7 +23,7 @@ from django.shortcuts import redirect
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
-from core.admin_scoping import DefaultStatusFilter, TenantScopedAdmin, visible_tenants
+from core.admin_scoping import DefaultStatusFilter, TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_text
 from dlq import services
 from dlq.models import DeadLetter
@@ -54,7 +54,7 @@ class ProviderFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         providers = Provider.objects.all()
         if not request.user.is_superuser:
-            providers = providers.filter(tenant__in=visible_tenants(request))
+            providers = providers.filter(tenant_id__in=visible_tenant_ids(request))
         names = providers.order_by("name").values_list("name", flat=True).distinct()
         return [(name, name) for name in names]
 
@@ -65,7 +65,7 @@ class ProviderFilter(admin.SimpleListFilter):
 _BADGE = {
     "open": "#ba2121", "redriven": "#417690", "discarded": "#777",
     "delivered": "#2e8540", "failed": "#ba2121", "dead_lettered": "#ba2121", "retrying": "#b7791f",
-    "queued": "#417690", "dispatching": "#417690",
+    "queued": "#417690", "dispatching": "#417690", "cancelled": "#777",
 }  # fmt: skip
 
 
@@ -76,6 +76,18 @@ def badge(value: str) -> str:
         'padding:1px 8px;font-size:11px;font-weight:600;white-space:nowrap">{}</span>',
         value, colour, value.replace("_", " "),
     )  # fmt: skip
+
+
+def attempt_shade(outcome: str, *, last: bool, note: dict[str, Any] | None) -> str:
+    """What an attempt led to: a transient error was followed by a retry, except the notification's
+    last attempt when no retry came (attempts exhausted: dead-lettered; or failed, cancelled)."""
+    if outcome == "delivered":
+        return "delivered"
+    if outcome != "transient_error":
+        return "failed"
+    if last and note is not None and note["status"] in ("dead_lettered", "failed", "cancelled"):
+        return note["status"]
+    return "retrying"
 
 
 @admin.register(DeadLetter)
@@ -149,7 +161,7 @@ class DeadLetterAdmin(TenantScopedAdmin):
     def get_list_display(self, request: HttpRequest) -> list[str]:
         """The tenant column only for those who see more than one tenant."""
         columns = list(super().get_list_display(request))
-        if not request.user.is_superuser and request.user.tenant_memberships.count() < 2:
+        if not request.user.is_superuser and len(visible_tenant_ids(request)) < 2:
             columns.remove("tenant")
         return columns
 
@@ -290,11 +302,10 @@ class DeadLetterAdmin(TenantScopedAdmin):
         )
         previous = None
         offset = note["attempt_offset"] if note else 0
-        for a in attempts:
+        for i, a in enumerate(attempts):
             a["first_after_redrive"] = bool(offset) and a["number"] == offset + 1
             a["error_message"] = mask_text(a["error_message"])
-            shade = {"delivered": "delivered", "transient_error": "retrying"}.get(a["outcome"], "failed")
-            a["outcome_badge"] = badge(shade)
+            a["outcome_badge"] = badge(attempt_shade(a["outcome"], last=i == len(attempts) - 1, note=note))
             a["waited"] = (a["started_at"] - previous).total_seconds() if previous else None
             previous = a["finished_at"]
         history = list(

@@ -210,8 +210,9 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     tenants = None if request.user.is_superuser else list(visible_tenants(request).values_list("pk", "name"))
     tenant_ids = None if tenants is None else [pk for pk, _ in tenants]
-    figures = stats.queue_figures(tenant_ids)
+    figures, exact = stats.queue_figures_sized(tenant_ids)
     total = stats.totals(figures)
+    about = "" if exact else "≈"
     minutes = stats.throughput(tenant_ids)
     dlq_open = stats.dlq_open(tenant_ids)
     delivered, failed = _chart(minutes, lambda m: m.delivered), _chart(minutes, lambda m: m.failed)
@@ -219,11 +220,11 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     workers = stats.workers()
     live = sum(1 for w in workers if w.alive)
     cards = [
-        {"id": "depth", "label": "Queue depth", "value": _n(total["depth"]),
+        {"id": "depth", "label": "Queue depth", "value": about + _n(total["depth"]),
          "hint": f"{len(figures)} queue{'s' if len(figures) != 1 else ''}"},
-        {"id": "ready", "label": "Ready", "value": _n(total["ready"]), "hint": "claimable now"},
-        {"id": "leased", "label": "Leased", "value": _n(total["leased"]), "hint": "being delivered"},
-        {"id": "delayed", "label": "Delayed", "value": _n(total["delayed"]), "hint": "waiting for backoff"},
+        {"id": "ready", "label": "Ready", "value": about + _n(total["ready"]), "hint": "claimable now"},
+        {"id": "leased", "label": "Leased", "value": about + _n(total["leased"]), "hint": "being delivered"},
+        {"id": "delayed", "label": "Delayed", "value": about + _n(total["delayed"]), "hint": "waiting for backoff"},
         {"id": "oldest", "label": "Oldest ready", "value": _age(total["oldest_age_seconds"]),
          "hint": "age of the oldest ready item", "tone": _tone(total["oldest_age_seconds"], 30, 300)},
         {"id": "dlq", "label": "DLQ open", "value": str(dlq_open), "hint": "entries awaiting an operator",
@@ -247,6 +248,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "scope": "all tenants" if tenants is None else ", ".join(name for _, name in tenants) or "no tenant",
         "cards": cards,
         "queue_rows": _queue_rows(figures),
+        "figures_exact": exact,
         "priorities": [str(p) for p in range(9, -1, -1)],
         "charts": [
             ("deliveries", "Deliveries", "#2e8540", delivered),
