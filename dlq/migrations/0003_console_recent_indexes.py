@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('core', '0002_audit_append_only_trigger'),
         ('dlq', '0002_hot_foreign_keys'),
-        ('notifications', '0011_console_status_indexes'),
+        ('notifications', '0010_provider_secret_rotation'),
     ]
 
     operations = [
