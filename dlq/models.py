@@ -57,6 +57,9 @@ class DeadLetter(TenantOwned):
             # GET dlq / admin list: a tenant's entries by status, newest first.
             models.Index(fields=["tenant", "status", "-created_at"], name="dlq_tenant_status_idx"),
             models.Index(fields=["status", "-created_at"], name="dlq_status_recent_idx"),
+            # The console's list with "All" statuses: every entry, newest first (superusers / one tenant).
+            models.Index(fields=["-created_at", "-id"], name="dlq_console_recent_idx"),
+            models.Index(fields=["tenant", "-created_at", "-id"], name="dlq_console_tenant_idx"),
         ]
         permissions = [("redrive_deadletter", "Can redrive and discard dead letters")]
 

@@ -186,6 +186,9 @@ class Notification(TenantOwned):
             models.Index(fields=["created_at"], name="notif_created_idx"),
             models.Index(fields=["template"], condition=Q(template__isnull=False), name="notif_template_idx"),
             models.Index(fields=["enrollment"], condition=Q(enrollment__isnull=False), name="notif_enrollment_idx"),
+            # No index names `status` (or any column the record statement updates): one would make every
+            # delivery's status update non-HOT and write every index. The console's status filter reads the
+            # live tables instead (notifications.admin.StatusFilter).
         ]
 
     def __str__(self) -> str:

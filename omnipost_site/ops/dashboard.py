@@ -73,7 +73,8 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     tenants = None if request.user.is_superuser else list(visible_tenants(request).values_list("pk", "name"))
     tenant_ids = None if tenants is None else [pk for pk, _ in tenants]
-    figures = stats.queue_figures(tenant_ids)
+    figures, exact = stats.queue_figures_sized(tenant_ids)
+    about = "" if exact else "≈"
     total = stats.totals(figures)
     minutes = ops_figures.throughput(tenant_ids)
     dlq_open = ops_figures.dlq_open(tenant_ids)
@@ -82,11 +83,11 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     workers = stats.workers()
     live = sum(1 for w in workers if w.alive)
     cards = [
-        {"id": "depth", "label": "Queue depth", "value": _n(total["depth"]),
+        {"id": "depth", "label": "Queue depth", "value": about + _n(total["depth"]),
          "hint": f"{len(figures)} queue{'s' if len(figures) != 1 else ''}"},
-        {"id": "ready", "label": "Ready", "value": _n(total["ready"]), "hint": "claimable now"},
-        {"id": "leased", "label": "Leased", "value": _n(total["leased"]), "hint": "being delivered"},
-        {"id": "delayed", "label": "Delayed", "value": _n(total["delayed"]), "hint": "waiting for backoff"},
+        {"id": "ready", "label": "Ready", "value": about + _n(total["ready"]), "hint": "claimable now"},
+        {"id": "leased", "label": "Leased", "value": about + _n(total["leased"]), "hint": "being delivered"},
+        {"id": "delayed", "label": "Delayed", "value": about + _n(total["delayed"]), "hint": "waiting for backoff"},
         {"id": "oldest", "label": "Oldest ready", "value": _age(total["oldest_age_seconds"]),
          "hint": "age of the oldest ready item", "tone": _tone(total["oldest_age_seconds"], 30, 300)},
         {"id": "dlq", "label": "DLQ open", "value": str(dlq_open), "hint": "entries awaiting an operator",
@@ -110,6 +111,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "scope": "all tenants" if tenants is None else ", ".join(name for _, name in tenants) or "no tenant",
         "cards": cards,
         "queue_rows": _queue_rows(figures),
+        "figures_exact": exact,
         "priorities": [str(p) for p in range(9, -1, -1)],
         "charts": [
             ("deliveries", "Deliveries", "#2e8540", delivered),

@@ -122,9 +122,22 @@ def _plan(sql: str, params: list) -> str:
         return json.dumps(cursor.fetchone()[0])
 
 
+@pytest.fixture
+def drained_stats(db):  # noqa: ANN001, ANN201
+    """ANALYZE writes pg_class in place (outside the transaction), so the sizes a bulk test analysed would
+    outlive its rollback and make queue_figures sample the next test's few items: empty the queue and
+    analyse again before the rollback."""
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM queue_state")
+        cursor.execute("ANALYZE queue_state")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_dashboard_figures_stay_index_served_at_scale(tenant_a, tenant_b, hook_a, django_assert_max_num_queries):
+def test_dashboard_figures_stay_index_served_at_scale(
+    drained_stats, tenant_a, tenant_b, hook_a, django_assert_max_num_queries
+):
     """150,000 notifications with old attempts and 50,000 dead letters (1,000 still open): the hour's
     throughput reads attempt_finished_idx, the DLQ size a (status, created_at) index, and no figure counts
     a whole table."""
@@ -154,7 +167,9 @@ def test_dashboard_figures_stay_index_served_at_scale(tenant_a, tenant_b, hook_a
         estimate = stats.estimated_rows("notifications")
         workers = stats.workers()
     took = time.monotonic() - started
-    assert figures[0]["depth"] == 100_000 and sum(m.delivered for m in minutes) == 0 and workers == []
+    # 100,000 items fill more than SAMPLE_PAGES pages: the figures are a scaled sample, to a few per cent.
+    assert 95_000 <= figures[0]["depth"] <= 105_000 and not stats.queue_figures_sized()[1]
+    assert sum(m.delivered for m in minutes) == 0 and workers == []
     assert size == stats.Size(1_000, True)
     assert 120_000 <= estimate <= 180_000
     hour = _plan("SELECT count(*) FROM delivery_attempts WHERE finished_at >= now() - interval '1 hour'", [])
