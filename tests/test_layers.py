@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("core", "queueing", "notifications", "dlq", "dispatch", "benchmarks", "omnipost_site")
+PACKAGES = ("core", "queueing", "notifications", "dlq", "dispatch", "operations", "benchmarks", "omnipost_site")
 
 
 def lint(cwd: Path) -> subprocess.CompletedProcess:
