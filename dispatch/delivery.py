@@ -30,7 +30,6 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
 from core import crypto
-from core import pg_arrays as arrays
 from dlq.models import DeadLetter
 from notifications import counters
 from notifications.models import DeliveryAttempt, Notification, Status
@@ -193,7 +192,6 @@ def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
     """
     if raw_connection.prepare_threshold == _ONLY_WHEN_ASKED:
         return
-    arrays.register(raw_connection.adapters)  # the record's parameters (only their own classes)
     from psycopg.pq import TransactionStatus
 
     if raw_connection.info.transaction_status != TransactionStatus.IDLE:
@@ -403,29 +401,29 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
     attempts = [o for o in outcomes if o.attempt is not None]
     dead = [o for o in outcomes if o.kind in ("failed", "dead_lettered")]
     params: dict[str, Any] = {
-        "item_ids": arrays.int8s([o.lease.item_id for o in outcomes]),
-        "tokens": arrays.uuids([o.lease.lock_token for o in outcomes]),
-        "kinds": arrays.texts([o.kind for o in outcomes]),
-        "delays": arrays.float8s([o.retry_delay for o in outcomes]),
-        "statuses": arrays.texts([_FINAL_STATUS_TEXT.get(o.kind, "") for o in outcomes]),
-        "counts": arrays.int4s([o.attempt.number if o.attempt else -1 for o in outcomes]),
-        "codes": arrays.texts([o.error_code for o in outcomes]),
-        "a_item_ids": arrays.int8s([o.lease.item_id for o in attempts]),
-        "a_numbers": arrays.int4s([o.attempt.number for o in attempts]),
-        "a_started": arrays.timestamptzs([o.attempt.started_at for o in attempts]),
-        "a_finished": arrays.timestamptzs([o.attempt.finished_at for o in attempts]),
-        "a_outcomes": arrays.texts([o.attempt.outcome for o in attempts]),
-        "a_classes": arrays.texts([o.attempt.error_class for o in attempts]),
-        "a_codes": arrays.texts([o.attempt.error_code for o in attempts]),
-        "a_messages": arrays.texts([o.attempt.error_message for o in attempts]),
-        "a_statuses": arrays.int4s([o.attempt.http_status for o in attempts]),
-        "a_durations": arrays.int4s([o.attempt.duration_ms for o in attempts]),
-        "d_item_ids": arrays.int8s([o.lease.item_id for o in dead]),
-        "d_classes": arrays.texts([o.failure_class for o in dead]),
-        "d_reasons": arrays.texts([o.failure_reason[:2000] for o in dead]),
-        "d_codes": arrays.texts([o.error_code for o in dead]),
-        "d_status_codes": arrays.int4s([o.status_code for o in dead]),
-        "d_counts": arrays.int4s([o.attempt.number if o.attempt else 0 for o in dead]),
+        "item_ids": [o.lease.item_id for o in outcomes],
+        "tokens": [o.lease.lock_token for o in outcomes],
+        "kinds": [o.kind for o in outcomes],
+        "delays": [o.retry_delay for o in outcomes],
+        "statuses": [_FINAL_STATUS_TEXT.get(o.kind, "") for o in outcomes],
+        "counts": [o.attempt.number if o.attempt else -1 for o in outcomes],
+        "codes": [o.error_code for o in outcomes],
+        "a_item_ids": [o.lease.item_id for o in attempts],
+        "a_numbers": [o.attempt.number for o in attempts],
+        "a_started": [o.attempt.started_at for o in attempts],
+        "a_finished": [o.attempt.finished_at for o in attempts],
+        "a_outcomes": [o.attempt.outcome for o in attempts],
+        "a_classes": [o.attempt.error_class for o in attempts],
+        "a_codes": [o.attempt.error_code for o in attempts],
+        "a_messages": [o.attempt.error_message for o in attempts],
+        "a_statuses": [o.attempt.http_status for o in attempts],
+        "a_durations": [o.attempt.duration_ms for o in attempts],
+        "d_item_ids": [o.lease.item_id for o in dead],
+        "d_classes": [o.failure_class for o in dead],
+        "d_reasons": [o.failure_reason[:2000] for o in dead],
+        "d_codes": [o.error_code for o in dead],
+        "d_status_codes": [o.status_code for o in dead],
+        "d_counts": [o.attempt.number if o.attempt else 0 for o in dead],
     }
     with hot_cursor(using) as cursor:
         cursor.execute(_RECORD_SQL, params, prepare=True)
