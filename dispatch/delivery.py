@@ -177,8 +177,7 @@ _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: never prepare a que
 
 
 def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
-    """Make `execute(..., prepare=True)` prepare, once, on this connection (and teach it the
-    record's binary arrays, core.pg_arrays).
+    """Make `execute(..., prepare=True)` prepare, once, on this connection.
 
     Django turns psycopg's prepared statements off on its connections (prepare_threshold=None, for
     connection poolers) and that also ignores `prepare=True`: the claim and the record were parsed
@@ -316,7 +315,7 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     return Recorded(ours=ours, lost=[o for o in outcomes if o.lease.item_id not in ours])
 
 
-# Placeholders are %(…)b: the long arrays travel in binary (core.pg_arrays), not as array text.
+# Placeholders are %(…)b: the long arrays travel in binary (psycopg's own list dumpers), not as array text.
 _RECORD_SQL = """
     WITH outcome AS (
         SELECT * FROM unnest(%(item_ids)b::bigint[], %(tokens)b::uuid[], %(kinds)b::text[],

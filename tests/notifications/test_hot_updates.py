@@ -73,8 +73,8 @@ def test_the_claim_and_the_record_are_prepared_once_per_connection(tenant_a):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_new_connection_can_record_again(tenant_a):
-    """The record's binary arrays (core.pg_arrays) are taught to each connection it runs on: after
-    Django reconnects, the next batch is still recorded (psycopg would send them as bytea)."""
+    """The record runs on whatever connection Django has: after Django reconnects, the next batch is
+    prepared again and still recorded, its arrays sent in binary."""
     prov = factories.provider(tenant_a)
     factories.queued(tenant_a, prov, 20)
     for _ in range(2):
