@@ -39,23 +39,23 @@ class Migration(migrations.Migration):
         migrations.RunPython(mark_waiting_items, migrations.RunPython.noop),
         migrations.AddIndex(
             model_name='queueitem',
-            index=models.Index(condition=models.Q(('priority__gte', 0), ('rate_limited', False), ('ready', True)), fields=['-priority', 'enqueued_at'], name='queue_state_ready_idx'),
+            index=models.Index(condition=models.Q(('priority__gte', 0), ('rate_limited', False), ('ready', True)), fields=['-priority', 'enqueued_at', 'item_id'], name='queue_state_ready_idx'),
         ),
         migrations.AddIndex(
             model_name='queueitem',
-            index=models.Index(condition=models.Q(('rate_limited', False), ('ready', True)), fields=['queue_name', '-priority', 'enqueued_at'], name='queue_state_ready_queue_idx'),
+            index=models.Index(condition=models.Q(('rate_limited', False), ('ready', True)), fields=['queue_name', '-priority', 'enqueued_at', 'item_id'], name='queue_state_ready_queue_idx'),
         ),
         migrations.AddIndex(
             model_name='queueitem',
-            index=models.Index(condition=models.Q(('priority__gte', 0), ('rate_limited', False), ('ready', True)), fields=['enqueued_at'], name='queue_state_starving_all_idx'),
+            index=models.Index(condition=models.Q(('priority__gte', 0), ('rate_limited', False), ('ready', True)), fields=['enqueued_at', 'item_id'], name='queue_state_starving_all_idx'),
         ),
         migrations.AddIndex(
             model_name='queueitem',
-            index=models.Index(condition=models.Q(('rate_limited', False), ('ready', True)), fields=['queue_name', 'enqueued_at'], name='queue_state_starving_idx'),
+            index=models.Index(condition=models.Q(('rate_limited', False), ('ready', True)), fields=['queue_name', 'enqueued_at', 'item_id'], name='queue_state_starving_idx'),
         ),
         migrations.AddIndex(
             model_name='queueitem',
-            index=models.Index(condition=models.Q(('rate_limited', True), ('ready', True)), fields=['provider', '-priority', 'enqueued_at'], name='queue_state_lane_idx'),
+            index=models.Index(condition=models.Q(('rate_limited', True), ('ready', True)), fields=['provider', '-priority', 'enqueued_at', 'item_id'], name='queue_state_lane_idx'),
         ),
         migrations.AddIndex(
             model_name='queueitem',
