@@ -8,6 +8,7 @@ saved to test-artifacts/dashboard.png (and the entry's timeline to test-artifact
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import sys
 import threading
@@ -62,27 +63,34 @@ def dispatch_once() -> None:
     assert not thread.is_alive() and not failures, failures
 
 
-@pytest.fixture
-def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+@contextlib.contextmanager
+def chromium_page(width: int, height: int) -> Iterator:
+    """A page of Debian's chromium at this viewport, for a test that also uses the ORM between steps."""
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an event loop on this thread; the ORM calls the test makes between
     # browser steps are ordinary synchronous code, so Django's async-context guard is lifted here only.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     # Django keeps connections per context; Playwright's greenlets change the context, so close what the
     # outer context opened now, and what the inner one opened on the way out (no session outlives the test).
-    connections.close_all()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000}, locale="en-US")
-        context.set_default_timeout(15_000)
-        page = context.new_page()
-        try:
-            yield page
-        finally:
-            context.close()
-            browser.close()
-            connections.close_all()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        connections.close_all()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            context = browser.new_context(viewport={"width": width, "height": height}, locale="en-US")
+            context.set_default_timeout(15_000)
+            try:
+                yield context.new_page()
+            finally:
+                context.close()
+                browser.close()
+                connections.close_all()
+
+
+@pytest.fixture
+def browser_page() -> Iterator:
+    with chromium_page(1440, 1000) as page:
+        yield page
 
 
 def staff_user(username: str, tenant_name: str, monkeypatch: pytest.MonkeyPatch) -> None:

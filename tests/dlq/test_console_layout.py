@@ -14,13 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
 
 from dlq.models import DeadLetter
 from notifications.models import DeliveryAttempt
 from queueing.models import QueueItem, Worker
 from tests import factories
-from tests.dlq.test_console_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PASSWORD, staff_user
+from tests.dlq.test_console_browser import ARTIFACTS, PASSWORD, chromium_page, staff_user
 from tests.dlq.test_services import dead_letters
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -42,22 +41,9 @@ LAST_COLUMN = """() => {
 
 
 @pytest.fixture
-def page(monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    connections.close_all()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT}, locale="en-US")
-        context.set_default_timeout(15_000)
-        page = context.new_page()
-        try:
-            yield page
-        finally:
-            context.close()
-            browser.close()
-            connections.close_all()
+def page() -> Iterator:
+    with chromium_page(WIDTH, HEIGHT) as opened:
+        yield opened
 
 
 def incident(tenant_a, tenant_b) -> DeadLetter:  # noqa: ANN001
