@@ -41,6 +41,8 @@ INSTALLED_APPS = [
     "notifications",
     "queueing",
     "dlq",
+    "events",
+    "receipts",
     "operations",
     "dispatch",
     "omnipost_site.ops",

@@ -11,7 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("core", "queueing", "notifications", "dlq", "dispatch", "operations", "benchmarks", "omnipost_site")
+PACKAGES = (
+    "core", "queueing", "notifications", "events", "dlq", "receipts", "dispatch", "operations", "benchmarks",
+    "omnipost_site",
+)  # fmt: skip
 
 
 def lint(cwd: Path) -> subprocess.CompletedProcess:
@@ -41,6 +44,7 @@ def test_the_tree_keeps_its_layers():
         ("notifications", "dlq.models"),  # the domain reaches for dead letters
         ("core", "queueing.ratelimit"),  # even lazily, inside a function
         ("dlq", "dispatch.dispatcher"),  # a domain app imports the process
+        ("events", "receipts.inbound"),  # outbound events reach for the inbound side
     ],
 )
 def test_a_back_edge_breaks_the_contract(tree_copy: Path, lower: str, upper: str):

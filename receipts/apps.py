@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class ReceiptsConfig(AppConfig):
+    name = "receipts"
+    verbose_name = "Delivery receipts"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from receipts import vendors  # noqa: F401  (each vendor module registers its adapter)
