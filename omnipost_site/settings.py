@@ -157,6 +157,15 @@ OMNIPOST_SMTP_THREADS_PER_PROVIDER = number(env, "OMNIPOST_SMTP_THREADS_PER_PROV
 # After a webhook signing secret is rotated, sends carry the old signature beside the new one this long.
 OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_GRACE_SECONDS", 86400.0)
 
+# Wave 2 (CONTRACT.md §12–§17). The public base of every URL OmniPost hands out (events_url, Twilio
+# StatusCallback, List-Unsubscribe); `make run` sets http://127.0.0.1:8000.
+OMNIPOST_PUBLIC_URL = env.str("OMNIPOST_PUBLIC_URL", default="").rstrip("/")
+OMNIPOST_BOUNCE_DOMAIN = env.str("OMNIPOST_BOUNCE_DOMAIN", default="")  # VERP return paths for SMTP bounces
+OMNIPOST_SNS_CERT_URL_PATTERN = env.str(
+    "OMNIPOST_SNS_CERT_URL_PATTERN", default=r"^https://sns\.[a-z0-9-]+\.amazonaws\.com/[^?#]*\.pem$"
+)
+OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS = number(env, "OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS", 120.0)
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 
