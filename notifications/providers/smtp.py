@@ -11,6 +11,9 @@ errors out at once and nothing more can be written: a send given back cannot del
 Threads: SMTP sends run on their own pool (OMNIPOST_SMTP_THREADS), not asyncio's default executor,
 and one provider holds at most OMNIPOST_SMTP_THREADS_PER_PROVIDER of them (its further sends wait,
 within their deadline), so one tenant's slow server cannot take every thread.
+Envelope sender: with OMNIPOST_BOUNCE_DOMAIN set and the provider's id known (the dispatcher
+passes `provider_id`), MAIL FROM is the send's VERP return path (notifications.verp), so its
+bounces reach `run_bounce_listener`; the From header is always `from_email`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 
-from notifications import ssrf
+from notifications import ssrf, verp
 from notifications.providers.base import (
     BaseProvider,
     DeliveryResult,
@@ -211,10 +214,18 @@ class _SmtpSend:
 
 class SmtpProvider(BaseProvider):
     kind = "smtp"
-    options = ("ssl_context",)
+    options = ("ssl_context", "provider_id")
 
-    def __init__(self, config: dict, secrets: dict, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        config: dict,
+        secrets: dict,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        provider_id: int | None = None,
+    ) -> None:
         super().__init__(config, secrets)
+        self.provider_id = provider_id  # names the provider in VERP return paths (notifications.verp)
         self.host = self.config["host"]
         self.use_ssl = bool(self.config.get("use_ssl"))
         self.use_tls = bool(self.config.get("use_tls"))
@@ -332,6 +343,7 @@ class SmtpProvider(BaseProvider):
             )
         try:
             email = self._build(message)
+            envelope_from = verp.return_path(self.provider_id, message.notification_id) or self.from_email
         except (ValueError, TypeError) as exc:
             return DeliveryResult(
                 delivered=False,
@@ -342,7 +354,7 @@ class SmtpProvider(BaseProvider):
             )
         try:
             infos = ssrf.resolve_checked(self.host, self.port)
-            return self._deliver(self._connect(infos, session, timeout), email, message.recipient)
+            return self._deliver(self._connect(infos, session, timeout), email, envelope_from, message.recipient)
         except smtplib.SMTPRecipientsRefused as exc:
             code, reply = next(iter(exc.recipients.values()), (550, b"recipient refused"))
             return self._smtp_failure(exc, code, reply)
@@ -384,14 +396,14 @@ class SmtpProvider(BaseProvider):
                 refused = exc
         raise refused or ConnectionRefusedError(f"no address of {self.host} accepted a connection")
 
-    def _deliver(self, client: smtplib.SMTP, email: EmailMessage, recipient: str) -> DeliveryResult:
+    def _deliver(self, client: smtplib.SMTP, email: EmailMessage, envelope_from: str, recipient: str) -> DeliveryResult:
         context = self._ssl_context or tls_context()
         try:
             if self.use_tls:
                 client.starttls(context=context)
             if self.username:
                 client.login(self.username, self.secrets.get("password", ""))
-            client.send_message(email, from_addr=self.from_email, to_addrs=[recipient])
+            client.send_message(email, from_addr=envelope_from, to_addrs=[recipient])
         finally:
             try:
                 client.quit()
