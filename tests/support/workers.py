@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 # manage.py commands that run until stopped (a test's own one-shot commands exit by themselves)
-LONG_RUNNING = (b"run_dispatcher", b"run_scheduler", b"run_all")
+LONG_RUNNING = (b"run_dispatcher", b"run_scheduler", b"run_all", b"run_bounce_listener")
 
 
 def descendants(root: int) -> list[int]:

@@ -1,0 +1,169 @@
+"""The bounce listener over real SMTP (smtplib against the aiosmtpd server on loopback), with its
+provider lookup and apply step recorded; tests/receipts/test_bounces_end_to_end.py runs it as a process."""
+
+from __future__ import annotations
+
+import smtplib
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from django.db import OperationalError
+
+from notifications import verp
+from receipts.bounce_listener import BounceListener, ListenerConfig
+from receipts.inbound import ProviderView, Receipt
+from tests.receipts.test_bounce_parsing import sample
+from tests.support.receivers import _LoopThread
+
+DOMAIN = "bounces.omnipost.example"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[ProviderView, list[Receipt]]] = []
+        self.failures: list[BaseException] = []  # raised by the next calls, in order
+        self.known = {1, 2}
+        self.lock = threading.Lock()
+
+    def resolve(self, ids: set[int]) -> dict[int, ProviderView]:
+        views = (ProviderView(id=i, tenant_id=f"tenant-{i}", kind="smtp", config={}, secrets={}) for i in ids)
+        return {view.id: view for view in views if view.id in self.known}
+
+    def apply(self, provider: ProviderView, receipts: list[Receipt]) -> str:
+        with self.lock:
+            if self.failures:
+                raise self.failures.pop(0)
+            self.calls.append((provider, receipts))
+        return "applied"
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def listener(settings, recorder) -> Iterator[BounceListener]:
+    settings.OMNIPOST_BOUNCE_DOMAIN = DOMAIN
+    server = BounceListener(
+        ListenerConfig(host="127.0.0.1", port=0, max_message_bytes=64 * 1024, grace_seconds=1),
+        resolve=recorder.resolve,
+        apply=recorder.apply,
+    )
+    thread = _LoopThread("bounce-listener")
+    thread.start()
+    thread.run(server.start())
+    yield server
+    thread.run(server.stop(), timeout=10)
+    thread.stop()
+
+
+def post(listener: BounceListener, rcpts: list[str], raw: bytes) -> dict:
+    """Mail a report as an MTA does: null sender, CRLF lines (smtplib leaves bytes alone)."""
+    with smtplib.SMTP("127.0.0.1", listener.port, timeout=10) as client:
+        return client.sendmail("", rcpts, raw.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+
+
+def test_a_hard_bounce_reaches_the_notification_its_return_path_names(listener, recorder):
+    nid = str(uuid.uuid4())
+    address = verp.return_path(1, nid)
+    assert post(listener, [address], sample("postfix_user_unknown.eml", address)) == {}
+    [(provider, [receipt])] = recorder.calls
+    assert provider.id == 1 and provider.tenant_id == "tenant-1"
+    assert (receipt.notification_id, receipt.type, receipt.receipt, receipt.bounce_type) == (
+        nid, "bounced", "bounced", "hard"
+    )  # fmt: skip
+    assert receipt.event_id == "20261201180211.4Rk2Hc0xYz@mail.example.net"
+    assert receipt.details["status"] == "5.1.1" and receipt.raw.startswith(b"Return-Path")
+
+
+def test_a_complaint_and_a_case_folded_address(listener, recorder):
+    nid = str(uuid.uuid4())
+    address = verp.return_path(2, nid).upper()  # some relays upper-case the whole address
+    post(listener, [address], sample("arf_rfc5965.eml", address))
+    [(provider, [receipt])] = recorder.calls
+    assert provider.id == 2 and (receipt.notification_id, receipt.receipt) == (nid, "complained")
+
+
+def test_forged_tokens_and_foreign_addresses_are_refused_at_rcpt(listener, recorder):
+    good = verp.return_path(1, str(uuid.uuid4()))
+    token = good.split("@")[0][2:]
+    forged = f"b+{token[:10]}{'a' if token[10] != 'a' else 'b'}{token[11:]}@{DOMAIN}"
+    for rcpt in (forged, f"b+{token}@elsewhere.example", f"postmaster@{DOMAIN}", "jane@example.com"):
+        with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
+            post(listener, [rcpt], sample("postfix_user_unknown.eml"))
+        assert refused.value.recipients[rcpt][0] == 550
+    # A forged recipient beside a real one: only the real one is reached.
+    refusals = post(listener, [forged, good], sample("postfix_user_unknown.eml"))
+    assert refusals == {forged: (550, b"5.1.1 No such recipient here")}
+    [(_, [receipt])] = recorder.calls
+    assert receipt.notification_id == verp.read_address(good).notification_id
+    assert listener.counts["refused_rcpt"] == 5
+
+
+@pytest.mark.parametrize("name", ["out_of_office.eml", "qmail_plain_bounce.eml", "read_receipt_mdn.eml"])
+def test_mail_that_is_no_report_is_refused_with_554(listener, recorder, name):
+    address = verp.return_path(1, str(uuid.uuid4()))
+    with pytest.raises(smtplib.SMTPDataError) as refused:
+        post(listener, [address], sample(name, address))
+    assert refused.value.smtp_code == 554 and not recorder.calls
+
+
+def test_garbage_and_oversized_messages_are_answered_and_the_listener_goes_on(listener, recorder):
+    address = verp.return_path(1, str(uuid.uuid4()))
+    with pytest.raises(smtplib.SMTPDataError) as refused:
+        post(listener, [address], b"Content-Type: multipart/report; boundary=\x00\xff\r\n\r\n\xfe\xfe--")
+    assert refused.value.smtp_code == 554
+    big = sample("postfix_user_unknown.eml", address) + (b"x" * 70 + b"\n") * 1500  # the fixture's limit: 64 KiB
+    with pytest.raises(smtplib.SMTPSenderRefused) as declared:  # SIZE= declared at MAIL FROM
+        post(listener, [address], big)
+    assert declared.value.smtp_code == 552
+    with smtplib.SMTP("127.0.0.1", listener.port, timeout=10) as client:  # not declared: refused while it streams
+        client.ehlo()
+        client.mail("")
+        client.rcpt(address)
+        assert client.data(big.replace(b"\n", b"\r\n"))[0] == 552
+    post(listener, [address], sample("postfix_user_unknown.eml", address))
+    assert len(recorder.calls) == 1
+
+
+def test_a_lost_database_is_451_and_the_mtas_retry_is_applied(listener, recorder):
+    recorder.failures.append(OperationalError("terminating connection due to administrator command"))
+    address = verp.return_path(1, str(uuid.uuid4()))
+    with pytest.raises(smtplib.SMTPDataError) as later:
+        post(listener, [address], sample("gmail_no_such_user.eml", address))
+    assert later.value.smtp_code == 451 and not recorder.calls
+    post(listener, [address], sample("gmail_no_such_user.eml", address))
+    assert len(recorder.calls) == 1 and listener.counts["try_later"] == 1
+
+
+def test_several_return_paths_in_one_transaction_and_an_unknown_provider(listener, recorder):
+    a, b, gone = (str(uuid.uuid4()) for _ in range(3))
+    rcpts = [verp.return_path(1, a), verp.return_path(2, b), verp.return_path(99, gone)]
+    post(listener, rcpts, sample("postfix_success.eml"))
+    assert sorted((p.id, [r.notification_id for r in rs]) for p, rs in recorder.calls) == [(1, [a]), (2, [b])]
+    assert listener.counts["unknown_provider"] == 1
+
+
+def test_stop_closes_idle_sessions_and_refuses_new_connections(settings, recorder):
+    settings.OMNIPOST_BOUNCE_DOMAIN = DOMAIN
+    server = BounceListener(ListenerConfig(port=0), resolve=recorder.resolve, apply=recorder.apply)
+    thread = _LoopThread("bounce-listener")
+    thread.start()
+    try:
+        thread.run(server.start())
+        idle = smtplib.SMTP("127.0.0.1", server.port, timeout=5)
+        idle.ehlo()
+        started = time.monotonic()
+        thread.run(server.stop(), timeout=10)
+        assert time.monotonic() - started < 2  # nothing in flight: no waiting for the grace period
+        with pytest.raises((smtplib.SMTPServerDisconnected, OSError)):
+            idle.noop()
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=2):
+            pass
+    finally:
+        thread.stop()
