@@ -127,6 +127,12 @@ class _Handler:
         return await self.listener.receive(raw, targets, _peer(session))
 
 
+def _summary(result: Any) -> str:  # noqa: ANN401 - receipts.services.ApplyResult
+    names = [name for name in ("applied", "duplicate", "ignored") if hasattr(result, name)]
+    counts = [f"{name} {getattr(result, name)}" for name in names]
+    return ", ".join(counts) or str(result)
+
+
 def _peer(session: Any) -> str:  # noqa: ANN401
     peer = getattr(session, "peer", None)
     return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
@@ -207,32 +213,42 @@ class BounceListener:
             self._leave()
 
     def _deliver(self, targets: Iterable[verp.VerpTarget], report: Report, raw: bytes) -> None:
-        """On the database thread: resolve the providers, apply each one's receipts."""
+        """On the database thread: resolve the providers, apply each one's receipts. A session lost
+        while idle is replaced and the report tried once more at once (applying is idempotent: the
+        report's event id de-duplicates); a second loss is TryLater."""
         by_provider: dict[int, list[str]] = {}
         for target in targets:
             by_provider.setdefault(target.provider_id, []).append(target.notification_id)
-        try:
-            providers = self.resolve(set(by_provider))
-            for provider_id, notification_ids in sorted(by_provider.items()):
-                provider = providers.get(provider_id)
-                if provider is None:
-                    self.counts["unknown_provider"] += 1
-                    logger.info("report for provider %s, which is gone or no SMTP provider: ignored", provider_id)
-                    continue
-                receipts = [report.receipt_for(nid, raw) for nid in notification_ids]
-                result = self.apply(provider, receipts)
-                self.counts["applied"] += len(receipts)
-                logger.info(
-                    "%s report for notification(s) %s of provider %s (%s%s): %s",
-                    report.details.get("source", "report"), ", ".join(notification_ids), provider_id,
-                    report.receipt or report.type, f"/{report.bounce_type}" if report.bounce_type else "", result,
-                )  # fmt: skip
-        except Exception as exc:
-            if is_connection_lost(exc):
+        for attempt in (1, 2):
+            try:
+                self._apply_all(by_provider, report, raw)
+                return
+            except Exception as exc:
+                if not is_connection_lost(exc):
+                    logger.exception("applying a report failed")
+                    raise TryLater(f"{type(exc).__name__} while applying the report") from exc
                 reset_connection()
-                raise TryLater("the database connection was lost") from exc
-            logger.exception("applying a report failed")
-            raise TryLater(f"{type(exc).__name__} while applying the report") from exc
+                if attempt == 2:
+                    raise TryLater("the database connection was lost") from exc
+                logger.warning("the database connection was lost; trying the report again on a new one")
+
+    def _apply_all(self, by_provider: dict[int, list[str]], report: Report, raw: bytes) -> None:
+        providers = self.resolve(set(by_provider))
+        for provider_id, notification_ids in sorted(by_provider.items()):
+            provider = providers.get(provider_id)
+            if provider is None:
+                self.counts["unknown_provider"] += 1
+                logger.info("report for provider %s, which is gone or no SMTP provider: ignored", provider_id)
+                continue
+            receipts = [report.receipt_for(nid, raw) for nid in notification_ids]
+            result = self.apply(provider, receipts)
+            self.counts["applied"] += len(receipts)
+            logger.info(
+                "%s report for notification(s) %s of provider %s (%s%s): %s",
+                report.details.get("source", "report"), ", ".join(notification_ids), provider_id,
+                report.receipt or report.type, f"/{report.bounce_type}" if report.bounce_type else "",
+                _summary(result),
+            )  # fmt: skip
 
     def _enter(self) -> None:
         self._busy += 1

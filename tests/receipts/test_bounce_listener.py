@@ -131,14 +131,31 @@ def test_garbage_and_oversized_messages_are_answered_and_the_listener_goes_on(li
     assert len(recorder.calls) == 1
 
 
-def test_a_lost_database_is_451_and_the_mtas_retry_is_applied(listener, recorder):
-    recorder.failures.append(OperationalError("terminating connection due to administrator command"))
+def test_a_session_lost_while_idle_is_replaced_and_the_report_applied(listener, recorder):
+    recorder.failures.append(OperationalError("server closed the connection unexpectedly"))
+    address = verp.return_path(1, str(uuid.uuid4()))
+    assert post(listener, [address], sample("gmail_no_such_user.eml", address)) == {}
+    assert len(recorder.calls) == 1 and listener.counts["try_later"] == 0
+
+
+def test_a_database_that_stays_away_is_451_and_the_mtas_retry_is_applied(listener, recorder):
+    lost = OperationalError("terminating connection due to administrator command")
+    recorder.failures += [lost, lost]
     address = verp.return_path(1, str(uuid.uuid4()))
     with pytest.raises(smtplib.SMTPDataError) as later:
         post(listener, [address], sample("gmail_no_such_user.eml", address))
     assert later.value.smtp_code == 451 and not recorder.calls
     post(listener, [address], sample("gmail_no_such_user.eml", address))
     assert len(recorder.calls) == 1 and listener.counts["try_later"] == 1
+
+
+def test_any_other_failure_while_applying_is_451_not_a_crash(listener, recorder):
+    recorder.failures.append(ValueError("an adapter mistake"))
+    address = verp.return_path(1, str(uuid.uuid4()))
+    with pytest.raises(smtplib.SMTPDataError) as later:
+        post(listener, [address], sample("postfix_success.eml", address))
+    assert later.value.smtp_code == 451
+    assert post(listener, [address], sample("postfix_success.eml", address)) == {}
 
 
 def test_several_return_paths_in_one_transaction_and_an_unknown_provider(listener, recorder):
@@ -166,4 +183,37 @@ def test_stop_closes_idle_sessions_and_refuses_new_connections(settings, recorde
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=2):
             pass
     finally:
+        thread.stop()
+
+
+def test_stop_lets_a_report_being_applied_finish_within_the_grace(settings, recorder):
+    settings.OMNIPOST_BOUNCE_DOMAIN = DOMAIN
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow_apply(provider, receipts):  # noqa: ANN001, ANN202
+        entered.set()
+        release.wait(5)
+        return recorder.apply(provider, receipts)
+
+    server = BounceListener(ListenerConfig(port=0, grace_seconds=5), resolve=recorder.resolve, apply=slow_apply)
+    thread = _LoopThread("bounce-listener")
+    thread.start()
+    answers: list[object] = []
+    try:
+        thread.run(server.start())
+        address = verp.return_path(1, str(uuid.uuid4()))
+        client = threading.Thread(
+            target=lambda: answers.append(post(server, [address], sample("postfix_user_unknown.eml", address)))
+        )
+        client.start()
+        assert entered.wait(5)
+        threading.Timer(0.3, release.set).start()
+        started = time.monotonic()
+        thread.run(server.stop(), timeout=10)
+        assert 0.2 < time.monotonic() - started < 3  # waited for the report, not for the whole grace
+        client.join(5)
+        assert answers == [{}] and len(recorder.calls) == 1  # the MTA got its 250
+    finally:
+        release.set()
         thread.stop()
