@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from core.process_name import set_process_name
 from notifications import verp
@@ -33,6 +36,9 @@ class Command(BaseCommand):
         if not verp.bounce_domain():
             raise CommandError("OMNIPOST_BOUNCE_DOMAIN is not set: no send has a return path this listener could read")
         set_process_name("omnipost-bounce")
+        if connections["default"].vendor == "postgresql":  # who is who in pg_stat_activity
+            db_options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+            db_options["application_name"] = f"omnipost-bounces-{os.getpid()}"
         config = ListenerConfig(
             host=host, port=port, max_message_bytes=options["max_message_bytes"], grace_seconds=options["grace_seconds"]
         )
