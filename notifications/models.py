@@ -64,6 +64,15 @@ class BounceType(models.TextChoices):
     SOFT = "soft"
 
 
+def events_url(provider_id: int | None) -> str | None:
+    """Where the provider's vendor posts receipts (`POST /hooks/providers/{id}`, receipts.views):
+    under OMNIPOST_PUBLIC_URL, or None while that is not set (or the provider not saved)."""
+    base = settings.OMNIPOST_PUBLIC_URL
+    if not base or provider_id is None:
+        return None
+    return f"{base}/hooks/providers/{provider_id}"
+
+
 class ProviderQuerySet(TenantQuerySet):
     def with_effective_rate(self) -> ProviderQuerySet:
         """Annotate `bucket_rate`: the dispatchers' adaptive rate (None until a bucket exists)."""
@@ -106,6 +115,10 @@ class Provider(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    @property
+    def events_url(self) -> str | None:
+        return events_url(self.pk)
 
     def rotation_options(self) -> dict[str, Any]:
         """`build_provider` options for the secrets the last rotation replaced: they sign beside the
