@@ -37,8 +37,10 @@ from django.db import connections
 
 from core.db_faults import is_connection_lost, reset_connection
 from notifications import verp
+from notifications.models import Provider
 from receipts.bounces import NotAReport, Report, parse_report
 from receipts.inbound import ProviderView, Receipt
+from receipts.services import apply_receipts
 
 logger = logging.getLogger("omnipost.bounces")
 
@@ -55,21 +57,14 @@ class TryLater(Exception):
 
 
 def load_providers(provider_ids: set[int]) -> dict[int, ProviderView]:
-    """The SMTP providers these ids name, in one statement (secrets are not needed: the VERP token
-    is the authentication)."""
-    from notifications.models import Provider
-
-    rows = Provider.objects.filter(pk__in=provider_ids, kind="smtp").values_list("pk", "tenant_id", "kind", "config")
+    """The SMTP providers these ids name, in one statement. No secrets (the VERP token is the
+    authentication) and no `updated_at` (so no staleness gate: nothing here was verified with a
+    secret an edit could have rotated out)."""
+    rows = Provider.objects.filter(pk__in=provider_ids, kind="smtp").values_list("pk", "tenant_id", "name", "config")
     return {
-        pk: ProviderView(id=pk, tenant_id=str(tenant_id), kind=kind, config=config or {}, secrets={})
-        for pk, tenant_id, kind, config in rows
+        pk: ProviderView(id=pk, tenant_id=str(tenant_id), kind="smtp", config=config or {}, secrets={}, name=name)
+        for pk, tenant_id, name, config in rows
     }
-
-
-def apply_receipts(provider: ProviderView, receipts: list[Receipt]) -> Any:  # noqa: ANN401 - ApplyResult
-    from receipts.services import apply_receipts as apply
-
-    return apply(provider, receipts)
 
 
 @dataclass

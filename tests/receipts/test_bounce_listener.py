@@ -217,3 +217,19 @@ def test_stop_lets_a_report_being_applied_finish_within_the_grace(settings, reco
     finally:
         release.set()
         thread.stop()
+
+
+@pytest.mark.django_db
+def test_load_providers_reads_smtp_providers_only_in_one_statement(tenant_a, tenant_b, django_assert_num_queries):
+    from receipts.bounce_listener import load_providers
+    from tests import factories
+
+    config = {"host": "127.0.0.1", "port": 2525, "from_email": "alerts@omnipost.example"}
+    mail_a = factories.provider(tenant_a, "mail", channel="email", kind="smtp", config=config, secrets={})
+    mail_b = factories.provider(tenant_b, "mail", channel="email", kind="smtp", config=config, secrets={})
+    hook = factories.provider(tenant_a, "hook")
+    with django_assert_num_queries(1):
+        views = load_providers({mail_a.pk, mail_b.pk, hook.pk, 10**9})
+    assert set(views) == {mail_a.pk, mail_b.pk}  # a webhook provider's id in a token is ignored
+    assert (views[mail_a.pk].tenant_id, views[mail_a.pk].name) == (str(tenant_a.pk), "mail")
+    assert views[mail_b.pk].tenant_id == str(tenant_b.pk) and views[mail_b.pk].secrets == {}
