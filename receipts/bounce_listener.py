@@ -74,6 +74,7 @@ class ListenerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_seconds: float = 5.0
     session_timeout: float = 60.0  # an idle session is closed after this long
+    max_sessions: int = 100  # more connections at once are answered 421 and closed
 
 
 def parse_bind(value: str) -> tuple[str, int]:
@@ -88,12 +89,22 @@ class _TrackedSMTP(SMTP):
     close the idle ones)."""
 
     sessions: set
+    max_sessions: int
+    refused = False
 
     def connection_made(self, transport) -> None:  # noqa: ANN001
+        if len(self.sessions) >= self.max_sessions:
+            # A flood of connections cannot exhaust the process; a real MTA retries a 421 later.
+            self.refused = True
+            transport.write(b"421 4.7.0 Too many connections, try again later\r\n")
+            transport.close()
+            return
         self.sessions.add(self)
         super().connection_made(transport)
 
     def connection_lost(self, exc) -> None:  # noqa: ANN001
+        if self.refused:
+            return
         self.sessions.discard(self)
         super().connection_lost(exc)
 
@@ -177,6 +188,7 @@ class BounceListener:
                 loop=loop,
             )
             smtp.sessions = self._sessions
+            smtp.max_sessions = self.config.max_sessions
             return smtp
 
         self._server = await loop.create_server(factory, self.config.host, self.config.port)

@@ -16,6 +16,7 @@ from django.db import OperationalError
 from notifications import verp
 from receipts.bounce_listener import BounceListener, ListenerConfig
 from receipts.inbound import ProviderView, Receipt
+from tests.queueing.dispatch_support import wait_until
 from tests.receipts.test_bounce_parsing import sample
 from tests.support.receivers import _LoopThread
 
@@ -233,3 +234,24 @@ def test_load_providers_reads_smtp_providers_only_in_one_statement(tenant_a, ten
     assert set(views) == {mail_a.pk, mail_b.pk}  # a webhook provider's id in a token is ignored
     assert (views[mail_a.pk].tenant_id, views[mail_a.pk].name) == (str(tenant_a.pk), "mail")
     assert views[mail_b.pk].tenant_id == str(tenant_b.pk) and views[mail_b.pk].secrets == {}
+
+
+def test_connections_past_the_limit_are_told_to_come_back_later(settings, recorder):
+    settings.OMNIPOST_BOUNCE_DOMAIN = DOMAIN
+    server = BounceListener(ListenerConfig(port=0, max_sessions=2), resolve=recorder.resolve, apply=recorder.apply)
+    thread = _LoopThread("bounce-listener")
+    thread.start()
+    try:
+        thread.run(server.start())
+        first, second = (smtplib.SMTP("127.0.0.1", server.port, timeout=5) for _ in range(2))
+        with pytest.raises(smtplib.SMTPConnectError) as refused:
+            smtplib.SMTP("127.0.0.1", server.port, timeout=5)
+        assert refused.value.smtp_code == 421
+        first.quit()
+        assert wait_until(lambda: len(server._sessions) == 1, 2)
+        address = verp.return_path(1, str(uuid.uuid4()))
+        assert post(server, [address], sample("postfix_success.eml", address)) == {}  # a slot is free again
+        second.quit()
+        thread.run(server.stop(), timeout=10)
+    finally:
+        thread.stop()
