@@ -12,7 +12,7 @@ from django.db import connection
 
 from notifications import verp
 from notifications.models import Notification
-from receipts.models import NotificationEvent
+from receipts.models import NotificationEvent, ReceiptCounter
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit
 from tests.receipts.test_bounce_listener_process import DOMAIN, mail, start_listener
@@ -87,6 +87,8 @@ def test_a_real_send_its_bounce_and_a_complaint_reach_the_notifications(
     assert "jane.doe" not in str(events[0].details)
     assert NotificationEvent.objects.filter(notification_id=complained, receipt="complained").count() == 1
     assert not NotificationEvent.objects.filter(notification_id=untouched).exists()
+    foreign_count = ReceiptCounter.objects.filter(provider_id=other_prov.pk, reason="foreign").values_list("count")
+    assert sum(c for (c,) in foreign_count) == 1  # omnipost_receipts_ignored_total
     log = (tmp_path / "listener.log").read_text()
     assert "Traceback" not in log and "jane.doe" not in log
 
