@@ -58,7 +58,8 @@ class MisconfiguredProvider:
 
 def instantiate(row: Provider) -> BaseProvider | MisconfiguredProvider:
     try:
-        return build_provider(row.kind, row.config, row.secrets, **row.rotation_options())
+        # provider_id: a provider that hands the vendor its events URL (Twilio's StatusCallback) needs it.
+        return build_provider(row.kind, row.config, row.secrets, provider_id=row.pk, **row.rotation_options())
     except Exception as exc:  # noqa: BLE001 - any bad stored config must not stop the dispatcher
         logger.error("provider %s (%s) is misconfigured: %s", row.pk, row.kind, exc)
         return MisconfiguredProvider(f"provider configuration is invalid: {type(exc).__name__}")
