@@ -41,6 +41,9 @@ CONTENT_ERRORS = frozenset({21602, 21617, 21619})  # body missing / too long / n
 class TwilioProvider(BaseProvider):
     kind = "twilio"
     options = ("http_client", "provider_id")
+    # A changed auth token keeps the old one for the rotation grace: Twilio signs status callbacks
+    # with its primary token, which may still be the old one until the secondary is promoted there.
+    rotating_secrets = ("auth_token",)
 
     def __init__(
         self, config: dict, secrets: dict, *, http_client: HttpClient | None = None, provider_id: int | None = None

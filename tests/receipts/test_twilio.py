@@ -236,3 +236,18 @@ def test_the_dispatcher_builds_twilio_providers_with_their_id(tenant_a, settings
     instance = instantiate(row)
     assert instance._status_callback == f"{PUBLIC}/hooks/providers/{row.pk}?n="
     asyncio.run(instance.aclose())
+
+
+@pytest.mark.django_db
+def test_changing_the_auth_token_keeps_the_old_one_for_callbacks(api_a):
+    from notifications.models import Provider
+
+    body = {"name": "sms", "channel": "sms", "kind": "twilio", "secrets": {"auth_token": TOKEN},
+            "config": {"account_sid": SID, "from_number": FROM, "base_url": "http://127.0.0.1:9"}}  # fmt: skip
+    assert api_a.post("/api/v1/providers", body, format="json").status_code == 201
+    response = api_a.patch("/api/v1/providers/sms", {"secrets": {"auth_token": OTHER_TOKEN}}, format="json")
+    assert response.status_code == 200, response.content
+    row = Provider.objects.get(name="sms")
+    assert (row.secrets, row.previous_secrets) == ({"auth_token": OTHER_TOKEN}, {"auth_token": TOKEN})
+    still_old = signed(url_for(str(uuid.uuid4()), row.pk), callback_form(), token=TOKEN)
+    assert parse(still_old, view(row.pk, token=OTHER_TOKEN, previous=(row.previous_secrets,)))
