@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Protocol
 
-from django.conf import settings
 from rest_framework.exceptions import ValidationError
 
 from core.http import HttpError
@@ -49,18 +48,6 @@ class DeliveryResult:
     error_class: str = ""  # exception class name when an exception happened
     message: str = ""  # human text with recipients and secrets stripped
     permanent: bool | None = None  # provider hint; None lets the classifier decide
-
-
-EVENTS_PATH = "/hooks/providers/{provider_id}"
-
-
-def events_url(provider_id: int | None) -> str:
-    """The provider's inbound URL for the vendor's receipts (CONTRACT §12): OMNIPOST_PUBLIC_URL +
-    /hooks/providers/{id}; empty when no public URL is set (then nothing is handed out)."""
-    base = settings.OMNIPOST_PUBLIC_URL.rstrip("/")
-    if not base or provider_id is None:
-        return ""
-    return base + EVENTS_PATH.format(provider_id=provider_id)
 
 
 class DeliveryError(Exception):

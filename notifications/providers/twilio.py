@@ -22,7 +22,6 @@ from notifications.providers.base import (
     check_destination_host,
     clean_message,
     config_error,
-    events_url,
     parse_retry_after,
     reject_unknown_keys,
 )
@@ -49,6 +48,8 @@ class TwilioProvider(BaseProvider):
         self, config: dict, secrets: dict, *, http_client: HttpClient | None = None, provider_id: int | None = None
     ) -> None:
         super().__init__(config, secrets)
+        from notifications.models import events_url  # the one place that builds it; models load after apps
+
         callback = events_url(provider_id)
         self._status_callback = f"{callback}?n=" if callback else ""
         sid = self.config["account_sid"]
