@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import httpx
 import pytest
 from django.test import Client
 from twilio.request_validator import RequestValidator
 
+from core.models import ApiKey
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from receipts.models import NotificationEvent
 from tests.notifications.test_providers_sendgrid import API_KEY
 from tests.notifications.test_providers_twilio import FROM, SID, TOKEN
+from tests.queueing.dispatch_support import start_dispatchers, wait_exit
+from tests.receipts.test_end_to_end import server  # noqa: F401  (gunicorn serving the API and the hooks)
 from tests.receipts.test_sendgrid import Signer
 from tests.support.receivers import HttpReceiver
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 PUBLIC = "https://notify.example.com"
 OTHER_TOKEN = "other-auth-token-fedcba9876543210"
@@ -190,3 +194,62 @@ def test_sendgrid_events_that_do_not_verify_are_401_and_change_nothing(api_a, se
     assert sendgrid_post(provider["events_url"], signer, events, at=stale).status_code == 401
     assert detail(api_a, note["id"])["receipt"] is None
     assert not NotificationEvent.objects.exists()
+
+
+# --- both over real HTTP: gunicorn serves the API and the hooks, a run_dispatcher process sends -----
+
+
+def test_twilio_and_sendgrid_receipts_through_real_processes(  # noqa: PLR0913
+    server, subprocess_env, tenant_a, twilio_api, sendgrid_api, settings  # noqa: F811
+):
+    settings.OMNIPOST_PUBLIC_URL = server
+    api = httpx.Client(base_url=f"{server}/api/v1", headers={"Authorization": f"Bearer {ApiKey.issue(tenant_a)[1]}"})
+    signer = Signer()
+    sms = api.post("/providers", json={
+        "name": "sms", "channel": "sms", "kind": "twilio", "is_default": True, "secrets": {"auth_token": TOKEN},
+        "config": {"account_sid": SID, "from_number": FROM, "base_url": f"http://127.0.0.1:{twilio_api.port}"}})
+    mail = api.post("/providers", json={
+        "name": "mail", "channel": "email", "kind": "sendgrid", "is_default": True, "secrets": {"api_key": API_KEY},
+        "config": {"base_url": f"http://127.0.0.1:{sendgrid_api.port}", "from_email": "alerts@example.com",
+                   "public_key": signer.public_key}})  # fmt: skip
+    assert sms.status_code == mail.status_code == 201, (sms.text, mail.text)
+    text = api.post("/notifications", json={"channel": "sms", "recipient": "+15551234567", "body": "code 1"}).json()
+    email = api.post("/notifications", json={"channel": "email", "recipient": "jane.doe@example.com",
+                                             "subject": "Hi", "body": "Hello"}).json()  # fmt: skip
+
+    env = {**subprocess_env, "OMNIPOST_PUBLIC_URL": server}
+    [dispatcher] = start_dispatchers(1, env, "--once", "--no-listen")
+    assert wait_exit([dispatcher], timeout=60) == [0]
+    assert twilio_api.wait_for(1) and sendgrid_api.wait_for(1)
+
+    # Twilio posts its callback to the StatusCallback the send handed it, signed over that URL.
+    callback = sent_callback(twilio_api)
+    assert callback == f"{sms.json()['events_url']}?n={text['id']}"
+    sid = "SM" + "cd" * 16
+    form = {"AccountSid": SID, "MessageSid": sid, "MessageStatus": "delivered", "SmsSid": sid, "SmsStatus": "delivered",
+            "To": "+15551234567", "From": FROM, "ApiVersion": "2010-04-01"}  # fmt: skip
+    signature = RequestValidator(TOKEN).compute_signature(callback, form)
+    answer = httpx.post(callback, data=form, headers={"X-Twilio-Signature": signature})
+    assert answer.status_code == 200 and answer.json() == {"received": 1}
+    forged = httpx.post(callback, data={**form, "MessageStatus": "failed"}, headers={"X-Twilio-Signature": signature})
+    assert forged.status_code == 401
+
+    # SendGrid posts a signed batch naming the notification by its custom arg.
+    nid = sendgrid_api.requests[0].payload["custom_args"]["notification_id"]
+    batch = [sg_event("delivered", nid, "ev-d"), sg_event("spamreport", nid, "ev-s")]
+    request = signer.request(batch, at=datetime.now(UTC))
+    answer = httpx.post(mail.json()["events_url"], content=request.body, headers=dict(request.headers))
+    assert answer.status_code == 200 and answer.json() == {"received": 2}
+    six_minutes_ago = datetime.now(UTC) - timedelta(minutes=6)
+    stale = signer.request([sg_event("bounce", nid, "ev-b", type="bounce")], at=six_minutes_ago)
+    assert httpx.post(mail.json()["events_url"], content=stale.body, headers=dict(stale.headers)).status_code == 401
+
+    shown_text = api.get(f"/notifications/{text['id']}").json()
+    assert (shown_text["status"], shown_text["receipt"]) == ("delivered", "delivered")
+    assert [(e["type"], e["provider"]) for e in shown_text["events"]] == [("delivered", "sms")]
+    shown_email = api.get(f"/notifications/{email['id']}").json()
+    assert (shown_email["status"], shown_email["receipt"]) == ("delivered", "complained")
+    assert sorted(e["type"] for e in shown_email["events"]) == ["complained", "delivered"]
+    assert [n["id"] for n in api.get("/notifications", params={"receipt": "complained"}).json()["results"]] == [
+        email["id"]
+    ]
