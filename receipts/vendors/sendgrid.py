@@ -64,7 +64,7 @@ def _verify(request: InboundRequest, provider: ProviderView, now: datetime) -> N
     timestamp = request.headers.get(TIMESTAMP_HEADER, "").strip()
     if not signature or not timestamp:
         raise Rejected(f"{SIGNATURE_HEADER} and {TIMESTAMP_HEADER} are required")
-    if not timestamp.isdigit() or len(timestamp) > 12:
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
         raise Rejected(f"{TIMESTAMP_HEADER} is not a Unix time in seconds")
     if abs(now.timestamp() - int(timestamp)) > TOLERANCE_SECONDS:
         raise Rejected("the signed timestamp is more than 5 minutes away from now")
