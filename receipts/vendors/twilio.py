@@ -88,7 +88,7 @@ def parse(request: InboundRequest, provider: ProviderView, *, now: Callable[[], 
     details: dict[str, object] = {"message_sid": sid}
     code_text = _field(form, "ErrorCode")
     if code_text:
-        code: int | str = int(code_text) if code_text.isdigit() else code_text
+        code: int | str = int(code_text) if code_text.isascii() and code_text.isdigit() else code_text
         details["error_code"] = code
         if isinstance(code, int) and code in ERROR_TEXTS:
             details["error_message"] = ERROR_TEXTS[code]

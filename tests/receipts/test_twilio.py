@@ -251,3 +251,9 @@ def test_changing_the_auth_token_keeps_the_old_one_for_callbacks(api_a):
     assert (row.secrets, row.previous_secrets) == ({"auth_token": OTHER_TOKEN}, {"auth_token": TOKEN})
     still_old = signed(url_for(str(uuid.uuid4()), row.pk), callback_form(), token=TOKEN)
     assert parse(still_old, view(row.pk, token=OTHER_TOKEN, previous=(row.previous_secrets,)))
+
+
+@pytest.mark.parametrize(("sent", "kept"), [("30008", 30008), ("\u00b2\u00b2", "\u00b2\u00b2"), ("X1", "X1")])
+def test_error_codes_that_are_no_number_are_kept_as_text(sent, kept):
+    [r] = parse(signed(url_for(str(uuid.uuid4())), callback_form("failed", ErrorCode=sent)), view())
+    assert r.details["error_code"] == kept
