@@ -58,7 +58,7 @@ class MisconfiguredProvider:
 
 def instantiate(row: Provider) -> BaseProvider | MisconfiguredProvider:
     try:
-        # provider_id: for kinds whose sends name their provider (SMTP's VERP return path)
+        # provider_id: for kinds whose sends name their provider (SMTP's VERP return path, Twilio's StatusCallback)
         return build_provider(row.kind, row.config, row.secrets, provider_id=row.pk, **row.rotation_options())
     except Exception as exc:  # noqa: BLE001 - any bad stored config must not stop the dispatcher
         logger.error("provider %s (%s) is misconfigured: %s", row.pk, row.kind, exc)

@@ -27,6 +27,7 @@ class ProviderKind(models.TextChoices):
     WEBHOOK = "webhook"
     SMTP = "smtp"
     TWILIO = "twilio"
+    SENDGRID = "sendgrid", "SendGrid"
     CONSOLE = "console"
 
 

@@ -30,6 +30,7 @@ KIND_CHANNELS = {
     ProviderKind.WEBHOOK: (Channel.PUSH, Channel.WEBHOOK),
     ProviderKind.SMTP: (Channel.EMAIL,),
     ProviderKind.TWILIO: (Channel.SMS,),
+    ProviderKind.SENDGRID: (Channel.EMAIL,),
     ProviderKind.CONSOLE: tuple(Channel),
 }
 IMMUTABLE = {"name", "key", "channel", "kind"}

@@ -6,12 +6,13 @@ from typing import Any
 
 from notifications.providers.base import BaseProvider, DeliveryError, DeliveryResult, OutboundMessage
 from notifications.providers.console import ConsoleProvider
+from notifications.providers.sendgrid import SendgridProvider
 from notifications.providers.smtp import SmtpProvider
 from notifications.providers.twilio import TwilioProvider
 from notifications.providers.webhook import WebhookProvider
 
 REGISTRY: dict[str, type[BaseProvider]] = {
-    cls.kind: cls for cls in (WebhookProvider, SmtpProvider, TwilioProvider, ConsoleProvider)
+    cls.kind: cls for cls in (WebhookProvider, SmtpProvider, TwilioProvider, SendgridProvider, ConsoleProvider)
 }
 
 
@@ -25,8 +26,9 @@ def provider_class(kind: str) -> type[BaseProvider]:
 def build_provider(kind: str, config: dict, secrets: dict, **options: Any) -> BaseProvider:
     """Instantiate the provider for `kind` (config as returned by validate()).
 
-    `options` go to the provider's constructor where it accepts them, e.g. a shared
-    `http_client` for webhook/twilio or `ssl_context` for smtp; others are ignored.
+    `options` go to the provider's constructor where it accepts them, e.g. a shared `http_client`
+    for webhook/twilio/sendgrid, `provider_id` for twilio (its StatusCallback) or `ssl_context` for
+    smtp; others are ignored.
     """
     cls = provider_class(kind)
     return cls(config, secrets, **{k: v for k, v in options.items() if k in cls.options and v is not None})

@@ -1,4 +1,10 @@
-"""Twilio provider: SMS through the Messages REST API (base URL configurable for tests)."""
+"""Twilio provider: SMS through the Messages REST API (base URL configurable for tests).
+
+Every send sets `StatusCallback` to the provider's events URL (CONTRACT §12) with the notification
+id in its query (`?n=<id>`): Twilio signs the whole URL, so the id it echoes back is covered by the
+`X-Twilio-Signature` that receipts.vendors.twilio checks. No StatusCallback when
+OMNIPOST_PUBLIC_URL is empty or the instance was built without its `provider_id`.
+"""
 
 from __future__ import annotations
 
@@ -33,10 +39,19 @@ CONTENT_ERRORS = frozenset({21602, 21617, 21619})  # body missing / too long / n
 
 class TwilioProvider(BaseProvider):
     kind = "twilio"
-    options = ("http_client",)
+    options = ("http_client", "provider_id")
+    # A changed auth token keeps the old one for the rotation grace: Twilio signs status callbacks
+    # with its primary token, which may still be the old one until the secondary is promoted there.
+    rotating_secrets = ("auth_token",)
 
-    def __init__(self, config: dict, secrets: dict, *, http_client: HttpClient | None = None) -> None:
+    def __init__(
+        self, config: dict, secrets: dict, *, http_client: HttpClient | None = None, provider_id: int | None = None
+    ) -> None:
         super().__init__(config, secrets)
+        from notifications.models import events_url  # the one place that builds it; models load after apps
+
+        callback = events_url(provider_id)
+        self._status_callback = f"{callback}?n=" if callback else ""
         sid = self.config["account_sid"]
         base_url = (self.config.get("base_url") or DEFAULT_BASE_URL).rstrip("/")
         self._origin, target = split_url(f"{base_url}/2010-04-01/Accounts/{quote(sid)}/Messages.json")
@@ -96,9 +111,10 @@ class TwilioProvider(BaseProvider):
                 permanent=True,
             )
         try:
-            form = urlencode(
-                {"To": message.recipient, "From": self.config["from_number"], "Body": message.body}
-            ).encode()
+            fields = {"To": message.recipient, "From": self.config["from_number"], "Body": message.body}
+            if self._status_callback:
+                fields["StatusCallback"] = self._status_callback + quote(message.notification_id, safe="")
+            form = urlencode(fields).encode()
             head = self._head_prefix + b"Content-Length: %d\r\n\r\n" % len(form)
             response = await self._client.send(self._origin, head, form, TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher

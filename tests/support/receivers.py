@@ -100,6 +100,7 @@ class HttpBehaviour:
     chunked: bool = False  # chunked response bodies
     body: bytes = b'{"ok":true}'  # body of 2xx answers
     error_body: bytes | None = None  # body of other answers (default {"error": <status>})
+    headers: dict[str, str] = field(default_factory=dict)  # extra headers on every answer (X-Message-Id, ...)
 
 
 @dataclass
@@ -401,7 +402,7 @@ class HttpReceiver:
         now = time.monotonic()
         with self._changed:
             b = self.behaviour
-            extra: dict[str, str] = {}
+            extra: dict[str, str] = dict(b.headers)
             if verified is False:
                 status = 400
             elif b.rate_limit is not None and self._over_rate(now, b.rate_limit):
