@@ -28,6 +28,7 @@ class ProviderKind(models.TextChoices):
     SMTP = "smtp"
     TWILIO = "twilio"
     CONSOLE = "console"
+    SES = "ses"
 
 
 class Status(models.TextChoices):

@@ -31,6 +31,7 @@ KIND_CHANNELS = {
     ProviderKind.SMTP: (Channel.EMAIL,),
     ProviderKind.TWILIO: (Channel.SMS,),
     ProviderKind.CONSOLE: tuple(Channel),
+    ProviderKind.SES: (Channel.EMAIL,),
 }
 IMMUTABLE = {"name", "key", "channel", "kind"}
 
