@@ -203,3 +203,15 @@ def test_api_accepts_ses_config_and_masks_the_secret(api_a):
     assert SECRET not in api_a.get("/api/v1/providers/ses-main").content.decode()
     sms = api_a.post("/api/v1/providers", body | {"name": "ses-sms", "channel": "sms"}, format="json")
     assert sms.status_code == 400 and "channel" in sms.json()["error"]["details"]
+
+
+def test_botocore_is_imported_only_by_processes_that_build_an_ses_provider():
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, django; os.environ['DJANGO_SETTINGS_MODULE'] = 'omnipost_site.settings_test'; django.setup();"
+        "import notifications.providers, receipts.vendors; print('botocore' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
