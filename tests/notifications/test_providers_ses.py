@@ -215,3 +215,22 @@ def test_botocore_is_imported_only_by_processes_that_build_an_ses_provider():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.django_db
+def test_admin_shows_an_ses_provider_with_its_secret_masked(tenant_a):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from tests import factories
+
+    config = {"region": REGION, "from_email": "alerts@example.com", "access_key_id": KEY_ID,
+              "base_url": "https://email.eu-west-1.amazonaws.com"}  # fmt: skip
+    prov = factories.provider(tenant_a, "ses", kind="ses", channel="email", config=config,
+                              secrets={"secret_access_key": SECRET})  # fmt: skip
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.test", "pw-unused-123"))
+    for url in ("/admin/notifications/provider/", f"/admin/notifications/provider/{prov.pk}/change/"):
+        page = client.get(url).content.decode()
+        assert "ses" in page and SECRET not in page and SECRET[:20] not in page
+    assert "****" + SECRET[-4:] in client.get(f"/admin/notifications/provider/{prov.pk}/change/").content.decode()
