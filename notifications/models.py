@@ -50,6 +50,30 @@ LEASABLE = (Status.QUEUED, Status.RETRYING)
 FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCELLED)
 
 
+class ReceiptStatus(models.TextChoices):
+    """What a provider reported after it accepted the message (CONTRACT §12); beside `status`."""
+
+    DELIVERED = "delivered"
+    UNDELIVERED = "undelivered"
+    FAILED = "failed"
+    BOUNCED = "bounced"
+    COMPLAINED = "complained"
+
+
+class BounceType(models.TextChoices):
+    HARD = "hard"
+    SOFT = "soft"
+
+
+def events_url(provider_id: int | None) -> str | None:
+    """Where the provider's vendor posts receipts (`POST /hooks/providers/{id}`, receipts.views):
+    under OMNIPOST_PUBLIC_URL, or None while that is not set (or the provider not saved)."""
+    base = settings.OMNIPOST_PUBLIC_URL
+    if not base or provider_id is None:
+        return None
+    return f"{base}/hooks/providers/{provider_id}"
+
+
 class ProviderQuerySet(TenantQuerySet):
     def with_effective_rate(self) -> ProviderQuerySet:
         """Annotate `bucket_rate`: the dispatchers' adaptive rate (None until a bucket exists)."""
@@ -92,6 +116,10 @@ class Provider(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    @property
+    def events_url(self) -> str | None:
+        return events_url(self.pk)
 
     def rotation_options(self) -> dict[str, Any]:
         """`build_provider` options for the secrets the last rotation replaced: they sign beside the
@@ -171,6 +199,9 @@ class Notification(TenantOwned):
     updated_at = models.DateTimeField(auto_now=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # Written by receipts.services.apply_receipts only, by its precedence rule (receipts.precedence).
+    receipt = models.CharField(max_length=12, choices=ReceiptStatus.choices, null=True, blank=True)
+    bounce_type = models.CharField(max_length=4, choices=BounceType.choices, null=True, blank=True)
 
     objects = NotificationQuerySet.as_manager()
 
@@ -178,6 +209,10 @@ class Notification(TenantOwned):
         db_table = "notifications"
         constraints = [
             models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="notification_priority_0_9"),
+            models.CheckConstraint(
+                condition=Q(bounce_type__isnull=True) | Q(receipt=ReceiptStatus.BOUNCED),
+                name="notification_bounce_type_bounced",
+            ),
         ]
         indexes = [
             # GET notifications: a tenant's newest first, cursor-paginated on (created_at, id).
@@ -187,6 +222,13 @@ class Notification(TenantOwned):
             models.Index(fields=["created_at"], name="notif_created_idx"),
             models.Index(fields=["template"], condition=Q(template__isnull=False), name="notif_template_idx"),
             models.Index(fields=["enrollment"], condition=Q(enrollment__isnull=False), name="notif_enrollment_idx"),
+            # GET notifications?receipt= (a tenant's, newest first) and the console's receipt filter (every
+            # tenant's, newest first). Partial: a row enters them when its first receipt arrives, so the
+            # dispatcher's status updates (which never change `receipt`) stay HOT.
+            models.Index(fields=["tenant", "receipt", "-created_at", "-id"], condition=Q(receipt__isnull=False),
+                         name="notif_tenant_receipt_idx"),
+            models.Index(fields=["receipt", "-created_at", "-id"], condition=Q(receipt__isnull=False),
+                         name="notif_receipt_idx"),
             # No index names `status` (or any column the record statement updates): one would make every
             # delivery's status update non-HOT and write every index. The console's status filter reads the
             # live tables instead (notifications.admin.StatusFilter).

@@ -481,7 +481,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "status": Status.SCHEDULED if future else Status.QUEUED, "scheduled_for": spec.scheduled_for,
         "metadata": spec.metadata, "attempt_count": 0, "attempt_offset": 0, "last_error_code": "",
         "enrollment_id": spec.enrollment_id, "created_at": now, "updated_at": now,
-        "enqueued_at": None if future else now, "delivered_at": None,
+        "enqueued_at": None if future else now, "delivered_at": None, "receipt": None, "bounce_type": None,
     }  # fmt: skip
     # Straight into the instance's __dict__, as Model.__init__ would leave it: its per-field setattr
     # runs the foreign keys' descriptors (a quarter of a 1,000-item batch's Python time).

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api import views as api_views
 from omnipost_site.ops import health
+from receipts import views as receipt_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -19,6 +20,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
+    # Vendors' receipts (delivery status callbacks), authenticated by the vendor's signature.
+    path("hooks/providers/<int:provider_id>", receipt_views.provider_events, name="provider-events"),
 ]
 
 handler404 = "core.api.views.handler404"

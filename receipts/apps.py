@@ -7,4 +7,8 @@ class ReceiptsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from notifications import reads
         from receipts import vendors  # noqa: F401  (each vendor module registers its adapter)
+        from receipts.reads import events_of
+
+        reads.register_events_reader(events_of)

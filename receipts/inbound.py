@@ -40,6 +40,10 @@ class ProviderView:
     config: Mapping[str, Any]
     secrets: Mapping[str, Any]  # current secrets
     previous_secrets: tuple[Mapping[str, Any], ...] = ()  # within the rotation grace period
+    # The provider row's updated_at when this view was read: apply_receipts stores nothing if the
+    # provider changed since (a cached view verified with secrets that may have been rotated out).
+    updated_at: datetime | None = None
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

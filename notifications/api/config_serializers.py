@@ -66,6 +66,7 @@ class RateLimitSerializer(StrictSerializer):
 
 
 class ProviderSerializer(StrictSerializer):
+    id = serializers.IntegerField(read_only=True, help_text="Names the provider in its events_url.")
     name = StrictRegexField(validation.NAME.pattern, max_length=100)
     channel = serializers.ChoiceField(choices=Channel.choices)
     kind = serializers.ChoiceField(choices=ProviderKind.choices)
@@ -79,6 +80,11 @@ class ProviderSerializer(StrictSerializer):
     effective_rate_per_second = serializers.FloatField(
         read_only=True, allow_null=True, help_text="The adaptive rate the dispatchers currently use."
     )
+    events_url = serializers.URLField(
+        read_only=True, allow_null=True,
+        help_text="Where the vendor posts delivery receipts (status callbacks, event webhooks), authenticated by "
+        "its signature: OMNIPOST_PUBLIC_URL + /hooks/providers/{id}; null while OMNIPOST_PUBLIC_URL is not set.",
+    )  # fmt: skip
     created_at = serializers.DateTimeField(read_only=True)
     updated_at = serializers.DateTimeField(read_only=True)
 
@@ -111,10 +117,11 @@ class ProviderSerializer(StrictSerializer):
             effective = buckets.values_list("effective_rate", flat=True).first()
         limit = None if p.rate_per_second is None else {"rate_per_second": p.rate_per_second, "burst": p.burst}
         return {
-            "name": p.name, "channel": p.channel, "kind": p.kind, "config": p.config,
+            "id": p.pk, "name": p.name, "channel": p.channel, "kind": p.kind, "config": p.config,
             "secrets": SecretsField().to_representation(p.secrets), "rate_limit": limit,
             "max_attempts": p.max_attempts, "is_default": p.is_default,
             "effective_rate_per_second": effective if effective is not None else p.rate_per_second,
+            "events_url": p.events_url,
             "created_at": self.fields["created_at"].to_representation(p.created_at),
             "updated_at": self.fields["updated_at"].to_representation(p.updated_at),
         }  # fmt: skip

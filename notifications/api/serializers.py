@@ -14,9 +14,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from notifications import validation
+from notifications import reads, validation
 from notifications.api.schema import StrictSerializer
-from notifications.models import AttemptOutcome, Channel, Notification, Status
+from notifications.models import AttemptOutcome, BounceType, Channel, Notification, ReceiptStatus, Status
 from notifications.validation import FieldErrors
 from queueing.models import ScheduledJob
 
@@ -80,13 +80,16 @@ class NotificationBatchSerializer(StrictSerializer):
 class NotificationFilterSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Status.choices, required=False)
     channel = serializers.ChoiceField(choices=Channel.choices, required=False)
+    receipt = serializers.ChoiceField(choices=ReceiptStatus.choices, required=False,
+                                      help_text="What the provider reported after accepting it.")  # fmt: skip
     created_after = serializers.DateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
     created_before = serializers.DateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         errors: dict[str, list[str]] = {}
         clean: dict[str, Any] = {}
-        for name, choices in (("status", Status.values), ("channel", Channel.values)):
+        choosing = (("status", Status.values), ("channel", Channel.values), ("receipt", ReceiptStatus.values))
+        for name, choices in choosing:
             if name in data:
                 if data[name] in choices:
                     clean[name] = data[name]
@@ -124,6 +127,19 @@ class AttemptSerializer(serializers.Serializer):
         }  # fmt: skip
 
 
+class EventSerializer(serializers.Serializer):
+    type = serializers.CharField(help_text="The provider's event, normalised: delivered, bounced, sent, deferred, …")
+    occurred_at = serializers.DateTimeField()
+    provider = serializers.CharField(help_text="Name of the provider that reported it.")
+    details = serializers.DictField(help_text="What the provider said (masked): error codes, bounce_type, …")
+
+
+@extend_schema_field({"type": "string", "enum": ReceiptStatus.values, "nullable": True},
+                     component_name="ReceiptStatus")  # fmt: skip
+class ReceiptField(serializers.ChoiceField):
+    """null until a provider reports; then the highest-ranked receipt (receipts.precedence)."""
+
+
 def _scheduled_job_id(n: Notification) -> str | None:
     related = Notification.scheduled_job.related
     if related.is_cached(n):
@@ -153,6 +169,13 @@ class NotificationSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
     enqueued_at = serializers.DateTimeField(allow_null=True)
     delivered_at = serializers.DateTimeField(allow_null=True)
+    receipt = ReceiptField(
+        choices=ReceiptStatus.choices, allow_null=True,
+        help_text="What the provider reported after accepting it (null until it does). A later `delivered` "
+        "never hides an earlier `bounced`: delivered < undelivered < failed < bounced < complained.",
+    )  # fmt: skip
+    bounce_type = serializers.ChoiceField(choices=BounceType.choices, allow_null=True,
+                                          help_text="hard or soft when receipt is bounced.")  # fmt: skip
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         template = n.template if n.template_id is not None else None
@@ -163,16 +186,18 @@ class NotificationSerializer(serializers.Serializer):
             "status": n.live_status, "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
             "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
             "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
-            "delivered_at": iso(n.delivered_at),
+            "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,
         }  # fmt: skip
 
 
 class NotificationDetailSerializer(NotificationSerializer):
     attempts = AttemptSerializer(many=True)
+    events = EventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         data = super().to_representation(n)
         data["attempts"] = [AttemptSerializer().to_representation(a) for a in n.attempts.all()]
+        data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.events(n)]
         return data
 
 

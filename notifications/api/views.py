@@ -99,7 +99,8 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
         wanted = dict(filters.validated_data)
         if "status" in wanted:  # as clients see it: `dispatching` is a live lease, not a stored value
             queryset = queryset.with_live_status_of(wanted.pop("status"))
-        lookups = {"channel": "channel", "created_after": "created_at__gte", "created_before": "created_at__lt"}
+        lookups = {"channel": "channel", "receipt": "receipt", "created_after": "created_at__gte",
+                   "created_before": "created_at__lt"}  # fmt: skip
         return queryset.filter(**{lookups[k]: v for k, v in wanted.items()})
 
     @extend_schema(parameters=[NotificationFilterSerializer], responses={200: NotificationSerializer(many=True),

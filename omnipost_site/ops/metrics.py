@@ -2,7 +2,7 @@
 
 Every figure lives in the database, so one scrape of any web process describes the whole system
 (every dispatcher and scheduler, on any machine) and nothing is lost when a process restarts. A
-scrape is a fixed number of queries (about ten), none of which reads `delivery_attempts`: its cost
+scrape is a fixed number of queries (about a dozen), none of which reads `delivery_attempts`: its cost
 does not grow with history (CONTRACT §11).
 
 - queue depth by queue/priority, ready/leased/delayed, oldest ready age: `queueing.stats.queue_figures()`,
@@ -16,7 +16,9 @@ does not grow with history (CONTRACT §11).
   (200, lowest ids first, so no series ever moves) add up as `provider="other"`;
 - open dead letters: `omnipost_site.ops.figures.dlq_open()`, exact up to 100,000, then the planner's estimate;
 - scheduler lag: min(run_at) of due pending jobs, `scheduled_jobs_due_idx`;
-- workers live/stale: `queueing.stats.workers()`.
+- workers live/stale: `queueing.stats.workers()`;
+- receipts ignored (unknown or another tenant's notification): `receipt_counters`, sharded like the
+  delivery counters, by provider (folded past OMNIPOST_METRICS_MAX_PROVIDERS like the attempts).
 
 Counters never go down: nothing subtracts from them, and `prune` deletes attempts, not counters.
 
@@ -84,6 +86,7 @@ class OmniPostCollector(Collector):
         yield self._scheduler_lag()
         yield self._workers()
         yield self._reconnects()
+        yield self._receipts_ignored()
         scrape = GaugeMetricFamily(
             "omnipost_metrics_scrape_duration_seconds", "Time this scrape spent reading the database."
         )
@@ -287,6 +290,28 @@ class OmniPostCollector(Collector):
         totals = dict(Worker.objects.using(self.using).values_list("kind").annotate(n=Sum("reconnects")).order_by())
         for kind in ("dispatcher", "scheduler"):
             family.add_metric([kind], totals.get(kind) or 0)
+        return family
+
+    def _receipts_ignored(self) -> Metric:
+        from notifications.models import Provider
+        from receipts.services import ignored_totals
+
+        family = CounterMetricFamily(
+            "omnipost_receipts_ignored",
+            "Provider receipts acknowledged but not applied: for no known notification (reason=\"unknown\") or "
+            "for another tenant's (reason=\"foreign\"), by the provider that reported them.",
+            labels=["provider", "provider_id", "reason"],
+        )
+        totals = ignored_totals(self.using)
+        ids = sorted({pid for pid, _ in totals})
+        named, folded = ids[: self.max_providers], set(ids[self.max_providers :])
+        names = dict(Provider.objects.using(self.using).filter(pk__in=named).values_list("pk", "name")) if named else {}
+        by_label: dict[tuple[str, str, str], int] = defaultdict(int)
+        for (pid, reason), n in totals.items():
+            name, label = (OTHER, OTHER) if pid in folded else (names.get(pid, ""), str(pid))
+            by_label[(name, label, reason)] += n
+        for labels, n in sorted(by_label.items()):
+            family.add_metric(list(labels), n)
         return family
 
 

@@ -2,7 +2,8 @@
 
 A warm web process (its key, the tenant's providers/templates and the rate-limit tokens in memory)
 creates a notification in one statement of writable CTEs plus the after-commit doorbell, with or
-without an Idempotency-Key, queued or scheduled; a detail read is two statements."""
+without an Idempotency-Key, queued or scheduled; a detail read is two statements (the notification
+with its attempts, then its receipt events)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,9 @@ def test_a_new_queue_name_is_registered_in_the_same_statement_and_then_costs_not
     assert len(ctx.captured_queries) == 2, statements(ctx)
 
 
-def test_a_detail_read_with_attempts_is_one_statement(api_a, setup_a, counted):
+def test_a_detail_read_with_attempts_and_events_is_two_statements(api_a, setup_a, counted):
+    from receipts.models import NotificationEvent
+
     warm(api_a, setup_a)
     note_id = api_a.post(URL, email(), format="json").json()["id"]
     now = timezone.now()
@@ -115,11 +118,17 @@ def test_a_detail_read_with_attempts_is_one_statement(api_a, setup_a, counted):
                         finished_at=now, outcome="transient_error", error_code="timeout", duration_ms=5)
         for n in (1, 2, 3)
     )  # fmt: skip
+    NotificationEvent.objects.bulk_create(
+        NotificationEvent(tenant=setup_a.tenant, notification_id=note_id, provider=setup_a.mail, type=kind,
+                          receipt=receipt, occurred_at=now + timedelta(seconds=offset), created_at=now)
+        for kind, receipt, offset in (("delivered", "delivered", 2), ("sent", None, 1))
+    )  # fmt: skip
     with counted() as ctx:
         response = api_a.get(f"{URL}/{note_id}")
     assert response.status_code == 200
     assert [a["number"] for a in response.json()["attempts"]] == [1, 2, 3]
-    assert len(ctx.captured_queries) == 1, statements(ctx)  # ≤ 2 asked; one: notifications.reads
+    assert [(e["type"], e["provider"]) for e in response.json()["events"]] == [("sent", "mail"), ("delivered", "mail")]
+    assert len(ctx.captured_queries) == 2, statements(ctx)  # notifications.reads, then receipts.reads
 
 
 def test_list_pages_are_a_fixed_number_of_statements(api_a, setup_a, counted):

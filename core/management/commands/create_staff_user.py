@@ -29,6 +29,7 @@ OPERATOR_PERMISSIONS = [
     ("queueing", "view_worker"),
     ("dlq", "view_deadletter"),
     ("dlq", "redrive_deadletter"),
+    ("receipts", "view_notificationevent"),
 ]
 
 

@@ -60,6 +60,8 @@ class Command(BaseCommand):
         self.stdout.flush()  # a pipe (`make run | tee`) would otherwise hold the banner back
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}
+        # The base of events_url (and every URL handed out): this server unless the caller set one.
+        env.setdefault("OMNIPOST_PUBLIC_URL", f"http://{bind}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         # gunicorn and the workers stop gracefully on SIGTERM (in-flight requests and sends finish);
         # runserver exits 0 on SIGINT (and dies on SIGTERM).

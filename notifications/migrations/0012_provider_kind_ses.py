@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('notifications', '0010_provider_secret_rotation'),
+        ('notifications', '0011_receipts'),
     ]
 
     operations = [

@@ -1,0 +1,306 @@
+"""Applying receipts to notifications: one statement per call, whatever the number of receipts.
+
+`apply_receipts(provider, receipts)` (PostgreSQL: one statement of writable CTEs):
+
+1. reads the notifications the receipts name; those of another tenant than the provider's, or of no
+   notification at all, are *ignored*: counted in `receipt_counters` (`/metrics`:
+   `omnipost_receipts_ignored_total`), nothing else changes;
+2. inserts each remaining receipt's de-duplication key (`receipt_dedup`, unique per provider)
+   `ON CONFLICT DO NOTHING`: a receipt whose key is already there is a *duplicate* and changes nothing;
+3. inserts the new ones as `notification_events` (receipt states and other vendor states alike);
+4. raises `notifications.receipt`/`bounce_type` to the highest-ranked new receipt where it outranks
+   what the notification shows (`receipts.precedence`), locking the rows in id order first.
+
+The notifications whose receipt changed come back in `ApplyResult.changed`, and `after_apply()` is
+called with them in the same transaction: the seam where a hard bounce or complaint suppresses the
+address and where outbound events (`notification.bounced`, …) are emitted.
+
+Elsewhere (SQLite) the same work is a short transaction of ORM statements.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import F
+
+from core.masking import mask_mapping
+from notifications.models import Notification
+from receipts import precedence
+from receipts.inbound import BOUNCE_TYPES, RECEIPTS, ProviderView, Receipt
+from receipts.models import NotificationEvent, ReceiptCounter, ReceiptDedup
+
+MAX_TYPE = 40  # notification_events.type
+MAX_DEDUP_KEY = 300  # receipt_dedup.dedup_key
+UNKNOWN, FOREIGN = "unknown", "foreign"  # why a receipt was ignored (the counter's `reason`)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedRow:
+    """A notification whose `receipt` this call changed (what it shows now)."""
+
+    notification_id: uuid.UUID
+    tenant_id: uuid.UUID
+    receipt: str
+    bounce_type: str | None
+    channel: str
+    provider_id: int  # the notification's provider (the one that reported is ApplyResult.provider_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    provider_id: int
+    applied: int = 0  # new events stored
+    duplicate: int = 0  # already applied (same provider and dedup key), changed nothing
+    ignored: int = 0  # unknown notification or another tenant's: counted, changed nothing
+    changed: tuple[ChangedRow, ...] = ()
+    stale: bool = False  # the provider changed since the view was read: nothing stored, read it again
+
+    @property
+    def received(self) -> int:
+        return self.applied + self.duplicate + self.ignored
+
+
+def after_apply(provider: ProviderView, result: ApplyResult) -> None:
+    """Called once per apply with at least one changed row, inside its transaction.
+
+    The seam for what follows a receipt: (a) suppress the address of `changed` rows whose receipt is
+    `complained` or `bounced` with bounce_type `hard` (email and sms only, CONTRACT §17); (b) emit
+    `notification.bounced` / `notification.complained` (and the rest) to the tenant's event
+    endpoints. Keep it a fixed number of statements per call."""
+
+
+@dataclass(slots=True)
+class _Row:
+    dedup_key: str
+    notification_id: uuid.UUID | None
+    type: str
+    receipt: str | None
+    bounce_type: str | None
+    occurred_at: datetime
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return precedence.rank(self.receipt, self.bounce_type)
+
+
+def _rows(receipts: Sequence[Receipt]) -> list[_Row]:
+    """The receipts as stored: one per dedup key (the first), ids parsed (None: not a UUID, so an
+    unknown notification), details masked, values checked (an adapter's mistake is a ValueError)."""
+    rows: dict[str, _Row] = {}
+    for r in receipts:
+        if r.receipt is not None and r.receipt not in RECEIPTS:
+            raise ValueError(f"receipt must be one of {', '.join(RECEIPTS)} or None, not {r.receipt!r}")
+        bounce_type = r.bounce_type if r.receipt == "bounced" else None
+        if bounce_type is not None and bounce_type not in BOUNCE_TYPES:
+            raise ValueError(f"bounce_type must be one of {', '.join(BOUNCE_TYPES)} or None, not {bounce_type!r}")
+        if r.occurred_at.tzinfo is None:
+            raise ValueError("occurred_at must be timezone-aware")
+        key = r.dedup_key[:MAX_DEDUP_KEY]
+        if key in rows:
+            continue
+        try:
+            notification_id = uuid.UUID(str(r.notification_id))
+        except ValueError:
+            notification_id = None
+        rows[key] = _Row(key, notification_id, (r.type or "")[:MAX_TYPE], r.receipt, bounce_type,
+                         r.occurred_at, mask_mapping(dict(r.details or {})))  # fmt: skip
+    return list(rows.values())
+
+
+def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: str = "default") -> ApplyResult:
+    """Apply what `provider` reported (see the module docstring): one statement on PostgreSQL."""
+    rows = _rows(receipts)
+    if not rows:
+        return ApplyResult(provider_id=provider.id)
+    apply = _apply_pg if connections[using].vendor == "postgresql" else _apply_orm
+    # No savepoint inside a caller's transaction: a failure here fails the caller's transaction anyway.
+    with transaction.atomic(using=using, savepoint=False):
+        result = apply(provider, rows, using)
+        if result.changed:
+            after_apply(provider, result)
+    return result
+
+
+# --- PostgreSQL: one statement ---------------------------------------------------------------------
+
+# Why each part is where it is:
+# - `gate`: a view read from the per-process cache carries the provider's updated_at; if the provider
+#   changed since (a rotated secret), nothing is stored and the caller verifies again with a fresh view.
+# - `found` joins by id alone, so another tenant's notification is told apart from none (the counter's
+#   reason); `mine` keeps the provider's tenant's.
+# - `fresh` is the de-duplication: only keys this statement inserted go on (the input has one row per key).
+# - `locked` takes the rows to update in id order (MATERIALIZED: a CTE with FOR UPDATE runs as written),
+#   so two applies touching the same notifications cannot deadlock; the UPDATE's rank test is re-checked
+#   on the row as locked (READ COMMITTED), so concurrent applies converge on the highest rank.
+_APPLY_SQL = """
+WITH gate AS (
+    SELECT 1 FROM providers WHERE id = %(provider)s AND (%(version)s::timestamptz IS NULL OR updated_at = %(version)s)
+),
+input AS (
+    SELECT i.* FROM unnest(%(keys)s::text[], %(ids)s::uuid[], %(types)s::text[], %(receipts)s::text[],
+                           %(bounces)s::text[], %(occurred)s::timestamptz[], %(details)s::jsonb[], %(ranks)s::int[])
+         AS i(dedup_key, notification_id, type, receipt, bounce_type, occurred_at, details, rank)
+    WHERE EXISTS (SELECT 1 FROM gate)
+),
+found AS (
+    SELECT i.*, n.tenant_id AS owner FROM input i LEFT JOIN notifications n ON n.id = i.notification_id
+),
+mine AS (
+    SELECT * FROM found WHERE owner = %(tenant)s::uuid
+),
+fresh AS (
+    INSERT INTO receipt_dedup (provider_id, dedup_key, created_at)
+    SELECT %(provider)s, dedup_key, statement_timestamp() FROM mine
+    ON CONFLICT DO NOTHING
+    RETURNING dedup_key
+),
+new AS (
+    SELECT m.* FROM mine m JOIN fresh f ON f.dedup_key = m.dedup_key
+),
+events AS (
+    INSERT INTO notification_events (tenant_id, notification_id, provider_id, type, receipt, bounce_type,
+                                     occurred_at, details, created_at)
+    SELECT %(tenant)s::uuid, notification_id, %(provider)s, type, receipt, bounce_type, occurred_at, details,
+           statement_timestamp()
+    FROM new
+    RETURNING 1
+),
+best AS (
+    SELECT DISTINCT ON (notification_id) notification_id, receipt, bounce_type, rank
+    FROM new WHERE receipt IS NOT NULL
+    ORDER BY notification_id, rank DESC
+),
+locked AS MATERIALIZED (
+    SELECT n.id FROM notifications n JOIN best b ON b.notification_id = n.id
+    WHERE n.tenant_id = %(tenant)s::uuid
+    ORDER BY n.id
+    FOR UPDATE OF n
+),
+changed AS (
+    UPDATE notifications n
+    SET receipt = b.receipt, bounce_type = b.bounce_type, updated_at = statement_timestamp()
+    FROM best b JOIN locked l ON l.id = b.notification_id
+    WHERE n.id = l.id
+      AND coalesce(array_position(%(order)s::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
+    RETURNING n.id, n.tenant_id, n.receipt, n.bounce_type, n.channel, n.provider_id
+),
+ignored AS (
+    INSERT INTO receipt_counters (shard, provider_id, reason, count)
+    SELECT pg_backend_pid() %% %(shards)s, %(provider)s,
+           CASE WHEN owner IS NULL THEN 'unknown' ELSE 'foreign' END AS reason, count(*)
+    FROM found WHERE owner IS DISTINCT FROM %(tenant)s::uuid
+    GROUP BY reason
+    ON CONFLICT (shard, provider_id, reason) DO UPDATE SET count = receipt_counters.count + EXCLUDED.count
+)
+SELECT EXISTS (SELECT 1 FROM gate),
+       (SELECT count(*) FROM input),
+       (SELECT count(*) FROM mine),
+       (SELECT count(*) FROM events),
+       (SELECT coalesce(json_agg(json_build_array(id, tenant_id, receipt, bounce_type, channel, provider_id)), '[]')
+        FROM changed)
+"""
+
+
+def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
+    params = {
+        "provider": provider.id,
+        "tenant": str(provider.tenant_id),
+        "version": provider.updated_at,
+        "keys": [r.dedup_key for r in rows],
+        "ids": [r.notification_id for r in rows],
+        "types": [r.type for r in rows],
+        "receipts": [r.receipt for r in rows],
+        "bounces": [r.bounce_type for r in rows],
+        "occurred": [r.occurred_at for r in rows],
+        "details": [json.dumps(r.details, default=str) for r in rows],
+        "ranks": [r.rank for r in rows],
+        "order": list(precedence.ORDER),
+        "shards": ReceiptCounter.SHARDS,
+    }
+    with connections[using].cursor() as cursor:
+        cursor.execute(_APPLY_SQL, params)
+        gate, received, mine, applied, changed = cursor.fetchone()
+    if not gate:
+        return ApplyResult(provider_id=provider.id, stale=True)
+    if isinstance(changed, str):
+        changed = json.loads(changed)
+    return ApplyResult(
+        provider_id=provider.id, applied=applied, duplicate=mine - applied, ignored=received - mine,
+        changed=tuple(
+            ChangedRow(uuid.UUID(nid), uuid.UUID(tid), receipt, bounce, channel, pid)
+            for nid, tid, receipt, bounce, channel, pid in changed
+        ),
+    )  # fmt: skip
+
+
+# --- elsewhere: the same in a short transaction ----------------------------------------------------
+
+
+def _apply_orm(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
+    """SQLite and others. Writers are serialised there (IMMEDIATE transactions), so reading the
+    existing keys and then inserting the rest is as good as ON CONFLICT."""
+    from notifications.models import Provider
+
+    providers = Provider.objects.using(using).filter(pk=provider.id)
+    if provider.updated_at is not None:
+        providers = providers.filter(updated_at=provider.updated_at)
+    if not providers.exists():
+        return ApplyResult(provider_id=provider.id, stale=True)
+    ids = {r.notification_id for r in rows if r.notification_id is not None}
+    notes = {n.pk: n for n in Notification.objects.using(using).filter(pk__in=ids)
+             .only("id", "tenant_id", "receipt", "bounce_type", "channel", "provider_id")}  # fmt: skip
+    tenant = uuid.UUID(str(provider.tenant_id))
+    mine, ignored = [], {UNKNOWN: 0, FOREIGN: 0}
+    for r in rows:
+        note = notes.get(r.notification_id)
+        if note is None:
+            ignored[UNKNOWN] += 1
+        elif note.tenant_id != tenant:
+            ignored[FOREIGN] += 1
+        else:
+            mine.append(r)
+    keys = ReceiptDedup.objects.using(using).filter(provider_id=provider.id, dedup_key__in=[r.dedup_key for r in mine])
+    seen = set(keys.values_list("dedup_key", flat=True))
+    new = [r for r in mine if r.dedup_key not in seen]
+    now = datetime.now(UTC)
+    ReceiptDedup.objects.using(using).bulk_create(
+        ReceiptDedup(provider_id=provider.id, dedup_key=r.dedup_key, created_at=now) for r in new
+    )
+    NotificationEvent.objects.using(using).bulk_create(
+        NotificationEvent(tenant_id=tenant, notification_id=r.notification_id, provider_id=provider.id, type=r.type,
+                          receipt=r.receipt, bounce_type=r.bounce_type, occurred_at=r.occurred_at,
+                          details=r.details, created_at=now)
+        for r in new
+    )  # fmt: skip
+    changed = []
+    for nid in sorted({r.notification_id for r in new if r.receipt is not None}):
+        note = notes[nid]
+        current = (note.receipt, note.bounce_type)
+        best = precedence.settle(current, [(r.receipt, r.bounce_type) for r in new if r.notification_id == nid])
+        if best != current:
+            rows_ = Notification.objects.using(using).filter(pk=nid)
+            rows_.update(receipt=best[0], bounce_type=best[1], updated_at=now)
+            changed.append(ChangedRow(nid, note.tenant_id, best[0], best[1], note.channel, note.provider_id))
+    for reason, n in ignored.items():
+        if n:
+            counters = ReceiptCounter.objects.using(using)
+            if not counters.filter(shard=0, provider_id=provider.id, reason=reason).update(count=F("count") + n):
+                counters.create(shard=0, provider_id=provider.id, reason=reason, count=n)
+    return ApplyResult(provider_id=provider.id, applied=len(new), duplicate=len(mine) - len(new),
+                       ignored=sum(ignored.values()), changed=tuple(changed))  # fmt: skip
+
+
+def ignored_totals(using: str = "default") -> dict[tuple[int, str], int]:
+    """(provider_id, reason) → receipts ignored, shards added up (for `/metrics`)."""
+    from django.db.models import Sum
+
+    rows = ReceiptCounter.objects.using(using).values_list("provider_id", "reason").annotate(n=Sum("count")).order_by()
+    return {(pid, reason): int(n) for pid, reason, n in rows}

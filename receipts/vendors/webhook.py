@@ -1,0 +1,104 @@
+"""`webhook` kind: events the receiver posts back, signed per Standard Webhooks with the provider's
+own `whsec_` secret (the one OmniPost signs its sends with), verified by the `standardwebhooks`
+package (which also refuses a `webhook-timestamp` more than 5 minutes off).
+
+    POST /hooks/providers/{id}
+    webhook-id: <the receiver's event id>        (the de-duplication key)
+    webhook-timestamp: <unix seconds>
+    webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">
+
+    {"type": "delivered" | "bounced" | "complained" | "failed",
+     "notification_id": "<the webhook-id OmniPost sent>",
+     "occurred_at": "<ISO 8601 with offset; default: webhook-timestamp>",
+     "details": {"bounce_type": "hard" | "soft", ...}}
+
+During a secret rotation's grace period (OMNIPOST_SECRET_ROTATION_GRACE_SECONDS) an event signed
+with the previous secret verifies too. Details are kept up to MAX_DETAILS_BYTES of JSON (masked);
+larger ones are replaced by `{"truncated": true}`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import orjson
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from receipts.inbound import BOUNCE_TYPES, InboundRequest, ProviderView, Receipt, Rejected, adapter
+
+TYPES = ("delivered", "bounced", "complained", "failed")
+MAX_DETAILS_BYTES = 8 * 1024
+MAX_EVENT_ID = 200
+
+
+def _secrets(provider: ProviderView) -> list[str]:
+    found = [provider.secrets.get("signing_secret")]
+    found += [previous.get("signing_secret") for previous in provider.previous_secrets]
+    return [s for s in dict.fromkeys(found) if isinstance(s, str) and s]
+
+
+def _verify(request: InboundRequest, provider: ProviderView) -> None:
+    headers = {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("webhook-")}
+    problem = "no signing secret"
+    for secret in _secrets(provider):
+        try:
+            Webhook(secret).verify(request.body, headers, json_parse=False)
+            return
+        except WebhookVerificationError as exc:
+            problem = str(exc)
+            if "timestamp" in problem.lower() or "headers" in problem.lower():
+                break  # the same for every secret
+        except (ValueError, TypeError, UnicodeDecodeError):  # malformed signature header, base64 or body
+            problem = "malformed signature headers or body"
+            break
+    raise Rejected(f"Standard Webhooks verification failed: {problem}")
+
+
+def _occurred_at(value: object, fallback: str) -> datetime:
+    if value is None:
+        try:
+            return datetime.fromtimestamp(int(fallback), tz=UTC)
+        except (TypeError, ValueError):
+            raise Rejected("webhook-timestamp is not a number") from None
+    if not isinstance(value, str):
+        raise Rejected("occurred_at must be an ISO 8601 string with a UTC offset")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise Rejected("occurred_at must be an ISO 8601 string with a UTC offset") from None
+    if parsed.tzinfo is None:
+        raise Rejected("occurred_at needs a UTC offset (e.g. 2026-01-01T12:00:00Z)")
+    return parsed
+
+
+@adapter("webhook")
+def parse(request: InboundRequest, provider: ProviderView) -> list[Receipt]:
+    _verify(request, provider)
+    try:
+        event = orjson.loads(request.body)
+    except orjson.JSONDecodeError:
+        raise Rejected("the body is not JSON") from None
+    if not isinstance(event, dict):
+        raise Rejected("the body must be a JSON object")
+    kind = event.get("type")
+    if kind not in TYPES:
+        raise Rejected(f"type must be one of {', '.join(TYPES)}")
+    notification_id = event.get("notification_id")
+    if not isinstance(notification_id, str) or not notification_id:
+        raise Rejected("notification_id is required")
+    details = event.get("details") or {}
+    if not isinstance(details, dict):
+        raise Rejected("details must be a JSON object")
+    bounce_type = details.get("bounce_type") if kind == "bounced" else None
+    if bounce_type is not None and bounce_type not in BOUNCE_TYPES:
+        raise Rejected(f"details.bounce_type must be one of {', '.join(BOUNCE_TYPES)}")
+    if len(orjson.dumps(details)) > MAX_DETAILS_BYTES:
+        details = {"truncated": True}
+    event_id = str(request.headers.get("webhook-id", ""))[:MAX_EVENT_ID]
+    return [
+        Receipt(
+            notification_id=notification_id[:64], type=kind, receipt=kind, bounce_type=bounce_type, details=details,
+            occurred_at=_occurred_at(event.get("occurred_at"), request.headers.get("webhook-timestamp", "")),
+            event_id=event_id, raw=request.body,
+        )
+    ]

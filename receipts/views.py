@@ -1,0 +1,106 @@
+"""`POST /hooks/providers/{provider_id}`: a vendor's receipts, authenticated by the vendor's signature.
+
+No bearer key, no session, no CSRF: the signature is the authentication (CONTRACT §12).
+
+- unknown provider id, or a provider whose kind has no inbound adapter (console, smtp: bounces
+  arrive by mail): `404` — the URL is not an endpoint. Provider ids are small integers anyway, so
+  hiding whether one exists (a `401`) would protect nothing; what a URL can do is guarded by the
+  signature alone.
+- body over `MAX_BODY_BYTES`: `413`, before anything is read.
+- the adapter rejects the request (bad signature, another provider's secret, stale timestamp,
+  unreadable payload): `401`, nothing stored. A view from the per-process cache that rejects is read
+  afresh and tried once more (the secret may have just been rotated).
+- the adapter handled it without receipts (an SNS subscription confirmed): `200 {"received": 0}`.
+- otherwise `apply_receipts`, then `200 {"received": n}` (n receipts in the request, applied,
+  duplicate or ignored alike: a vendor must not retry any of them).
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import parse_qsl
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from core.middleware import error_response
+from receipts import providers
+from receipts.inbound import ADAPTERS, Handled, InboundRequest, ProviderView, Rejected
+from receipts.services import apply_receipts
+
+logger = logging.getLogger("omnipost.receipts")
+
+MAX_BODY_BYTES = 1024 * 1024  # SNS caps messages at 256 KiB; SendGrid batches stay well under 1 MiB
+FORM = "application/x-www-form-urlencoded"
+_ATTEMPTS = 3  # fresh reads of a provider edited while its requests arrive
+
+
+def _not_found() -> JsonResponse:
+    return error_response(404, "not_found", "No inbound endpoint at this URL.")
+
+
+def _inbound(request: HttpRequest, body: bytes) -> InboundRequest:
+    base = settings.OMNIPOST_PUBLIC_URL
+    url = base + request.get_full_path() if base else request.build_absolute_uri()
+    form: dict[str, str] = {}
+    if request.content_type == FORM:
+        try:
+            form = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=10_000))
+        except (UnicodeDecodeError, ValueError):
+            form = {}
+    return InboundRequest(url=url, headers=request.headers, body=body, form=form)
+
+
+@csrf_exempt
+def provider_events(request: HttpRequest, provider_id: int) -> JsonResponse:
+    if request.method != "POST":
+        response = error_response(405, "method_not_allowed", "POST the provider's events here.")
+        response["Allow"] = "POST"
+        return response
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_BODY_BYTES:
+        return error_response(413, "request_too_large", f"The body is over {MAX_BODY_BYTES} bytes.",
+                              {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
+    body = request.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:  # no (or a wrong) Content-Length
+        return error_response(413, "request_too_large", f"The body is over {MAX_BODY_BYTES} bytes.",
+                              {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
+
+    view, fresh = providers.get(provider_id)
+    if view is None or view.kind not in ADAPTERS:
+        return _not_found()
+    inbound = _inbound(request, body)
+    for _ in range(_ATTEMPTS):
+        outcome = _handle(inbound, view)
+        if isinstance(outcome, JsonResponse):
+            return outcome
+        if outcome is _REJECTED and fresh:
+            return error_response(401, "invalid_signature", "The request does not verify for this provider.")
+        view, fresh = providers.load(provider_id), True  # rejected by a cached view, or the provider changed
+        if view is None:
+            return _not_found()
+    response = error_response(503, "unavailable", "The provider is being changed; retry.")
+    response["Retry-After"] = "1"
+    return response
+
+
+_REJECTED, _STALE = object(), object()
+
+
+def _handle(inbound: InboundRequest, view: ProviderView) -> JsonResponse | object:
+    """The answer, or _REJECTED / _STALE (the provider changed since `view` was read)."""
+    try:
+        receipts = ADAPTERS[view.kind](inbound, view)
+    except Rejected as exc:
+        logger.info("receipts rejected for provider %s (%s): %s", view.id, view.kind, exc)
+        return _REJECTED
+    except Handled:
+        return JsonResponse({"received": 0})
+    result = apply_receipts(view, receipts)
+    if result.stale:
+        return _STALE
+    return JsonResponse({"received": len(receipts)})
