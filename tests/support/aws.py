@@ -217,6 +217,7 @@ class SnsStandIn(_Server):
         self.key, self.cert_pem = self_signed()
         self.served_pem = self.cert_pem  # what the certificate URL answers (tests swap it)
         self.confirmations: list[Recorded] = []
+        self.confirm_status = 200  # what the SubscribeURL answers
 
     @property
     def cert_url(self) -> str:
@@ -231,6 +232,8 @@ class SnsStandIn(_Server):
             return 200, {"Content-Type": "application/x-pem-file"}, self.served_pem
         if rec.method == "GET" and rec.path.startswith("/?Action=ConfirmSubscription"):
             self.confirmations.append(rec)
+            if self.confirm_status != 200:
+                return self.confirm_status, {"Content-Type": "text/xml"}, b"<ErrorResponse/>"
             body = b"<ConfirmSubscriptionResponse><ConfirmSubscriptionResult><SubscriptionArn>"
             return 200, {"Content-Type": "text/xml"}, body + self.topic_arn.encode() + b":sub</SubscriptionArn>"
         return 404, {}, b""
