@@ -29,6 +29,7 @@ class ProviderKind(models.TextChoices):
     TWILIO = "twilio"
     SENDGRID = "sendgrid", "SendGrid"
     CONSOLE = "console"
+    SES = "ses"
 
 
 class Status(models.TextChoices):

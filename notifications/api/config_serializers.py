@@ -32,6 +32,7 @@ KIND_CHANNELS = {
     ProviderKind.TWILIO: (Channel.SMS,),
     ProviderKind.SENDGRID: (Channel.EMAIL,),
     ProviderKind.CONSOLE: tuple(Channel),
+    ProviderKind.SES: (Channel.EMAIL,),
 }
 IMMUTABLE = {"name", "key", "channel", "kind"}
 

@@ -7,12 +7,14 @@ from typing import Any
 from notifications.providers.base import BaseProvider, DeliveryError, DeliveryResult, OutboundMessage
 from notifications.providers.console import ConsoleProvider
 from notifications.providers.sendgrid import SendgridProvider
+from notifications.providers.ses import SesProvider
 from notifications.providers.smtp import SmtpProvider
 from notifications.providers.twilio import TwilioProvider
 from notifications.providers.webhook import WebhookProvider
 
 REGISTRY: dict[str, type[BaseProvider]] = {
-    cls.kind: cls for cls in (WebhookProvider, SmtpProvider, TwilioProvider, SendgridProvider, ConsoleProvider)
+    cls.kind: cls
+    for cls in (WebhookProvider, SmtpProvider, TwilioProvider, SendgridProvider, SesProvider, ConsoleProvider)
 }
 
 

@@ -1,0 +1,162 @@
+"""The ses kind end to end over real HTTP: the API (a gunicorn process) creates an email, the dispatcher
+sends it to the SES stand-in (SigV4 checked), and SNS-signed SES events posted to the provider's
+events_url become the notification's receipt and events; the SNS subscription is confirmed first."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.models import ApiKey
+from dispatch.dispatcher import Dispatcher, DispatcherConfig
+from notifications.models import Notification
+from receipts.models import NotificationEvent
+from tests import factories
+from tests.support.aws import SesStandIn, SnsStandIn, self_signed, ses_event
+from tests.support.pgserver import free_port
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
+KEY_ID, SECRET, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "eu-west-1"
+ADDRESS = "jane.doe@example.com"
+
+
+@pytest.fixture
+def ses() -> Iterator[SesStandIn]:
+    with SesStandIn(access_key_id=KEY_ID, secret_access_key=SECRET, region=REGION) as standin:
+        yield standin
+
+
+@pytest.fixture
+def sns() -> Iterator[SnsStandIn]:
+    with SnsStandIn() as standin:
+        yield standin
+
+
+@pytest.fixture
+def server(subprocess_env: dict[str, str], sns: SnsStandIn) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **subprocess_env,
+        "OMNIPOST_PUBLIC_URL": url,
+        "OMNIPOST_LOG_LEVEL": "WARNING",
+        "OMNIPOST_SNS_CERT_URL_PATTERN": sns.cert_url_pattern,
+        "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true",
+    }
+    proc = subprocess.Popen(  # noqa: S603
+        [GUNICORN, "omnipost_site.wsgi:application", "--workers", "1", "--worker-class", "gthread", "--threads", "4",
+         "--bind", f"127.0.0.1:{port}", "--log-level", "warning"], env=env, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "gunicorn did not come up"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def sns_post(url: str, message: dict) -> httpx.Response:
+    """As SNS posts: the JSON message as text/plain, its type in x-amz-sns-message-type."""
+    headers = {"Content-Type": "text/plain; charset=UTF-8", "x-amz-sns-message-type": message["Type"],
+               "x-amz-sns-message-id": message["MessageId"], "x-amz-sns-topic-arn": message["TopicArn"],
+               "User-Agent": "Amazon Simple Notification Service Agent"}  # fmt: skip
+    return httpx.post(url, content=json.dumps(message).encode(), headers=headers, timeout=10)
+
+
+def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b):
+    config = {"region": REGION, "base_url": ses.base_url, "from_email": "alerts@example.com",
+              "access_key_id": KEY_ID, "topic_arn": sns.topic_arn}  # fmt: skip
+    prov = factories.provider(tenant_a, "ses", kind="ses", channel="email", config=config,
+                              secrets={"secret_access_key": SECRET}, is_default=True)  # fmt: skip
+    other = factories.provider(tenant_b, "ses", kind="ses", channel="email", config=config,
+                               secrets={"secret_access_key": SECRET})  # fmt: skip
+    theirs = factories.notifications(tenant_b, other, 1, recipient=ADDRESS, status="delivered")[0]
+    api = httpx.Client(base_url=f"{server}/api/v1", headers={"Authorization": f"Bearer {ApiKey.issue(tenant_a)[1]}"})
+    shown = api.get("/providers/ses").json()
+    assert shown["kind"] == "ses" and shown["secrets"] == {"secret_access_key": "****" + SECRET[-4:]}
+    events_url = shown["events_url"]
+    assert events_url == f"{server}/hooks/providers/{prov.pk}"
+
+    # SNS asks to confirm the subscription: OmniPost GETs the SubscribeURL (through the SSRF guard).
+    confirmation = sns.subscription_confirmation()
+    answer = sns_post(events_url, confirmation)
+    assert answer.status_code == 200, answer.text
+    [confirmed] = sns.confirmations
+    assert f"Token={confirmation['Token']}" in confirmed.path
+
+    # A real send, SigV4-verified by the stand-in, tagged with the notification id.
+    created = api.post(
+        "/notifications", json={"channel": "email", "recipient": ADDRESS, "subject": "Hi", "body": "Hello"}
+    )
+    assert created.status_code == 201, created.text
+    note_id = created.json()["id"]
+    assert Dispatcher(DispatcherConfig(once=True, jitter=False)).run() == 0
+    [sent] = ses.accepted
+    tag = {t["Name"]: t["Value"] for t in sent.payload["EmailTags"]}["notification_id"]
+    assert tag == note_id and api.get(f"/notifications/{note_id}").json()["status"] == "delivered"
+
+    # SES publishes Delivery, then a hard Bounce, through SNS (signature v2, then v1).
+    delivery = sns.notification(ses_event("Delivery", tag, ADDRESS), version="2")
+    assert sns_post(events_url, delivery).json() == {"received": 1}
+    detail = api.get(f"/notifications/{note_id}").json()
+    assert (detail["receipt"], detail["bounce_type"]) == ("delivered", None)
+    [event] = detail["events"]
+    assert (event["type"], event["provider"]) == ("delivered", "ses")
+    assert event["details"]["processing_time_millis"] == 1234
+    bounce = sns.notification(ses_event("Bounce", tag, ADDRESS, bounce_type="Permanent"), version="1")
+    assert sns_post(events_url, bounce).json() == {"received": 1}
+    assert sns_post(events_url, bounce).status_code == 200  # SNS retries: the same MessageId, one event
+    late_delivery = sns.notification(ses_event("Delivery", tag, ADDRESS))
+    assert sns_post(events_url, late_delivery).status_code == 200
+    detail = api.get(f"/notifications/{note_id}").json()
+    assert (detail["status"], detail["receipt"], detail["bounce_type"]) == ("delivered", "bounced", "hard")
+    assert sorted(e["type"] for e in detail["events"]) == ["bounced", "delivered", "delivered"]
+    assert ADDRESS not in json.dumps(detail) and ADDRESS not in str(list(NotificationEvent.objects.values()))
+    cert_gets = [r for r in sns.requests if r.path == sns.CERT_PATH]
+    assert len(cert_gets) == 1  # fetched once, then cached by the web process
+
+    # What does not verify: 401, nothing changed.
+    before = NotificationEvent.objects.count()
+    complaint = sns.notification(ses_event("Complaint", tag, ADDRESS))
+    tampered = complaint | {"Message": complaint["Message"].replace("abuse", "not-spam")}
+    foreign_cert = complaint | {"SigningCertURL": "https://example.com/cert.pem"}
+    other_key = sns.sign(dict(complaint), key=self_signed()[0])
+    other_topic = sns.notification(ses_event("Complaint", tag), TopicArn="arn:aws:sns:eu-west-1:999999999999:x")
+    for case, message in {"tampered": tampered, "cert URL": foreign_cert, "wrong key": other_key,
+                          "other topic": other_topic}.items():  # fmt: skip
+        response = sns_post(events_url, message)
+        assert response.status_code == 401, (case, response.text)
+    assert NotificationEvent.objects.count() == before
+    assert Notification.objects.get(pk=note_id).receipt == "bounced"
+
+    # Another tenant's notification, validly signed, on this provider's URL: 200, nothing changed.
+    foreign = sns.notification(ses_event("Complaint", str(theirs.pk), ADDRESS))
+    assert sns_post(events_url, foreign).json() == {"received": 1}
+    theirs.refresh_from_db()
+    assert theirs.receipt is None and not NotificationEvent.objects.filter(notification=theirs).exists()
+    unknown = sns.notification(ses_event("Complaint", str(uuid.uuid4()), ADDRESS))
+    assert sns_post(events_url, unknown).status_code == 200
+    assert NotificationEvent.objects.count() == before
