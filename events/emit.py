@@ -2,12 +2,14 @@
 
 Two ways in, one SQL shape (`_insert_ctes`): the events of a source CTE are inserted into `events`
 and fanned out to `event_deliveries`, one row per enabled endpoint of the tenant subscribed to the
-type (`event_types` holds the type or "*").
+type (`event_types` holds the type or "*"). An event is written when the tenant has an endpoint
+subscribed to its type, enabled or not: a disabled endpoint gets no delivery, but `recover` sends
+it the events made while it was disabled.
 
 - `outcome_events_cte(source)`: CTEs that the dispatcher's record statement (dispatch.delivery)
   appends to its chain, turning the notifications that became delivered / failed / dead_lettered
-  into `notification.*` events. A one-time gate (is there an enabled endpoint at all?) and a
-  semi-join through `event_endpoint_enabled_idx` keep tenants without endpoints at ~nothing.
+  into `notification.*` events. A one-time gate (is there an endpoint at all?) and a semi-join
+  through `event_endpoint_tenant_idx` keep tenants without endpoints at ~nothing.
 - `emit(cursor, tenant_id, type, rows)`: for other callers (receipts, suppressions).
 
 Payloads hold `recipient_masked`, never a recipient: `{"type", "timestamp", "data": {...}}`.
@@ -69,7 +71,7 @@ def outcome_events_cte(source: str, *, prefix: str = "ev") -> str:
     CTE of updated notifications with the columns notification_id, tenant_id, channel,
     provider_id, recipient_masked, attempt_count, error_code and status (the new status). Rows
     whose status is delivered, failed or dead_lettered become events of the matching type, for
-    tenants with an enabled endpoint subscribed to it. Adds no statement: the events are written
+    tenants with an endpoint subscribed to it. Adds no statement: the events are written
     by the statement that records the outcomes, in its transaction."""
     subscribed = _SUBSCRIBED.format(type="('notification.' || c.status)")
     return f"""{prefix}_src AS (
@@ -82,9 +84,9 @@ def outcome_events_cte(source: str, *, prefix: str = "ev") -> str:
                ) AS data
         FROM {source} c
         WHERE c.status IN ('delivered', 'failed', 'dead_lettered')
-          -- a one-time gate: with no enabled endpoint anywhere, nothing below runs per row
-          AND EXISTS (SELECT FROM event_endpoints WHERE enabled)
-          AND EXISTS (SELECT FROM event_endpoints e WHERE e.tenant_id = c.tenant_id AND e.enabled AND {subscribed})
+          -- a one-time gate: with no endpoint anywhere, nothing below runs per row
+          AND EXISTS (SELECT FROM event_endpoints)
+          AND EXISTS (SELECT FROM event_endpoints e WHERE e.tenant_id = c.tenant_id AND {subscribed})
     ), {_insert_ctes(f"{prefix}_src", prefix)}"""  # noqa: S608 - constant fragments and CTE names
 
 
@@ -94,7 +96,7 @@ _EMIT_SQL = f"""
         SELECT %(tenant)s::uuid AS tenant_id, %(type)s::text AS type, r.data
         FROM jsonb_array_elements(%(rows)s::jsonb) AS r(data)
         WHERE EXISTS (SELECT FROM event_endpoints e
-                      WHERE e.tenant_id = %(tenant)s::uuid AND e.enabled AND {_EMIT_SUBSCRIBED})
+                      WHERE e.tenant_id = %(tenant)s::uuid AND {_EMIT_SUBSCRIBED})
     ), {_insert_ctes("emit_src", "emit")}
     SELECT id FROM emit_new
 """  # noqa: S608 - constant fragments only; values are bound parameters
@@ -116,7 +118,8 @@ def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapp
       source_notification_id). Missing keys are null; any other key (a plaintext `recipient`, say)
       is a ValueError. UUIDs and datetimes are written as strings.
 
-    Nothing is written when the tenant has no enabled endpoint subscribed to `type` (returns []).
+    Nothing is written when the tenant has no endpoint subscribed to `type` (returns []); an event
+    gets a delivery per enabled endpoint subscribed to it.
     """
     if type not in EventType.values:
         raise ValueError(f"unknown event type {type!r}; expected one of {', '.join(EventType.values)}")
@@ -146,9 +149,10 @@ def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -
     from django.utils import timezone
 
     with transaction.atomic():
-        endpoints = [e for e in EventEndpoint.objects.for_tenant(tenant_id).enabled() if e.subscribes(type)]
-        if not endpoints:
+        subscribed = [e for e in EventEndpoint.objects.for_tenant(tenant_id) if e.subscribes(type)]
+        if not subscribed:
             return []
+        endpoints = [e for e in subscribed if e.enabled]
         now = timezone.now()
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         events = [
@@ -170,7 +174,7 @@ def emit_outcomes_portable(outcomes: Iterable[tuple[uuid.UUID, uuid.UUID, str]])
     from notifications.models import Notification
 
     outcomes = list(outcomes)
-    if not outcomes or not EventEndpoint.objects.filter(enabled=True).exists():
+    if not outcomes or not EventEndpoint.objects.exists():
         return
     notes = Notification.objects.filter(pk__in=[n for _, n, _ in outcomes]).select_related("provider")
     by_id = {n.pk: n for n in notes}

@@ -68,8 +68,8 @@ class EventEndpoint(TenantOwned):
             models.UniqueConstraint(fields=["tenant", "name"], name="event_endpoint_name_unique_per_tenant"),
         ]
         indexes = [
-            # the emission's semi-join (events.emit): "has this tenant an enabled endpoint for the type?"
-            models.Index(fields=["tenant"], condition=Q(enabled=True), name="event_endpoint_enabled_idx"),
+            # the emission's semi-join (events.emit): "has this tenant an endpoint for the type?"
+            models.Index(fields=["tenant"], name="event_endpoint_tenant_idx"),
         ]
 
     def __str__(self) -> str:
