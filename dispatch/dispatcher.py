@@ -101,9 +101,10 @@ class Dispatcher:
         if config.events and connection.vendor == "postgresql":
             self.events = EventLane(
                 self.db, batch_size=config.event_batch_size, concurrency=config.event_concurrency,
-                lease_seconds=config.lease_seconds,
+                lease_seconds=config.lease_seconds, busy=self._busy,
             )  # fmt: skip
             self.recorder.after_write = self._nudge_events
+        self._last_claimed_at = 0.0  # time.monotonic() of the last claim that found notifications
         self.events_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
 
@@ -215,6 +216,10 @@ class Dispatcher:
         self.wake.set()
         self.sender.capacity.set()
 
+    def _busy(self) -> bool:
+        """Notifications in flight, or found by a claim within the last 0.2 s: the event lane holds back."""
+        return bool(self.sender.inflight) or time.monotonic() - self._last_claimed_at < 0.2
+
     def _nudge_events(self, batch: list[Outcome]) -> None:
         if any(o.kind in ("delivered", "failed", "dead_lettered") for o in batch):
             self.events.nudge()  # type: ignore[union-attr]
@@ -275,6 +280,7 @@ class Dispatcher:
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)
             if prepared or skipped:
+                self._last_claimed_at = time.monotonic()
                 poll = MIN_POLL
                 continue
             if self.config.once:

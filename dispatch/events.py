@@ -39,6 +39,10 @@ logger = logging.getLogger("omnipost.dispatcher.events")
 
 MIN_POLL = 0.05
 MAX_POLL = 1.0
+# While the dispatcher has notifications in hand, the lane claims at most one batch this often
+# (≤ batch_size / BUSY_INTERVAL events a second): notifications come first, the backlog of events
+# goes out at full speed once they pause.
+BUSY_INTERVAL = 0.1
 GATHER_SECONDS = 0.005
 TIMEOUT_SECONDS = 10.0
 
@@ -48,9 +52,11 @@ Db = Callable[..., Awaitable[Any]]
 class EventLane:
     def __init__(
         self, db: Db, *, batch_size: int = 100, concurrency: int = 50, lease_seconds: float = 30.0,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy | None = None, busy: Callable[[], bool] = lambda: False,
     ) -> None:  # fmt: skip
+        """`busy`: does the dispatcher have notifications in hand now (the lane then holds back)."""
         self.db = db
+        self.busy = busy
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
@@ -86,12 +92,17 @@ class EventLane:
     async def _claim_loop(self, stopping: asyncio.Event, once_after: asyncio.Event | None) -> None:
         poll = MIN_POLL
         outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)
+        last_claim = 0.0
         while not stopping.is_set():
             free = self.concurrency - len(self.inflight)
             if free <= 0:
                 self.capacity.clear()
                 await _wait_any(self.capacity, stopping, None)
                 continue
+            if self.busy() and (wait := last_claim + BUSY_INTERVAL - time.monotonic()) > 0:
+                await _wait_any(stopping, None, wait)
+                continue
+            last_claim = time.monotonic()
             self.wake.clear()
             token = uuid.uuid4()
             try:

@@ -12,7 +12,7 @@ from django.utils.html import format_html_join
 from core.admin_scoping import TenantScopedAdmin
 from core.masking import mask_secret
 from events import services
-from events.models import EventAttempt, EventEndpoint
+from events.models import EventAttempt, EventEndpoint, public_event_id
 
 RECENT_ATTEMPTS = 50
 
@@ -38,8 +38,8 @@ class EventEndpointAdmin(TenantScopedAdmin):
         rows = rows[:RECENT_ATTEMPTS]
         return format_html_join(
             "\n", "<div>{} · {} · {} · HTTP {} · {} ms · {}</div>",
-            ((a.attempted_at.isoformat(), a.event_id, a.event_type, a.http_status or "—", a.duration_ms, a.status)
-             for a in rows),
+            ((a.attempted_at.isoformat(), public_event_id(a.event_id), a.event_type, a.http_status or "—",
+              a.duration_ms, a.status) for a in rows),
         ) or "—"  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest) -> bool:

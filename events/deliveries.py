@@ -31,7 +31,7 @@ DELIVERED, RETRY, FAILED, DEFERRED = "delivered", "retry", "failed", "deferred"
 class Claimed:
     delivery_id: int
     lock_token: uuid.UUID
-    event_id: str
+    event_id: str  # public: evt_<hex>, the webhook-id
     event_type: str
     endpoint_id: int
     tenant_key: str
@@ -71,8 +71,8 @@ _CLAIM_SQL = """
         FROM due WHERE d.id = due.id
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.attempts, d.next_attempt_at
     )
-    SELECT c.id, c.event_id, ev.type, c.endpoint_id, c.tenant_id::text, c.attempts, ev.payload::text,
-           e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
+    SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text, c.attempts,
+           ev.payload::text, e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
     FROM claimed c
     JOIN events ev ON ev.id = c.event_id
     JOIN event_endpoints e ON e.id = c.endpoint_id

@@ -9,7 +9,7 @@ it the events made while it was disabled.
 - `outcome_events_cte(source)`: CTEs that the dispatcher's record statement (dispatch.delivery)
   appends to its chain, turning the notifications that became delivered / failed / dead_lettered
   into `notification.*` events. A one-time gate (is there an endpoint at all?) and a semi-join
-  through `event_endpoint_tenant_idx` keep tenants without endpoints at ~nothing.
+  through the endpoints' tenant index keep tenants without endpoints at ~nothing.
 - `emit(cursor, tenant_id, type, rows)`: for other callers (receipts, suppressions).
 
 Payloads hold `recipient_masked`, never a recipient: `{"type", "timestamp", "data": {...}}`.
@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from events.models import ALL_TYPES, Event, EventDelivery, EventEndpoint, EventType, new_event_id
+from events.models import ALL_TYPES, Event, EventDelivery, EventEndpoint, EventType, public_event_id
 
 NOTIFICATION_FIELDS = (
     "notification_id", "status", "receipt", "bounce_type", "channel", "recipient_masked", "provider",
@@ -41,7 +41,7 @@ OUTCOME_TYPES = {
 
 # RFC 3339 in UTC with microseconds, from the database's clock
 _TIMESTAMP_SQL = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
-_EVENT_ID_SQL = "'evt_' || replace(gen_random_uuid()::text, '-', '')"
+_EVENT_ID_SQL = "gen_random_uuid()"  # shown as evt_<hex> (events.models.public_event_id)
 _SUBSCRIBED = "(e.event_types ? {type} OR e.event_types ? '*')"
 
 
@@ -53,7 +53,7 @@ def _insert_ctes(source: str, prefix: str) -> str:
     return f"""{prefix}_new AS (
         INSERT INTO events (id, tenant_id, type, payload, created_at)
         SELECT {_EVENT_ID_SQL}, s.tenant_id, s.type,
-               jsonb_build_object('type', s.type, 'timestamp', {_TIMESTAMP_SQL}, 'data', s.data), now()
+               jsonb_build_object('type', s.type, 'timestamp', (SELECT {_TIMESTAMP_SQL}), 'data', s.data), now()
         FROM {source} s
         RETURNING id, tenant_id, type
     ), {prefix}_fanout AS (
@@ -98,12 +98,13 @@ _EMIT_SQL = f"""
         WHERE EXISTS (SELECT FROM event_endpoints e
                       WHERE e.tenant_id = %(tenant)s::uuid AND {_EMIT_SUBSCRIBED})
     ), {_insert_ctes("emit_src", "emit")}
-    SELECT id FROM emit_new
+    SELECT 'evt_' || replace(id::text, '-', '') FROM emit_new
 """  # noqa: S608 - constant fragments only; values are bound parameters
 
 
 def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapping[str, Any]]) -> list[str]:  # noqa: A002, ANN401
-    """Emit events of one `type` for one tenant, in ONE statement, and return their ids.
+    """Emit events of one `type` for one tenant, in ONE statement, and return their public ids
+    (`evt_…`, the `webhook-id` each will carry).
 
     - `cursor`: a cursor of the connection whose transaction caused the events (a Django cursor
       or a psycopg one), or None for `django.db.connection.cursor()`. Call it inside the caller's
@@ -156,7 +157,7 @@ def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -
         now = timezone.now()
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         events = [
-            Event(id=new_event_id(), tenant_id=tenant_id, type=type, created_at=now,
+            Event(id=uuid.uuid4(), tenant_id=tenant_id, type=type, created_at=now,
                   payload={"type": type, "timestamp": stamp, "data": item})
             for item in json.loads(document)
         ]  # fmt: skip
@@ -165,7 +166,7 @@ def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -
             [EventDelivery(tenant_id=tenant_id, event=ev, endpoint=e, next_attempt_at=now, created_at=now)
              for ev in events for e in endpoints]
         )  # fmt: skip
-    return [ev.id for ev in events]
+    return [public_event_id(ev.id) for ev in events]
 
 
 def emit_outcomes_portable(outcomes: Iterable[tuple[uuid.UUID, uuid.UUID, str]]) -> None:

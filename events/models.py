@@ -32,9 +32,10 @@ class EventType(models.TextChoices):
 ALL_TYPES = "*"
 
 
-def new_event_id() -> str:
-    """`evt_` + 32 hex digits; the SQL builders make the same shape with gen_random_uuid()."""
-    return "evt_" + uuid.uuid4().hex
+def public_event_id(value: uuid.UUID) -> str:
+    """The id clients see (`webhook-id`, `attempts`): `evt_` + the 32 hex digits of the row's UUID.
+    SQL spells it `'evt_' || replace(id::text, '-', '')`."""
+    return "evt_" + value.hex
 
 
 class EventEndpointQuerySet(TenantQuerySet):
@@ -67,10 +68,6 @@ class EventEndpoint(TenantOwned):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="event_endpoint_name_unique_per_tenant"),
         ]
-        indexes = [
-            # the emission's semi-join (events.emit): "has this tenant an endpoint for the type?"
-            models.Index(fields=["tenant"], name="event_endpoint_tenant_idx"),
-        ]
 
     def __str__(self) -> str:
         return self.name
@@ -86,7 +83,7 @@ class EventEndpoint(TenantOwned):
 
 
 class Event(TenantOwned):
-    id = models.CharField(primary_key=True, max_length=40, default=new_event_id, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)  # shown as public_id
     tenant = models.ForeignKey("core.Tenant", on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
     type = models.CharField(max_length=40, choices=EventType.choices)
     # {"type", "timestamp", "data": {...}}: exactly the body POSTed to the endpoints
@@ -101,7 +98,11 @@ class Event(TenantOwned):
         ]
 
     def __str__(self) -> str:
-        return f"{self.id} {self.type}"
+        return f"{self.public_id} {self.type}"
+
+    @property
+    def public_id(self) -> str:
+        return public_event_id(self.id)
 
 
 class DeliveryStatus(models.TextChoices):
@@ -122,7 +123,9 @@ class EventDelivery(TenantOwned):
 
     tenant = models.ForeignKey("core.Tenant", on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries", db_index=False, **HOT_FK)
-    endpoint = models.ForeignKey(EventEndpoint, on_delete=models.CASCADE, related_name="deliveries", **HOT_FK)
+    endpoint = models.ForeignKey(
+        EventEndpoint, on_delete=models.CASCADE, related_name="deliveries", db_index=False, **HOT_FK
+    )  # led by the unique (endpoint, event) index
     status = models.CharField(max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(db_default=models.functions.Now())
@@ -138,7 +141,8 @@ class EventDelivery(TenantOwned):
     class Meta:
         db_table = "event_deliveries"
         constraints = [
-            models.UniqueConstraint(fields=["event", "endpoint"], name="event_delivery_once_per_endpoint"),
+            # also the index of every lookup by endpoint (recover, disabling, re-enabling)
+            models.UniqueConstraint(fields=["endpoint", "event"], name="event_delivery_once_per_endpoint"),
         ]
         indexes = [
             # the lane's claim: pending rows in next_attempt_at order
@@ -148,7 +152,7 @@ class EventDelivery(TenantOwned):
         ]
 
     def __str__(self) -> str:
-        return f"{self.event_id} → {self.endpoint_id} ({self.status})"
+        return f"{public_event_id(self.event_id)} → {self.endpoint_id} ({self.status})"
 
 
 class AttemptStatus(models.TextChoices):
@@ -175,4 +179,4 @@ class EventAttempt(TenantOwned):
         ]
 
     def __str__(self) -> str:
-        return f"{self.event_id} {self.status}"
+        return f"{public_event_id(self.event_id)} {self.status}"

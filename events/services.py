@@ -114,7 +114,7 @@ _RECOVER_SQL = """
     FROM event_endpoints e
     JOIN events ev ON ev.tenant_id = e.tenant_id AND ev.created_at >= %(since)s
     WHERE e.id = %(endpoint)s AND e.enabled AND (e.event_types ? ev.type OR e.event_types ? '*')
-    ON CONFLICT (event_id, endpoint_id) DO UPDATE
+    ON CONFLICT (endpoint_id, event_id) DO UPDATE
         SET status = 'pending', next_attempt_at = now(), lock_token = NULL, locked_until = NULL
         WHERE d.status = 'failed'
 """

@@ -10,7 +10,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from events.models import ALL_TYPES, EventAttempt, EventEndpoint, EventType
+from events.models import ALL_TYPES, EventAttempt, EventEndpoint, EventType, public_event_id
 from notifications import ssrf, validation
 from notifications.api.schema import StrictBooleanField, StrictCharField, StrictRegexField, StrictSerializer
 from notifications.api.serializers import iso
@@ -118,6 +118,6 @@ class EventAttemptSerializer(serializers.Serializer):
 
     def to_representation(self, a: EventAttempt) -> dict[str, Any]:
         return {
-            "event_id": a.event_id, "type": a.event_type, "status": a.status, "http_status": a.http_status,
-            "duration_ms": a.duration_ms, "attempted_at": iso(a.attempted_at),
+            "event_id": public_event_id(a.event_id), "type": a.event_type, "status": a.status,
+            "http_status": a.http_status, "duration_ms": a.duration_ms, "attempted_at": iso(a.attempted_at),
         }  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from django.utils import timezone
 
 from core.models import AuditEvent
 from events import emit
-from events.models import DeliveryStatus, EventAttempt, EventDelivery, EventEndpoint
+from events.models import DeliveryStatus, EventAttempt, EventDelivery, EventEndpoint, public_event_id
 from tests.support.receivers import TEST_SIGNING_SECRET
 
 pytestmark = pytest.mark.django_db
@@ -129,7 +130,7 @@ def test_reenabling_does_not_resend_and_recover_does_with_the_original_ids(api_a
     response = api_a.post(f"{URL}/ops/recover", {"since": since}, format="json")
     assert response.status_code == 202 and response.json() == {"queued": 2}
     pending = EventDelivery.objects.filter(status=DeliveryStatus.PENDING)
-    assert sorted(pending.values_list("event_id", flat=True)) == sorted(ids)
+    assert sorted(public_event_id(e) for e in pending.values_list("event_id", flat=True)) == sorted(ids)
     # a delivered event is not re-sent; a future `since` finds nothing
     assert api_a.post(f"{URL}/ops/recover", {"since": (timezone.now() + timedelta(hours=1)).isoformat()},
                       format="json").json() == {"queued": 0}  # fmt: skip
@@ -143,7 +144,7 @@ def test_recover_also_sends_events_made_while_the_endpoint_did_not_receive_them(
     api_a.patch(f"{URL}/late", {"event_types": ["*"]}, format="json")
     response = api_a.post(f"{URL}/late/recover", {"since": "2020-01-01T00:00:00Z"}, format="json")
     assert response.json() == {"queued": 1}
-    assert EventDelivery.objects.get(endpoint__name="late").event_id == ids[0]
+    assert public_event_id(EventDelivery.objects.get(endpoint__name="late").event_id) == ids[0]
 
 
 def test_attempts_newest_first_and_paginated(api_a, tenant_a):
@@ -152,9 +153,9 @@ def test_attempts_newest_first_and_paginated(api_a, tenant_a):
     endpoint = EventEndpoint.objects.get(name="ops")
     now = timezone.now()
     EventAttempt.objects.bulk_create([
-        EventAttempt(tenant=tenant_a, event_id=event_id, endpoint=endpoint, event_type="notification.delivered",
-                     status="failed" if i < 2 else "delivered", http_status=503 if i < 2 else 200, duration_ms=i,
-                     attempted_at=now + timedelta(seconds=i))
+        EventAttempt(tenant=tenant_a, event_id=uuid.UUID(event_id[4:]), endpoint=endpoint,
+                     event_type="notification.delivered", status="failed" if i < 2 else "delivered",
+                     http_status=503 if i < 2 else 200, duration_ms=i, attempted_at=now + timedelta(seconds=i))
         for i in range(3)
     ])  # fmt: skip
     page = api_a.get(f"{URL}/ops/attempts?limit=2").json()
@@ -177,7 +178,7 @@ def test_emit_writes_nothing_for_unsubscribed_types_and_refuses_plain_recipients
     (event_id,) = emit.emit(None, tenant_a.pk, "notification.delivered", [{"notification_id": "x", "channel": "sms"}])
     delivery = EventDelivery.objects.select_related("event").get()
     payload = delivery.event.payload
-    assert event_id.startswith("evt_") and delivery.event_id == event_id
+    assert event_id.startswith("evt_") and public_event_id(delivery.event_id) == event_id
     assert payload["type"] == "notification.delivered" and payload["timestamp"].endswith("Z")
     assert payload["data"]["channel"] == "sms" and payload["data"]["receipt"] is None
     assert set(payload["data"]) == set(emit.NOTIFICATION_FIELDS)

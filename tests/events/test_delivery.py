@@ -56,7 +56,7 @@ def test_outcomes_become_signed_events_for_subscribed_types_only(tenant_a, tenan
         # verified again here with the package, against the exact bytes received
         Webhook(OTHER_SECRET).verify(request.body, request.headers)
         event = Event.objects.get()
-        assert request.webhook_id == event.id and event.id.startswith("evt_")
+        assert request.webhook_id == event.public_id and event.public_id.startswith("evt_")
         assert event.tenant_id == tenant_a.pk
         payload = request.payload
         assert payload["type"] == "notification.failed" and payload["timestamp"].endswith("Z")

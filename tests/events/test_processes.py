@@ -55,11 +55,11 @@ def test_503_503_200_is_three_requests_with_one_webhook_id(tenant_a, api_a, webh
         assert [r.status for r in requests] == [503, 503, 200]
         assert all(r.verified for r in requests)  # standardwebhooks.Webhook(secret).verify() in the receiver
         event = Event.objects.get()
-        assert {r.webhook_id for r in requests} == {event.id}
+        assert {r.webhook_id for r in requests} == {event.public_id}
         assert requests[-1].payload["data"]["notification_id"] == str(note.id)
         attempts = api_a.get(f"{URL}/ops/attempts").json()["results"]
         assert [(a["status"], a["http_status"], a["event_id"]) for a in attempts] == [
-            ("delivered", 200, event.id), ("failed", 503, event.id), ("failed", 503, event.id)]
+            ("delivered", 200, event.public_id), ("failed", 503, event.public_id), ("failed", 503, event.public_id)]
 
 
 def test_disabled_after_failing_time_then_reenabled_without_resending_and_recovered(
@@ -101,5 +101,5 @@ def test_disabled_after_failing_time_then_reenabled_without_resending_and_recove
             stop(procs)
         delivered = [r for r in events_rx.requests if r.status == 200]
         assert all(r.verified for r in events_rx.requests)
-        assert {r.webhook_id for r in delivered} == set(Event.objects.values_list("id", flat=True))
+        assert {r.webhook_id for r in delivered} == {e.public_id for e in Event.objects.all()}
         assert first_ids <= {r.webhook_id for r in delivered}  # the original webhook-ids
