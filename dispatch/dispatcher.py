@@ -98,7 +98,7 @@ class Dispatcher:
         self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
         self.events: EventLane | None = None
-        if config.events and connection.vendor == "postgresql":
+        if config.events:
             self.events = EventLane(
                 self.db, batch_size=config.event_batch_size, concurrency=config.event_concurrency,
                 lease_seconds=config.lease_seconds, busy=self._busy,
