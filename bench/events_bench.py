@@ -67,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     without = statistics.median(r["without"]["delivered_per_second"] for r in rounds)
     with_ = statistics.median(r["with"]["delivered_per_second"] for r in rounds)
     events = statistics.median(r["with"]["events_per_second"] for r in rounds)
-    print(f"| {args.notifications:,} per run, {args.rounds} rounds | notifications /s | events /s |")
+    steady = statistics.median(r["with"]["events_steady_per_second"] or 0 for r in rounds)
+    print(f"| {args.notifications:,} per run, {args.rounds} rounds | notifications /s | events /s (middle 80 %) |")
     print("|---|---|---|")
     print(f"| without event endpoints | {without:,.0f} | — |")
-    print(f"| with an endpoint for every type | {with_:,.0f} | {events:,.0f} |")
+    print(f"| with an endpoint for every type | {with_:,.0f} | {events:,.0f} ({steady:,.0f}) |")
     print(f"| with / without | {with_ / without:.2f} (median of the rounds' ratios "
           f"{statistics.median(r['ratio'] for r in rounds):.2f}) | |")  # fmt: skip
     if args.json_path:
