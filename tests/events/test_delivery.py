@@ -193,3 +193,30 @@ def test_a_rotated_secret_signs_beside_the_old_one(tenant_a, settings):
         (request,) = old_rx.requests
         assert request.verified and request.webhook_id == event_id
         Webhook(TEST_SIGNING_SECRET).verify(request.body, request.headers)  # the new one verifies too
+
+
+def _table_activity(cursor) -> dict[str, tuple[int, int, int]]:
+    cursor.execute(
+        "SELECT relname, seq_scan, coalesce(idx_scan, 0), n_tup_ins FROM pg_stat_xact_user_tables "
+        "WHERE relname IN ('event_endpoints', 'events', 'event_deliveries')"
+    )
+    return {name: (seq, idx, ins) for name, seq, idx, ins in cursor.fetchall()}
+
+
+def test_without_any_endpoint_the_record_statement_looks_once_and_writes_nothing(tenant_a):
+    """The one-time gate: no endpoint anywhere, so the emission CTEs look at event_endpoints a few
+    times per statement whatever its size (no probe per delivery) and write no event."""
+    from django.db import connection, transaction
+
+    prov = factories.provider(tenant_a)
+    factories.queued(tenant_a, prov, 205)
+    reads = []
+    for size in (5, 200):
+        prepared, _ = claim_and_start(size, lease_seconds=30)
+        now = factories_now()
+        with transaction.atomic(), connection.cursor() as cursor:
+            record_outcomes([Outcome(p.lease, "delivered", Attempt(1, now, now, "delivered")) for p in prepared])
+            activity = _table_activity(cursor)
+        assert activity.get("events", (0, 0, 0))[2] == 0 and activity.get("event_deliveries", (0, 0, 0))[2] == 0
+        reads.append(activity["event_endpoints"][:2])
+    assert all(seq <= 8 and idx == 0 for seq, idx in reads), reads
