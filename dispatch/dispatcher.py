@@ -68,7 +68,7 @@ class DispatcherConfig:
     jitter: bool = True
     listen: bool = True  # LISTEN for enqueues (PostgreSQL); off, idle workers only poll
     events: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
-    event_concurrency: int = 50
+    event_concurrency: int = 100
     event_batch_size: int = 100
 
 

@@ -24,9 +24,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connection
+
 from core import crypto
 from core.db_faults import Backoff
 from dispatch import policy
+from dispatch.delivery import hot_cursor
 from dispatch.recording import SessionLost
 from dlq.retry import RetryPolicy
 from events import deliveries
@@ -95,7 +98,9 @@ class EventLane:
         last_claim = 0.0
         while not stopping.is_set():
             free = self.concurrency - len(self.inflight)
-            if free <= 0:
+            # claim when half the slots are free (or none is busy), not for each one that frees up:
+            # a claim is a statement on the dispatcher's one database thread
+            if free <= 0 or (self.inflight and free < max(1, self.concurrency // 2)):
                 self.capacity.clear()
                 await _wait_any(self.capacity, stopping, None)
                 continue
@@ -106,7 +111,7 @@ class EventLane:
             self.wake.clear()
             token = uuid.uuid4()
             try:
-                claimed = await self.db(deliveries.claim_due, min(self.batch_size, free), self.lease_seconds, token)
+                claimed = await self.db(_claim, min(self.batch_size, free), self.lease_seconds, token)
             except SessionLost as exc:
                 delay = outage.next()
                 logger.warning("database unavailable while claiming events (%s); retrying in %.2fs", exc, delay)
@@ -152,7 +157,7 @@ class EventLane:
         tries = 0
         while True:
             try:
-                ours = await self.db(deliveries.record, batch)
+                ours = await self.db(_record, batch)
                 break
             except SessionLost as exc:
                 tries += 1
@@ -242,6 +247,21 @@ class EventLane:
                 items.append(item)
             self.inflight.clear()
             self._give_back(items)
+
+
+def _claim(n: int, lease_seconds: float, token: uuid.UUID) -> list[Claimed]:
+    """On the DB thread: the claim, through the hot path's prepared, server-side bound cursor."""
+    if connection.vendor != "postgresql":
+        return deliveries.claim_due(n, lease_seconds, token)
+    with hot_cursor("default") as cursor:
+        return deliveries.claim_due(n, lease_seconds, token, cursor=cursor)
+
+
+def _record(batch: list[Result]) -> set[int]:
+    if connection.vendor != "postgresql":
+        return deliveries.record(batch)
+    with hot_cursor("default") as cursor:
+        return deliveries.record(batch, cursor=cursor)
 
 
 async def _wait_any(first: asyncio.Event, second: asyncio.Event | None, timeout: float | None) -> None:

@@ -3,9 +3,10 @@
 The dispatcher's event lane (dispatch.events) calls these on its database thread, one statement
 per batch each, never inside a transaction that spans a send:
 
-- `claim_due(n, lease_seconds, token)`: pending deliveries due now, of enabled endpoints, oldest
-  first, `FOR UPDATE SKIP LOCKED`; the lease moves `next_attempt_at` to its end (a lane that dies
-  leaves rows that fall due again by themselves) and counts the attempt.
+- `claim_due(n, lease_seconds, token)`: pending deliveries due now and not leased (or whose lease
+  ran out: a lane that dies leaves rows that fall due again by themselves), of enabled endpoints,
+  oldest first, `FOR UPDATE SKIP LOCKED`; it writes only the lease and the attempt count, no
+  indexed column, so the claim is a HOT update.
 - `record(results)`: settles the batch fenced by each row's lock token (delivered, failed, retry
   after a delay, or given back untried), writes one attempt row per try, keeps each endpoint's
   `failing_since` (the start of its unbroken run of failures, on the database's clock) and
@@ -64,6 +65,7 @@ _CLAIM_SQL = """
     WITH due AS (
         SELECT d.id FROM event_deliveries d
         WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+          AND (d.locked_until IS NULL OR d.locked_until < now())
           AND EXISTS (SELECT FROM event_endpoints e WHERE e.id = d.endpoint_id AND e.enabled)
         ORDER BY d.next_attempt_at, d.id
         LIMIT %(n)s
@@ -71,7 +73,7 @@ _CLAIM_SQL = """
     ), claimed AS (
         UPDATE event_deliveries d
         SET lock_token = %(token)s, locked_until = now() + make_interval(secs => %(lease)s),
-            next_attempt_at = now() + make_interval(secs => %(lease)s), attempts = d.attempts + 1
+            attempts = d.attempts + 1
         FROM due WHERE d.id = due.id
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.attempts, d.next_attempt_at
     )
@@ -85,7 +87,8 @@ _CLAIM_SQL = """
 
 
 def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = None) -> list[Claimed]:  # noqa: ANN401
-    """Lease up to `n` due deliveries with `token` (one statement)."""
+    """Lease up to `n` due deliveries with `token` (one statement). `cursor`: a psycopg cursor to
+    run it on, prepared (the dispatcher's server-side binding one); None: Django's."""
     if n <= 0:
         return []
     if connection.vendor != "postgresql":
@@ -113,7 +116,9 @@ _RECORD_SQL = """
             last_error_code = CASE WHEN r.kind = 'deferred' THEN d.last_error_code ELSE r.code END,
             delivered_at = CASE WHEN r.kind = 'delivered' THEN now() ELSE d.delivered_at END
         FROM r
-        WHERE d.id = r.id AND d.lock_token = r.lock_token AND d.status = 'pending'
+        -- fenced by the token alone (only a claim sets it; settling, recover and re-enabling clear
+        -- it): a status condition here made the planner walk the whole due index instead of the pkey
+        WHERE d.id = r.id AND d.lock_token = r.lock_token
         RETURNING d.id, d.tenant_id, d.event_id, d.endpoint_id, r.kind, r.http_status, r.code, r.duration_ms,
                   r.attempted_at
     ), logged AS (
@@ -158,13 +163,16 @@ _RECORD_SQL = """
         FROM tracked t
         WHERE NOT t.enabled AND d.endpoint_id = t.id AND d.status = 'pending'
           AND d.id <> ALL(%(ids)s::bigint[])
+          -- a one-time gate: nothing is read unless this batch disabled an endpoint
+          AND EXISTS (SELECT FROM tracked WHERE NOT enabled)
     )
     SELECT id FROM settled
 """
 
 
 def record(results: Sequence[Result], *, cursor: Any = None) -> set[int]:  # noqa: ANN401
-    """Settle a batch (one statement); returns the delivery ids that were still ours."""
+    """Settle a batch (one statement); returns the delivery ids that were still ours. `cursor`: as
+    for claim_due."""
     if not results:
         return set()
     hours = float(settings.OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS)
@@ -192,21 +200,23 @@ def disabled_reason(hours: float) -> str:
 # --- SQLite -----------------------------------------------------------------------------------------
 def _claim_portable(n: int, lease_seconds: float, token: uuid.UUID) -> list[Claimed]:
     from django.db import transaction
-    from django.db.models import F
+    from django.db.models import F, Q
     from django.utils import timezone
 
     from events.models import EventDelivery, public_event_id
 
     with transaction.atomic():
         now = timezone.now()
-        due = EventDelivery.objects.filter(status="pending", next_attempt_at__lte=now, endpoint__enabled=True)
+        due = EventDelivery.objects.filter(
+            Q(locked_until__isnull=True) | Q(locked_until__lt=now), status="pending", next_attempt_at__lte=now,
+            endpoint__enabled=True,
+        )
         ids = list(due.order_by("next_attempt_at", "id").values_list("id", flat=True)[:n])
         if not ids:
             return []
         until = now + timedelta(seconds=float(lease_seconds))
-        EventDelivery.objects.filter(id__in=ids).update(
-            lock_token=token, locked_until=until, next_attempt_at=until, attempts=F("attempts") + 1
-        )
+        leased = EventDelivery.objects.filter(id__in=ids)
+        leased.update(lock_token=token, locked_until=until, attempts=F("attempts") + 1)
         rows = EventDelivery.objects.filter(id__in=ids).select_related("event", "endpoint").order_by("id")
         return [
             Claimed(
@@ -283,5 +293,5 @@ def _run(cursor: Any, sql: str, params: dict[str, Any], *, fetch: bool) -> list[
         with connection.cursor() as own:
             own.execute(sql, params)
             return own.fetchall() if fetch else []
-    cursor.execute(sql, params)
+    cursor.execute(sql, params, prepare=True)  # a psycopg cursor: prepared once per connection
     return cursor.fetchall() if fetch else []

@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from core.ids import uuid7
 from events.models import ALL_TYPES, Event, EventDelivery, EventEndpoint, EventType, public_event_id
 
 NOTIFICATION_FIELDS = (
@@ -41,7 +42,13 @@ OUTCOME_TYPES = {
 
 # RFC 3339 in UTC with microseconds, from the database's clock
 _TIMESTAMP_SQL = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
-_EVENT_ID_SQL = "gen_random_uuid()"  # shown as evt_<hex> (events.models.public_event_id)
+# Time-ordered ids (shown as evt_<hex>, events.models.public_event_id): the statement's millisecond
+# (computed once) then random digits, so a batch's events sit side by side in the primary key and
+# the lane's lookups of them, in creation order, touch few pages (random UUIDs cost it a page each).
+_EVENT_ID_SQL = (
+    "(lpad(to_hex((SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)), 12, '0')"
+    " || substr(md5(random()::text), 1, 20))::uuid"
+)
 _SUBSCRIBED = "(e.event_types ? {type} OR e.event_types ? '*')"
 
 
@@ -157,7 +164,7 @@ def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -
         now = timezone.now()
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         events = [
-            Event(id=uuid.uuid4(), tenant_id=tenant_id, type=type, created_at=now,
+            Event(id=uuid7(), tenant_id=tenant_id, type=type, created_at=now,
                   payload={"type": type, "timestamp": stamp, "data": item})
             for item in json.loads(document)
         ]  # fmt: skip

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 
 from core.fields import EncryptedTextField
+from core.ids import uuid7
 from core.models import TenantOwned, TenantQuerySet
 from core.models.tenancy import HOT_FK
 
@@ -83,7 +84,7 @@ class EventEndpoint(TenantOwned):
 
 
 class Event(TenantOwned):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)  # shown as public_id
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # time-ordered; shown as public_id
     tenant = models.ForeignKey("core.Tenant", on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
     type = models.CharField(max_length=40, choices=EventType.choices)
     # {"type", "timestamp", "data": {...}}: exactly the body POSTed to the endpoints
@@ -117,9 +118,9 @@ class EventDeliveryQuerySet(TenantQuerySet):
 
 
 class EventDelivery(TenantOwned):
-    """One event to one endpoint. Pending ones are the event lane's queue: `next_attempt_at` is
-    both the backoff and, while leased, the lease's end (the visibility timeout: a lane that died
-    leaves a row that becomes due again by itself)."""
+    """One event to one endpoint. Pending ones are the event lane's queue: due at
+    `next_attempt_at` (the backoff), claimable unless `locked_until` is still ahead (the lease, the
+    visibility timeout: a lane that died leaves a row that becomes claimable again by itself)."""
 
     tenant = models.ForeignKey("core.Tenant", on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries", db_index=False, **HOT_FK)
