@@ -205,13 +205,17 @@ def _claim_portable(n: int, lease_seconds: float, token: uuid.UUID) -> list[Clai
 
     from events.models import EventDelivery, public_event_id
 
-    with transaction.atomic():
-        now = timezone.now()
-        due = EventDelivery.objects.filter(
+    def due(now: datetime) -> Any:  # noqa: ANN401
+        return EventDelivery.objects.filter(
             Q(locked_until__isnull=True) | Q(locked_until__lt=now), status="pending", next_attempt_at__lte=now,
             endpoint__enabled=True,
         )
-        ids = list(due.order_by("next_attempt_at", "id").values_list("id", flat=True)[:n])
+
+    if not due(timezone.now()).exists():  # a read first: an idle lane never takes the writer lock
+        return []
+    with transaction.atomic():
+        now = timezone.now()
+        ids = list(due(now).order_by("next_attempt_at", "id").values_list("id", flat=True)[:n])
         if not ids:
             return []
         until = now + timedelta(seconds=float(lease_seconds))
