@@ -220,3 +220,15 @@ def test_without_any_endpoint_the_record_statement_looks_once_and_writes_nothing
         assert activity.get("events", (0, 0, 0))[2] == 0 and activity.get("event_deliveries", (0, 0, 0))[2] == 0
         reads.append(activity["event_endpoints"][:2])
     assert all(seq <= 8 and idx == 0 for seq, idx in reads), reads
+
+
+def test_the_ssrf_guard_refuses_a_private_endpoint_at_send_time(tenant_a, settings):
+    with HttpReceiver(secret=OTHER_SECRET, max_seconds=60) as events_rx:
+        endpoint(tenant_a, events_rx, ["*"])  # saved while private destinations were allowed
+        _emitted(tenant_a)
+        settings.OMNIPOST_ALLOW_PRIVATE_DESTINATIONS = False
+        run_once()
+        assert events_rx.requests == []
+    delivery = EventDelivery.objects.get()
+    assert (delivery.status, delivery.last_error_code) == ("failed", "destination_forbidden")
+    assert EventAttempt.objects.get().status == "failed"
