@@ -10,7 +10,9 @@ it the events made while it was disabled.
   appends to its chain, turning the notifications that became delivered / failed / dead_lettered
   into `notification.*` events. A one-time gate (is there an endpoint at all?) and a semi-join
   through the endpoints' tenant index keep tenants without endpoints at ~nothing.
-- `emit(cursor, tenant_id, type, rows)`: for other callers (receipts, suppressions).
+- `emit(cursor, tenant_id, type, rows)`: for other callers (suppressions; anything with its data).
+- `emit_notification_events(cursor, items)`: events about notifications named by id, their data
+  read from the notification in the same statement (receipts: notification.bounced / complained).
 
 Payloads hold `recipient_masked`, never a recipient: `{"type", "timestamp", "data": {...}}`.
 """
@@ -152,6 +154,84 @@ def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapp
     return [r[0] for r in cursor.fetchall()]
 
 
+_NOTIFICATION_EVENTS_SQL = f"""
+    WITH wanted AS (
+        SELECT (r.item->>'notification_id')::uuid AS notification_id, r.item->>'type' AS type,
+               r.item->>'receipt' AS receipt, r.item->>'bounce_type' AS bounce_type
+        FROM jsonb_array_elements(%(items)s::jsonb) AS r(item)
+    ), notification_src AS (
+        SELECT n.tenant_id, w.type,
+               jsonb_build_object(
+                   'notification_id', n.id, 'status', n.status, 'receipt', w.receipt,
+                   'bounce_type', w.bounce_type, 'channel', n.channel, 'recipient_masked', n.recipient_masked,
+                   'provider', (SELECT p.name FROM providers p WHERE p.id = n.provider_id),
+                   'attempt_count', n.attempt_count, 'error_code', nullif(n.last_error_code, '')
+               ) AS data
+        FROM wanted w
+        JOIN notifications n ON n.id = w.notification_id
+        WHERE EXISTS (SELECT FROM event_endpoints e
+                      WHERE e.tenant_id = n.tenant_id AND {_SUBSCRIBED.format(type="w.type")})
+    ), {_insert_ctes("notification_src", "notification")}
+    SELECT 'evt_' || replace(id::text, '-', '') FROM notification_new
+"""  # noqa: S608 - constant fragments only; values are bound parameters
+
+
+def emit_notification_events(
+    cursor: Any, items: Iterable[tuple[uuid.UUID | str, str, Mapping[str, Any]]]  # noqa: ANN401
+) -> list[str]:
+    """Emit events about notifications, in ONE statement; returns their public ids.
+
+    - `cursor`: as for `emit` (the caller's transaction; None: Django's connection).
+    - `items`: (notification_id, type, extra) per event; `type` an EventType value (e.g.
+      "notification.bounced", "notification.complained"); `extra` may give `receipt` and
+      `bounce_type`. The rest of the data (status, channel, recipient_masked, provider,
+      attempt_count, error_code) and the tenant are read from the notification as it is now.
+
+    An event is written only where the notification's tenant has an endpoint subscribed to its
+    type; an unknown notification id writes nothing. The receipts' `after_apply` seam calls this
+    with its changed rows: `[(row.notification_id, "notification.bounced", {"receipt": row.receipt,
+    "bounce_type": row.bounce_type}), ...]`.
+    """
+    wanted = []
+    for notification_id, type_, extra in items:
+        if type_ not in EventType.values or type_ == EventType.SUPPRESSED:
+            raise ValueError(f"{type_!r} is not a notification event type")
+        unknown = sorted(set(extra) - {"receipt", "bounce_type"})
+        if unknown:
+            raise ValueError(f"unknown extra key(s) {unknown}; allowed: receipt, bounce_type")
+        wanted.append({"notification_id": str(notification_id), "type": type_, "receipt": extra.get("receipt"),
+                       "bounce_type": extra.get("bounce_type")})  # fmt: skip
+    if not wanted:
+        return []
+    if connection.vendor != "postgresql":
+        return _notification_events_portable(wanted)
+    params = {"items": json.dumps(wanted)}
+    if cursor is None:
+        with connection.cursor() as own:
+            own.execute(_NOTIFICATION_EVENTS_SQL, params)
+            return [r[0] for r in own.fetchall()]
+    cursor.execute(_NOTIFICATION_EVENTS_SQL, params)
+    return [r[0] for r in cursor.fetchall()]
+
+
+def _notification_events_portable(wanted: list[dict]) -> list[str]:
+    from notifications.models import Notification
+
+    notes = Notification.objects.filter(pk__in=[w["notification_id"] for w in wanted]).select_related("provider")
+    by_id = {str(n.pk): n for n in notes}
+    ids: list[str] = []
+    for w in wanted:
+        n = by_id.get(w["notification_id"])
+        if n is None:
+            continue
+        ids += emit(None, n.tenant_id, w["type"], [{
+            "notification_id": str(n.pk), "status": n.status, "receipt": w["receipt"], "bounce_type": w["bounce_type"],
+            "channel": n.channel, "recipient_masked": n.recipient_masked, "provider": n.provider.name,
+            "attempt_count": n.attempt_count, "error_code": n.last_error_code or None,
+        }])  # fmt: skip
+    return ids
+
+
 def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -> list[str]:  # noqa: A002
     """SQLite: the same rows in one short transaction (a few statements, not one per event)."""
     from django.utils import timezone
@@ -201,6 +281,6 @@ def emit_outcomes_portable(outcomes: Iterable[tuple[uuid.UUID, uuid.UUID, str]])
 
 
 __all__ = [
-    "ALL_TYPES", "NOTIFICATION_FIELDS", "OUTCOME_TYPES", "SUPPRESSION_FIELDS", "emit", "emit_outcomes_portable",
-    "outcome_events_cte",
-]
+    "ALL_TYPES", "NOTIFICATION_FIELDS", "OUTCOME_TYPES", "SUPPRESSION_FIELDS", "emit", "emit_notification_events",
+    "emit_outcomes_portable", "outcome_events_cte",
+]  # fmt: skip

@@ -232,3 +232,35 @@ def test_the_ssrf_guard_refuses_a_private_endpoint_at_send_time(tenant_a, settin
     delivery = EventDelivery.objects.get()
     assert (delivery.status, delivery.last_error_code) == ("failed", "destination_forbidden")
     assert EventAttempt.objects.get().status == "failed"
+
+
+def test_emit_notification_events_reads_the_notification_in_one_statement(tenant_a, tenant_b,
+                                                                          django_assert_num_queries):
+    with HttpReceiver(secret=OTHER_SECRET, max_seconds=60) as events_rx:
+        endpoint(tenant_a, events_rx, ["notification.bounced"])
+        prov = factories.provider(tenant_a, "mailer", kind="console")
+        (note,) = factories.notifications(tenant_a, prov, 1, recipient="https://example.test/secret-path")
+        (other,) = factories.notifications(tenant_b, factories.provider(tenant_b, kind="console"), 1)  # no endpoint
+        items = [
+            (note.id, "notification.bounced", {"receipt": "bounced", "bounce_type": "hard"}),
+            (note.id, "notification.complained", {"receipt": "complained"}),  # not subscribed
+            (other.id, "notification.bounced", {"receipt": "bounced", "bounce_type": "soft"}),
+            (uuid.uuid4(), "notification.bounced", {}),  # unknown
+        ]
+        with django_assert_num_queries(1):
+            ids = emit.emit_notification_events(None, items)
+        assert len(ids) == 1
+        run_once()
+        assert events_rx.wait_for(1)
+        (request,) = events_rx.requests
+        assert request.verified and request.webhook_id == ids[0]
+        assert request.payload["type"] == "notification.bounced"
+        assert request.payload["data"] == {
+            # as the notification was when the event was written
+            "notification_id": str(note.id), "status": "queued", "receipt": "bounced", "bounce_type": "hard",
+            "channel": "webhook", "recipient_masked": note.recipient_masked, "provider": "mailer",
+            "attempt_count": 0, "error_code": None,
+        }  # fmt: skip
+        assert "secret-path" not in request.body.decode()
+    with pytest.raises(ValueError, match="notification event type"):
+        emit.emit_notification_events(None, [(note.id, "recipient.suppressed", {})])
