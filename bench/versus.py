@@ -74,12 +74,17 @@ def say(message: str) -> None:
 
 
 # --- OmniPost -----------------------------------------------------------------------------------------
+EVENT_ENDPOINTS = False  # --event-endpoints: the bench tenant has an event endpoint for every type
+
+
 def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "DEBUG": os.environ.get("DEBUG", "true"), "OMNIPOST_LOG_LEVEL": "WARNING"}
     with tempfile.TemporaryDirectory(prefix="versus-") as tmp:
         out = Path(tmp) / "omnipost.json"
         args = ["-n", str(count), "-p", str(WORKERS), "-c", str(OMNIPOST_CONCURRENCY), "-b", str(OMNIPOST_BATCH),
                 "--receiver-delay-ms", f"{delay_ms:g}", "--verify-every", str(VERIFY_EVERY)]
+        if EVENT_ENDPOINTS:
+            args.append("--event-endpoints")
         # its own process group: on a timeout its receiver and dispatchers are stopped with it
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "omnipost_bench", *args, "--json", str(out)],
@@ -109,6 +114,7 @@ def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
         "lost": result["lost"],
         "wall_seconds": result["wall_seconds"],
         "enqueue_per_second": result["enqueue_per_second"],
+        "events_per_second": result.get("events_per_second"),
     }
 
 
@@ -368,7 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=("omnipost", "graphile"), help="run one system alone (e.g. under bench/cpu_window.py)"
     )
+    parser.add_argument(
+        "--event-endpoints", action="store_true",
+        help="OmniPost's tenant also has an event endpoint subscribed to every type (bench/events_bench.py "
+        "compares with and without)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    global EVENT_ENDPOINTS  # noqa: PLW0603 - one flag for run_omnipost, set once here
+    EVENT_ENDPOINTS = args.event_endpoints
     args.delay_ms = args.delay_ms or [0.0]
     if args.rounds < 1 or (args.notifications is not None and args.notifications < 1):
         parser.error("--rounds and -n must be at least 1")

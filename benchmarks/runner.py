@@ -35,6 +35,7 @@ from queueing import queue
 ROOT = Path(settings.BASE_DIR)
 BENCH_TENANT = "omnipost-bench"
 SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # noqa: S105 - a throwaway for the loopback bench
+EVENT_SECRET = "whsec_RXZlbnRzQmVuY2hTZWNyZXRGb3JMb29wYmFjaw=="  # noqa: S105 - the bench's event endpoint's
 
 
 @dataclass
@@ -55,6 +56,10 @@ class BenchResult:
     duplicates: int = 0
     lost: int = 0
     depth: int | None = None
+    events_delivered: int | None = None  # --event-endpoints: events that reached the endpoint
+    events_per_second: float | None = None  # their rate at the endpoint's receiver, first to last arrival
+    events_steady_per_second: float | None = None  # over the middle 80 % of their arrivals
+    event_duplicates: int = 0
     database: str = ""
     machine: str = ""
 
@@ -88,6 +93,11 @@ class BenchResult:
         if self.statements_per_delivery is not None:
             rows.append(("SQL statements per delivery", f"{self.statements_per_delivery:.3f}"))
         rows += [("delivered", f"{self.delivered:,}"), ("duplicates", str(self.duplicates)), ("lost", str(self.lost))]
+        if self.events_delivered is not None:
+            rows += [("events delivered", f"{self.events_delivered:,}"),
+                     ("event delivery rate", f"{self.events_per_second or 0:,.0f} /s"),
+                     ("event delivery rate, middle 80 %", f"{self.events_steady_per_second or 0:,.0f} /s"),
+                     ("event duplicates", str(self.event_duplicates))]  # fmt: skip
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -107,14 +117,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 # --- setup ----------------------------------------------------------------------------------------------
-HOT_TABLES = ("queue_state", "notifications", "delivery_attempts", "dead_letter_queue")
+HOT_TABLES = ("queue_state", "notifications", "delivery_attempts", "dead_letter_queue", "events", "event_deliveries",
+              "event_attempts")  # fmt: skip
 
 
 def wipe_bench_rows(tenant) -> None:  # noqa: ANN001
     """Delete the bench tenant's rows with plain DELETEs: the ORM's cascade would first load every
     row into memory (a million-row queue-only fill took 8 GB)."""
     queue.drop_tenant_items(tenant.pk)
-    tables = ("scheduled_jobs", "dead_letter_queue", "delivery_attempts", "notifications", "providers")
+    tables = ("event_attempts", "event_deliveries", "events", "event_endpoints", "scheduled_jobs",
+              "dead_letter_queue", "delivery_attempts", "notifications", "providers")  # fmt: skip
     with connection.cursor() as cursor:
         for table in tables:
             cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [tenant.pk])  # noqa: S608 - fixed names
@@ -234,7 +246,7 @@ def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: f
     go_file.touch()
 
 
-def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.1) -> None:  # noqa: ANN001
+def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.1, events: bool = False) -> None:  # noqa: ANN001
     """Let the dispatchers run until the tenant's queue is empty (every notification delivered or
     dead-lettered), then stop them as an operator would (SIGTERM: they record and exit 0).
 
@@ -244,8 +256,16 @@ def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.
     with connection.cursor() as cursor:
         while any(proc.poll() is None for proc in procs):
             cursor.execute("SELECT EXISTS (SELECT 1 FROM queue_state WHERE tenant_id = %s)", [tenant.pk])
-            if not cursor.fetchone()[0]:
-                break
+            if cursor.fetchone()[0]:
+                time.sleep(poll)
+                continue
+            if events:  # and every event delivered (or given up)
+                cursor.execute("SELECT EXISTS (SELECT 1 FROM event_deliveries WHERE tenant_id = %s AND status = "
+                               "'pending')", [tenant.pk])  # fmt: skip
+                if cursor.fetchone()[0]:
+                    time.sleep(poll)
+                    continue
+            break
             time.sleep(poll)
     for proc in procs:
         if proc.poll() is None:
@@ -268,18 +288,28 @@ def machine() -> str:
 
 # --- modes ---------------------------------------------------------------------------------------------
 def run_e2e(
-    *, count: int, processes: int, concurrency: int, batch: int, delay_ms: float, error_rate: float, verify_every: int
-) -> BenchResult:
+    *, count: int, processes: int, concurrency: int, batch: int, delay_ms: float, error_rate: float, verify_every: int,
+    event_endpoints: bool = False,
+) -> BenchResult:  # fmt: skip
+    """`event_endpoints`: the bench tenant also has an event endpoint subscribed to every type, on
+    a receiver of its own (so every delivery makes a notification.delivered event), and the run
+    lasts until the events are delivered too."""
     from notifications.models import Notification
 
     receiver = ReceiverProcess(
         delay_ms=delay_ms, error_rate=error_rate, verify_every=verify_every, secret=SIGNING_SECRET
     )
+    events_receiver = ReceiverProcess(verify_every=verify_every, secret=EVENT_SECRET) if event_endpoints else None
     result = BenchResult(
         "e2e", count, processes, concurrency, batch, delay_ms, database=connection.vendor, machine=machine()
     )
     try:
         tenant, provider = bench_tenant_and_provider(receiver.url)
+        if events_receiver is not None:
+            from events.services import create_endpoint
+
+            create_endpoint(tenant, name="bench-events", url=events_receiver.url, event_types=["*"],
+                            secret=EVENT_SECRET, actor="system:bench")  # fmt: skip
         result.enqueue_per_second = count / enqueue(tenant, provider, count)
         with tempfile.TemporaryDirectory() as stats_dir:
             go_file = Path(stats_dir) / "go"
@@ -288,11 +318,17 @@ def run_e2e(
             )
             release_together(procs, go_file)
             started = time.time()
-            stop_when_drained(procs, tenant)
+            stop_when_drained(procs, tenant, events=event_endpoints)
             result.wall_seconds = time.time() - started
             stats = read_stats(Path(stats_dir))
     finally:
         final, arrivals = receiver.stop()
+        if events_receiver is not None:
+            event_final, event_arrivals = events_receiver.stop()
+            result.events_delivered = len(event_arrivals)
+            result.events_per_second = first_to_last_rate(event_arrivals.values())
+            result.events_steady_per_second = steady_rate(event_arrivals.values())
+            result.event_duplicates = event_final["duplicates"]
     delivered = Notification.objects.filter(tenant=tenant, status="delivered")
     result.delivered = delivered.count()
     result.duplicates = final["duplicates"]

@@ -31,6 +31,7 @@ from django.db.models.functions import Now
 
 from core import crypto
 from dlq.models import DeadLetter
+from events.emit import emit_outcomes_portable, outcome_events_cte
 from notifications import counters
 from notifications.models import DeliveryAttempt, Notification, Status
 from queueing import queue
@@ -147,6 +148,7 @@ class Recorded:
 
 
 ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped")
+_EVENT_KINDS = ("delivered", "failed", "dead_lettered")  # the outcomes that are events (events.emit)
 _FINAL_STATUS = {
     "delivered": Status.DELIVERED, "failed": Status.FAILED, "dead_lettered": Status.DEAD_LETTERED,
     "retry": Status.RETRYING, "deferred": Status.QUEUED,
@@ -343,8 +345,9 @@ _RECORD_SQL = """
         WHERE n.id = k.notification_id AND n.status IN ('queued', 'retrying', 'dispatching') AND k.status <> ''
         -- due (created, or scheduled_for) → delivered_at, for the latency histogram
         RETURNING extract(epoch FROM now() - greatest(n.created_at, n.scheduled_for))::float8 AS seconds,
-                  k.status
-    ), attempts AS (
+                  k.status, n.id AS notification_id, n.tenant_id, n.channel, n.provider_id, n.recipient_masked,
+                  n.attempt_count, k.code AS error_code
+    ), {events}, attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
         SELECT ours.tenant_id, ours.notification_id, a.number, ours.provider_id, a.started_at, a.finished_at,
@@ -389,6 +392,8 @@ _RECORD_SQL = """
     settle=queue.settle_ctes_pg(
         "settling", returning="q.item_id, q.notification_id, q.tenant_id, q.provider_id"
     ),
+    # notification.delivered / failed / dead_lettered events for tenants subscribed to them (events.emit)
+    events=outcome_events_cte("changed"),
     shards=counters.SHARDS,
     latency_bucket="CASE "
     + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(counters.LATENCY_BUCKETS))
@@ -462,6 +467,9 @@ def _record_portable(outcomes: Sequence[Outcome], using: str) -> set[int]:
             ]
         )  # fmt: skip
         _count_portable(kept, using)
+        emit_outcomes_portable(
+            [(o.lease.tenant_id, o.lease.notification_id, o.kind) for o in kept if o.kind in _EVENT_KINDS]
+        )
     return ours
 
 

@@ -39,6 +39,7 @@ from core.db_faults import Backoff, is_connection_lost, reset_connection
 from dispatch import gc_tuning, upkeep
 from dispatch.claims import Claimer
 from dispatch.delivery import Outcome, Prepared
+from dispatch.events import EventLane
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder, SessionLost
 from dispatch.sending import Sender
@@ -66,6 +67,9 @@ class DispatcherConfig:
     lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
     jitter: bool = True
     listen: bool = True  # LISTEN for enqueues (PostgreSQL); off, idle workers only poll
+    events: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
+    event_concurrency: int = 100
+    event_batch_size: int = 100
 
 
 class Observer(Protocol):
@@ -93,6 +97,16 @@ class Dispatcher:
         self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings())
         self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
+        self.events: EventLane | None = None
+        if config.events:
+            self.events = EventLane(
+                self.db, batch_size=config.event_batch_size, concurrency=config.event_concurrency,
+                lease_seconds=config.lease_seconds, busy=self._busy,
+            )  # fmt: skip
+            self.recorder.after_write = self._nudge_events
+        self._last_claimed_at = 0.0  # time.monotonic() of the last claim that found notifications
+        self.events_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
+        self.notifications_recorded = asyncio.Event()
 
     @property
     def processed(self) -> int:
@@ -129,6 +143,13 @@ class Dispatcher:
             self.config.concurrency, self.config.batch_size, ",".join(self.config.queues or ["*"]),
         )  # fmt: skip
         recorder = asyncio.create_task(self.recorder.run(), name="recorder")
+        lane = None
+        if self.events is not None:
+            lane = asyncio.create_task(
+                self.events.run(self.events_stop, self.config.grace_seconds,
+                                once_after=self.notifications_recorded if self.config.once else None),
+                name="event-lane",
+            )  # fmt: skip
         loops = [
             asyncio.create_task(upkeep.keep_leases(self.db, self.sender.inflight, self.config.lease_seconds)),
             asyncio.create_task(upkeep.beat(self.db, self.worker, lambda: self.processed)),
@@ -143,6 +164,11 @@ class Dispatcher:
             self.recorder.finished.set()
             self.recorder.wake.set()
             await recorder
+            self.notifications_recorded.set()
+            if lane is not None:
+                if not self.config.once:
+                    self.events_stop.set()
+                await lane
             for task in loops:
                 task.cancel()
             try:
@@ -186,8 +212,17 @@ class Dispatcher:
 
     def _stop(self) -> None:
         self.stopping.set()
+        self.events_stop.set()
         self.wake.set()
         self.sender.capacity.set()
+
+    def _busy(self) -> bool:
+        """Notifications in flight, or found by a claim within the last 0.2 s: the event lane holds back."""
+        return bool(self.sender.inflight) or time.monotonic() - self._last_claimed_at < 0.2
+
+    def _nudge_events(self, batch: list[Outcome]) -> None:
+        if any(o.kind in ("delivered", "failed", "dead_lettered") for o in batch):
+            self.events.nudge()  # type: ignore[union-attr]
 
     def _recording_broke(self) -> None:
         self.failed = True
@@ -245,6 +280,7 @@ class Dispatcher:
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)
             if prepared or skipped:
+                self._last_claimed_at = time.monotonic()
                 poll = MIN_POLL
                 continue
             if self.config.once:

@@ -64,3 +64,18 @@ def unused_grants(lanes: Mapping[int, int], claimed: Iterable[tuple[int | None, 
 
 
 DELIVERED_VERDICT = classify(DeliveryResult(delivered=True))  # the classifier's, for the delivered fast path
+
+
+def decide_event(
+    result: DeliveryResult, attempt: int, retry: RetryPolicy, rng: Callable[[], float] = random.random
+) -> Decision:
+    """An event delivery to a tenant's endpoint: delivered; a permanent failure (3xx, other 4xx,
+    destination_forbidden) fails; a transient one retries after §8's backoff (Retry-After
+    honoured) with no attempt budget: the endpoint's failing time ends the retries, by disabling
+    it (events.deliveries)."""
+    verdict = classify(result)
+    if verdict.delivered:
+        return Decision(DELIVERED, verdict)
+    if verdict.permanent:
+        return Decision(FAILED, verdict)
+    return Decision(RETRY, verdict, retry.delay(attempt, verdict.retry_after, rng))

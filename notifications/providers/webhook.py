@@ -156,7 +156,26 @@ class WebhookProvider(BaseProvider):
         return self._result(response)
 
     def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> Cancellable:
-        request = self._request(message)
+        return self._start(self._request(message), on_result)
+
+    def start_post(self, msg_id: str, body: bytes, on_result: Callable[[DeliveryResult], object]) -> Cancellable:
+        """POST `body` as given, signed as every send is, with `msg_id` as its `webhook-id` and
+        `Idempotency-Key`: the event webhooks to tenants (dispatch.events) send through this, so an
+        event's id is the same on every retry and a rotated secret signs beside the new one."""
+        if not _SAFE_ID.fullmatch(msg_id):
+            request: tuple[bytes, bytes] | DeliveryResult = DeliveryResult(
+                delivered=False, error_code="malformed_content", message="invalid message id", permanent=True
+            )
+        else:
+            try:
+                request = self._signed_head(msg_id, body), body
+            except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+                request = self._failure(exc)
+        return self._start(request, on_result)
+
+    def _start(
+        self, request: tuple[bytes, bytes] | DeliveryResult, on_result: Callable[[DeliveryResult], object]
+    ) -> Cancellable:
         if isinstance(request, DeliveryResult):
             return asyncio.get_running_loop().call_soon(on_result, request)
 
@@ -199,21 +218,25 @@ class WebhookProvider(BaseProvider):
                     message=clean_message(f"payload is not JSON-serialisable: {exc}"),
                     permanent=True,
                 )
-            now = time.time()
-            timestamp = str(int(now))
-            signed = f"{msg_id}.{timestamp}.".encode()
-            signature = b"v1," + base64.b64encode(self._signer.digest(signed, body))
-            if self._previous_signer is not None and now < self._previous_until:  # a rotation's grace
-                signature += b" v1," + base64.b64encode(self._previous_signer.digest(signed, body))
-            head = b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: %s\r\n" % (
-                self._head_prefix,
-                msg_id.encode(),
-                timestamp.encode(),
-                signature,
-            ) + b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n" % (msg_id.encode(), len(body))
+            head = self._signed_head(msg_id, body)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return self._failure(exc)
         return head, body
+
+    def _signed_head(self, msg_id: str, body: bytes) -> bytes:
+        """The request head with the Standard Webhooks headers for `body` sent as `msg_id`."""
+        now = time.time()
+        timestamp = str(int(now))
+        signed = f"{msg_id}.{timestamp}.".encode()
+        signature = b"v1," + base64.b64encode(self._signer.digest(signed, body))
+        if self._previous_signer is not None and now < self._previous_until:  # a rotation's grace
+            signature += b" v1," + base64.b64encode(self._previous_signer.digest(signed, body))
+        return b"%swebhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: %s\r\n" % (
+            self._head_prefix,
+            msg_id.encode(),
+            timestamp.encode(),
+            signature,
+        ) + b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n" % (msg_id.encode(), len(body))
 
     def _result(self, response: Response) -> DeliveryResult:
         status = response.status

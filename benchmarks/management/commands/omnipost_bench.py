@@ -25,6 +25,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-listen", action="store_true", help="--pickup: dispatchers poll, no LISTEN")
         parser.add_argument("--queue-only", action="store_true", help="claim+ack of no-op items, no delivery")
         parser.add_argument("--depth", type=int, default=1000, help="--queue-only: items waiting beneath")
+        parser.add_argument("--event-endpoints", action="store_true",
+                            help="the tenant has an event endpoint subscribed to every type (its own receiver)")
         parser.add_argument("--json", dest="json_path", help="also write the figures to this file")
 
     def handle(self, *args, **o) -> None:
@@ -55,6 +57,7 @@ class Command(BaseCommand):
                     delay_ms=o["receiver_delay_ms"],
                     error_rate=o["receiver_error_rate"],
                     verify_every=o["verify_every"],
+                    event_endpoints=o["event_endpoints"],
                 )
             self.stdout.write(f"\n--- round {round_no} ---\n{result.table()}")
             results.append(result)

@@ -26,6 +26,8 @@ class Command(BaseCommand):
         parser.add_argument("--lease-seconds", type=float, help="default: OMNIPOST_LEASE_SECONDS")
         parser.add_argument("--no-jitter", action="store_true", help="skip the random start-up delay")
         parser.add_argument("--no-listen", action="store_true", help="poll only; no LISTEN/NOTIFY wake-ups")
+        parser.add_argument("--no-events", action="store_true", help="do not deliver tenants' event webhooks here")
+        parser.add_argument("--event-concurrency", type=_positive_int, default=100, help="event sends in flight")
 
     def handle(self, *args, **options) -> None:
         set_process_name("omnipost-disp")  # before the dispatcher's threads start: they inherit it
@@ -47,6 +49,8 @@ def config_from(options: dict) -> DispatcherConfig:
         max_items=options["max_items"],
         jitter=not options["no_jitter"],
         listen=not options["no_listen"],
+        events=not options.get("no_events", False),
+        event_concurrency=options.get("event_concurrency") or 100,
     )
     if options["lease_seconds"] is not None:
         if options["lease_seconds"] <= 0:

@@ -1,0 +1,301 @@
+"""The event lane's two statements: claim due deliveries, record their results.
+
+The dispatcher's event lane (dispatch.events) calls these on its database thread, one statement
+per batch each, never inside a transaction that spans a send:
+
+- `claim_due(n, lease_seconds, token)`: pending deliveries due now and not leased (or whose lease
+  ran out: a lane that dies leaves rows that fall due again by themselves), of enabled endpoints,
+  oldest first, `FOR UPDATE SKIP LOCKED`; it writes only the lease and the attempt count, no
+  indexed column, so the claim is a HOT update.
+- `record(results)`: settles the batch fenced by each row's lock token (delivered, failed, retry
+  after a delay, or given back untried), writes one attempt row per try, keeps each endpoint's
+  `failing_since` (the start of its unbroken run of failures, on the database's clock) and
+  disables an endpoint whose run has lasted OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS: its
+  pending deliveries become `failed` (kept for `recover`).
+
+On SQLite each is one short IMMEDIATE transaction of a few ORM statements instead (its single
+writer lock does what SKIP LOCKED does), so `make run` delivers events too.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+DELIVERED, RETRY, FAILED, DEFERRED = "delivered", "retry", "failed", "deferred"
+
+
+@dataclass(slots=True)
+class Claimed:
+    delivery_id: int
+    lock_token: uuid.UUID
+    event_id: str  # public: evt_<hex>, the webhook-id
+    event_type: str
+    endpoint_id: int
+    tenant_key: str
+    attempt: int  # this try's number (1 for the first)
+    body: bytes  # the event's payload, exactly as POSTed and signed
+    url: str
+    secret_token: str  # ciphertext: opened only when the lane builds the endpoint's signer
+    previous_secret_token: str | None
+    secret_rotated_at: datetime | None
+    endpoint_version: datetime  # updated_at: the lane rebuilds its signer when it changes
+
+
+@dataclass(slots=True)
+class Result:
+    delivery_id: int
+    lock_token: uuid.UUID
+    kind: str  # delivered | retry | failed | deferred
+    delay: float = 0.0  # seconds before the next try, for a retry
+    http_status: int | None = None
+    error_code: str = ""
+    duration_ms: int = 0
+    attempted_at: datetime | None = None
+
+
+_CLAIM_SQL = """
+    WITH due AS (
+        SELECT d.id FROM event_deliveries d
+        WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+          AND (d.locked_until IS NULL OR d.locked_until < now())
+          AND EXISTS (SELECT FROM event_endpoints e WHERE e.id = d.endpoint_id AND e.enabled)
+        ORDER BY d.next_attempt_at, d.id
+        LIMIT %(n)s
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE event_deliveries d
+        SET lock_token = %(token)s, locked_until = now() + make_interval(secs => %(lease)s),
+            attempts = d.attempts + 1
+        FROM due WHERE d.id = due.id
+        RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.attempts, d.next_attempt_at
+    )
+    SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text, c.attempts,
+           ev.payload::text, e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
+    FROM claimed c
+    JOIN events ev ON ev.id = c.event_id
+    JOIN event_endpoints e ON e.id = c.endpoint_id
+    ORDER BY c.next_attempt_at, c.id
+"""
+
+
+def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = None) -> list[Claimed]:  # noqa: ANN401
+    """Lease up to `n` due deliveries with `token` (one statement). `cursor`: a psycopg cursor to
+    run it on, prepared (the dispatcher's server-side binding one); None: Django's."""
+    if n <= 0:
+        return []
+    if connection.vendor != "postgresql":
+        return _claim_portable(n, lease_seconds, token)
+    params = {"n": n, "lease": float(lease_seconds), "token": token}
+    rows = _run(cursor, _CLAIM_SQL, params, fetch=True)
+    return [
+        Claimed(did, token, eid, etype, epid, tkey, attempt, payload.encode(), url, secret, previous, rotated, version)
+        for did, eid, etype, epid, tkey, attempt, payload, url, secret, previous, rotated, version in rows
+    ]
+
+
+_RECORD_SQL = """
+    WITH r AS (
+        SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(kinds)s::text[], %(delays)s::float8[],
+                             %(statuses)s::int[], %(codes)s::text[], %(durations)s::int[], %(at)s::timestamptz[])
+            AS r(id, lock_token, kind, delay, http_status, code, duration_ms, attempted_at)
+    ), settled AS (
+        UPDATE event_deliveries d
+        SET status = CASE r.kind WHEN 'delivered' THEN 'delivered' WHEN 'failed' THEN 'failed' ELSE 'pending' END,
+            attempts = CASE WHEN r.kind = 'deferred' THEN greatest(d.attempts - 1, 0) ELSE d.attempts END,
+            next_attempt_at = now() + make_interval(secs => r.delay),
+            lock_token = NULL, locked_until = NULL,
+            last_http_status = CASE WHEN r.kind = 'deferred' THEN d.last_http_status ELSE r.http_status END,
+            last_error_code = CASE WHEN r.kind = 'deferred' THEN d.last_error_code ELSE r.code END,
+            delivered_at = CASE WHEN r.kind = 'delivered' THEN now() ELSE d.delivered_at END
+        FROM r
+        -- fenced by the token alone (only a claim sets it; settling, recover and re-enabling clear
+        -- it): a status condition here made the planner walk the whole due index instead of the pkey
+        WHERE d.id = r.id AND d.lock_token = r.lock_token
+        RETURNING d.id, d.tenant_id, d.event_id, d.endpoint_id, r.kind, r.http_status, r.code, r.duration_ms,
+                  r.attempted_at
+    ), logged AS (
+        INSERT INTO event_attempts (tenant_id, event_id, endpoint_id, event_type, status, http_status, error_code,
+                                    duration_ms, attempted_at)
+        SELECT s.tenant_id, s.event_id, s.endpoint_id, ev.type,
+               CASE WHEN s.kind = 'delivered' THEN 'delivered' ELSE 'failed' END, s.http_status, s.code,
+               s.duration_ms, s.attempted_at
+        FROM settled s JOIN events ev ON ev.id = s.event_id
+        WHERE s.kind <> 'deferred'
+    ), last_success AS (
+        SELECT s.endpoint_id, max(s.attempted_at) FILTER (WHERE s.kind = 'delivered') AS at
+        FROM settled s WHERE s.kind <> 'deferred' GROUP BY s.endpoint_id
+    ), runs AS (
+        -- failing_since after this batch: a success ends the run (a failure after it starts a new
+        -- one, now); failures alone keep the run's start or start it now
+        SELECT l.endpoint_id,
+               CASE WHEN NOT EXISTS (SELECT FROM settled s
+                                     WHERE s.endpoint_id = l.endpoint_id AND s.kind IN ('retry', 'failed')
+                                       AND (l.at IS NULL OR s.attempted_at > l.at)) THEN NULL
+                    WHEN l.at IS NULL THEN coalesce(e.failing_since, now())
+                    ELSE now() END AS since
+        FROM last_success l
+        JOIN event_endpoints e ON e.id = l.endpoint_id
+    ), tracked AS (
+        UPDATE event_endpoints e
+        SET failing_since = runs.since,
+            enabled = e.enabled AND NOT coalesce(runs.since <= now() - make_interval(secs => %(disable_after)s), false),
+            disabled_reason = CASE WHEN e.enabled AND runs.since <= now() - make_interval(secs => %(disable_after)s)
+                                   THEN %(reason)s ELSE e.disabled_reason END,
+            updated_at = CASE WHEN e.enabled AND runs.since <= now() - make_interval(secs => %(disable_after)s)
+                              THEN now() ELSE e.updated_at END
+        FROM runs
+        WHERE e.id = runs.endpoint_id
+          AND (e.failing_since IS DISTINCT FROM runs.since
+               OR (e.enabled AND runs.since <= now() - make_interval(secs => %(disable_after)s)))
+        RETURNING e.id, e.enabled
+    ), shelved AS (
+        -- a disabled endpoint's undelivered events are kept, not attempted: `recover` re-sends them
+        UPDATE event_deliveries d
+        SET status = 'failed', lock_token = NULL, locked_until = NULL
+        FROM tracked t
+        WHERE NOT t.enabled AND d.endpoint_id = t.id AND d.status = 'pending'
+          AND d.id <> ALL(%(ids)s::bigint[])
+          -- a one-time gate: nothing is read unless this batch disabled an endpoint
+          AND EXISTS (SELECT FROM tracked WHERE NOT enabled)
+    )
+    SELECT id FROM settled
+"""
+
+
+def record(results: Sequence[Result], *, cursor: Any = None) -> set[int]:  # noqa: ANN401
+    """Settle a batch (one statement); returns the delivery ids that were still ours. `cursor`: as
+    for claim_due."""
+    if not results:
+        return set()
+    hours = float(settings.OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS)
+    if connection.vendor != "postgresql":
+        return _record_portable(results, hours)
+    params = {
+        "ids": [r.delivery_id for r in results],
+        "tokens": [r.lock_token for r in results],
+        "kinds": [r.kind for r in results],
+        "delays": [float(r.delay) for r in results],
+        "statuses": [r.http_status for r in results],
+        "codes": [r.error_code for r in results],
+        "durations": [int(r.duration_ms) for r in results],
+        "at": [r.attempted_at for r in results],
+        "disable_after": hours * 3600.0,
+        "reason": disabled_reason(hours),
+    }
+    return {row[0] for row in _run(cursor, _RECORD_SQL, params, fetch=True)}
+
+
+def disabled_reason(hours: float) -> str:
+    return f"failing without a break for {hours:g} hours"
+
+
+# --- SQLite -----------------------------------------------------------------------------------------
+def _claim_portable(n: int, lease_seconds: float, token: uuid.UUID) -> list[Claimed]:
+    from django.db import transaction
+    from django.db.models import F, Q
+    from django.utils import timezone
+
+    from events.models import EventDelivery, public_event_id
+
+    def due(now: datetime) -> Any:  # noqa: ANN401
+        return EventDelivery.objects.filter(
+            Q(locked_until__isnull=True) | Q(locked_until__lt=now), status="pending", next_attempt_at__lte=now,
+            endpoint__enabled=True,
+        )
+
+    if not due(timezone.now()).exists():  # a read first: an idle lane never takes the writer lock
+        return []
+    with transaction.atomic():
+        now = timezone.now()
+        ids = list(due(now).order_by("next_attempt_at", "id").values_list("id", flat=True)[:n])
+        if not ids:
+            return []
+        until = now + timedelta(seconds=float(lease_seconds))
+        leased = EventDelivery.objects.filter(id__in=ids)
+        leased.update(lock_token=token, locked_until=until, attempts=F("attempts") + 1)
+        rows = EventDelivery.objects.filter(id__in=ids).select_related("event", "endpoint").order_by("id")
+        return [
+            Claimed(
+                d.id, token, public_event_id(d.event_id), d.event.type, d.endpoint_id, str(d.tenant_id), d.attempts,
+                json.dumps(d.event.payload, separators=(",", ":")).encode(), d.endpoint.url,
+                d.endpoint.__dict__["secret"], d.endpoint.__dict__["previous_secret"], d.endpoint.secret_rotated_at,
+                d.endpoint.updated_at,
+            )
+            for d in rows
+        ]  # fmt: skip
+
+
+def _record_portable(results: Sequence[Result], hours: float) -> set[int]:
+    from django.db import transaction
+    from django.db.models import F
+    from django.utils import timezone
+
+    from events.models import EventAttempt, EventDelivery, EventEndpoint
+
+    ours: set[int] = set()
+    with transaction.atomic():
+        now = timezone.now()
+        settled = []
+        for r in results:
+            rows = EventDelivery.objects.filter(id=r.delivery_id, lock_token=r.lock_token, status="pending")
+            changes: dict[str, Any] = {"lock_token": None, "locked_until": None,
+                                       "next_attempt_at": now + timedelta(seconds=r.delay)}  # fmt: skip
+            if r.kind == DEFERRED:
+                changes["attempts"] = F("attempts") - 1
+            else:
+                changes.update(status={DELIVERED: "delivered", FAILED: "failed"}.get(r.kind, "pending"),
+                               last_http_status=r.http_status, last_error_code=r.error_code)  # fmt: skip
+                if r.kind == DELIVERED:
+                    changes["delivered_at"] = now
+            if rows.update(**changes):
+                ours.add(r.delivery_id)
+                if r.kind != DEFERRED:
+                    settled.append(r)
+        loaded = {d.id: d for d in EventDelivery.objects.filter(id__in=[r.delivery_id for r in settled])
+                  .select_related("event")}  # fmt: skip
+        EventAttempt.objects.bulk_create([
+            EventAttempt(
+                tenant_id=loaded[r.delivery_id].tenant_id, event_id=loaded[r.delivery_id].event_id,
+                endpoint_id=loaded[r.delivery_id].endpoint_id, event_type=loaded[r.delivery_id].event.type,
+                status="delivered" if r.kind == DELIVERED else "failed", http_status=r.http_status,
+                error_code=r.error_code, duration_ms=r.duration_ms, attempted_at=r.attempted_at or now,
+            )
+            for r in settled
+        ])  # fmt: skip
+        by_endpoint: dict[int, list[Result]] = {}
+        for r in sorted(settled, key=lambda r: r.attempted_at or now):
+            by_endpoint.setdefault(loaded[r.delivery_id].endpoint_id, []).append(r)
+        for endpoint_id, tries in by_endpoint.items():
+            endpoint = EventEndpoint.objects.get(pk=endpoint_id)
+            last_ok = max((i for i, r in enumerate(tries) if r.kind == DELIVERED), default=None)
+            failing_after = any(r.kind != DELIVERED for r in tries[(last_ok + 1 if last_ok is not None else 0):])
+            since = (endpoint.failing_since or now if last_ok is None else now) if failing_after else None
+            disable = endpoint.enabled and since is not None and since <= now - timedelta(hours=hours)
+            if since == endpoint.failing_since and not disable:
+                continue
+            fields: dict[str, Any] = {"failing_since": since}
+            if disable:
+                fields.update(enabled=False, disabled_reason=disabled_reason(hours), updated_at=now)
+            EventEndpoint.objects.filter(pk=endpoint_id).update(**fields)
+            if disable:
+                EventDelivery.objects.filter(endpoint_id=endpoint_id, status="pending").exclude(
+                    id__in=[r.delivery_id for r in results]
+                ).update(status="failed", lock_token=None, locked_until=None)
+    return ours
+
+
+def _run(cursor: Any, sql: str, params: dict[str, Any], *, fetch: bool) -> list[tuple]:  # noqa: ANN401
+    if cursor is None:
+        with connection.cursor() as own:
+            own.execute(sql, params)
+            return own.fetchall() if fetch else []
+    cursor.execute(sql, params, prepare=True)  # a psycopg cursor: prepared once per connection
+    return cursor.fetchall() if fetch else []

@@ -1,0 +1,286 @@
+"""Emitting events: in the transaction of what caused them, one statement per batch.
+
+Two ways in, one SQL shape (`_insert_ctes`): the events of a source CTE are inserted into `events`
+and fanned out to `event_deliveries`, one row per enabled endpoint of the tenant subscribed to the
+type (`event_types` holds the type or "*"). An event is written when the tenant has an endpoint
+subscribed to its type, enabled or not: a disabled endpoint gets no delivery, but `recover` sends
+it the events made while it was disabled.
+
+- `outcome_events_cte(source)`: CTEs that the dispatcher's record statement (dispatch.delivery)
+  appends to its chain, turning the notifications that became delivered / failed / dead_lettered
+  into `notification.*` events. A one-time gate (is there an endpoint at all?) and a semi-join
+  through the endpoints' tenant index keep tenants without endpoints at ~nothing.
+- `emit(cursor, tenant_id, type, rows)`: for other callers (suppressions; anything with its data).
+- `emit_notification_events(cursor, items)`: events about notifications named by id, their data
+  read from the notification in the same statement (receipts: notification.bounced / complained).
+
+Payloads hold `recipient_masked`, never a recipient: `{"type", "timestamp", "data": {...}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import connection, transaction
+
+from core.ids import uuid7
+from events.models import ALL_TYPES, Event, EventDelivery, EventEndpoint, EventType, public_event_id
+
+NOTIFICATION_FIELDS = (
+    "notification_id", "status", "receipt", "bounce_type", "channel", "recipient_masked", "provider",
+    "attempt_count", "error_code",
+)  # fmt: skip
+SUPPRESSION_FIELDS = (
+    "suppression_id", "recipient_masked", "channel", "reason", "category", "source_notification_id",
+)  # fmt: skip
+OUTCOME_TYPES = {
+    "delivered": EventType.DELIVERED.value,
+    "failed": EventType.FAILED.value,
+    "dead_lettered": EventType.DEAD_LETTERED.value,
+}
+
+# RFC 3339 in UTC with microseconds, from the database's clock
+_TIMESTAMP_SQL = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+# Time-ordered ids (shown as evt_<hex>, events.models.public_event_id): the statement's millisecond
+# (computed once) then random digits, so a batch's events sit side by side in the primary key and
+# the lane's lookups of them, in creation order, touch few pages (random UUIDs cost it a page each).
+_EVENT_ID_SQL = (
+    "(lpad(to_hex((SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)), 12, '0')"
+    " || substr(md5(random()::text), 1, 20))::uuid"
+)
+_SUBSCRIBED = "(e.event_types ? {type} OR e.event_types ? '*')"
+
+
+def _insert_ctes(source: str, prefix: str) -> str:
+    """`{prefix}_new` inserts the events of `source` (columns tenant_id, type, data) and
+    `{prefix}_fanout` their deliveries. The caller has already filtered `source` to tenants with a
+    subscribed endpoint; the fan-out checks each endpoint."""
+    subscribed = _SUBSCRIBED.format(type="ev.type")
+    return f"""{prefix}_new AS (
+        INSERT INTO events (id, tenant_id, type, payload, created_at)
+        SELECT {_EVENT_ID_SQL}, s.tenant_id, s.type,
+               jsonb_build_object('type', s.type, 'timestamp', (SELECT {_TIMESTAMP_SQL}), 'data', s.data), now()
+        FROM {source} s
+        RETURNING id, tenant_id, type
+    ), {prefix}_fanout AS (
+        INSERT INTO event_deliveries (tenant_id, event_id, endpoint_id, status, attempts, next_attempt_at,
+                                      last_error_code, created_at)
+        SELECT ev.tenant_id, ev.id, e.id, 'pending', 0, now(), '', now()
+        FROM {prefix}_new ev
+        JOIN event_endpoints e ON e.tenant_id = ev.tenant_id AND e.enabled AND {subscribed}
+        RETURNING event_id
+    )"""  # noqa: S608 - this module's fragments and the caller's CTE names only; values are parameters
+
+
+def outcome_events_cte(source: str, *, prefix: str = "ev") -> str:
+    """CTEs (comma-separated, no leading comma) to append to a WITH chain in which `source` is a
+    CTE of updated notifications with the columns notification_id, tenant_id, channel,
+    provider_id, recipient_masked, attempt_count, error_code and status (the new status). Rows
+    whose status is delivered, failed or dead_lettered become events of the matching type, for
+    tenants with an endpoint subscribed to it. Adds no statement: the events are written
+    by the statement that records the outcomes, in its transaction."""
+    subscribed = _SUBSCRIBED.format(type="('notification.' || c.status)")
+    return f"""{prefix}_src AS (
+        SELECT c.tenant_id, 'notification.' || c.status AS type,
+               jsonb_build_object(
+                   'notification_id', c.notification_id, 'status', c.status, 'receipt', NULL,
+                   'bounce_type', NULL, 'channel', c.channel, 'recipient_masked', c.recipient_masked,
+                   'provider', (SELECT p.name FROM providers p WHERE p.id = c.provider_id),
+                   'attempt_count', c.attempt_count, 'error_code', nullif(c.error_code, '')
+               ) AS data
+        FROM {source} c
+        WHERE c.status IN ('delivered', 'failed', 'dead_lettered')
+          -- a one-time gate: with no endpoint anywhere, nothing below runs per row
+          AND EXISTS (SELECT FROM event_endpoints)
+          AND EXISTS (SELECT FROM event_endpoints e WHERE e.tenant_id = c.tenant_id AND {subscribed})
+    ), {_insert_ctes(f"{prefix}_src", prefix)}"""  # noqa: S608 - constant fragments and CTE names
+
+
+_EMIT_SUBSCRIBED = _SUBSCRIBED.format(type="%(type)s::text")
+_EMIT_SQL = f"""
+    WITH emit_src AS (
+        SELECT %(tenant)s::uuid AS tenant_id, %(type)s::text AS type, r.data
+        FROM jsonb_array_elements(%(rows)s::jsonb) AS r(data)
+        WHERE EXISTS (SELECT FROM event_endpoints e
+                      WHERE e.tenant_id = %(tenant)s::uuid AND {_EMIT_SUBSCRIBED})
+    ), {_insert_ctes("emit_src", "emit")}
+    SELECT 'evt_' || replace(id::text, '-', '') FROM emit_new
+"""  # noqa: S608 - constant fragments only; values are bound parameters
+
+
+def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapping[str, Any]]) -> list[str]:  # noqa: A002, ANN401
+    """Emit events of one `type` for one tenant, in ONE statement, and return their public ids
+    (`evt_…`, the `webhook-id` each will carry).
+
+    - `cursor`: a cursor of the connection whose transaction caused the events (a Django cursor
+      or a psycopg one), or None for `django.db.connection.cursor()`. Call it inside the caller's
+      transaction so the events commit (or roll back) with what caused them.
+    - `tenant_id`: the tenant's UUID.
+    - `type`: an `events.models.EventType` value, e.g. "notification.bounced",
+      "notification.complained", "recipient.suppressed".
+    - `rows`: one mapping per event, the `data` of its payload. `notification.*` events take the
+      keys of NOTIFICATION_FIELDS (notification_id, status, receipt, bounce_type, channel,
+      recipient_masked, provider, attempt_count, error_code); `recipient.suppressed` those of
+      SUPPRESSION_FIELDS (suppression_id, recipient_masked, channel, reason, category,
+      source_notification_id). Missing keys are null; any other key (a plaintext `recipient`, say)
+      is a ValueError. UUIDs and datetimes are written as strings.
+
+    Nothing is written when the tenant has no endpoint subscribed to `type` (returns []); an event
+    gets a delivery per enabled endpoint subscribed to it.
+    """
+    if type not in EventType.values:
+        raise ValueError(f"unknown event type {type!r}; expected one of {', '.join(EventType.values)}")
+    allowed = SUPPRESSION_FIELDS if type == EventType.SUPPRESSED else NOTIFICATION_FIELDS
+    data = []
+    for row in rows:
+        unknown = sorted(set(row) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown event data key(s) {unknown} for {type}; allowed: {', '.join(allowed)}")
+        data.append({name: row.get(name) for name in allowed})
+    if not data:
+        return []
+    document = json.dumps(data, default=str)
+    if connection.vendor != "postgresql":
+        return _emit_portable(str(tenant_id), type, data, document)
+    params = {"tenant": str(tenant_id), "type": type, "rows": document}
+    if cursor is None:
+        with connection.cursor() as own:
+            own.execute(_EMIT_SQL, params)
+            return [r[0] for r in own.fetchall()]
+    cursor.execute(_EMIT_SQL, params)
+    return [r[0] for r in cursor.fetchall()]
+
+
+_NOTIFICATION_EVENTS_SQL = f"""
+    WITH wanted AS (
+        SELECT (r.item->>'notification_id')::uuid AS notification_id, r.item->>'type' AS type,
+               r.item->>'receipt' AS receipt, r.item->>'bounce_type' AS bounce_type
+        FROM jsonb_array_elements(%(items)s::jsonb) AS r(item)
+    ), notification_src AS (
+        SELECT n.tenant_id, w.type,
+               jsonb_build_object(
+                   'notification_id', n.id, 'status', n.status, 'receipt', w.receipt,
+                   'bounce_type', w.bounce_type, 'channel', n.channel, 'recipient_masked', n.recipient_masked,
+                   'provider', (SELECT p.name FROM providers p WHERE p.id = n.provider_id),
+                   'attempt_count', n.attempt_count, 'error_code', nullif(n.last_error_code, '')
+               ) AS data
+        FROM wanted w
+        JOIN notifications n ON n.id = w.notification_id
+        WHERE EXISTS (SELECT FROM event_endpoints e
+                      WHERE e.tenant_id = n.tenant_id AND {_SUBSCRIBED.format(type="w.type")})
+    ), {_insert_ctes("notification_src", "notification")}
+    SELECT 'evt_' || replace(id::text, '-', '') FROM notification_new
+"""  # noqa: S608 - constant fragments only; values are bound parameters
+
+
+def emit_notification_events(
+    cursor: Any, items: Iterable[tuple[uuid.UUID | str, str, Mapping[str, Any]]]  # noqa: ANN401
+) -> list[str]:
+    """Emit events about notifications, in ONE statement; returns their public ids.
+
+    - `cursor`: as for `emit` (the caller's transaction; None: Django's connection).
+    - `items`: (notification_id, type, extra) per event; `type` an EventType value (e.g.
+      "notification.bounced", "notification.complained"); `extra` may give `receipt` and
+      `bounce_type`. The rest of the data (status, channel, recipient_masked, provider,
+      attempt_count, error_code) and the tenant are read from the notification as it is now.
+
+    An event is written only where the notification's tenant has an endpoint subscribed to its
+    type; an unknown notification id writes nothing. The receipts' `after_apply` seam calls this
+    with its changed rows: `[(row.notification_id, "notification.bounced", {"receipt": row.receipt,
+    "bounce_type": row.bounce_type}), ...]`.
+    """
+    wanted = []
+    for notification_id, type_, extra in items:
+        if type_ not in EventType.values or type_ == EventType.SUPPRESSED:
+            raise ValueError(f"{type_!r} is not a notification event type")
+        unknown = sorted(set(extra) - {"receipt", "bounce_type"})
+        if unknown:
+            raise ValueError(f"unknown extra key(s) {unknown}; allowed: receipt, bounce_type")
+        wanted.append({"notification_id": str(notification_id), "type": type_, "receipt": extra.get("receipt"),
+                       "bounce_type": extra.get("bounce_type")})  # fmt: skip
+    if not wanted:
+        return []
+    if connection.vendor != "postgresql":
+        return _notification_events_portable(wanted)
+    params = {"items": json.dumps(wanted)}
+    if cursor is None:
+        with connection.cursor() as own:
+            own.execute(_NOTIFICATION_EVENTS_SQL, params)
+            return [r[0] for r in own.fetchall()]
+    cursor.execute(_NOTIFICATION_EVENTS_SQL, params)
+    return [r[0] for r in cursor.fetchall()]
+
+
+def _notification_events_portable(wanted: list[dict]) -> list[str]:
+    from notifications.models import Notification
+
+    notes = Notification.objects.filter(pk__in=[w["notification_id"] for w in wanted]).select_related("provider")
+    by_id = {str(n.pk): n for n in notes}
+    ids: list[str] = []
+    for w in wanted:
+        n = by_id.get(w["notification_id"])
+        if n is None:
+            continue
+        ids += emit(None, n.tenant_id, w["type"], [{
+            "notification_id": str(n.pk), "status": n.status, "receipt": w["receipt"], "bounce_type": w["bounce_type"],
+            "channel": n.channel, "recipient_masked": n.recipient_masked, "provider": n.provider.name,
+            "attempt_count": n.attempt_count, "error_code": n.last_error_code or None,
+        }])  # fmt: skip
+    return ids
+
+
+def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -> list[str]:  # noqa: A002
+    """SQLite: the same rows in one short transaction (a few statements, not one per event)."""
+    from django.utils import timezone
+
+    with transaction.atomic():
+        subscribed = [e for e in EventEndpoint.objects.for_tenant(tenant_id) if e.subscribes(type)]
+        if not subscribed:
+            return []
+        endpoints = [e for e in subscribed if e.enabled]
+        now = timezone.now()
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        events = [
+            Event(id=uuid7(), tenant_id=tenant_id, type=type, created_at=now,
+                  payload={"type": type, "timestamp": stamp, "data": item})
+            for item in json.loads(document)
+        ]  # fmt: skip
+        Event.objects.bulk_create(events)
+        EventDelivery.objects.bulk_create(
+            [EventDelivery(tenant_id=tenant_id, event=ev, endpoint=e, next_attempt_at=now, created_at=now)
+             for ev in events for e in endpoints]
+        )  # fmt: skip
+    return [public_event_id(ev.id) for ev in events]
+
+
+def emit_outcomes_portable(outcomes: Iterable[tuple[uuid.UUID, uuid.UUID, str]]) -> None:
+    """Off PostgreSQL: what `outcome_events_cte` does in the record statement, for (tenant_id,
+    notification_id, kind) of the notifications whose outcome was just recorded."""
+    from notifications.models import Notification
+
+    outcomes = list(outcomes)
+    if not outcomes or not EventEndpoint.objects.exists():
+        return
+    notes = Notification.objects.filter(pk__in=[n for _, n, _ in outcomes]).select_related("provider")
+    by_id = {n.pk: n for n in notes}
+    grouped: dict[tuple[str, str], list[dict]] = {}
+    for tenant_id, notification_id, kind in outcomes:
+        n = by_id.get(notification_id)
+        if n is None:
+            continue
+        grouped.setdefault((str(tenant_id), OUTCOME_TYPES[kind]), []).append({
+            "notification_id": str(n.pk), "status": n.status, "channel": n.channel,
+            "recipient_masked": n.recipient_masked, "provider": n.provider.name if n.provider_id else None,
+            "attempt_count": n.attempt_count, "error_code": n.last_error_code or None,
+        })  # fmt: skip
+    for (tenant_id, type_), rows in grouped.items():
+        emit(None, tenant_id, type_, rows)
+
+
+__all__ = [
+    "ALL_TYPES", "NOTIFICATION_FIELDS", "OUTCOME_TYPES", "SUPPRESSION_FIELDS", "emit", "emit_notification_events",
+    "emit_outcomes_portable", "outcome_events_cte",
+]  # fmt: skip
