@@ -30,6 +30,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F
 
+from core import hot_sql
 from core.masking import mask_mapping
 from notifications.models import Notification
 from receipts import precedence
@@ -225,9 +226,9 @@ def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResu
         "order": list(precedence.ORDER),
         "shards": ReceiptCounter.SHARDS,
     }
-    with connections[using].cursor() as cursor:
-        cursor.execute(_APPLY_SQL, params)
-        gate, received, mine, applied, changed = cursor.fetchone()
+    # Prepared once per connection, parameters bound on the server (core.hot_sql): planning this
+    # statement and quoting its arrays would cost more than running it.
+    gate, received, mine, applied, changed = hot_sql.fetchone(_APPLY_SQL, params, using=using)
     if not gate:
         return ApplyResult(provider_id=provider.id, stale=True)
     if isinstance(changed, str):
