@@ -258,7 +258,8 @@ def main() -> None:
     ensure_database(args.database_url)
     provider_id, ids = prepare(args.database_url, args.notifications)
     port = free_port()
-    env = {**server_env(args.database_url), "OMNIPOST_APP_NAME": APP_NAME}
+    env = {**server_env(args.database_url), "OMNIPOST_APP_NAME": APP_NAME,
+           "OMNIPOST_PUBLIC_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
     server = subprocess.Popen(  # noqa: S603
         [str(Path(sys.executable).with_name("gunicorn")), "omnipost_site.wsgi:application", "--workers",
          str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads), "--bind",

@@ -202,12 +202,12 @@ changed AS (
     SET receipt = b.receipt, bounce_type = b.bounce_type, updated_at = statement_timestamp()
     FROM best b JOIN locked l ON l.id = b.notification_id
     WHERE n.id = l.id
-      AND coalesce(array_position(%(order)s::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
+      AND coalesce(array_position('{ORDER}'::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
     RETURNING n.id, n.tenant_id, n.receipt, n.bounce_type, n.channel, n.provider_id
 ),
 ignored AS (
     INSERT INTO receipt_counters (shard, provider_id, reason, count)
-    SELECT pg_backend_pid() %% %(shards)s, %(provider)s,
+    SELECT pg_backend_pid() %% {SHARDS}, %(provider)s,
            CASE WHEN owner IS NULL THEN 'unknown' ELSE 'foreign' END AS reason, count(*)
     FROM found WHERE owner IS DISTINCT FROM %(tenant)s::uuid
     GROUP BY reason
@@ -219,7 +219,7 @@ SELECT EXISTS (SELECT 1 FROM gate),
        (SELECT count(*) FROM events),
        (SELECT coalesce(json_agg(json_build_array(id, tenant_id, receipt, bounce_type, channel, provider_id)), '[]')
         FROM changed)
-"""
+""".replace("{ORDER}", "{" + ",".join(precedence.ORDER) + "}").replace("{SHARDS}", str(ReceiptCounter.SHARDS))
 
 
 def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
@@ -235,8 +235,6 @@ def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResu
         "tenant": str(provider.tenant_id),
         "version": provider.updated_at,
         "rows": encoded,
-        "order": list(precedence.ORDER),
-        "shards": ReceiptCounter.SHARDS,
     }
     # Prepared once per connection, parameters bound on the server (core.hot_sql): planning this
     # statement and quoting its arrays would cost more than running it.
