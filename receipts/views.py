@@ -10,6 +10,8 @@ OMNIPOST_PUBLIC_URL).
   hiding whether one exists (a `401`) would protect nothing; what a URL can do is guarded by the
   signature alone.
 - body over `MAX_BODY_BYTES`: `413`, before anything is read.
+- more than OMNIPOST_RATE_LIMIT_RECEIPTS requests a second to one provider: `429` with Retry-After
+  (`receipts.throttle`), before the signature is checked; vendors retry.
 - the adapter rejects the request (bad signature, another provider's secret, stale timestamp,
   unreadable payload): `401`, nothing stored. A view from the per-process cache that rejects is read
   afresh and tried once more (the secret may have just been rotated).
@@ -29,7 +31,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from core.masking import mask_text
-from receipts import providers
+from receipts import providers, throttle
 from receipts.inbound import ADAPTERS, Handled, InboundRequest, ProviderView, Rejected
 from receipts.services import apply_receipts
 
@@ -68,6 +70,11 @@ def receive(provider_id: int, inbound: InboundRequest) -> Answer:
     view, fresh = providers.get(provider_id)
     if view is None or view.kind not in ADAPTERS:
         return NOT_FOUND
+    wait = throttle.admit(provider_id)
+    if wait is not None:
+        status, body, _ = error_answer(429, "rate_limited", "Too many requests to this provider's URL; retry.",
+                                       {"retry_after_seconds": round(wait, 3)})  # fmt: skip
+        return status, body, {"Retry-After": throttle.retry_after(wait)}
     for _ in range(_ATTEMPTS):
         outcome = _handle(inbound, view)
         if isinstance(outcome, tuple):

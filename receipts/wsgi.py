@@ -31,7 +31,7 @@ logger = logging.getLogger("omnipost.receipts")
 
 _PATH = re.compile(r"/hooks/providers/([0-9]{1,18})")
 _REASONS = {200: "OK", 401: "Unauthorized", 404: "Not Found", 413: "Request Entity Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
