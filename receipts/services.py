@@ -101,7 +101,7 @@ class _Row:
 
 def _rows(receipts: Sequence[Receipt]) -> list[_Row]:
     """The receipts as stored: one per dedup key (the first), ids parsed (None: not a UUID, so an
-    unknown notification), details masked, values checked (an adapter's mistake is a ValueError)."""
+    unknown notification), details masked and without NULs, values checked (an adapter's mistake is a ValueError)."""
     rows: dict[str, _Row] = {}
     for r in receipts:
         if r.receipt is not None and r.receipt not in RECEIPTS:
@@ -118,9 +118,20 @@ def _rows(receipts: Sequence[Receipt]) -> list[_Row]:
             notification_id = uuid.UUID(str(r.notification_id))
         except ValueError:
             notification_id = None
-        rows[key] = _Row(key, notification_id, (r.type or "")[:MAX_TYPE], r.receipt, bounce_type,
-                         r.occurred_at, mask_mapping(dict(r.details or {})))  # fmt: skip
+        rows[key] = _Row(key, notification_id, _no_nul((r.type or "")[:MAX_TYPE]), r.receipt, bounce_type,
+                         r.occurred_at, _no_nul(mask_mapping(dict(r.details or {}))))  # fmt: skip
     return list(rows.values())
+
+
+def _no_nul(value: Any) -> Any:  # noqa: ANN401
+    """Without NUL characters, which PostgreSQL's text and jsonb refuse (a vendor's string may hold one)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_no_nul(str(k)): _no_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_no_nul(v) for v in value]
+    return value
 
 
 def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: str = "default") -> ApplyResult:

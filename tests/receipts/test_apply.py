@@ -154,3 +154,11 @@ def test_adapters_mistakes_are_errors_not_data(side_a):
         apply_receipts(side_a.view, [receipt(side_a.notes[0], "bounced", bounce_type="permanent")])
     with pytest.raises(ValueError, match="aware"):
         apply_receipts(side_a.view, [receipt(side_a.notes[0], "delivered", at=datetime(2026, 1, 1))])  # noqa: DTZ001
+
+
+def test_nul_characters_from_a_vendor_are_dropped_not_an_error(side_a):
+    note = side_a.notes[0]
+    result = apply_receipts(side_a.view, [receipt(note, "failed", type="fail\x00ed", details={"d\x00": ["x\x00y"]})])
+    assert result.applied == 1
+    stored = NotificationEvent.objects.get(notification=note)
+    assert stored.type == "failed" and stored.details == {"d": ["xy"]}
