@@ -51,7 +51,7 @@ def error_answer(status: int, code: str, message: str, details: dict | None = No
 
 NOT_FOUND = error_answer(404, "not_found", "No inbound endpoint at this URL.")
 TOO_LARGE = error_answer(413, "request_too_large", f"The body is over {MAX_BODY_BYTES} bytes.",
-                   {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
+                         {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
 NOT_POST = (405, {"error": {"code": "method_not_allowed", "message": "POST the provider's events here.",
                             "details": {}}}, {"Allow": "POST"})  # fmt: skip
 
