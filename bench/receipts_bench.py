@@ -1,14 +1,16 @@
 """Receipt ingestion: signed receipts accepted per second through `POST /hooks/providers/{id}`.
 
-    .venv/bin/python bench/receipts_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
-        [--workers 2] [--threads 4] [--clients 8] [--notifications 20000]
+    .venv/bin/python bench/receipts_bench.py [--kind webhook|twilio] [--database-url URL] [--seconds 10]
+        [--repeat 3] [--workers 2] [--threads 4] [--clients 8] [--notifications 20000]
 
 Runs gunicorn (`--workers` gthread processes with `--threads` each, DEBUG off) on a throwaway
 database (`omnipost_bench_receipts`, its notification and receipt tables emptied at start) holding
-`--notifications` delivered notifications of one tenant's `webhook` provider. Before each run it
-signs, with the `standardwebhooks` package, one distinct Standard Webhooks event per request it may
-send (a `delivered` receipt for a notification, in turn; a new `webhook-id` each, so every one is
-applied, none is a duplicate), as raw HTTP/1.1 requests. The load generator is a separate process
+`--notifications` delivered notifications of one tenant's provider of `--kind`. Before each run it
+signs one distinct event per request it may send (a `delivered` receipt for a notification, in turn;
+a new event id each, so every one is applied, none is a duplicate), as raw HTTP/1.1 requests:
+`webhook`, a Standard Webhooks event signed with the `standardwebhooks` package; `twilio`, a status
+callback (form fields, the notification id in the URL's `?n=`) signed with the `twilio` package's
+`RequestValidator` (needs the twilio adapter, receipts/vendors/twilio.py). The load generator is a separate process
 of `--clients` threads on keep-alive raw sockets that write those prepared bytes and read the
 answers: it neither signs nor parses JSON in the timed loop, so the figure measures the server —
 signature check, provider lookup, the one apply statement — not the client.
@@ -49,10 +51,12 @@ from ingest_bench import ensure_database, free_port, server_env  # noqa: E402
 DEFAULT_DB = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_bench_receipts"
 APP_NAME = "omnipost-receipts-bench"
 SECRET = "whsec_" + base64.b64encode(b"receipts-bench-signing-key-32by").decode()
+AUTH_TOKEN = "bench0auth0token0bench0auth0tok"  # noqa: S105 - a bench-only Twilio auth token
+ACCOUNT_SID = "AC" + "0" * 32
 
 
-def prepare(database_url: str, count: int) -> tuple[int, list[str]]:
-    """Migrate, empty the tables (throwaway databases only), create a tenant, its webhook provider
+def prepare(database_url: str, count: int, kind: str = "webhook") -> tuple[int, list[str]]:
+    """Migrate, empty the tables (throwaway databases only), create a tenant, its provider of `kind`
     and `count` delivered notifications; return the provider id and the notification ids."""
     env = server_env(database_url)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
@@ -70,23 +74,32 @@ def prepare(database_url: str, count: int) -> tuple[int, list[str]]:
             cursor.execute("TRUNCATE notification_events, receipt_dedup, receipt_counters, queue_state, "
                            "scheduled_jobs, delivery_attempts, notifications CASCADE")  # fmt: skip
     tenant = Tenant.objects.create(name=f"receipts-bench-{int(time.time() * 1000)}")
-    provider = Provider.objects.create(
-        tenant=tenant, name="hook", kind="webhook", channel="webhook", is_default=True,
-        config={"url": "https://receiver.example/hook", "timeout_seconds": 5.0}, secrets={"signing_secret": SECRET},
-    )  # fmt: skip
-    token = Notification._meta.get_field("recipient").get_prep_value("cust_8Kq2")
+    if kind == "twilio":
+        provider = Provider.objects.create(
+            tenant=tenant, name="sms", kind="twilio", channel="sms", is_default=True,
+            config={"account_sid": ACCOUNT_SID, "from_number": "+15550006666", "base_url": "https://api.twilio.com"},
+            secrets={"auth_token": AUTH_TOKEN},
+        )  # fmt: skip
+        channel, recipient, masked = "sms", "+15551234567", "+1******4567"
+    else:
+        provider = Provider.objects.create(
+            tenant=tenant, name="hook", kind="webhook", channel="webhook", is_default=True,
+            config={"url": "https://receiver.example/hook", "timeout_seconds": 5.0}, secrets={"signing_secret": SECRET},
+        )  # fmt: skip
+        channel, recipient, masked = "webhook", "cust_8Kq2", "cust_****"
+    token = Notification._meta.get_field("recipient").get_prep_value(recipient)
     with connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
                 subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
                 created_at, updated_at, delivered_at)
-            SELECT gen_random_uuid(), %s, 'webhook', %s, 'cust_****', %s, '{}', '', 'b', 5, 'default', 'delivered',
+            SELECT gen_random_uuid(), %s, %s, %s, %s, %s, '{}', '', 'b', 5, 'default', 'delivered',
                    '{}', 1, 0, '', now(), now(), now()
             FROM generate_series(1, %s)
             RETURNING id
             """,
-            [tenant.pk, token, provider.pk, count],
+            [tenant.pk, channel, token, masked, provider.pk, count],
         )
         ids = [str(row[0]) for row in cursor.fetchall()]
         cursor.execute("ANALYZE notifications")
@@ -94,8 +107,10 @@ def prepare(database_url: str, count: int) -> tuple[int, list[str]]:
     return provider.pk, ids
 
 
-def signed_requests(port: int, provider_id: int, ids: list[str], n: int) -> list[bytes]:
-    """`n` raw HTTP requests, each a distinct signed `delivered` event (standardwebhooks signs)."""
+def signed_requests(port: int, provider_id: int, ids: list[str], n: int, kind: str = "webhook") -> list[bytes]:
+    """`n` raw HTTP requests, each a distinct signed `delivered` event (the vendor's own package signs)."""
+    if kind == "twilio":
+        return twilio_requests(port, provider_id, ids, n)
     from standardwebhooks.webhooks import Webhook
 
     hook = Webhook(SECRET)
@@ -111,6 +126,26 @@ def signed_requests(port: int, provider_id: int, ids: list[str], n: int) -> list
         head = (f"POST /hooks/providers/{provider_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nwebhook-id: {msg_id}\r\n"
                 f"webhook-timestamp: {stamp}\r\nwebhook-signature: {signature}\r\n\r\n")  # fmt: skip
+        out.append(head.encode() + body.encode())
+    return out
+
+
+def twilio_requests(port: int, provider_id: int, ids: list[str], n: int) -> list[bytes]:
+    from urllib.parse import urlencode
+
+    from twilio.request_validator import RequestValidator
+
+    validator = RequestValidator(AUTH_TOKEN)
+    out = []
+    for i in range(n):
+        path = f"/hooks/providers/{provider_id}?n={ids[i % len(ids)]}"
+        params = {"AccountSid": ACCOUNT_SID, "MessageSid": f"SM{uuid.uuid4().hex}", "MessageStatus": "delivered",
+                  "To": "+15551234567", "From": "+15550006666", "ApiVersion": "2010-04-01"}  # fmt: skip
+        signature = validator.compute_signature(f"http://127.0.0.1:{port}{path}", params)
+        body = urlencode(params)
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n"
+                f"X-Twilio-Signature: {signature}\r\n\r\n")  # fmt: skip
         out.append(head.encode() + body.encode())
     return out
 
@@ -245,6 +280,7 @@ def events(database_url: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", choices=["webhook", "twilio"], default="webhook")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
@@ -256,7 +292,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ensure_database(args.database_url)
-    provider_id, ids = prepare(args.database_url, args.notifications)
+    provider_id, ids = prepare(args.database_url, args.notifications, args.kind)
     port = free_port()
     env = {**server_env(args.database_url), "OMNIPOST_APP_NAME": APP_NAME,
            "OMNIPOST_PUBLIC_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
@@ -279,11 +315,13 @@ def main() -> None:
     runs = []
     try:
         # Warm both workers (the provider view cache, the database connections).
-        run(port, signed_requests(port, provider_id, ids, 200), 4, 5.0)
+        warm = run(port, signed_requests(port, provider_id, ids, 200, args.kind), 4, 5.0)
+        if warm["statuses"] != {200: 200}:
+            raise SystemExit(f"warm-up answers {warm['statuses']}: is the {args.kind} adapter installed?")
         before = events(args.database_url)
         total = 0
         for _ in range(args.repeat):
-            requests = signed_requests(port, provider_id, ids, int(args.max_rate * args.seconds))
+            requests = signed_requests(port, provider_id, ids, int(args.max_rate * args.seconds), args.kind)
             web0, db0 = cpu_seconds(server, args.database_url)
             result = run(port, requests, args.clients, args.seconds)
             web1, db1 = cpu_seconds(server, args.database_url)
@@ -301,7 +339,8 @@ def main() -> None:
     med = {k: statistics.median(r[k] for r in runs) for k in ("per_s", "p50_ms", "p99_ms", "web_ms", "db_ms")}
     print(f"\ngunicorn gthread: {args.workers} workers x {args.threads} threads, {os.cpu_count()} CPUs, "
           f"{args.clients} clients, {args.seconds:g} s per run, median of {args.repeat}:")
-    print(f"  POST /hooks/providers/{{id}} (webhook kind, Standard Webhooks verified)  {med['per_s']:7.0f} receipts/s"
+    scheme = {"webhook": "Standard Webhooks", "twilio": "X-Twilio-Signature"}[args.kind]
+    print(f"  POST /hooks/providers/{{id}} ({args.kind} kind, {scheme} verified)  {med['per_s']:7.0f} receipts/s"
           f"   p50 {med['p50_ms']:5.1f} ms   p99 {med['p99_ms']:5.1f} ms")
     print(f"  CPU per receipt: web processes {med['web_ms']:.2f} ms, their database sessions {med['db_ms']:.2f} ms")
     print(f"  accepted {total}, events stored {stored}: {'OK' if total == stored else 'MISMATCH'}")
