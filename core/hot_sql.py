@@ -14,7 +14,7 @@ queries (DEBUG, CaptureQueriesContext), so statement counts in tests include it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -29,8 +29,10 @@ def _prepare_ok() -> bool:
     return getattr(settings, "OMNIPOST_DATABASE_POOLER", "") != "pgbouncer"
 
 
-def fetchone(sql: str, params: Sequence[Any], *, using: str = "default") -> tuple[Any, ...] | None:
-    """Run `sql` (psycopg placeholders, %s) and return its first row."""
+def fetchone(
+    sql: str, params: Sequence[Any] | Mapping[str, Any], *, using: str = "default"
+) -> tuple[Any, ...] | None:
+    """Run `sql` (psycopg placeholders, %s, or %(name)s with a mapping) and return its first row."""
     import psycopg
 
     connection = connections[using]

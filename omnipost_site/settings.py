@@ -131,6 +131,8 @@ OMNIPOST_RETRY_MAX_SECONDS = number(env, "OMNIPOST_RETRY_MAX_SECONDS", 3600.0)
 OMNIPOST_MAX_ATTEMPTS = number(env, "OMNIPOST_MAX_ATTEMPTS", 8, minimum=1, integer=True)
 # Requests a minute per tenant; 0 turns the API rate limit off.
 OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=True)
+# Receipt requests a second one provider's inbound URL accepts (all web processes together; 0: no limit).
+OMNIPOST_RATE_LIMIT_RECEIPTS = number(env, "OMNIPOST_RATE_LIMIT_RECEIPTS", 5000.0)
 # Web processes cache verified API keys and LISTEN for revocations (core.auth_cache); off, entries live 1 s.
 OMNIPOST_AUTH_LISTEN = env.bool("OMNIPOST_AUTH_LISTEN", default=True)
 # CONN_HEALTH_CHECKS' `SELECT 1` only for a connection idle this long (core.conn_checks); 0: before every request.

@@ -14,6 +14,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
 
 application = get_wsgi_application()
 
+# Vendors' receipts (POST /hooks/providers/{id}) skip Django's handler: see receipts.wsgi.
+from receipts.wsgi import ReceiptsFastPath  # noqa: E402 - needs the app registry get_wsgi_application set up
+
+application = ReceiptsFastPath(application)
+
 if settings.DEBUG and "django.contrib.staticfiles" in settings.INSTALLED_APPS:
     from django.contrib.staticfiles.handlers import StaticFilesHandler
 

@@ -11,9 +11,10 @@
 4. raises `notifications.receipt`/`bounce_type` to the highest-ranked new receipt where it outranks
    what the notification shows (`receipts.precedence`), locking the rows in id order first.
 
-The notifications whose receipt changed come back in `ApplyResult.changed`, and `after_apply()` is
-called with them in the same transaction: the seam where a hard bounce or complaint suppresses the
-address and where outbound events (`notification.bounced`, …) are emitted.
+The notifications whose receipt changed come back in `ApplyResult.changed`, and the functions in
+`AFTER_APPLY` are called with them in the same transaction: the seam where a hard bounce or
+complaint suppresses the address and where outbound events (`notification.bounced`, …) are emitted.
+With none registered the statement runs alone, in autocommit (no BEGIN/COMMIT round trips).
 
 Elsewhere (SQLite) the same work is a short transaction of ORM statements.
 """
@@ -22,14 +23,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from django.db import connections, transaction
 from django.db.models import F
 
+from core import hot_sql
 from core.masking import mask_mapping
 from notifications.models import Notification
 from receipts import precedence
@@ -67,13 +70,18 @@ class ApplyResult:
         return self.applied + self.duplicate + self.ignored
 
 
-def after_apply(provider: ProviderView, result: ApplyResult) -> None:
-    """Called once per apply with at least one changed row, inside its transaction.
+AfterApply = Callable[[ProviderView, ApplyResult], None]
+# The seam for what follows a receipt, called (in order) once per apply that changed at least one
+# notification's receipt, inside the transaction of the apply statement: (a) suppress the address of
+# `changed` rows whose receipt is `complained` or `bounced` with bounce_type `hard` (email and sms
+# only, CONTRACT §17); (b) emit `notification.bounced` / `notification.complained` (and the rest) to
+# the tenant's event endpoints. Each should cost a fixed number of statements per call.
+AFTER_APPLY: list[AfterApply] = []
 
-    The seam for what follows a receipt: (a) suppress the address of `changed` rows whose receipt is
-    `complained` or `bounced` with bounce_type `hard` (email and sms only, CONTRACT §17); (b) emit
-    `notification.bounced` / `notification.complained` (and the rest) to the tenant's event
-    endpoints. Keep it a fixed number of statements per call."""
+
+def after_apply(provider: ProviderView, result: ApplyResult) -> None:
+    for hook in AFTER_APPLY:
+        hook(provider, result)
 
 
 @dataclass(slots=True)
@@ -93,7 +101,7 @@ class _Row:
 
 def _rows(receipts: Sequence[Receipt]) -> list[_Row]:
     """The receipts as stored: one per dedup key (the first), ids parsed (None: not a UUID, so an
-    unknown notification), details masked, values checked (an adapter's mistake is a ValueError)."""
+    unknown notification), details masked and without NULs, values checked (an adapter's mistake is a ValueError)."""
     rows: dict[str, _Row] = {}
     for r in receipts:
         if r.receipt is not None and r.receipt not in RECEIPTS:
@@ -110,9 +118,20 @@ def _rows(receipts: Sequence[Receipt]) -> list[_Row]:
             notification_id = uuid.UUID(str(r.notification_id))
         except ValueError:
             notification_id = None
-        rows[key] = _Row(key, notification_id, (r.type or "")[:MAX_TYPE], r.receipt, bounce_type,
-                         r.occurred_at, mask_mapping(dict(r.details or {})))  # fmt: skip
+        rows[key] = _Row(key, notification_id, _no_nul((r.type or "")[:MAX_TYPE]), r.receipt, bounce_type,
+                         r.occurred_at, _no_nul(mask_mapping(dict(r.details or {}))))  # fmt: skip
     return list(rows.values())
+
+
+def _no_nul(value: Any) -> Any:  # noqa: ANN401
+    """Without NUL characters, which PostgreSQL's text and jsonb refuse (a vendor's string may hold one)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_no_nul(str(k)): _no_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_no_nul(v) for v in value]
+    return value
 
 
 def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: str = "default") -> ApplyResult:
@@ -121,6 +140,8 @@ def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: st
     if not rows:
         return ApplyResult(provider_id=provider.id)
     apply = _apply_pg if connections[using].vendor == "postgresql" else _apply_orm
+    if not AFTER_APPLY and apply is _apply_pg:
+        return apply(provider, rows, using)  # one statement: its own transaction
     # No savepoint inside a caller's transaction: a failure here fails the caller's transaction anyway.
     with transaction.atomic(using=using, savepoint=False):
         result = apply(provider, rows, using)
@@ -134,8 +155,10 @@ def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: st
 # Why each part is where it is:
 # - `gate`: a view read from the per-process cache carries the provider's updated_at; if the provider
 #   changed since (a rotated secret), nothing is stored and the caller verifies again with a fresh view.
-# - `found` joins by id alone, so another tenant's notification is told apart from none (the counter's
-#   reason); `mine` keeps the provider's tenant's.
+# - `found` looks each id up by itself (LATERAL … LIMIT 1, which the planner cannot flatten into a hash
+#   join over the whole table: one notifications_pkey probe per receipt, whatever the
+#   planner guesses of the input's size), by id alone, so another tenant's notification is told apart
+#   from none (the counter's reason); `mine` keeps the provider's tenant's.
 # - `fresh` is the de-duplication: only keys this statement inserted go on (the input has one row per key).
 # - `locked` takes the rows to update in id order (MATERIALIZED: a CTE with FOR UPDATE runs as written),
 #   so two applies touching the same notifications cannot deadlock; the UPDATE's rank test is re-checked
@@ -145,13 +168,14 @@ WITH gate AS (
     SELECT 1 FROM providers WHERE id = %(provider)s AND (%(version)s::timestamptz IS NULL OR updated_at = %(version)s)
 ),
 input AS (
-    SELECT i.* FROM unnest(%(keys)s::text[], %(ids)s::uuid[], %(types)s::text[], %(receipts)s::text[],
-                           %(bounces)s::text[], %(occurred)s::timestamptz[], %(details)s::jsonb[], %(ranks)s::int[])
-         AS i(dedup_key, notification_id, type, receipt, bounce_type, occurred_at, details, rank)
+    SELECT i.* FROM jsonb_to_recordset(%(rows)s::jsonb)
+         AS i(dedup_key text, notification_id uuid, type text, receipt text, bounce_type text,
+              occurred_at timestamptz, details jsonb, rank int)
     WHERE EXISTS (SELECT 1 FROM gate)
 ),
 found AS (
-    SELECT i.*, n.tenant_id AS owner FROM input i LEFT JOIN notifications n ON n.id = i.notification_id
+    SELECT i.*, n.tenant_id AS owner FROM input i
+    LEFT JOIN LATERAL (SELECT tenant_id FROM notifications WHERE id = i.notification_id LIMIT 1) n ON true
 ),
 mine AS (
     SELECT * FROM found WHERE owner = %(tenant)s::uuid
@@ -189,12 +213,12 @@ changed AS (
     SET receipt = b.receipt, bounce_type = b.bounce_type, updated_at = statement_timestamp()
     FROM best b JOIN locked l ON l.id = b.notification_id
     WHERE n.id = l.id
-      AND coalesce(array_position(%(order)s::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
+      AND coalesce(array_position('{ORDER}'::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
     RETURNING n.id, n.tenant_id, n.receipt, n.bounce_type, n.channel, n.provider_id
 ),
 ignored AS (
     INSERT INTO receipt_counters (shard, provider_id, reason, count)
-    SELECT pg_backend_pid() %% %(shards)s, %(provider)s,
+    SELECT pg_backend_pid() %% {SHARDS}, %(provider)s,
            CASE WHEN owner IS NULL THEN 'unknown' ELSE 'foreign' END AS reason, count(*)
     FROM found WHERE owner IS DISTINCT FROM %(tenant)s::uuid
     GROUP BY reason
@@ -206,28 +230,26 @@ SELECT EXISTS (SELECT 1 FROM gate),
        (SELECT count(*) FROM events),
        (SELECT coalesce(json_agg(json_build_array(id, tenant_id, receipt, bounce_type, channel, provider_id)), '[]')
         FROM changed)
-"""
+""".replace("{ORDER}", "{" + ",".join(precedence.ORDER) + "}").replace("{SHARDS}", str(ReceiptCounter.SHARDS))
 
 
 def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
+    # The rows travel as one JSON array (jsonb_to_recordset): dumping nine typed arrays costs the web
+    # process several times what encoding one document does.
+    encoded = orjson.dumps([
+        {"dedup_key": r.dedup_key, "notification_id": r.notification_id, "type": r.type, "receipt": r.receipt,
+         "bounce_type": r.bounce_type, "occurred_at": r.occurred_at, "details": r.details, "rank": r.rank}
+        for r in rows
+    ], default=str).decode()  # fmt: skip
     params = {
         "provider": provider.id,
         "tenant": str(provider.tenant_id),
         "version": provider.updated_at,
-        "keys": [r.dedup_key for r in rows],
-        "ids": [r.notification_id for r in rows],
-        "types": [r.type for r in rows],
-        "receipts": [r.receipt for r in rows],
-        "bounces": [r.bounce_type for r in rows],
-        "occurred": [r.occurred_at for r in rows],
-        "details": [json.dumps(r.details, default=str) for r in rows],
-        "ranks": [r.rank for r in rows],
-        "order": list(precedence.ORDER),
-        "shards": ReceiptCounter.SHARDS,
+        "rows": encoded,
     }
-    with connections[using].cursor() as cursor:
-        cursor.execute(_APPLY_SQL, params)
-        gate, received, mine, applied, changed = cursor.fetchone()
+    # Prepared once per connection, parameters bound on the server (core.hot_sql): planning this
+    # statement and quoting its arrays would cost more than running it.
+    gate, received, mine, applied, changed = hot_sql.fetchone(_APPLY_SQL, params, using=using)
     if not gate:
         return ApplyResult(provider_id=provider.id, stale=True)
     if isinstance(changed, str):

@@ -1,12 +1,17 @@
 """`POST /hooks/providers/{provider_id}`: a vendor's receipts, authenticated by the vendor's signature.
 
-No bearer key, no session, no CSRF: the signature is the authentication (CONTRACT §12).
+No bearer key, no session, no CSRF: the signature is the authentication (CONTRACT §12). In the
+WSGI server these requests reach `receive()` through `receipts.wsgi` without Django's handler and
+middleware; the Django view below answers them the same way (the test client, development without
+OMNIPOST_PUBLIC_URL).
 
 - unknown provider id, or a provider whose kind has no inbound adapter (console, smtp: bounces
   arrive by mail): `404` — the URL is not an endpoint. Provider ids are small integers anyway, so
   hiding whether one exists (a `401`) would protect nothing; what a URL can do is guarded by the
   signature alone.
 - body over `MAX_BODY_BYTES`: `413`, before anything is read.
+- more than OMNIPOST_RATE_LIMIT_RECEIPTS requests a second to one provider: `429` with Retry-After
+  (`receipts.throttle`), before the signature is checked; vendors retry.
 - the adapter rejects the request (bad signature, another provider's secret, stale timestamp,
   unreadable payload): `401`, nothing stored. A view from the per-process cache that rejects is read
   afresh and tried once more (the secret may have just been rotated).
@@ -18,14 +23,15 @@ No bearer key, no session, no CSRF: the signature is the authentication (CONTRAC
 from __future__ import annotations
 
 import logging
+from typing import Any
 from urllib.parse import parse_qsl
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from core.middleware import error_response
-from receipts import providers
+from core.masking import mask_text
+from receipts import providers, throttle
 from receipts.inbound import ADAPTERS, Handled, InboundRequest, ProviderView, Rejected
 from receipts.services import apply_receipts
 
@@ -36,71 +42,92 @@ FORM = "application/x-www-form-urlencoded"
 _ATTEMPTS = 3  # fresh reads of a provider edited while its requests arrive
 
 
-def _not_found() -> JsonResponse:
-    return error_response(404, "not_found", "No inbound endpoint at this URL.")
+Answer = tuple[int, dict[str, Any], dict[str, str]]  # status, JSON body, extra headers
 
 
-def _inbound(request: HttpRequest, body: bytes) -> InboundRequest:
-    base = settings.OMNIPOST_PUBLIC_URL
-    url = base + request.get_full_path() if base else request.build_absolute_uri()
-    form: dict[str, str] = {}
-    if request.content_type == FORM:
-        try:
-            form = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=10_000))
-        except (UnicodeDecodeError, ValueError):
-            form = {}
-    return InboundRequest(url=url, headers=request.headers, body=body, form=form)
+def error_answer(status: int, code: str, message: str, details: dict | None = None) -> Answer:
+    return status, {"error": {"code": code, "message": message, "details": details or {}}}, {}
 
 
-@csrf_exempt
-def provider_events(request: HttpRequest, provider_id: int) -> JsonResponse:
-    if request.method != "POST":
-        response = error_response(405, "method_not_allowed", "POST the provider's events here.")
-        response["Allow"] = "POST"
-        return response
+NOT_FOUND = error_answer(404, "not_found", "No inbound endpoint at this URL.")
+TOO_LARGE = error_answer(413, "request_too_large", f"The body is over {MAX_BODY_BYTES} bytes.",
+                         {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
+NOT_POST = (405, {"error": {"code": "method_not_allowed", "message": "POST the provider's events here.",
+                            "details": {}}}, {"Allow": "POST"})  # fmt: skip
+
+
+def form_of(content_type: str, body: bytes) -> dict[str, str]:
+    if content_type.split(";", 1)[0].strip().lower() != FORM:
+        return {}
     try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length > MAX_BODY_BYTES:
-        return error_response(413, "request_too_large", f"The body is over {MAX_BODY_BYTES} bytes.",
-                              {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
-    body = request.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:  # no (or a wrong) Content-Length
-        return error_response(413, "request_too_large", f"The body is over {MAX_BODY_BYTES} bytes.",
-                              {"limit_bytes": MAX_BODY_BYTES})  # fmt: skip
+        return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=10_000))
+    except (UnicodeDecodeError, ValueError):
+        return {}
 
+
+def receive(provider_id: int, inbound: InboundRequest) -> Answer:
+    """Authenticate and apply one vendor request (the module docstring's rules after the size check)."""
     view, fresh = providers.get(provider_id)
     if view is None or view.kind not in ADAPTERS:
-        return _not_found()
-    inbound = _inbound(request, body)
+        return NOT_FOUND
+    wait = throttle.admit(provider_id)
+    if wait is not None:
+        status, body, _ = error_answer(429, "rate_limited", "Too many requests to this provider's URL; retry.",
+                                       {"retry_after_seconds": round(wait, 3)})  # fmt: skip
+        return status, body, {"Retry-After": throttle.retry_after(wait)}
     for _ in range(_ATTEMPTS):
         outcome = _handle(inbound, view)
-        if isinstance(outcome, JsonResponse):
+        if isinstance(outcome, tuple):
             return outcome
         if outcome is _REJECTED and fresh:
-            return error_response(401, "invalid_signature", "The request does not verify for this provider.")
+            return error_answer(401, "invalid_signature", "The request does not verify for this provider.")
         view, fresh = providers.load(provider_id), True  # rejected by a cached view, or the provider changed
         if view is None:
-            return _not_found()
-    response = error_response(503, "unavailable", "The provider is being changed; retry.")
-    response["Retry-After"] = "1"
-    return response
+            return NOT_FOUND
+    status, body, _ = error_answer(503, "unavailable", "The provider is being changed; retry.")
+    return status, body, {"Retry-After": "1"}
 
 
 _REJECTED, _STALE = object(), object()
 
 
-def _handle(inbound: InboundRequest, view: ProviderView) -> JsonResponse | object:
+def _handle(inbound: InboundRequest, view: ProviderView) -> Answer | object:
     """The answer, or _REJECTED / _STALE (the provider changed since `view` was read)."""
     try:
         receipts = ADAPTERS[view.kind](inbound, view)
     except Rejected as exc:
-        logger.info("receipts rejected for provider %s (%s): %s", view.id, view.kind, exc)
+        logger.info("receipts rejected for provider %s (%s): %s", view.id, view.kind, mask_text(str(exc)))
         return _REJECTED
     except Handled:
-        return JsonResponse({"received": 0})
+        return 200, {"received": 0}, {}
     result = apply_receipts(view, receipts)
     if result.stale:
         return _STALE
-    return JsonResponse({"received": len(receipts)})
+    return 200, {"received": len(receipts)}, {}
+
+
+def _respond(answer: Answer) -> JsonResponse:
+    status, body, headers = answer
+    response = JsonResponse(body, status=status)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+@csrf_exempt
+def provider_events(request: HttpRequest, provider_id: int) -> JsonResponse:
+    if request.method != "POST":
+        return _respond(NOT_POST)
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_BODY_BYTES:
+        return _respond(TOO_LARGE)
+    body = request.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:  # no (or a wrong) Content-Length
+        return _respond(TOO_LARGE)
+    base = settings.OMNIPOST_PUBLIC_URL
+    url = base + request.get_full_path() if base else request.build_absolute_uri()
+    inbound = InboundRequest(url=url, headers=request.headers, body=body, form=form_of(request.content_type, body))
+    return _respond(receive(provider_id, inbound))

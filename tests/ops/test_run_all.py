@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -80,6 +81,11 @@ def test_run_all_serves_and_stops_cleanly_on_ctrl_c(tmp_path):
         request = urllib.request.Request(f"{base}/api/v1/tenant", headers={"Authorization": f"Bearer {api_key[1]}"})
         with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback only
             assert b'"name":"demo"' in response.read()
+        # OMNIPOST_PUBLIC_URL defaults to the server's own address: providers name their events_url under it.
+        request = urllib.request.Request(f"{base}/api/v1/providers", headers={"Authorization": f"Bearer {api_key[1]}"})
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback only
+            providers = json.loads(response.read())["results"]
+        assert providers and all(p["events_url"] == f"{base}/hooks/providers/{p['id']}" for p in providers)
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 0, stderr.read_text()

@@ -16,6 +16,7 @@ from standardwebhooks.webhooks import Webhook
 from core.models import Tenant
 from notifications.models import Notification, Provider
 from receipts import providers as provider_views
+from receipts import throttle
 from receipts.inbound import ProviderView, Receipt
 from tests import factories
 
@@ -44,8 +45,10 @@ def side(tenant: Tenant, secret: str, count: int = 3) -> Side:
 @pytest.fixture(autouse=True)
 def fresh_provider_views() -> Iterator[None]:
     provider_views.clear()
+    throttle.clear()
     yield
     provider_views.clear()
+    throttle.clear()
 
 
 @pytest.fixture

@@ -154,3 +154,37 @@ def test_adapters_mistakes_are_errors_not_data(side_a):
         apply_receipts(side_a.view, [receipt(side_a.notes[0], "bounced", bounce_type="permanent")])
     with pytest.raises(ValueError, match="aware"):
         apply_receipts(side_a.view, [receipt(side_a.notes[0], "delivered", at=datetime(2026, 1, 1))])  # noqa: DTZ001
+
+
+def test_nul_characters_from_a_vendor_are_dropped_not_an_error(side_a):
+    note = side_a.notes[0]
+    result = apply_receipts(side_a.view, [receipt(note, "failed", type="fail\x00ed", details={"d\x00": ["x\x00y"]})])
+    assert result.applied == 1
+    stored = NotificationEvent.objects.get(notification=note)
+    assert stored.type == "failed" and stored.details == {"d": ["xy"]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_apply_hooks_get_the_changed_rows_inside_the_transaction(side_a, monkeypatch):
+    from receipts import services
+
+    seen = []
+
+    def hook(provider, result):  # noqa: ANN001
+        assert connection.in_atomic_block
+        seen.append([(c.notification_id, c.receipt, c.bounce_type) for c in result.changed])
+
+    monkeypatch.setattr(services, "AFTER_APPLY", [hook])
+    note = side_a.notes[0]
+    apply_receipts(side_a.view, [receipt(note, "bounced", bounce_type="hard")])
+    apply_receipts(side_a.view, [receipt(note, "delivered")])  # changes nothing: no call
+    assert seen == [[(note.pk, "bounced", "hard")]]
+
+    def failing(provider, result):  # noqa: ANN001
+        raise RuntimeError("suppression failed")
+
+    monkeypatch.setattr(services, "AFTER_APPLY", [failing])
+    with pytest.raises(RuntimeError):
+        apply_receipts(side_a.view, [receipt(side_a.notes[1], "complained")])
+    assert shown(side_a.notes[1]) == (None, None)  # rolled back with the hook
+    assert not NotificationEvent.objects.filter(notification=side_a.notes[1]).exists()

@@ -121,6 +121,7 @@ def test_webhook_receipts_end_to_end(server, webhook_receiver, tenant_a, tenant_
     assert NotificationEvent.objects.count() == before
     assert Notification.objects.get(pk=note_id).receipt == "bounced"
 
+    body4, headers4 = signed(TEST_SIGNING_SECRET, {"type": "delivered", "notification_id": str(uuid.uuid4())})
     # Another tenant's notification, validly signed: 200, unchanged, counted in /metrics.
     body3, headers3 = signed(TEST_SIGNING_SECRET, {"type": "complained", "notification_id": str(theirs.pk)})
     assert httpx.post(events_url, content=body3, headers=headers3).json() == {"received": 1}
@@ -128,8 +129,12 @@ def test_webhook_receipts_end_to_end(server, webhook_receiver, tenant_a, tenant_
     assert theirs.receipt is None and not NotificationEvent.objects.filter(notification=theirs).exists()
     metrics = httpx.get(f"{server}/metrics").text
     assert f'omnipost_receipts_ignored_total{{provider="hook",provider_id="{hook.pk}",reason="foreign"}} 1.0' in metrics
+    # Served by receipts.wsgi's fast path as by the Django view: no endpoint 404, a big body 413.
+    assert httpx.post(f"{server}/hooks/providers/999999", content=body4, headers=headers4).status_code == 404
+    big = httpx.post(events_url, content=b"x" * (1024 * 1024 + 1), headers=headers4)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    assert httpx.get(events_url).status_code == 405
     # And an unknown id.
-    body4, headers4 = signed(TEST_SIGNING_SECRET, {"type": "delivered", "notification_id": str(uuid.uuid4())})
     assert httpx.post(events_url, content=body4, headers=headers4).status_code == 200
     metrics = httpx.get(f"{server}/metrics").text
     assert f'omnipost_receipts_ignored_total{{provider="hook",provider_id="{hook.pk}",reason="unknown"}} 1.0' in metrics

@@ -145,3 +145,20 @@ def test_no_endpoint_is_404_and_a_big_body_413(side_a, tenant_a):
     response = post(side_a.provider.pk, big, signed_raw(SECRET_A, b"x"))
     assert response.status_code == 413
     assert nothing_stored()
+
+
+def test_a_flood_to_one_provider_is_429_with_retry_after_and_stores_nothing(side_a, side_b, settings):
+    settings.OMNIPOST_RATE_LIMIT_RECEIPTS = 2  # a burst of 2, then 2 a second
+    answers = []
+    for note in side_a.notes:
+        body, headers = signed(SECRET_A, event(note, "delivered"))
+        answers.append(post(side_a.provider.pk, body, headers))
+    assert [a.status_code for a in answers[:2]] == [200, 200]
+    refused = answers[2]
+    assert refused.status_code == 429 and refused["Retry-After"] == "1"
+    assert refused.json()["error"]["code"] == "rate_limited"
+    side_a.notes[2].refresh_from_db()
+    assert side_a.notes[2].receipt is None  # the vendor retries it later
+    # Another provider's URL has its own bucket.
+    body, headers = signed(SECRET_B, event(side_b.notes[0], "delivered"))
+    assert post(side_b.provider.pk, body, headers).status_code == 200
