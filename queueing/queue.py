@@ -36,7 +36,6 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
-from core import hot_sql
 from queueing import ratelimit
 
 NOTIFY_CHANNEL = "omnipost_queue"
@@ -163,8 +162,9 @@ def ring_after_commit(channel: str, payload: str, using: str = "default") -> Non
     commit and NOTIFY) costs at most one polling interval.
     """
 
-    def ring() -> None:  # prepared once per connection (core.hot_sql): every API create rings
-        hot_sql.fetchone("SELECT pg_notify(%s, %s)", [channel, payload], using=using)
+    def ring() -> None:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
     transaction.on_commit(ring, using=using)
 

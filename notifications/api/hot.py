@@ -21,6 +21,9 @@ before the hand-over, so the second look decides alone. It sits after `RequestSi
 (413 first), `SecurityMiddleware` (HTTPS redirect, HSTS, nosniff) and `XFrameOptionsMiddleware`,
 inside Django's handler (request signals, connection upkeep, error pages), so responses carry the
 same headers; DRF's `Allow` header is added as its views send it. Statement counts are the views'.
+Other exceptions (a database error: a create might have been stored) are not handed over; they
+reach Django's handler (its JSON 500), as DRF re-raises them from the views. A key that fails
+here is looked up again by the views (one query more for a well-formed but unknown key).
 """
 
 from __future__ import annotations
