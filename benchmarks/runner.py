@@ -51,6 +51,10 @@ class BenchResult:
     steady_per_second: float | None = None  # over the middle 80 % of arrivals (see steady_rate)
     wall_seconds: float | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
+    # pickup: the create call itself (create_notifications, statement and doorbell), and from its
+    # start to arrival ("created → delivered" as the client sees it)
+    create_call_ms: dict[str, float] = field(default_factory=dict)
+    call_to_arrival_ms: dict[str, float] = field(default_factory=dict)
     statements_per_delivery: float | None = None
     delivered: int = 0
     duplicates: int = 0
@@ -90,6 +94,10 @@ class BenchResult:
             rows.append(("wall time", f"{self.wall_seconds:.2f} s"))
         for name, value in self.latency_ms.items():
             rows.append((f"latency {name}", f"{value:.2f} ms"))
+        for name, value in self.create_call_ms.items():
+            rows.append((f"create call {name}", f"{value:.2f} ms"))
+        for name, value in self.call_to_arrival_ms.items():
+            rows.append((f"create call start to arrival {name}", f"{value:.2f} ms"))
         if self.statements_per_delivery is not None:
             rows.append(("SQL statements per delivery", f"{self.statements_per_delivery:.3f}"))
         rows += [("delivered", f"{self.delivered:,}"), ("duplicates", str(self.duplicates)), ("lost", str(self.lost))]
@@ -366,6 +374,8 @@ def run_pickup(
         machine=machine(),
     )
     returned: dict[str, float] = {}
+    called: dict[str, float] = {}  # id → wall time the create call started
+    durations: list[float] = []
     try:
         tenant, provider = bench_tenant_and_provider(receiver.url)
         with tempfile.TemporaryDirectory() as stats_dir:
@@ -389,9 +399,12 @@ def run_pickup(
                     subject="ping",
                     body="pickup latency probe",
                 )
+                started, clock = time.time(), time.perf_counter()
                 (note,) = create_notifications(tenant, [spec], actor="system:omnipost_bench")
                 if i >= PICKUP_WARMUP:
+                    durations.append((time.perf_counter() - clock) * 1000)
                     returned[str(note.id)] = time.time()
+                    called[str(note.id)] = started
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.perf_counter()))
             time.sleep(1.0)
@@ -405,6 +418,8 @@ def run_pickup(
     result.duplicates = final["duplicates"]
     result.lost = count - result.delivered
     result.latency_ms = percentiles([(arrivals[i] - t) * 1000 for i, t in returned.items() if i in arrivals])
+    result.create_call_ms = percentiles(durations)
+    result.call_to_arrival_ms = percentiles([(arrivals[i] - t) * 1000 for i, t in called.items() if i in arrivals])
     return result
 
 

@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
@@ -46,7 +47,10 @@ class TenantRateThrottle(BaseThrottle):
     clock = staticmethod(time.monotonic)  # for the local allotment's age only
 
     def allow_request(self, request, view) -> bool:  # noqa: ANN001
-        tenant = getattr(request._request, "tenant", None)
+        return self.allow_tenant(getattr(request._request, "tenant", None))
+
+    def allow_tenant(self, tenant: Any) -> bool:  # noqa: ANN401 - core.models.Tenant or None
+        """One request of `tenant`'s; False (see `wait()`) when its limit is spent."""
         if tenant is None:
             return True
         per_minute = settings.OMNIPOST_RATE_LIMIT_API

@@ -3,6 +3,7 @@ another tenant's object is a 404. Creation and cancelling go through notificatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.errors import Conflict
+from core.models import Tenant
 from notifications import reads, services
 from notifications.api.idempotency import HEADER, render, respond, run_idempotent
 from notifications.api.pagination import StrictCursorPagination
@@ -110,10 +112,10 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
 
     @extend_schema(responses={200: NotificationDetailSerializer, **errors(404)})
     def retrieve(self, request: Request, pk: str) -> Response:
-        notification = reads.detail(request.tenant, as_uuid(pk))  # one statement, see notifications.reads
-        if notification is None:
+        data = detail_data(request.tenant, as_uuid(pk))
+        if data is None:
             raise NotFound()
-        return Response(NotificationDetailSerializer(notification).data)
+        return Response(data)
 
     @extend_schema(
         request=NotificationCreateSerializer,
@@ -157,44 +159,64 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
     def _create(
         self, items: list[Any], *, single: bool, record: services.IdempotentResponse | None
     ) -> Response | HttpResponse:
-        """Check every item, resolve names and render templates, then store all or nothing (with
-        the Idempotency-Key's `record` and the response it replays, when there is one)."""
-        problems: dict[int, dict[str, list[str]]] = {}
-        drafts: list[tuple[int, Draft]] = []
-        for index, item in enumerate(items):
-            try:
-                drafts.append((index, clean_notification(item)))
-            except FieldErrors as exc:
-                problems[index] = exc.errors
-        tenant = self.request.tenant
-        if record is not None:
-            record.render = lambda rows: render(status.HTTP_201_CREATED, self._data(rows, single))
-        for _ in range(3):  # a provider or template edited meanwhile: resolve again
-            try:
-                specs = services.build_specs(tenant, [d for _, d in drafts])
-            except services.SpecErrors as exc:
-                for position, errs in exc.errors.items():
-                    problems[drafts[position][0]] = errs
-                specs = []
-            if problems:
-                if single:
-                    raise ValidationError(problems[0])
-                raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
-            try:
-                rows = services.create_notifications(tenant, specs, actor=actor(self.request), idempotency=record)
-            except services.StaleConfig:
-                continue
-            if record is not None:
-                return respond(record)
-            return Response(self._data(rows, single), status=status.HTTP_201_CREATED)
-        raise Conflict("The tenant's providers or templates are being changed; retry.", code="conflict")
+        return create_response(self.request.tenant, actor(self.request), items, single=single, record=record)
 
-    @staticmethod
-    def _data(rows: list[Notification], single: bool) -> dict[str, Any]:
-        if single:
-            return NotificationSerializer(rows[0]).data
-        serializer = NotificationSerializer()
-        return {"results": [serializer.to_representation(n) for n in rows]}
+
+def detail_data(tenant: Tenant, notification_id: UUID) -> dict[str, Any] | None:
+    """`GET notifications/{id}`'s body, or None (another tenant's id too): one statement, see
+    notifications.reads. The view and the hot path (notifications.api.hot) both answer with it."""
+    notification = reads.detail(tenant, notification_id)
+    if notification is None:
+        return None
+    return NotificationDetailSerializer(notification).data
+
+
+def create_response(
+    tenant: Tenant, actor: str, items: list[Any], *, single: bool, record: services.IdempotentResponse | None,
+    before_store: Callable[[], None] | None = None,
+) -> Response | HttpResponse:  # fmt: skip
+    """Check every item, resolve names and render templates, then store all or nothing (with
+    the Idempotency-Key's `record` and the response it replays, when there is one).
+    `before_store` runs once, after every check passed and before anything is stored (the hot
+    path's rate limit, see notifications.api.hot); whatever it raises stops the create."""
+    problems: dict[int, dict[str, list[str]]] = {}
+    drafts: list[tuple[int, Draft]] = []
+    for index, item in enumerate(items):
+        try:
+            drafts.append((index, clean_notification(item)))
+        except FieldErrors as exc:
+            problems[index] = exc.errors
+    if record is not None:
+        record.render = lambda rows: render(status.HTTP_201_CREATED, _data(rows, single))
+    for _ in range(3):  # a provider or template edited meanwhile: resolve again
+        try:
+            specs = services.build_specs(tenant, [d for _, d in drafts])
+        except services.SpecErrors as exc:
+            for position, errs in exc.errors.items():
+                problems[drafts[position][0]] = errs
+            specs = []
+        if problems:
+            if single:
+                raise ValidationError(problems[0])
+            raise ValidationError({"notifications": {str(i): problems[i] for i in sorted(problems)}})
+        if before_store is not None:
+            before_store()
+            before_store = None
+        try:
+            rows = services.create_notifications(tenant, specs, actor=actor, idempotency=record)
+        except services.StaleConfig:
+            continue
+        if record is not None:
+            return respond(record)
+        return Response(_data(rows, single), status=status.HTTP_201_CREATED)
+    raise Conflict("The tenant's providers or templates are being changed; retry.", code="conflict")
+
+
+def _data(rows: list[Notification], single: bool) -> dict[str, Any]:
+    if single:
+        return NotificationSerializer(rows[0]).data
+    serializer = NotificationSerializer()
+    return {"results": [serializer.to_representation(n) for n in rows]}
 
 
 class ScheduledJobViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):

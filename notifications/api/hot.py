@@ -1,0 +1,124 @@
+"""The two calls most clients make, answered before Django's URL routing and DRF.
+
+`POST /api/v1/notifications` (one notification) and `GET /api/v1/notifications/{id}` spent
+about 400 µs of Python a request in the framework around them — URL resolution through nested
+includes, sessions, CSRF, messages and auth middleware that a bearer-key API never uses, DRF's
+request wrapping, content negotiation, permission and throttle classes and response rendering —
+against ≈ 550 µs (create) and ≈ 250 µs (read) of actual work. This middleware answers them
+directly with the very functions the views use (`views.create_response`, `views.detail_data`),
+and only the plain successful case:
+
+- the request has no query string, `Accept` is absent, `*/*` or `application/json`, a create's
+  `Content-Type` is `application/json` and it has no `Idempotency-Key`;
+- the bearer key is valid (`ApiKey.authenticate`, the same cache), the body parses
+  (`StrictJSONParser`), every field is valid and the names resolve;
+- the tenant's rate limit allows it (`TenantRateThrottle.allow_tenant`), checked after the checks
+  and before anything is stored, so a request that falls back is never counted twice.
+
+Anything else is handed on, untouched, to the ordinary stack, which answers it as it always has
+(401, 400 with field errors, 404, 406, 409, 415, 422, 429 with `Retry-After`): nothing is stored
+before the hand-over, so the second look decides alone. It sits after `RequestSizeLimitMiddleware`
+(413 first), `SecurityMiddleware` (HTTPS redirect, HSTS, nosniff) and `XFrameOptionsMiddleware`,
+inside Django's handler (request signals, connection upkeep, error pages), so responses carry the
+same headers; DRF's `Allow` header is added as its views send it. Statement counts are the views'.
+Other exceptions (a database error: a create might have been stored) are not handed over; they
+reach Django's handler (its JSON 500), as DRF re-raises them from the views. A key that fails
+here is looked up again by the views (one query more for a well-formed but unknown key).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable
+from uuid import UUID
+
+from django.http import HttpRequest, HttpResponse
+from rest_framework.exceptions import APIException
+from rest_framework.renderers import JSONRenderer
+
+from core.api.parsers import StrictJSONParser
+from core.api.throttling import TenantRateThrottle
+from core.models import ApiKey
+from notifications.api.views import create_response, detail_data
+
+LIST_PATH = "/api/v1/notifications"
+DETAIL_PATH = re.compile(r"/api/v1/notifications/([0-9a-fA-F-]{36})")
+ACCEPTS = frozenset({"", "*/*", "application/json"})
+JSON_TYPES = frozenset({"application/json", "application/json; charset=utf-8", "application/json;charset=utf-8"})
+# What DRF's views send (their `Allow` header) for the two routes.
+ALLOW_LIST = "GET, POST, HEAD, OPTIONS"
+ALLOW_DETAIL = "GET, HEAD, OPTIONS"
+
+
+class _HandOver(Exception):
+    """Let the ordinary stack answer (it decides again, from the start)."""
+
+
+class HotPathMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        meta = request.META
+        if meta.get("QUERY_STRING") or meta.get("HTTP_ACCEPT", "") not in ACCEPTS:
+            return self.get_response(request)
+        path, method = request.path_info, request.method
+        try:
+            if method == "POST" and path == LIST_PATH:
+                return self._create(request)
+            if method == "GET":
+                match = DETAIL_PATH.fullmatch(path)
+                if match:
+                    return self._detail(request, match[1])
+        except (_HandOver, APIException):
+            pass  # nothing was stored: the views answer it, errors included
+        return self.get_response(request)
+
+    @staticmethod
+    def _key(request: HttpRequest) -> ApiKey:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        scheme, _, raw_key = header.partition(" ")
+        key = ApiKey.authenticate(raw_key.strip()) if scheme.lower() == "bearer" else None
+        if key is None:
+            raise _HandOver()
+        return key
+
+    def _create(self, request: HttpRequest) -> HttpResponse:
+        meta = request.META
+        if meta.get("CONTENT_TYPE", "").lower() not in JSON_TYPES or "HTTP_IDEMPOTENCY_KEY" in meta:
+            raise _HandOver()
+        key = self._key(request)
+        tenant = key.tenant
+        data = StrictJSONParser().parse(io.BytesIO(request.body))  # ParseError: the views say why
+        throttle = TenantRateThrottle()
+
+        def rate_limit() -> None:
+            if not throttle.allow_tenant(tenant):
+                raise _HandOver()  # the views' throttle answers 429 with Retry-After
+
+        response = create_response(
+            tenant, f"api_key:{key.prefix}", [data], single=True, record=None, before_store=rate_limit
+        )
+        return self._json(response.data, response.status_code, ALLOW_LIST)
+
+    def _detail(self, request: HttpRequest, pk: str) -> HttpResponse:
+        try:
+            notification_id = UUID(pk)
+        except ValueError:
+            raise _HandOver() from None
+        key = self._key(request)
+        data = detail_data(key.tenant, notification_id)
+        # Read first, then the rate limit, so a 404 handed over is not counted twice; a read stores
+        # nothing, so the views' second look (their 404, or 429 with Retry-After) costs one query.
+        if data is None or not TenantRateThrottle().allow_tenant(key.tenant):
+            raise _HandOver()
+        return self._json(data, 200, ALLOW_DETAIL)
+
+    @staticmethod
+    def _json(data: object, status: int, allow: str) -> HttpResponse:
+        content = JSONRenderer().render(data)
+        response = HttpResponse(content, status=status, content_type="application/json")
+        response["Allow"] = allow
+        response["Content-Length"] = str(len(content))  # as CommonMiddleware sets it for the views
+        return response

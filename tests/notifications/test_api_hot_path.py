@@ -1,0 +1,130 @@
+"""The hot path (notifications.api.hot): plain single creates and detail reads are answered before
+URL routing and DRF, with the views' own functions; every other request is handed to the views
+untouched, which answer it exactly as before, and a request is never counted twice by the rate limit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import override_settings
+
+from core.api.throttling import TenantRateThrottle
+from notifications.api import views
+from notifications.models import Notification
+from tests.notifications.conftest import email
+
+URL = "/api/v1/notifications"
+pytestmark = pytest.mark.django_db
+SAME_HEADERS = ("Content-Type", "Allow", "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy",
+                "Cross-Origin-Opener-Policy")  # fmt: skip
+
+
+@pytest.fixture
+def views_refuse(monkeypatch):  # noqa: ANN001, ANN201
+    """Make the views' create and retrieve fail: a 201/200 then can only come from the hot path."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the view was called")
+
+    monkeypatch.setattr(views.NotificationViewSet, "create", refuse)
+    monkeypatch.setattr(views.NotificationViewSet, "retrieve", refuse)
+
+
+def test_plain_creates_and_reads_are_answered_as_the_views_answer_them(api_a, setup_a, monkeypatch):
+    # Through the views first (an Accept the hot path leaves alone), then through the hot path.
+    by_views = api_a.post(URL, email(subject="one"), format="json", HTTP_ACCEPT="application/json; q=1")
+    read_by_views = api_a.get(f"{URL}/{by_views.json()['id']}", HTTP_ACCEPT="application/json; q=1")
+    assert by_views.status_code == 201 and read_by_views.status_code == 200
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the view was called")
+
+    monkeypatch.setattr(views.NotificationViewSet, "create", refuse)
+    monkeypatch.setattr(views.NotificationViewSet, "retrieve", refuse)
+    hot = api_a.post(URL, email(subject="two"), format="json")
+    assert hot.status_code == 201, hot.content
+    read_hot = api_a.get(f"{URL}/{hot.json()['id']}")
+    assert read_hot.status_code == 200
+    for fast, slow in ((hot, by_views), (read_hot, read_by_views)):
+        assert {h: fast.get(h) for h in SAME_HEADERS} == {h: slow.get(h) for h in SAME_HEADERS}
+        assert int(fast["Content-Length"]) == len(fast.content)
+        a, b = fast.json(), slow.json()
+        assert a.keys() == b.keys()
+        differ = {k for k in a if a[k] != b[k]}
+        assert differ <= {"id", "subject", "created_at", "updated_at", "enqueued_at"}, differ
+    stored = Notification.objects.for_tenant(setup_a.tenant).get(pk=hot.json()["id"])
+    assert stored.subject == "two" and stored.recipient == "jane.doe@example.com"
+    assert hot.json()["recipient_masked"] == "j***@example.com"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "code"),
+    [
+        ({"data": "{not json", "content_type": "application/json"}, 400, "parse_error"),
+        ({"data": json.dumps({**email(), "priority": 11}), "content_type": "application/json"}, 400,
+         "validation_error"),
+        ({"data": json.dumps({**email(), "status": "delivered"}), "content_type": "application/json"}, 400,
+         "validation_error"),
+        ({"data": json.dumps(email(provider="nope")), "content_type": "application/json"}, 400, "validation_error"),
+        ({"data": json.dumps(email()), "content_type": "text/plain"}, 415, "unsupported_media_type"),
+        ({"data": json.dumps(email()), "content_type": "application/json", "HTTP_ACCEPT": "text/html"}, 406,
+         "not_acceptable"),
+        ({"data": json.dumps(email()), "content_type": "application/json", "QUERY_STRING": "x=1"}, 400,
+         "validation_error"),
+        ({"data": json.dumps(email()), "content_type": "application/json", "HTTP_AUTHORIZATION": "Bearer op_x_y"},
+         401, "unauthenticated"),
+        ({"data": json.dumps(email()), "content_type": "application/json", "HTTP_AUTHORIZATION": "Basic abc"}, 401,
+         "unauthenticated"),
+    ],
+)  # fmt: skip
+def test_every_other_create_is_answered_by_the_views(anonymous, key_a, setup_a, kwargs, status, code):
+    response = anonymous.generic("POST", URL, **{"HTTP_AUTHORIZATION": f"Bearer {key_a}", **kwargs})
+    assert response.status_code == status, response.content
+    assert response.json()["error"]["code"] == code
+    assert not Notification.objects.exists()
+
+
+def test_field_errors_name_the_field(api_a, setup_a):
+    response = api_a.post(URL, {**email(), "priority": 11, "recipient": "not an address"}, format="json")
+    assert response.status_code == 400
+    assert set(response.json()["error"]["details"]) == {"priority", "recipient"}
+
+
+def test_a_create_with_an_idempotency_key_goes_through_the_views_and_replays(api_a, setup_a):
+    first = api_a.post(URL, email(), format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    again = api_a.post(URL, email(), format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+    assert Notification.objects.count() == 1
+
+
+def test_reads_of_unknown_or_foreign_ids_are_the_views_404(api_a, api_b, setup_a, setup_b, views_refuse):
+    created = api_b.post(URL, email(), format="json")
+    assert created.status_code == 201  # tenant B's, through the hot path (the views refuse)
+    for path in (f"{URL}/{created.json()['id']}", f"{URL}/00000000-0000-0000-0000-000000000000"):
+        with pytest.raises(AssertionError, match="the view was called"):
+            api_a.get(path)  # handed to the views (which this test made refuse)
+
+
+@override_settings(OMNIPOST_RATE_LIMIT_API=3)
+def test_the_rate_limit_counts_each_request_once_and_answers_429_with_retry_after(api_a, setup_a):
+    TenantRateThrottle._local.clear()
+    statuses = [
+        api_a.post(URL, {**email(), "priority": 11}, format="json").status_code,  # handed over: counted by the views
+        api_a.post(URL, email(), format="json").status_code,  # hot path
+        api_a.get(f"{URL}/00000000-0000-0000-0000-000000000000").status_code,  # 404 handed over
+        api_a.post(URL, email(), format="json").status_code,  # the 4th request of 3 a minute
+    ]
+    assert statuses == [400, 201, 404, 429]
+    throttled = api_a.get(f"{URL}/{Notification.objects.get().pk}")
+    assert throttled.status_code == 429 and int(throttled["Retry-After"]) >= 1
+    assert throttled.json()["error"]["code"] == "rate_limited"
+    assert Notification.objects.count() == 1
+
+
+def test_a_body_over_the_limit_is_413_before_the_hot_path(api_a, setup_a, settings):
+    settings.OMNIPOST_MAX_REQUEST_BYTES = 100
+    response = api_a.post(URL, email(body="x" * 200), format="json")
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    assert not Notification.objects.exists()
