@@ -21,9 +21,10 @@ from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
-from notifications import services, templating
+from notifications import services, suppressions, templating
 from notifications.models import (
     LEASABLE,
+    Channel,
     DeliveryAttempt,
     Enrollment,
     Notification,
@@ -31,9 +32,12 @@ from notifications.models import (
     Sequence,
     SequenceStep,
     Status,
+    Suppression,
+    SuppressionReason,
     Template,
     TenantQueue,
 )
+from notifications.validation import check_recipient
 from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.stats import CappedCountPaginator
 
@@ -96,7 +100,7 @@ class StatusFilter(admin.SimpleListFilter):
     - scheduled: a pending job (scheduled_jobs_due_idx, latest run_at first);
     - failed / dead_lettered: a dead-letter entry (the record writes one for both; dlq_console_*_idx);
     - delivered: nearly every row, so the plain created_at-ordered list stops after a page;
-    - cancelled: see `_cancelled`.
+    - cancelled, suppressed: see `_finished_without_trace`.
     Past `cap` rows of the small table the list ends (the capped paginator shows no more either).
     """
 
@@ -141,14 +145,14 @@ class StatusFilter(admin.SimpleListFilter):
         elif value in STATUS_SOURCES:
             ids = scoped(STATUS_SOURCES[value]()).values("notification_id")[:cap]
         else:
-            return self._cancelled(queryset, scoped, cap)
+            return self._finished_without_trace(queryset, scoped, cap, value)
         return queryset.filter(id_in(ids), status__in=statuses)
 
     @staticmethod
-    def _cancelled(queryset: Any, scoped: Any, cap: int) -> Any:
-        """Cancelled notifications leave no live row behind (their queue item is deleted; a scheduled one's
-        job is kept, but scheduled_jobs grows with every schedule and has no index that finds cancelled
-        jobs), so this is a bounded scan: among the newest `cap` notifications (the boundary read from
+    def _finished_without_trace(queryset: Any, scoped: Any, cap: int, value: str) -> Any:
+        """Cancelled (and suppressed) notifications leave no live row behind (their queue item is deleted;
+        a scheduled one's job is kept, but scheduled_jobs grows with every schedule and has no index that finds
+        cancelled jobs), so this is a bounded scan: among the newest `cap` notifications (the boundary read from
         notif_created_idx / notif_tenant_recent_idx, `cap` index entries), the cancelled ones, newest first
         through the same index. Cost per page: up to `cap` (10,000) index entries for the boundary plus the
         rows walked until a page of cancelled ones is found (≈ 50 / their share of recent rows; at most
@@ -156,7 +160,7 @@ class StatusFilter(admin.SimpleListFilter):
         it by id, or ask the API with status=cancelled)."""
         newest = scoped(Notification.objects.all()).order_by("-created_at").values("created_at")[cap - 1 : cap]
         since = Coalesce(Subquery(newest), Value(datetime(1970, 1, 1, tzinfo=UTC)))
-        return queryset.filter(status=Status.CANCELLED, created_at__gte=since)
+        return queryset.filter(status=value, created_at__gte=since)
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -385,3 +389,82 @@ class EnrollmentAdmin(ReadOnlyMixin, TenantScopedAdmin):
               "cancelled_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [StepNotificationInline]
+
+
+class SuppressionForm(forms.ModelForm):
+    """Adding an entry: the address is typed once, stored encrypted and shown masked afterwards."""
+
+    address = forms.CharField(max_length=4096, help_text="Emails match case-insensitively; phones in E.164.")
+
+    class Meta:
+        model = Suppression
+        fields = ["tenant", "channel", "reason", "category"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        channel, address = data.get("channel"), data.get("address")
+        if channel and address:
+            try:
+                data["address"] = check_recipient(suppressions.normalise(channel, address), channel)
+            except ValueError as exc:
+                self.add_error("address", str(exc))
+            if data.get("reason") in suppressions.ADDRESS_REASONS and channel not in suppressions.ADDRESS_CHANNELS:
+                self.add_error("reason", "hard bounces and complaints suppress email and sms addresses only")
+        return data
+
+
+@admin.register(Suppression)
+class SuppressionAdmin(TenantScopedAdmin):
+    """The suppression list: added and removed here (audited, through notifications.suppressions),
+    never edited. Search takes an exact address and finds it by its blind index."""
+
+    list_display = ["recipient_masked", "tenant", "channel", "reason", "category", "source_notification_id",
+                    "created_at"]  # fmt: skip
+    list_filter = ["channel", "reason"]
+    search_fields = ["=recipient_index"]  # the search itself is get_search_results
+    search_help_text = "An exact address (email, phone or token)."
+    ordering = ["-created_at", "-id"]
+    readonly_fields = ["id", "tenant", "channel", "recipient_masked", "reason", "category", "source_notification_id",
+                       "created_at"]  # fmt: skip
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = SuppressionForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is None:
+            return ["tenant", "channel", "address", "reason", "category"]
+        return list(self.readonly_fields)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return list(self.readonly_fields) if obj is not None else []
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        return {"reason": SuppressionReason.MANUAL}
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        found = {index for channel in Channel.values for index in suppressions.indexes(channel, term)}
+        return queryset.filter(recipient_index__in=sorted(found)), False
+
+    def save_model(self, request: HttpRequest, obj: Suppression, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        entry, _ = suppressions.suppress(
+            data["tenant"].pk, data["channel"], data["address"], data["reason"], data.get("category") or None,
+            actor=f"user:{request.user.get_username()}",
+        )  # fmt: skip
+        form.instance = entry
+        obj.pk, obj.recipient_masked, obj.created_at = entry.pk, entry.recipient_masked, entry.created_at
+
+    def delete_model(self, request: HttpRequest, obj: Suppression) -> None:
+        suppressions.remove(obj.tenant_id, obj.pk, actor=f"user:{request.user.get_username()}")
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for tenant_id, pk in queryset.values_list("tenant_id", "pk"):
+            suppressions.remove(tenant_id, pk, actor=f"user:{request.user.get_username()}")

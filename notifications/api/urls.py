@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from notifications.api import config_views, sequence_views, views
+from notifications.api import config_views, recipient_views, sequence_views, views
 
 router = SimpleRouter(trailing_slash=False)
 router.register("notifications", views.NotificationViewSet, basename="notification")
@@ -13,6 +13,7 @@ router.register("scheduled-jobs", views.ScheduledJobViewSet, basename="scheduled
 router.register("providers", config_views.ProviderViewSet, basename="provider")
 router.register("templates", config_views.TemplateViewSet, basename="template")
 router.register("sequences", sequence_views.SequenceViewSet, basename="sequence")
+router.register("suppressions", recipient_views.SuppressionViewSet, basename="suppression")
 
 enrollments = sequence_views.EnrollmentViewSet.as_view({"get": "list", "post": "create"})
 enrollment = sequence_views.EnrollmentViewSet.as_view({"get": "retrieve", "delete": "destroy"})
