@@ -159,6 +159,8 @@ class Notification(TenantOwned):
     body = models.TextField(blank=True, default="")
     priority = models.PositiveSmallIntegerField(default=5)
     queue = models.CharField(max_length=100, default="default")
+    # The tenant's category key (notifications.categories); `general` always exists.
+    category = models.CharField(max_length=100, default="general")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     scheduled_for = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)

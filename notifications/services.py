@@ -37,7 +37,7 @@ from core.fields import EncryptedTextField
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from notifications import templating, tenant_config
+from notifications import suppressions, templating, tenant_config
 from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Provider, Status, Template, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
 from queueing import queue
@@ -74,6 +74,11 @@ class NotificationSpec:
     scheduled_for: datetime | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     enrollment_id: uuid.UUID | None = None
+    category: str = "general"
+    # A critical category ignores opt-outs and category-scoped suppressions, never those for every category.
+    critical: bool = False
+    # Decided before the create (a subscriber's opt-out): stored `suppressed`, never queued.
+    opted_out: bool = False
     # The tenant's config_version the provider and template were read at (build_specs from the
     # cache): the create stores only while it is still current, else raises StaleConfig.
     config_version: int | None = None
@@ -302,49 +307,100 @@ def create_notifications(
         return []
     now = timezone.now()
     rows = [_instance(tenant, spec, now) for spec in specs]
-    jobs = [
-        ScheduledJob(tenant=tenant, notification=n, run_at=n.scheduled_for, created_at=now)
-        for n in rows
-        if n.status == Status.SCHEDULED
+    # The suppression check of every row not already opted out (a keyed HMAC each, no query).
+    checked = [i for i, spec in enumerate(specs) if not spec.opted_out]
+    lookups = [
+        suppressions.lookup_for(specs[i].channel, specs[i].recipient, specs[i].category, critical=specs[i].critical)
+        for i in checked
     ]
     versions = [spec.config_version for spec in specs if spec.config_version is not None]
     version = min(versions) if versions else None
-    if idempotency is not None:
-        idempotency.status, idempotency.body = idempotency.render(rows)
     new_queues = {spec.queue for spec in specs} - {DEFAULT_QUEUE} - _known_queues(tenant.pk)
-    if connections[Notification.objects.db].vendor == "postgresql":
-        _store_pg(tenant, rows, jobs, now, version=version, idempotency=idempotency, new_queues=new_queues)
-    else:
+    if connections[Notification.objects.db].vendor != "postgresql":
         with transaction.atomic():
-            if version is not None and not Tenant.objects.filter(pk=tenant.pk, config_version=version).exists():
-                raise StaleConfig()
+            _mark_suppressed(rows, [checked[i] for i in suppressions.suppressed_rows(tenant.pk, lookups)])
+            jobs = _jobs_for(tenant, rows, now)
             if idempotency is not None:
-                _store_record_sqlite(tenant, idempotency)
-            _register_queues(tenant, new_queues)
-            _insert(rows)
-            add_jobs(jobs)
-            enqueue(
-                [
-                    NewItem(
-                        notification_id=n.id, tenant_id=tenant.pk, provider_id=n.provider_id, queue_name=n.queue,
-                        priority=n.priority, payload={"channel": n.channel},
-                    )  # fmt: skip
-                    for n in rows
-                    if n.status == Status.QUEUED
-                ]
-            )
+                idempotency.status, idempotency.body = idempotency.render(rows)
+            _store_sqlite(tenant, rows, jobs, version=version, idempotency=idempotency, new_queues=new_queues)
+    else:
+        # Rows are stored with the statuses decided here, and the statement verifies that the
+        # suppression check (folded into it) blocks exactly the rows marked `suppressed`: usually none,
+        # so one statement; when it finds others, it stores nothing and names them, and the rows (and the
+        # idempotent response rendered from them) are decided again.
+        expected: list[int] = []
+        for _ in range(_CHECK_ROUNDS):
+            _mark_suppressed(rows, [checked[i] for i in expected])
+            jobs = _jobs_for(tenant, rows, now)
+            if idempotency is not None:
+                idempotency.status, idempotency.body = idempotency.render(rows)
+            found = _store_pg(tenant, rows, jobs, now, version=version, idempotency=idempotency,
+                              new_queues=new_queues, check=(lookups, expected))  # fmt: skip
+            if found is None:
+                break
+            expected = found
+        else:
+            raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
     logger.info("%s created %d notification(s) (%d scheduled)", actor, len(rows), len(jobs))
     return rows
 
 
-_GATE_PG = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free)"""
+_CHECK_ROUNDS = 4
+
+
+def _mark_suppressed(rows: list[Notification], positions: Sequence[int]) -> None:
+    """The rows a suppression blocks at creation are `suppressed` (never queued or scheduled); the
+    others get back the status `_instance` gave them (a suppression may have gone since the last round)."""
+    blocked = set(positions)
+    for i, row in enumerate(rows):
+        if i in blocked:
+            if row.status != Status.SUPPRESSED:
+                row.__dict__["_created_as"] = (row.status, row.enqueued_at)
+                row.status, row.enqueued_at = Status.SUPPRESSED, None
+        elif "_created_as" in row.__dict__:
+            row.status, row.enqueued_at = row.__dict__.pop("_created_as")
+
+
+def _jobs_for(tenant: Tenant, rows: list[Notification], now: datetime) -> list[ScheduledJob]:
+    return [
+        ScheduledJob(tenant=tenant, notification=n, run_at=n.scheduled_for, created_at=now)
+        for n in rows
+        if n.status == Status.SCHEDULED
+    ]
+
+
+def _store_sqlite(
+    tenant: Tenant, rows: list[Notification], jobs: list[ScheduledJob], *, version: int | None,
+    idempotency: IdempotentResponse | None, new_queues: set[str],
+) -> None:  # fmt: skip
+    if version is not None and not Tenant.objects.filter(pk=tenant.pk, config_version=version).exists():
+        raise StaleConfig()
+    if idempotency is not None:
+        _store_record_sqlite(tenant, idempotency)
+    _register_queues(tenant, new_queues)
+    _insert(rows)
+    add_jobs(jobs)
+    enqueue(
+        [
+            NewItem(
+                notification_id=n.id, tenant_id=tenant.pk, provider_id=n.provider_id, queue_name=n.queue,
+                priority=n.priority, payload={"channel": n.channel},
+            )  # fmt: skip
+            for n in rows
+            if n.status == Status.QUEUED
+        ]
+    )
+
+
+_GATE_PG = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free, {check} AS check_ok)"""
 # An Idempotency-Key's record, written with what it replays. The advisory lock (held until the
 # statement's transaction ends) tells a request whose twin is being stored right now (409) from
 # one that finds the record stored (replay or 422), instead of waiting on the unique index.
 _RECORD_PG = """record AS (
     INSERT INTO idempotency_records (tenant_id, key, fingerprint, state, response_status, response_body,
                                      created_at, expires_at)
-    SELECT %s, %s, %s, 'completed', %s, %s, %s::timestamptz, %s::timestamptz FROM gate WHERE version_ok AND key_free
+    SELECT %s, %s, %s, 'completed', %s, %s, %s::timestamptz, %s::timestamptz FROM gate
+    WHERE version_ok AND key_free AND check_ok
     ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_tenant DO UPDATE
         SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, response_status = EXCLUDED.response_status,
             response_body = EXCLUDED.response_body, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
@@ -353,7 +409,7 @@ _RECORD_PG = """record AS (
     RETURNING 1)"""
 _QUEUES_PG = """new_queues AS (
     INSERT INTO tenant_queues (tenant_id, name, created_at)
-    SELECT %s, unnest(%s::text[]), %s::timestamptz FROM gate WHERE version_ok AND key_free
+    SELECT %s, unnest(%s::text[]), %s::timestamptz FROM gate WHERE version_ok AND key_free AND check_ok
     ON CONFLICT DO NOTHING)"""
 _ITEMS_PG = "items AS (" + insert_items_sql(  # noqa: S608 - fixed fragments, values are parameters
     """(SELECT n.queue AS queue_name, n.priority, jsonb_build_object('channel', n.channel) AS payload,
@@ -370,11 +426,31 @@ _JOBS_PG = "jobs AS (" + insert_jobs_sql(  # noqa: S608
 def _store_pg(
     tenant: Tenant, rows: list[Notification], jobs: list[ScheduledJob], now: datetime, *,
     version: int | None, idempotency: IdempotentResponse | None, new_queues: set[str],
-) -> None:  # fmt: skip
+    check: tuple[list[suppressions.Lookup], list[int]] | None = None,
+) -> list[int] | None:  # fmt: skip
+    """Store in one statement. `check`: (lookups, positions expected blocked): the statement runs
+    the suppression check and stores only if exactly the expected positions (sorted) are blocked;
+    otherwise it stores nothing and this returns the positions it found. None: stored."""
     connection = connections[Notification.objects.db]
     ctes: list[str] = []
     params: list[Any] = []
     gate_params: list[Any] = []
+    check_sql = "true"
+    if check is not None and check[0]:
+        lookups, expected = check
+        keys = len(lookups[0].indexes)
+        arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
+        names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
+        found = suppressions.check_sql("%s::uuid", "u.channel", [f"u.b{k}" for k in range(keys)], "u.scope")
+        ctes.append(f"blocked AS (SELECT coalesce(array_agg(u.i ORDER BY u.i), '{{}}') AS positions "  # noqa: S608
+                    f"FROM unnest({arrays}) AS u({names}) WHERE {found})")  # fmt: skip
+        params += [list(range(len(lookups))), [x.channel for x in lookups], [x.scope for x in lookups]]
+        params += [[x.indexes[k] for x in lookups] for k in range(keys)]
+        params.append(tenant.pk)
+        check_sql = "(SELECT positions FROM blocked) = %s::int[]"
+        positions_sql = "(SELECT positions FROM blocked)"
+    else:
+        positions_sql = "NULL::int[]"
     version_sql = "true"
     if version is not None:
         version_sql = "(SELECT config_version FROM tenants WHERE id = %s) = %s"
@@ -383,9 +459,11 @@ def _store_pg(
     if idempotency is not None:
         lock_sql = "pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
         gate_params.append(_lock_name(tenant, idempotency.key))
-    ctes.append(_GATE_PG.format(version=version_sql, lock=lock_sql))
+    if check_sql != "true":
+        gate_params.append(sorted(check[1]))
+    ctes.append(_GATE_PG.format(version=version_sql, lock=lock_sql, check=check_sql))
     params += gate_params
-    gated = "(SELECT version_ok AND key_free FROM gate)"
+    gated = "(SELECT version_ok AND key_free AND check_ok FROM gate)"
     if idempotency is not None:
         ctes.append(_RECORD_PG)
         body = IdempotencyRecord._meta.get_field("response_body").get_prep_value(idempotency.body.decode())
@@ -405,11 +483,14 @@ def _store_pg(
     if jobs:
         ctes.append(_JOBS_PG)
         params += [now, [job.notification_id for job in jobs], [job.job_id for job in jobs]]
-    sql = f"WITH {', '.join(ctes)} SELECT version_ok, key_free, (SELECT count(*) FROM n) FROM gate"  # noqa: S608
-    version_ok, key_free, stored = hot_sql.fetchone(sql, params, using=connection.alias)
+    sql = (f"WITH {', '.join(ctes)} SELECT version_ok, key_free, check_ok, (SELECT count(*) FROM n), "  # noqa: S608
+           f"{positions_sql} FROM gate")  # fmt: skip
+    version_ok, key_free, check_ok, stored, positions = hot_sql.fetchone(sql, params, using=connection.alias)
     if not version_ok:
         tenant_config.forget(tenant.pk)
         raise StaleConfig()
+    if not check_ok:
+        return list(positions)
     if not key_free or stored != len(rows):
         raise IdempotencyKeyTaken(in_progress=not key_free)
     for row in rows:
@@ -419,6 +500,7 @@ def _store_pg(
     if queued:
         ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({n.queue for n in queued})), connection.alias)
     ring_schedulers(jobs, using=connection.alias)
+    return None
 
 
 def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) -> None:
@@ -429,7 +511,8 @@ def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) ->
         _store_record_sqlite(tenant, idempotency)
         return
     body = IdempotencyRecord._meta.get_field("response_body").get_prep_value(idempotency.body.decode())
-    sql = "WITH " + _GATE_PG.format(version="true", lock="true") + ", " + _RECORD_PG + " SELECT count(*) FROM record"  # noqa: S608
+    gate = _GATE_PG.format(version="true", lock="true", check="true")
+    sql = "WITH " + gate + ", " + _RECORD_PG + " SELECT count(*) FROM record"  # noqa: S608
     with connection.cursor() as cursor:
         cursor.execute(sql, [tenant.pk, idempotency.key, idempotency.fingerprint, idempotency.status, body,
                              idempotency.created_at, idempotency.expires_at, idempotency.abandoned_before])  # fmt: skip
@@ -473,15 +556,16 @@ def _store_record_sqlite(tenant: Tenant, idempotency: IdempotentResponse) -> Non
 def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notification:
     """A Notification not stored yet, with `tenant`, `provider` and `template` loaded."""
     future = spec.scheduled_for is not None and spec.scheduled_for > now
+    status = Status.SUPPRESSED if spec.opted_out else Status.SCHEDULED if future else Status.QUEUED
     values = {
         "id": uuid7(), "tenant_id": tenant.pk, "channel": spec.channel, "recipient": spec.recipient,
         "recipient_masked": _masked(spec.channel, spec.recipient), "provider_id": spec.provider.pk,
         "template_id": spec.template.pk if spec.template else None, "context": spec.context,
         "subject": spec.subject, "body": spec.body, "priority": spec.priority, "queue": spec.queue,
-        "status": Status.SCHEDULED if future else Status.QUEUED, "scheduled_for": spec.scheduled_for,
-        "metadata": spec.metadata, "attempt_count": 0, "attempt_offset": 0, "last_error_code": "",
+        "status": status, "scheduled_for": spec.scheduled_for, "metadata": spec.metadata, "category": spec.category,
+        "attempt_count": 0, "attempt_offset": 0, "last_error_code": "",
         "enrollment_id": spec.enrollment_id, "created_at": now, "updated_at": now,
-        "enqueued_at": None if future else now, "delivered_at": None,
+        "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,
     }  # fmt: skip
     # Straight into the instance's __dict__, as Model.__init__ would leave it: its per-field setattr
     # runs the foreign keys' descriptors (a quarter of a 1,000-item batch's Python time).
