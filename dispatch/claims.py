@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
-from dispatch.delivery import DispatchLease, Prepared, claim_and_start
+from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppressed_among
 from dispatch.providers import ProviderCache
 from notifications.models import Provider
 from queueing import queue, ratelimit
@@ -23,7 +23,7 @@ PROVIDER_CACHE_SECONDS = 5.0  # how often a claim asks whether any ready item wa
 LANE_REFRESH_SECONDS = 0.25
 STARVATION_CHECK_SECONDS = 1.0  # how often a claim also looks for items past the starvation threshold
 
-Claimed = tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared]]
+Claimed = tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared], list[DispatchLease]]
 
 
 def queue_has_rate_limited_items() -> bool:
@@ -65,11 +65,11 @@ class Claimer:
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
 
     def claim(self, want: int) -> Claimed:
-        """Returns the items to send, those to ack unsent, when the next token is due, and items
+        """Returns the items to send, those to ack unsent, when the next token is due, items
         claimed but to be given back (the session was lost after the claim, before their providers
-        were read)."""
+        were read), and those whose recipient is suppressed now (to record `suppressed`, unsent)."""
         if want <= 0:
-            return [], [], None, []
+            return [], [], None, [], []
         if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
             released = queue.release_claim(self.orphans)
             if released:
@@ -77,14 +77,20 @@ class Claimer:
             self.orphans.clear()
         prepared, skipped, next_token_in = self._claim(want)
         try:
+            blocked = suppressed_among(prepared)  # one statement: the suppression list as it is now
+            if blocked:
+                suppressed = [p.lease for i, p in enumerate(prepared) if i in blocked]
+                prepared = [p for i, p in enumerate(prepared) if i not in blocked]
+            else:
+                suppressed = []
             self.providers.load({p.provider_id for p in prepared})
         except Exception as exc:
             if not is_connection_lost(exc):
                 raise
             reset_connection()
             logger.warning("database lost after a claim; giving back %d items", len(prepared))
-            return [], skipped, None, prepared
-        return prepared, skipped, next_token_in, []
+            return [], skipped, None, prepared, []
+        return prepared, skipped, next_token_in, [], suppressed
 
     def _claim(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         self._stage_due()

@@ -277,6 +277,41 @@ def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
         return {i for (i,) in cursor.fetchall()}
 
 
+# The check at dispatch, for a claim's items (of any tenants): positions an entry blocks. A category
+# that is critical *now* ignores category-scoped entries (it may have become critical since creation).
+_DISPATCH_SCOPE = "u.category"
+
+
+def dispatch_check_sql(keys: int) -> str:
+    """One statement over a claim: parameters `positions int[], tenants uuid[], channels text[],
+    categories text[]` and one `text[]` of blind indexes per configured key."""
+    arrays = ", ".join(["%s::int[]", "%s::uuid[]", "%s::text[]", "%s::text[]", *["%s::text[]"] * keys])
+    names = ", ".join(["i", "tenant_id", "channel", "category", *[f"b{k}" for k in range(keys)]])
+    condition = check_sql("u.tenant_id", "u.channel", [f"u.b{k}" for k in range(keys)], _DISPATCH_SCOPE)
+    return f"SELECT u.i FROM unnest({arrays}) AS u({names}) WHERE {condition}"  # noqa: S608 - fixed fragments
+
+
+def dispatch_check_params(rows: Sequence[tuple[str, str, str, str]]) -> list[Any]:
+    """Parameters of `dispatch_check_sql` for rows of (tenant id, channel, address, category)."""
+    tenants, channels, categories = [], [], []
+    columns: list[list[str]] = [[] for _ in range(crypto.key_count())]
+    for tenant_key, channel, address, category in rows:
+        tenants.append(tenant_key)
+        channels.append(channel)
+        categories.append(category)
+        for column, index in zip(columns, crypto.blind_indexes(normalise(channel, address)), strict=True):
+            column.append(index)
+    return [list(range(len(rows))), tenants, channels, categories, *columns]
+
+
+def dispatch_blocked_portable(rows: Sequence[tuple[str, str, str, str]]) -> set[int]:
+    """`dispatch_check_sql` through the ORM (SQLite), one query per row."""
+    return {
+        i for i, (tenant_key, channel, address, category) in enumerate(rows)
+        if _blocking(tenant_key, lookup_for(channel, address, category)).exists()
+    }  # fmt: skip
+
+
 def _blocking(tenant_id: Any, lookup: Lookup) -> QuerySet[Suppression]:
     scope = Q(category__isnull=True)
     if lookup.scope is not None:
