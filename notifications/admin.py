@@ -21,9 +21,10 @@ from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
-from notifications import services, suppressions, templating
+from notifications import recipients, services, suppressions, templating
 from notifications.models import (
     LEASABLE,
+    Category,
     Channel,
     DeliveryAttempt,
     Enrollment,
@@ -32,6 +33,7 @@ from notifications.models import (
     Sequence,
     SequenceStep,
     Status,
+    Subscriber,
     Suppression,
     SuppressionReason,
     Template,
@@ -468,3 +470,56 @@ class SuppressionAdmin(TenantScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         for tenant_id, pk in queryset.values_list("tenant_id", "pk"):
             suppressions.remove(tenant_id, pk, actor=f"user:{request.user.get_username()}")
+
+
+@admin.register(Category)
+class CategoryAdmin(TenantScopedAdmin):
+    """Categories of a tenant's notifications; saves go through notifications.recipients (audited)."""
+
+    list_display = ["key", "tenant", "critical", "description"]
+    list_filter = ["critical"]
+    search_fields = ["key"]
+    fields = ["tenant", "key", "critical", "description", "quiet_hours"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tenant", "key"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: Category, form: Any, change: bool) -> None:
+        fields = list(form.changed_data) if change else None
+        try:
+            recipients.save_category(obj, actor=f"user:{request.user.get_username()}", fields=fields)
+        except recipients.FieldErrors as exc:
+            self.message_user(request, "; ".join(m for ms in exc.errors.values() for m in ms), level="error")
+
+    def delete_model(self, request: HttpRequest, obj: Category) -> None:
+        recipients.delete_category(obj, actor=f"user:{request.user.get_username()}")
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for category in queryset.exclude(key="general"):
+            recipients.delete_category(category, actor=f"user:{request.user.get_username()}")
+
+
+@admin.register(Subscriber)
+class SubscriberAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """Subscribers, addresses masked only; they change through the API (PUT subscribers/{external_id})."""
+
+    list_display = ["external_id", "tenant", "email_masked", "phone_masked", "timezone", "created_at"]
+    search_fields = ["=external_id"]
+    ordering = ["-created_at", "-id"]
+    # `email`, `phone` and `push_tokens` (ciphertext at rest, plaintext once decrypted) are deliberately absent.
+    fields = ["external_id", "tenant", "email_masked", "phone_masked", "push_tokens_masked", "timezone",
+              "preferences", "created_at", "updated_at"]  # fmt: skip
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).defer("email", "phone", "push_tokens")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return TenantScopedAdmin.has_delete_permission(self, request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Subscriber) -> None:
+        recipients.delete_subscriber(obj.tenant, obj.external_id, actor=f"user:{request.user.get_username()}")
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for subscriber in queryset.select_related("tenant"):
+            self.delete_model(request, subscriber)

@@ -159,8 +159,10 @@ class Notification(TenantOwned):
     body = models.TextField(blank=True, default="")
     priority = models.PositiveSmallIntegerField(default=5)
     queue = models.CharField(max_length=100, default="default")
-    # The tenant's category key (notifications.categories); `general` always exists.
+    # The tenant's category key (Category.key); `general` always exists.
     category = models.CharField(max_length=100, default="general")
+    # The subscriber's external_id when the notification named one (its address resolved at creation).
+    subscriber = models.CharField(max_length=200, null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     scheduled_for = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
@@ -391,3 +393,4 @@ class Suppression(TenantOwned):
 
 
 from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module
+from notifications.recipient_models import GENERAL, Category, Subscriber  # noqa: E402, F401 - likewise

@@ -38,7 +38,18 @@ from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from notifications import suppressions, templating, tenant_config
-from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Provider, Status, Template, TenantQueue
+from notifications.models import (
+    CANCELLABLE,
+    GENERAL,
+    Category,
+    IdempotencyRecord,
+    Notification,
+    Provider,
+    Status,
+    Subscriber,
+    Template,
+    TenantQueue,
+)
 from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
 from queueing import queue
 from queueing.models import ScheduledJob
@@ -75,6 +86,7 @@ class NotificationSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
     enrollment_id: uuid.UUID | None = None
     category: str = "general"
+    subscriber: str | None = None  # the external id the recipient was resolved from
     # A critical category ignores opt-outs and category-scoped suppressions, never those for every category.
     critical: bool = False
     # Decided before the create (a subscriber's opt-out): stored `suppressed`, never queued.
@@ -125,16 +137,26 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft], *, cached: bool = True)
     statement. A name the copy does not know is looked up afresh before it is refused. Uncached,
     two queries (providers, templates) and no version check (callers that hold their own transaction).
     """
+    subscribers = _subscribers(tenant, drafts)
     if not cached:
-        return _build_specs(tenant, drafts, _fresh_config(tenant, drafts), None)
+        return _build_specs(tenant, drafts, _fresh_config(tenant, drafts), None, subscribers)
     config = tenant_config.get(tenant.pk)
     if config is not None:
         try:
-            return _build_specs(tenant, drafts, config, config.version)
+            return _build_specs(tenant, drafts, config, config.version, subscribers)
         except SpecErrors:
             pass  # perhaps a name added since the copy was read: ask the database before refusing
     config = tenant_config.load(tenant.pk)
-    return _build_specs(tenant, drafts, config, config.version)
+    return _build_specs(tenant, drafts, config, config.version, subscribers)
+
+
+def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> dict[str, Subscriber]:
+    """The subscribers the drafts name (one query, none when no draft names one)."""
+    ids = {d.subscriber for d in drafts if d.subscriber is not None}
+    if not ids:
+        return {}
+    rows = Subscriber.objects.for_tenant(tenant).filter(external_id__in=ids)
+    return {s.external_id: s for s in rows.only("external_id", "email", "phone", "push_tokens", "preferences")}
 
 
 def _fresh_config(tenant: Tenant, drafts: Sequence[Draft]) -> tenant_config.TenantConfig:
@@ -151,12 +173,16 @@ def _fresh_config(tenant: Tenant, drafts: Sequence[Draft]) -> tenant_config.Tena
     keys = {d.template for d in drafts if d.template}
     found = {t.key: t for t in Template.objects.for_tenant(tenant).filter(key__in=keys)} if keys else {}
     config.templates.update({key: found.get(key) for key in keys})
+    categories = {d.category for d in drafts} - {GENERAL}
+    if categories:
+        config.categories = {c.key: c for c in Category.objects.for_tenant(tenant).filter(key__in=categories)}
     return config
 
 
 def _build_specs(
-    tenant: Tenant, drafts: Sequence[Draft], config: tenant_config.TenantConfig, version: int | None
-) -> list[NotificationSpec]:
+    tenant: Tenant, drafts: Sequence[Draft], config: tenant_config.TenantConfig, version: int | None,
+    subscribers: dict[str, Subscriber],
+) -> list[NotificationSpec]:  # fmt: skip
     by_name, defaults = config.providers, config.defaults
     keys = {d.template for d in drafts if d.template}
     templates = tenant_config.templates(config, tenant.pk, keys) if keys else {}
@@ -170,6 +196,24 @@ def _build_specs(
         if draft.queue in refused_queues:
             problems["queue"] = [refused_queues[draft.queue]]
         provider = _provider_for(draft, by_name, defaults, problems)
+        category = config.categories.get(draft.category)
+        if category is None and draft.category != GENERAL:
+            problems["category"] = [f"no category with key {draft.category!r}: create it first (POST categories)"]
+        critical = category is not None and category.critical
+        recipient, opted_out = draft.recipient, False
+        if draft.subscriber is not None:
+            subscriber = subscribers.get(draft.subscriber)
+            address = subscriber.address_for(draft.channel) if subscriber is not None else None
+            if subscriber is None:
+                problems["subscriber"] = [f"no subscriber with external_id {draft.subscriber!r}"]
+            elif address is None:
+                problems["subscriber"] = [
+                    f"subscriber {draft.subscriber!r} has no address for channel {draft.channel!r}: add one "
+                    "(PUT subscribers/{external_id}) or give `recipient`"
+                ]
+            else:
+                recipient = address
+                opted_out = not critical and subscriber.opted_out(draft.category, draft.channel)
         template = None
         subject, body = draft.subject, draft.body
         if draft.template:
@@ -185,9 +229,10 @@ def _build_specs(
             continue
         specs.append(
             NotificationSpec(
-                channel=draft.channel, recipient=draft.recipient, provider=provider, subject=subject, body=body,
+                channel=draft.channel, recipient=recipient, provider=provider, subject=subject, body=body,
                 template=template, context=draft.context, priority=draft.priority, queue=draft.queue,
                 scheduled_for=draft.scheduled_for, metadata=draft.metadata, config_version=version,
+                category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
             )  # fmt: skip
         )
     if errors:
@@ -563,6 +608,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "template_id": spec.template.pk if spec.template else None, "context": spec.context,
         "subject": spec.subject, "body": spec.body, "priority": spec.priority, "queue": spec.queue,
         "status": status, "scheduled_for": spec.scheduled_for, "metadata": spec.metadata, "category": spec.category,
+        "subscriber": spec.subscriber,
         "attempt_count": 0, "attempt_offset": 0, "last_error_code": "",
         "enrollment_id": spec.enrollment_id, "created_at": now, "updated_at": now,
         "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,

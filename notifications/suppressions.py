@@ -279,7 +279,10 @@ def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
 
 # The check at dispatch, for a claim's items (of any tenants): positions an entry blocks. A category
 # that is critical *now* ignores category-scoped entries (it may have become critical since creation).
-_DISPATCH_SCOPE = "u.category"
+_DISPATCH_SCOPE = (
+    "(CASE WHEN EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id AND c.key = u.category"
+    " AND c.critical) THEN NULL ELSE u.category END)"
+)
 
 
 def dispatch_check_sql(keys: int) -> str:

@@ -1,23 +1,34 @@
-"""The suppression list (`suppressions`). Every queryset starts with for_tenant(); adding and removing
-go through notifications.suppressions (audited). Addresses are write-only and read back masked."""
+"""Recipients: the suppression list (`suppressions`), `categories` and `subscribers`. Every queryset
+starts with for_tenant(); changes go through notifications.suppressions and notifications.recipients
+(audited). Addresses are write-only and read back masked."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from notifications import suppressions, validation
+from notifications import recipients, suppressions, validation
+from notifications.api.config_views import docs as config_docs
 from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictCharField, StrictQueryMixin, StrictSerializer, errors
+from notifications.api.schema import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictQueryMixin,
+    StrictRegexField,
+    StrictSerializer,
+    errors,
+)
 from notifications.api.views import actor, as_uuid
-from notifications.models import Channel, Suppression, SuppressionReason
-from notifications.validation import check_recipient
+from notifications.models import Category, Channel, Subscriber, Suppression, SuppressionReason
+from notifications.validation import FieldErrors, check_recipient, unknown_fields
+
+MAX_BULK_SUBSCRIBERS = 1000
 
 
 def iso(value: Any) -> str | None:
@@ -126,3 +137,223 @@ class SuppressionViewSet(
         if not suppressions.remove(request.tenant.pk, as_uuid(pk), actor=actor(request)):
             raise NotFound()
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- categories -----------------------------------------------------------------------------------
+
+
+class CategorySerializer(StrictSerializer):
+    key = StrictRegexField(validation.NAME.pattern, max_length=100)
+    critical = StrictBooleanField(required=False, default=False,
+                                  help_text="Critical categories ignore opt-outs (never suppressions).")  # fmt: skip
+    description = StrictCharField(required=False, allow_blank=True, max_length=recipients.MAX_DESCRIPTION_CHARS)
+    quiet_hours = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='{"start": "HH:MM", "end": "HH:MM"} or null (inherits general\'s).',
+    )  # fmt: skip
+
+    def validate_quiet_hours(self, value: Any) -> Any:
+        try:
+            return recipients.check_quiet_hours(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        instance = getattr(self, "instance", None)
+        if instance is not None and "key" in attrs and attrs["key"] != instance.key:
+            raise serializers.ValidationError({"key": ["cannot be changed after creation; create a new category"]})
+        return attrs
+
+    def to_representation(self, c: Category) -> dict[str, Any]:
+        return {"key": c.key, "critical": c.critical, "description": c.description, "quiet_hours": c.quiet_hours}
+
+
+@extend_schema_view(**config_docs(CategorySerializer))
+class CategoryViewSet(StrictQueryMixin, viewsets.ModelViewSet):
+    serializer_class = CategorySerializer
+    pagination_class = StrictCursorPagination
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    lookup_field = "key"
+    lookup_value_regex = "[-a-zA-Z0-9_]+"
+
+    def get_queryset(self) -> QuerySet[Category]:
+        if getattr(self, "swagger_fake_view", False):
+            return Category.objects.none()
+        recipients.ensure_general(self.request.tenant)
+        return Category.objects.for_tenant(self.request.tenant)
+
+    def perform_create(self, serializer: CategorySerializer) -> None:
+        category = Category(tenant=self.request.tenant, **serializer.validated_data)
+        serializer.instance = self._save(category)
+
+    def perform_update(self, serializer: CategorySerializer) -> None:
+        category = serializer.instance
+        for name, value in serializer.validated_data.items():
+            setattr(category, name, value)
+        self._save(category, fields=list(serializer.validated_data))
+
+    def _save(self, category: Category, fields: list[str] | None = None) -> Category:
+        try:
+            return recipients.save_category(category, actor=actor(self.request), fields=fields)
+        except FieldErrors as exc:
+            raise serializers.ValidationError(exc.errors) from None
+
+    def perform_destroy(self, instance: Category) -> None:
+        recipients.delete_category(instance, actor=actor(self.request))
+
+
+# --- subscribers ----------------------------------------------------------------------------------
+
+EXTERNAL_ID = r"[^/]{1,200}"
+
+
+class SubscriberSerializer(serializers.Serializer):
+    """A subscriber as read back: addresses masked only (the write fields take them in clear)."""
+
+    external_id = serializers.CharField()
+    email_masked = serializers.CharField(allow_blank=True)
+    phone_masked = serializers.CharField(allow_blank=True)
+    push_tokens_masked = serializers.ListField(child=serializers.CharField())
+    timezone = serializers.CharField(allow_blank=True)
+    preferences = serializers.DictField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    def to_representation(self, s: Subscriber) -> dict[str, Any]:
+        return {
+            "external_id": s.external_id, "email_masked": s.email_masked, "phone_masked": s.phone_masked,
+            "push_tokens_masked": list(s.push_tokens_masked or []), "timezone": s.timezone,
+            "preferences": s.preferences or {}, "created_at": iso(s.created_at), "updated_at": iso(s.updated_at),
+        }  # fmt: skip
+
+
+class SubscriberWriteSerializer(StrictSerializer):
+    """The body of PUT/PATCH subscribers/{external_id} (checked by notifications.recipients)."""
+
+    email = StrictCharField(required=False, allow_null=True, help_text="Stored encrypted; read back masked.")
+    phone = StrictCharField(required=False, allow_null=True, help_text="E.164; stored encrypted.")
+    push_tokens = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True,
+                                        help_text="Push goes to the first one.")  # fmt: skip
+    timezone = StrictCharField(required=False, allow_blank=True, help_text="IANA name, e.g. Europe/Berlin.")
+    preferences = serializers.DictField(required=False, help_text='{"<category>": {"<channel>": true|false}}')
+
+
+class SubscriberBulkSerializer(StrictSerializer):
+    subscribers = serializers.ListField(child=serializers.DictField(), min_length=1,
+                                        max_length=MAX_BULK_SUBSCRIBERS)  # fmt: skip
+
+
+def _field_errors(call: Any) -> Any:
+    try:
+        return call()
+    except FieldErrors as exc:
+        raise serializers.ValidationError(exc.errors) from None
+
+
+class SubscriberViewSet(StrictQueryMixin, viewsets.GenericViewSet):
+    serializer_class = SubscriberSerializer
+    pagination_class = StrictCursorPagination
+    lookup_field = "external_id"
+    lookup_value_regex = EXTERNAL_ID
+
+    def get_queryset(self) -> QuerySet[Subscriber]:
+        if getattr(self, "swagger_fake_view", False):
+            return Subscriber.objects.none()
+        return Subscriber.objects.for_tenant(self.request.tenant).defer("email", "phone", "push_tokens")
+
+    def _get(self, external_id: str) -> Subscriber:
+        subscriber = self.get_queryset().filter(external_id=external_id).first()
+        if subscriber is None:
+            raise NotFound()
+        return subscriber
+
+    @extend_schema(responses={200: SubscriberSerializer(many=True), **errors(400)})
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response([SubscriberSerializer(s).data for s in page])
+
+    @extend_schema(responses={200: SubscriberSerializer, **errors(404)})
+    def retrieve(self, request: Request, external_id: str) -> Response:
+        return Response(SubscriberSerializer(self._get(external_id)).data)
+
+    @extend_schema(request=SubscriberWriteSerializer,
+                   responses={201: SubscriberSerializer, 200: SubscriberSerializer, **errors(400, 413)})  # fmt: skip
+    def update(self, request: Request, external_id: str) -> Response:
+        """Create (201) or replace (200) the subscriber the URL names."""
+        _check_external_id(external_id)
+        keys = recipients.fresh_category_keys(request.tenant, _preference_keys([request.data]))
+        clean = _field_errors(lambda: recipients.clean_subscriber(request.data, external_id=external_id,
+                                                                  categories=keys))  # fmt: skip
+        created = recipients.upsert_subscribers(request.tenant, [clean])[external_id]
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(SubscriberSerializer(self._get(external_id)).data, status=code)
+
+    @extend_schema(request=SubscriberWriteSerializer, responses={200: SubscriberSerializer, **errors(400, 404, 413)})
+    def partial_update(self, request: Request, external_id: str) -> Response:
+        keys = recipients.fresh_category_keys(request.tenant, _preference_keys([request.data]))
+        changes = _field_errors(lambda: recipients.clean_subscriber(request.data, external_id=external_id,
+                                                                    categories=keys, partial=True))  # fmt: skip
+        changes.pop("external_id", None)
+        subscriber = recipients.patch_subscriber(request.tenant, external_id, changes)
+        if subscriber is None:
+            raise NotFound()
+        return Response(SubscriberSerializer(subscriber).data)
+
+    @extend_schema(responses={204: None, **errors(404)})
+    def destroy(self, request: Request, external_id: str) -> Response:
+        if not recipients.delete_subscriber(request.tenant, external_id, actor=actor(request)):
+            raise NotFound()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=SubscriberBulkSerializer,
+        responses={200: inline_serializer("SubscriberBulkResult", {
+            "results": inline_serializer("SubscriberBulkItem", {
+                "external_id": serializers.CharField(), "created": serializers.BooleanField()}, many=True)}),
+            **errors(400, 413)},
+    )  # fmt: skip
+    def bulk(self, request: Request) -> Response:
+        """Create or replace up to 1,000 subscribers in one statement: all or nothing."""
+        data = request.data
+        if not isinstance(data, dict) or unknown_fields(data, ("subscribers",)):
+            raise serializers.ValidationError({"subscribers": ['the body must be {"subscribers": [...]}']})
+        items = data.get("subscribers")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BULK_SUBSCRIBERS:
+            raise serializers.ValidationError(
+                {"subscribers": [f"must be a list of 1 to {MAX_BULK_SUBSCRIBERS} subscriber objects"]}
+            )
+        keys = recipients.fresh_category_keys(request.tenant, _preference_keys(items))
+        problems: dict[str, Any] = {}
+        rows, seen = [], set()
+        for index, item in enumerate(items):
+            try:
+                row = recipients.clean_subscriber(item, categories=keys)
+            except FieldErrors as exc:
+                problems[str(index)] = exc.errors
+                continue
+            if row["external_id"] in seen:
+                problems[str(index)] = {"external_id": ["appears twice in this request"]}
+                continue
+            seen.add(row["external_id"])
+            rows.append(row)
+        if problems:
+            raise serializers.ValidationError({"subscribers": problems})
+        created = recipients.upsert_subscribers(request.tenant, rows)
+        return Response({"results": [{"external_id": r["external_id"], "created": created[r["external_id"]]}
+                                     for r in rows]})  # fmt: skip
+
+
+def _check_external_id(external_id: str) -> None:
+    try:
+        validation.check_external_id(external_id)
+    except ValueError as exc:
+        raise serializers.ValidationError({"external_id": [str(exc)]}) from None
+
+
+def _preference_keys(items: list[Any]) -> set[str]:
+    keys: set[str] = set()
+    for item in items:
+        preferences = item.get("preferences") if isinstance(item, dict) else None
+        if isinstance(preferences, dict):
+            keys.update(k for k in preferences if isinstance(k, str))
+    return keys
