@@ -2,15 +2,16 @@
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
         [--server gunicorn|granian|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
-        [--single-clients 8] [--batch-clients 4] [--modes single,batch,read]
+        [--single-clients 8] [--batch-clients 4] [--modes single,batch,subscribers,read]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
 worker) or uvicorn on the ASGI application; then a load generator in a separate process: in mode
 `single`, `--single-clients` threads hammering `POST /api/v1/notifications`; `batch`,
 `--batch-clients` threads sending `POST /api/v1/notifications/batch` with `--batch-size` items;
-`read`, `--single-clients` threads reading `GET /api/v1/notifications/{id}` (with attempts) of
-notifications created beforehand.
+`subscribers`, the same batches naming `--batch-size` distinct subscribers (created beforehand) instead
+of a recipient, each resolved to its email address at creation; `read`, `--single-clients` threads
+reading `GET /api/v1/notifications/{id}` (with attempts) of notifications created beforehand.
 Prints accepted notifications per second and request latency p50/p99 per mode (median of
 `--repeat` runs) and checks the database holds exactly what was accepted. No dispatcher runs, so
 every accepted notification stays queued. The default database is a throwaway one the script
@@ -70,7 +71,7 @@ def ensure_database(database_url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def prepare(database_url: str) -> str:
+def prepare(database_url: str, subscribers: int = 0) -> str:
     """Migrate, empty the notification tables (throwaway databases only), create a tenant; return its key."""
     env = server_env(database_url)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
@@ -90,6 +91,11 @@ def prepare(database_url: str) -> str:
     tenant = Tenant.objects.create(name=f"ingest-bench-{int(time.time() * 1000)}")
     Provider.objects.create(tenant=tenant, name="console", kind="console", channel="email", is_default=True)
     raw_key = ApiKey.issue(tenant, name="bench")[1]
+    if subscribers:
+        from notifications.recipients import clean_subscriber, upsert_subscribers
+
+        upsert_subscribers(tenant, [clean_subscriber({"external_id": f"bench-{i}", "email": f"user{i}@example.com"})
+                                    for i in range(subscribers)])  # fmt: skip
     connection.close()
     return raw_key
 
@@ -222,7 +228,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ensure_database(args.database_url)
-    key = prepare(args.database_url)
+    key = prepare(args.database_url, args.batch_size if "subscribers" in args.modes.split(",") else 0)
     port = free_port()
     server = start_gunicorn(args, port)
     base = f"http://127.0.0.1:{port}/api/v1/notifications"
@@ -247,6 +253,9 @@ def main() -> None:
         "single": (base, json.dumps(EMAIL_ITEM).encode(), 1, args.single_clients),
         "batch": (f"{base}/batch", json.dumps({"notifications": [EMAIL_ITEM] * args.batch_size}).encode(),
                   args.batch_size, args.batch_clients),
+        "subscribers": (f"{base}/batch", json.dumps({"notifications": [
+            {**{k: v for k, v in EMAIL_ITEM.items() if k != "recipient"}, "subscriber": f"bench-{i}"}
+            for i in range(args.batch_size)]}).encode(), args.batch_size, args.batch_clients),
     }  # fmt: skip
     results: dict[str, list[dict]] = {}
     try:
@@ -272,7 +281,7 @@ def main() -> None:
     for mode, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("accepted_per_s", "p50_ms", "p99_ms")}
         path = {"single": "POST notifications", "batch": "POST notifications/batch",
-                "read": "GET notifications/{id}"}[mode]  # fmt: skip
+                "subscribers": "POST batch by subscriber", "read": "GET notifications/{id}"}[mode]  # fmt: skip
         unit = "reads/s" if mode == "read" else "notifications/s"
         print(f"  {path:<26} {med['accepted_per_s']:9.0f} {unit:<16}"
               f"p50 {med['p50_ms']:7.1f} ms   p99 {med['p99_ms']:7.1f} ms")

@@ -119,3 +119,25 @@ def test_a_suppression_added_while_the_dispatcher_is_stopped_is_honoured(tenant_
     assert [statuses[n.pk] for n in others] == ["delivered"] * 2
     assert not DeliveryAttempt.objects.filter(notification_id__in=[n.pk for n in waiting]).exists()
     assert Notification.objects.get(pk=waiting[0].pk).attempt_count == 0
+
+
+@pytest.mark.django_db
+def test_at_dispatch_a_critical_category_ignores_entries_scoped_to_it_but_not_those_for_all(tenant_a):
+    from notifications.models import Category
+
+    Category.objects.create(tenant=tenant_a, key="security", critical=True)
+    Category.objects.create(tenant=tenant_a, key="news")
+    mail = factories.provider(tenant_a, "mail", kind="console", channel="email", config={})
+    rows = {}
+    for address in ("scoped@example.com", "all@example.com"):
+        for category in ("security", "news"):
+            [n] = factories.queued(tenant_a, mail, 1, recipient=address)
+            Notification.objects.filter(pk=n.pk).update(category=category)
+            rows[(address, category)] = n.pk
+        suppressions.suppress(tenant_a.pk, "email", "scoped@example.com", "unsubscribed", "security")
+        suppressions.suppress(tenant_a.pk, "email", "scoped@example.com", "unsubscribed", "news")
+    suppressions.suppress(tenant_a.pk, "email", "all@example.com", "complaint")
+    prepared, _ = claim_and_start(10, look_for_starving=False)
+    blocked = {prepared[i].notification_id for i in suppressed_among(prepared)}
+    assert blocked == {rows[("scoped@example.com", "news")], rows[("all@example.com", "security")],
+                       rows[("all@example.com", "news")]}  # fmt: skip
