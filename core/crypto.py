@@ -239,3 +239,10 @@ def blind_indexes(value: str) -> tuple[str, ...]:
 
 def key_count() -> int:
     return len(_keys())
+
+
+def blind_indexers() -> tuple[object, ...]:
+    """The keyed HMAC objects behind `blind_indexes`, newest first, for a caller indexing many values
+    in a loop: `hmac.copy()`, `update(value)`, `digest().hex()` per value and key (what
+    `blind_indexes` does, without its per-call overhead)."""
+    return tuple(mac._keyed for mac in _blind_keys(_keys()))

@@ -316,20 +316,27 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
     none for an empty claim."""
     if not prepared:
         return set()
-    rows, positions = [], []
+    tenants, channels, addresses, categories, positions = [], [], [], [], []
     for position, item in enumerate(prepared):
-        try:
-            rows.append((item.lease.tenant_key, item.channel, item.recipient(), item.category))
-        except crypto.DecryptionError:
-            continue  # unreadable: its send fails and records why (dispatch.sending)
+        address = item.opened_recipient
+        if address is None:
+            try:
+                address = item.recipient()
+            except crypto.DecryptionError:
+                continue  # unreadable: its send fails and records why (dispatch.sending)
+        tenants.append(item.lease.tenant_key)
+        channels.append(item.channel)
+        addresses.append(address)
+        categories.append(item.category)
         positions.append(position)
-    if not rows:
+    if not positions:
         return set()
     if not queue.is_pg(using):
+        rows = list(zip(tenants, channels, addresses, categories, strict=True))
         return {positions[i] for i in suppressions.dispatch_blocked_portable(rows)}
+    params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
     with hot_cursor(using) as cursor:
-        cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), suppressions.dispatch_check_params(rows),
-                       prepare=True)  # fmt: skip
+        cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=True)
         return {positions[row[0]] for row in cursor.fetchall()}
 
 

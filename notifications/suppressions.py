@@ -248,12 +248,19 @@ def lookup_for(channel: str, address: str, category: str | None, *, critical: bo
     return Lookup(channel, indexes(channel, address), None if critical else category)
 
 
-def check_sql(tenant_sql: str, channel_sql: str, index_sqls: Sequence[str], scope_sql: str) -> str:
-    """SQL that is true when an entry blocks the notification described by the given expressions."""
+def check_sql(
+    tenant_sql: str, channel_sql: str, index_sqls: Sequence[str], scope_sql: str, *, scoped_extra: str = ""
+) -> str:
+    """SQL that is true when an entry blocks the notification described by the given expressions: an
+    entry for every category, or one for the category `scope_sql` names (and `scoped_extra` holds)."""
+    extra = f" AND {scoped_extra}" if scoped_extra else ""
+    # OFFSET 0 keeps the EXISTS a per-row probe of suppression_lookup_idx: pulled up into a semi-join,
+    # the planner hashes the whole table when it is small enough to look cheap (measured: 9 ms for a
+    # claim of 250 over 10,000 entries, against well under a millisecond probing).
     return (
         "EXISTS (SELECT 1 FROM suppressions s "  # noqa: S608 - column expressions of the caller, no values
         f"WHERE s.tenant_id = {tenant_sql} AND s.recipient_index IN ({', '.join(index_sqls)}) "
-        f"AND s.channel = {channel_sql} AND (s.category IS NULL OR s.category = {scope_sql}))"
+        f"AND s.channel = {channel_sql} AND (s.category IS NULL OR (s.category = {scope_sql}{extra})) OFFSET 0)"
     )
 
 
@@ -279,32 +286,45 @@ def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
 
 # The check at dispatch, for a claim's items (of any tenants): positions an entry blocks. A category
 # that is critical *now* ignores category-scoped entries (it may have become critical since creation).
-_DISPATCH_SCOPE = (
-    "(CASE WHEN EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id AND c.key = u.category"
-    " AND c.critical) THEN NULL ELSE u.category END)"
+# Looked at only when a category-scoped entry matches (the planner evaluates it last).
+_NOT_CRITICAL = (
+    "NOT EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id AND c.key = u.category AND c.critical)"
 )
 
 
 def dispatch_check_sql(keys: int) -> str:
-    """One statement over a claim: parameters `positions int[], tenants uuid[], channels text[],
-    categories text[]` and one `text[]` of blind indexes per configured key."""
-    arrays = ", ".join(["%s::int[]", "%s::uuid[]", "%s::text[]", "%s::text[]", *["%s::text[]"] * keys])
-    names = ", ".join(["i", "tenant_id", "channel", "category", *[f"b{k}" for k in range(keys)]])
-    condition = check_sql("u.tenant_id", "u.channel", [f"u.b{k}" for k in range(keys)], _DISPATCH_SCOPE)
-    return f"SELECT u.i FROM unnest({arrays}) AS u({names}) WHERE {condition}"  # noqa: S608 - fixed fragments
+    """One statement over a claim: parameters `tenants text[]` (uuids), `channels text[]`,
+    `categories text[]` and one `text[]` of blind indexes per configured key; returns the blocked
+    rows' positions (0-based)."""
+    # %b: the arrays travel in binary (psycopg's list dumpers), not as array text it must quote
+    arrays = ", ".join(["%b::text[]::uuid[]", "%b::text[]", "%b::text[]", *["%b::text[]"] * keys])
+    names = ", ".join(["tenant_id", "channel", "category", *[f"b{k}" for k in range(keys)], "i"])
+    condition = check_sql("u.tenant_id", "u.channel", [f"u.b{k}" for k in range(keys)], "u.category",
+                          scoped_extra=_NOT_CRITICAL)  # fmt: skip
+    return f"SELECT u.i - 1 FROM unnest({arrays}) WITH ORDINALITY AS u({names}) WHERE {condition}"  # noqa: S608
 
 
-def dispatch_check_params(rows: Sequence[tuple[str, str, str, str]]) -> list[Any]:
-    """Parameters of `dispatch_check_sql` for rows of (tenant id, channel, address, category)."""
-    tenants, channels, categories = [], [], []
-    columns: list[list[str]] = [[] for _ in range(crypto.key_count())]
-    for tenant_key, channel, address, category in rows:
-        tenants.append(tenant_key)
-        channels.append(channel)
-        categories.append(category)
-        for column, index in zip(columns, crypto.blind_indexes(normalise(channel, address)), strict=True):
-            column.append(index)
-    return [list(range(len(rows))), tenants, channels, categories, *columns]
+def dispatch_check_params(
+    tenants: list[str], channels: list[str], addresses: list[str], categories: list[str]
+) -> list[Any]:
+    """Parameters of `dispatch_check_sql` for rows given column by column."""
+    # Once per delivery on the dispatcher's claim path: kept lean (≈ 1 µs a row with one key).
+    keyed = crypto.blind_indexers()
+    columns: list[list[str]] = [[] for _ in keyed]
+    pairs = list(zip(keyed, columns, strict=True))
+    email = Channel.EMAIL.value
+    for channel, address in zip(channels, addresses, strict=True):
+        if channel == email:
+            value = address.strip().lower().encode()
+        elif channel == "sms":
+            value = normalise(channel, address).encode()
+        else:
+            value = address.strip().encode()
+        for mac, column in pairs:
+            h = mac.copy()  # type: ignore[attr-defined]
+            h.update(value)
+            column.append(h.digest().hex())
+    return [tenants, channels, categories, *columns]
 
 
 def dispatch_blocked_portable(rows: Sequence[tuple[str, str, str, str]]) -> set[int]:
