@@ -86,6 +86,7 @@ class Prepared:
     attempts_this_run: int  # tries since the last redrive, this one included
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
     category: str = "general"  # for the suppression check of the claim (dispatch.claims)
+    critical: bool = False  # its category is critical (set by the check): no List-Unsubscribe
 
     @property
     def notification_key(self) -> str:
@@ -313,7 +314,7 @@ def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], li
 def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") -> set[int]:
     """Positions in `prepared` whose recipient is suppressed now (a suppression added after queueing
     wins): one statement per claim on PostgreSQL (notifications.suppressions.dispatch_check_sql),
-    none for an empty claim."""
+    none for an empty claim. Items whose category is critical now get `critical = True`."""
     if not prepared:
         return set()
     tenants, channels, addresses, categories, positions = [], [], [], [], []
@@ -337,7 +338,14 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
     params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
     with hot_cursor(using) as cursor:
         cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=True)
-        return {positions[row[0]] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    blocked = set()
+    for i, is_blocked, is_critical in rows:
+        if is_blocked:
+            blocked.add(positions[i])
+        if is_critical:
+            prepared[positions[i]].critical = True
+    return blocked
 
 
 # --- record -----------------------------------------------------------------------------------------

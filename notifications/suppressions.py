@@ -286,22 +286,25 @@ def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
 
 # The check at dispatch, for a claim's items (of any tenants): positions an entry blocks. A category
 # that is critical *now* ignores category-scoped entries (it may have become critical since creation).
+_CRITICAL = "EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id AND c.key = u.category AND c.critical)"
 # Looked at only when a category-scoped entry matches (the planner evaluates it last).
-_NOT_CRITICAL = (
-    "NOT EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id AND c.key = u.category AND c.critical)"
-)
+_NOT_CRITICAL = f"NOT {_CRITICAL}"
 
 
 def dispatch_check_sql(keys: int) -> str:
     """One statement over a claim: parameters `tenants text[]` (uuids), `channels text[]`,
-    `categories text[]` and one `text[]` of blind indexes per configured key; returns the blocked
-    rows' positions (0-based)."""
+    `categories text[]` and one `text[]` of blind indexes per configured key; returns (position
+    (0-based), blocked, critical) of the rows blocked or in a critical category (not `general`)."""
     # %b: the arrays travel in binary (psycopg's list dumpers), not as array text it must quote
     arrays = ", ".join(["%b::text[]::uuid[]", "%b::text[]", "%b::text[]", *["%b::text[]"] * keys])
     names = ", ".join(["tenant_id", "channel", "category", *[f"b{k}" for k in range(keys)], "i"])
     condition = check_sql("u.tenant_id", "u.channel", [f"u.b{k}" for k in range(keys)], "u.category",
                           scoped_extra=_NOT_CRITICAL)  # fmt: skip
-    return f"SELECT u.i - 1 FROM unnest({arrays}) WITH ORDINALITY AS u({names}) WHERE {condition}"  # noqa: S608
+    return (
+        f"SELECT i, blocked, critical FROM (SELECT u.i - 1 AS i, {condition} AS blocked, "  # noqa: S608
+        f"u.category <> 'general' AND {_CRITICAL} AS critical "
+        f"FROM unnest({arrays}) WITH ORDINALITY AS u({names})) x WHERE blocked OR critical"
+    )
 
 
 def dispatch_check_params(
