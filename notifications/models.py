@@ -160,7 +160,7 @@ class Notification(TenantOwned):
     priority = models.PositiveSmallIntegerField(default=5)
     queue = models.CharField(max_length=100, default="default")
     # The tenant's category key (Category.key); `general` always exists.
-    category = models.CharField(max_length=100, default="general")
+    category = models.CharField(max_length=100, default="general", db_default="general")
     # The subscriber's external_id when the notification named one (its address resolved at creation).
     subscriber = models.CharField(max_length=200, null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
