@@ -23,7 +23,7 @@ PROVIDER_CACHE_SECONDS = 5.0  # how often a claim asks whether any ready item wa
 LANE_REFRESH_SECONDS = 0.25
 STARVATION_CHECK_SECONDS = 1.0  # how often a claim also looks for items past the starvation threshold
 
-Claimed = tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared], list[DispatchLease]]
+Claimed = tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared]]
 
 
 def queue_has_rate_limited_items() -> bool:
@@ -63,13 +63,15 @@ class Claimer:
         self._lanes_checked = self._starving_checked = self._any_limits_checked = self._staged_at = -1e9
         self.any_limits = False
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
+        self.suppressed: list[DispatchLease] = []  # claimed, found suppressed: see take_suppressed
 
     def claim(self, want: int) -> Claimed:
-        """Returns the items to send, those to ack unsent, when the next token is due, items
+        """Returns the items to send, those to ack unsent, when the next token is due, and items
         claimed but to be given back (the session was lost after the claim, before their providers
-        were read), and those whose recipient is suppressed now (to record `suppressed`, unsent)."""
+        were read). Those whose recipient is suppressed now are kept for `take_suppressed()` (to
+        record `suppressed`, unsent)."""
         if want <= 0:
-            return [], [], None, [], []
+            return [], [], None, []
         if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
             released = queue.release_claim(self.orphans)
             if released:
@@ -89,8 +91,14 @@ class Claimer:
                 raise
             reset_connection()
             logger.warning("database lost after a claim; giving back %d items", len(prepared))
-            return [], skipped, None, prepared, []
-        return prepared, skipped, next_token_in, [], suppressed
+            return [], skipped, None, prepared
+        self.suppressed.extend(suppressed)
+        return prepared, skipped, next_token_in, []
+
+    def take_suppressed(self) -> list[DispatchLease]:
+        """The leases of items the last claims found suppressed (each handed out once)."""
+        taken, self.suppressed = self.suppressed, []
+        return taken
 
     def _claim(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         self._stage_due()

@@ -230,7 +230,7 @@ class Dispatcher:
             want = min(self.config.batch_size, free, remaining if remaining is not None else free)
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
             try:
-                prepared, skipped, next_token_in, unready, suppressed = await self.db(self.claimer.claim, want)
+                prepared, skipped, next_token_in, unready = await self.db(self.claimer.claim, want)
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
@@ -241,6 +241,7 @@ class Dispatcher:
                 self._give_back(unready)
             if skipped:
                 self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
+            suppressed = self.claimer.take_suppressed()
             if suppressed:
                 self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in suppressed)
                 skipped = [*skipped, *suppressed]
