@@ -174,9 +174,14 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
     if not ids:
         return [None] * len(drafts)
     connection = connections[Subscriber.objects.db]
-    with connection.cursor() as cursor:
-        cursor.execute(_SUBSCRIBERS_SQL, [tenant.pk, ids])
-        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_SUBSCRIBERS_SQL, [tenant.pk, ids])
+            rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    else:
+        found = Subscriber.objects.for_tenant(tenant).filter(external_id__in=ids)
+        rows = {row[0]: row[1:] for row in found.values_list(
+            "external_id", "email", "phone", "push_tokens", "preferences")}  # fmt: skip
     resolved: list[_Resolved | None] = []
     tokens: list[str] = []
     waiting: list[tuple[_Resolved, str]] = []
