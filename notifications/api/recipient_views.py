@@ -125,6 +125,9 @@ class SuppressionViewSet(
         serializer = SuppressionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        category = data.get("category")
+        if category is not None and category not in recipients.fresh_category_keys(request.tenant, {category}):
+            raise serializers.ValidationError({"category": [f"no category with key {category!r}"]})
         entry, created = suppressions.suppress(
             request.tenant.pk, data["channel"], data["recipient"], data.get("reason", SuppressionReason.MANUAL),
             data.get("category"), actor=actor(request),

@@ -200,3 +200,12 @@ def test_admin_adds_searches_and_removes_masked_and_audited(staff_a, tenant_a, t
     assert response.status_code == 302
     assert not Suppression.objects.for_tenant(tenant_a).exists()
     assert AuditEvent.objects.filter(action="suppression.deleted", actor="user:ops").count() == 1
+
+
+def test_a_category_scoped_entry_names_an_existing_category(api_a):
+    body = {"channel": "email", "recipient": "a@example.com", "category": "news"}
+    response = api_a.post(URL, body, format="json")
+    assert response.status_code == 400 and "category" in response.json()["error"]["details"]
+    api_a.post("/api/v1/categories", {"key": "news"}, format="json")
+    made = api_a.post(URL, body, format="json")
+    assert made.status_code == 201 and made.json()["category"] == "news"
