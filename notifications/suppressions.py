@@ -1,8 +1,9 @@
 """The suppression list: addresses a tenant's notifications must not reach (CONTRACT §14, §17).
 
 - `suppress()` adds one entry (idempotent: one entry per tenant, channel, address and category),
-  `suppress_many()` a batch in one statement (what receipts call for a batch of hard bounces and
-  complaints), `remove()` deletes one; the API and the admin call these, audited.
+  `suppress_many()` a batch in one statement, `suppress_notifications()` the addresses of a batch of
+  notifications (what receipts call for hard bounces and complaints), `remove()` deletes one; the
+  API and the admin call these, audited.
 - `normalise()` is the one rule for "the same address": email trimmed and lowercased, phones in
   E.164, tokens trimmed. Entries are found by the keyed blind index of the normalised address
   (`core.crypto.blind_indexes`: under every configured key, so an entry written before a key
@@ -131,6 +132,29 @@ def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list
             for callback in _callbacks:
                 callback(created)
     return created
+
+
+def suppress_notifications(
+    reasons: dict[Any, str] | Sequence[tuple[Any, str]], *, actor: str | None = None
+) -> list[Suppression]:
+    """Suppress the addresses of notifications, by id → reason (what a batch of receipts does: a hard
+    bounce or a complaint suppresses its notification's address for every category, with the
+    notification as the source). Two statements whatever the batch's size (read the notifications,
+    insert the entries); ids of no notification are skipped, and so are channels other than email and
+    SMS (ADDRESS_REASONS). Returns the entries created now."""
+    from notifications.models import Notification
+
+    wanted = {_uuid(k): v for k, v in (reasons.items() if isinstance(reasons, dict) else reasons)}
+    if not wanted:
+        return []
+    rows = list(Notification.objects.filter(pk__in=list(wanted)).values_list("id", "tenant_id", "channel", "recipient"))
+    opened = crypto.decrypt_many([token for *_, token in rows])
+    entries = []
+    for (pk, tenant_id, channel, token), address in zip(rows, opened, strict=True):
+        if address is None:
+            address = crypto.decrypt(token, where=f"Notification.recipient of row {pk}")
+        entries.append(Entry(tenant_id, channel, address, wanted[pk], None, pk))
+    return suppress_many(entries, actor=actor)
 
 
 def _uuid(value: Any) -> uuid.UUID | None:
