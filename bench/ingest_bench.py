@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
         [--server gunicorn|granian|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
-        [--single-clients 8] [--batch-clients 4] [--modes single,batch,read] [--client raw|httpx]
+        [--single-clients 8] [--batch-clients 4] [--modes single,batch,subscribers,read] [--client raw|httpx]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
 worker) or uvicorn on the ASGI application; then a load generator in a separate process: in mode
 `single`, `--single-clients` keep-alive connections hammering `POST /api/v1/notifications`;
 `batch`, `--batch-clients` connections sending `POST /api/v1/notifications/batch` with
-`--batch-size` items; `read`, `--single-clients` connections reading `GET /api/v1/notifications/{id}`
+`--batch-size` items; `subscribers`, the same batches naming `--batch-size` distinct subscribers
+(created beforehand) instead of a recipient, each resolved to its email address at creation; `read`,
+`--single-clients` connections reading `GET /api/v1/notifications/{id}`
 (with attempts) of notifications created beforehand.
 The load generator (`bench/loadgen.py`, `--client raw`) is raw sockets on one selector loop, so
 the figure measures the server: it costs 60–100 µs of CPU a request, where the former httpx client
@@ -77,7 +79,7 @@ def ensure_database(database_url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def prepare(database_url: str) -> str:
+def prepare(database_url: str, subscribers: int = 0) -> str:
     """Migrate, empty the notification tables (throwaway databases only), create a tenant; return its key."""
     env = server_env(database_url)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
@@ -97,6 +99,11 @@ def prepare(database_url: str) -> str:
     tenant = Tenant.objects.create(name=f"ingest-bench-{int(time.time() * 1000)}")
     Provider.objects.create(tenant=tenant, name="console", kind="console", channel="email", is_default=True)
     raw_key = ApiKey.issue(tenant, name="bench")[1]
+    if subscribers:
+        from notifications.recipients import clean_subscriber, upsert_subscribers
+
+        upsert_subscribers(tenant, [clean_subscriber({"external_id": f"bench-{i}", "email": f"user{i}@example.com"})
+                                    for i in range(subscribers)])  # fmt: skip
     connection.close()
     return raw_key
 
@@ -309,7 +316,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ensure_database(args.database_url)
-    key = prepare(args.database_url)
+    key = prepare(args.database_url, args.batch_size if "subscribers" in args.modes.split(",") else 0)
     port = free_port()
     server = start_gunicorn(args, port)
     try:  # the server stops whatever happens
@@ -336,6 +343,9 @@ def main() -> None:
             "single": (path, json.dumps(EMAIL_ITEM).encode(), 1, args.single_clients),
             "batch": (f"{path}/batch", json.dumps({"notifications": [EMAIL_ITEM] * args.batch_size}).encode(),
                       args.batch_size, args.batch_clients),
+            "subscribers": (f"{path}/batch", json.dumps({"notifications": [
+                {**{k: v for k, v in EMAIL_ITEM.items() if k != "recipient"}, "subscriber": f"bench-{i}"}
+                for i in range(args.batch_size)]}).encode(), args.batch_size, args.batch_clients),
         }  # fmt: skip
         results: dict[str, list[dict]] = {}
         before = stored(args.database_url)
@@ -364,7 +374,7 @@ def main() -> None:
         med = {k: statistics.median(r[k] for r in runs)
                for k in ("accepted_per_s", "p50_ms", "p99_ms", "server_us", "db_us", "client_us")}  # fmt: skip
         path = {"single": "POST notifications", "batch": "POST notifications/batch",
-                "read": "GET notifications/{id}"}[mode]  # fmt: skip
+                "subscribers": "POST batch by subscriber", "read": "GET notifications/{id}"}[mode]  # fmt: skip
         unit = "reads/s" if mode == "read" else "notifications/s"
         print(f"  {path:<26} {med['accepted_per_s']:9.0f} {unit:<16}"
               f"p50 {med['p50_ms']:7.1f} ms   p99 {med['p99_ms']:7.1f} ms   CPU/request: server "

@@ -205,3 +205,44 @@ def rotate(token: str, *, where: str = "a value") -> str:
         return _multifernet(_keys()).rotate(token.encode()).decode()
     except InvalidToken:
         raise DecryptionError(f"cannot re-encrypt {where}: no configured key matches") from None
+
+
+# --- blind indexes ------------------------------------------------------------------------------
+# A keyed blind index finds a row by an exact value without decrypting the table: HMAC-SHA256 of the
+# value under a key derived from each configured Fernet key (HMAC of a fixed label under the key's
+# raw bytes, so it is never the Fernet key itself). Rows hold the index under the newest key;
+# lookups compute it under every configured key, so a row still indexed under an older key (before
+# `rotate_encryption_keys` recomputed it) is found all the same.
+
+_BLIND_LABEL = b"omnipost blind index v1"
+
+
+@lru_cache(maxsize=4)
+def _blind_keys(keys: tuple[str, ...]) -> tuple[HmacSha256, ...]:
+    derived = []
+    for key in keys:
+        raw = base64.urlsafe_b64decode(key)
+        derived.append(HmacSha256(hmac.new(raw, _BLIND_LABEL, hashlib.sha256).digest()))
+    return tuple(derived)
+
+
+def blind_index(value: str) -> str:
+    """The index of `value` (already normalised by the caller) under the newest key: 64 hex digits."""
+    return _blind_keys(_keys())[0].digest(value.encode()).hex()
+
+
+def blind_indexes(value: str) -> tuple[str, ...]:
+    """The index of `value` under every configured key, newest first (what a lookup matches)."""
+    data = value.encode()
+    return tuple(mac.digest(data).hex() for mac in _blind_keys(_keys()))
+
+
+def key_count() -> int:
+    return len(_keys())
+
+
+def blind_indexers() -> tuple[object, ...]:
+    """The keyed HMAC objects behind `blind_indexes`, newest first, for a caller indexing many values
+    in a loop: `hmac.copy()`, `update(value)`, `digest().hex()` per value and key (what
+    `blind_indexes` does, without its per-call overhead)."""
+    return tuple(mac._keyed for mac in _blind_keys(_keys()))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
-from dispatch.delivery import DispatchLease, Prepared, claim_and_start
+from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppressed_among
 from dispatch.providers import ProviderCache
 from notifications.models import Provider
 from queueing import queue, ratelimit
@@ -63,11 +63,13 @@ class Claimer:
         self._lanes_checked = self._starving_checked = self._any_limits_checked = self._staged_at = -1e9
         self.any_limits = False
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
+        self.suppressed: list[DispatchLease] = []  # claimed, found suppressed: see take_suppressed
 
     def claim(self, want: int) -> Claimed:
         """Returns the items to send, those to ack unsent, when the next token is due, and items
         claimed but to be given back (the session was lost after the claim, before their providers
-        were read)."""
+        were read). Those whose recipient is suppressed now are kept for `take_suppressed()` (to
+        record `suppressed`, unsent)."""
         if want <= 0:
             return [], [], None, []
         if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
@@ -77,6 +79,12 @@ class Claimer:
             self.orphans.clear()
         prepared, skipped, next_token_in = self._claim(want)
         try:
+            blocked = suppressed_among(prepared)  # one statement: the suppression list as it is now
+            if blocked:
+                suppressed = [p.lease for i, p in enumerate(prepared) if i in blocked]
+                prepared = [p for i, p in enumerate(prepared) if i not in blocked]
+            else:
+                suppressed = []
             self.providers.load({p.provider_id for p in prepared})
         except Exception as exc:
             if not is_connection_lost(exc):
@@ -84,7 +92,13 @@ class Claimer:
             reset_connection()
             logger.warning("database lost after a claim; giving back %d items", len(prepared))
             return [], skipped, None, prepared
+        self.suppressed.extend(suppressed)
         return prepared, skipped, next_token_in, []
+
+    def take_suppressed(self) -> list[DispatchLease]:
+        """The leases of items the last claims found suppressed (each handed out once)."""
+        taken, self.suppressed = self.suppressed, []
+        return taken
 
     def _claim(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         self._stage_due()

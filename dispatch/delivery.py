@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 from core import crypto
 from dlq.models import DeadLetter
 from events.emit import emit_outcomes_portable, outcome_events_cte
-from notifications import counters
+from notifications import counters, suppressions
 from notifications.models import DeliveryAttempt, Notification, Status
 from queueing import queue
 from queueing.queue import Lease
@@ -40,7 +40,7 @@ from queueing.queue import Lease
 SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)  # dispatching: rows from earlier versions
 _SEND_FIELDS = (
     "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "attempt_count",
-    "attempt_offset",
+    "attempt_offset", "category",
 )  # fmt: skip
 
 
@@ -86,6 +86,8 @@ class Prepared:
     attempt_number: int  # the number this try will get (all tries, across redrives)
     attempts_this_run: int  # tries since the last redrive, this one included
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
+    category: str = "general"  # for the suppression check of the claim (dispatch.claims)
+    critical: bool = False  # its category is critical (set by the check): no List-Unsubscribe
 
     @property
     def notification_key(self) -> str:
@@ -129,7 +131,8 @@ class Attempt:
 @dataclass(slots=True)
 class Outcome:
     """What became of one claimed item. `kind` is delivered | retry | failed | dead_lettered |
-    skipped (not sendable) | deferred (given back untried, e.g. on shutdown)."""
+    skipped (not sendable) | suppressed (its recipient is suppressed now: never sent, no attempt) |
+    deferred (given back untried, e.g. on shutdown)."""
 
     lease: DispatchLease | Lease  # the record reads item_id, lock_token (and, off PostgreSQL, the ids)
     kind: str
@@ -147,11 +150,11 @@ class Recorded:
     lost: list[Outcome] = field(default_factory=list)
 
 
-ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped")
+ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped", "suppressed")
 _EVENT_KINDS = ("delivered", "failed", "dead_lettered")  # the outcomes that are events (events.emit)
 _FINAL_STATUS = {
     "delivered": Status.DELIVERED, "failed": Status.FAILED, "dead_lettered": Status.DEAD_LETTERED,
-    "retry": Status.RETRYING, "deferred": Status.QUEUED,
+    "retry": Status.RETRYING, "deferred": Status.QUEUED, "suppressed": Status.SUPPRESSED,
 }  # fmt: skip
 _FINAL_STATUS_TEXT = {kind: status.value for kind, status in _FINAL_STATUS.items()}  # no enum lookups per item
 
@@ -246,11 +249,11 @@ def claim_and_start(
         if channel is None:  # the notification is no longer sendable
             skipped.append(held)
             continue
-        recipient, subject, body, metadata, created_at, count, offset = notification
+        recipient, subject, body, metadata, created_at, count, offset, category = notification
         prepared.append(
             Prepared(
                 held, channel, recipient, subject, body, loads(metadata) if isinstance(metadata, str) else metadata,
-                created_at, count + 1, count - offset + 1,
+                created_at, count + 1, count - offset + 1, None, category,
             )
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
@@ -268,7 +271,8 @@ def claim_statement(
     )
     sql = f"""{ctes}
         SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
-               n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset
+               n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset,
+               n.category
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
@@ -297,15 +301,53 @@ def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], li
     sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
     rows = list(sendable.values_list(*_SEND_FIELDS))
     prepared = []
-    for nid, _tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset in rows:
+    for nid, _tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset, category in rows:
         prepared.append(
             Prepared(
                 lease=DispatchLease.of(by_notification.pop(nid)), channel=channel, recipient_token=str(recipient),
                 subject=subject, body=body, metadata=metadata, created_at=created_at, attempt_number=count + 1,
-                attempts_this_run=count - offset + 1,
+                attempts_this_run=count - offset + 1, category=category,
             )
         )  # fmt: skip
     return prepared, [DispatchLease.of(lease) for lease in by_notification.values()]
+
+
+# --- the suppression check of a claim -----------------------------------------------------------------
+def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") -> set[int]:
+    """Positions in `prepared` whose recipient is suppressed now (a suppression added after queueing
+    wins): one statement per claim on PostgreSQL (notifications.suppressions.dispatch_check_sql),
+    none for an empty claim. Items whose category is critical now get `critical = True`."""
+    if not prepared:
+        return set()
+    tenants, channels, addresses, categories, positions = [], [], [], [], []
+    for position, item in enumerate(prepared):
+        address = item.opened_recipient
+        if address is None:
+            try:
+                address = item.recipient()
+            except crypto.DecryptionError:
+                continue  # unreadable: its send fails and records why (dispatch.sending)
+        tenants.append(item.lease.tenant_key)
+        channels.append(item.channel)
+        addresses.append(address)
+        categories.append(item.category)
+        positions.append(position)
+    if not positions:
+        return set()
+    if not queue.is_pg(using):
+        rows = list(zip(tenants, channels, addresses, categories, strict=True))
+        return {positions[i] for i in suppressions.dispatch_blocked_portable(rows)}
+    params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
+    with hot_cursor(using) as cursor:
+        cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=True)
+        rows = cursor.fetchall()
+    blocked = set()
+    for i, is_blocked, is_critical in rows:
+        if is_blocked:
+            blocked.add(positions[i])
+        if is_critical:
+            prepared[positions[i]].critical = True
+    return blocked
 
 
 # --- record -----------------------------------------------------------------------------------------
@@ -326,7 +368,7 @@ _RECORD_SQL = """
     ), settling AS (
         -- what the queue does with each item (queue.settle_ctes_pg): the ack kinds leave it
         SELECT item_id, lock_token, delay,
-               CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped') THEN 'ack'
+               CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped', 'suppressed') THEN 'ack'
                     WHEN kind = 'deferred' THEN 'refund' ELSE 'release' END AS settle
         FROM outcome
     ), {settle}, ours AS (

@@ -276,6 +276,10 @@ class Dispatcher:
                 self._give_back(unready)
             if skipped:
                 self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
+            suppressed = self.claimer.take_suppressed()
+            if suppressed:
+                self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in suppressed)
+                skipped = [*skipped, *suppressed]
             self._start_all(prepared)
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)

@@ -19,6 +19,7 @@ from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder
 from dlq.classifier import Classification
 from dlq.retry import RetryPolicy
+from notifications import unsubscribe
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage
 from notifications.providers.base import Cancellable
 from notifications.scrub import scrub
@@ -44,10 +45,13 @@ class Sender:
         t0 = time.perf_counter()
         try:
             instance = self.providers.entries[item.provider_id].instance
+            recipient = item.recipient()
+            headers = () if item.channel != "email" or item.critical else (
+                unsubscribe.headers(item.tenant_key, recipient, item.category))  # fmt: skip
             message = OutboundMessage(
                 notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
-                recipient=item.recipient(), subject=item.subject, body=item.body, metadata=item.metadata,
-                created_at=item.created_at, attempt=item.attempt_number,
+                recipient=recipient, subject=item.subject, body=item.body, metadata=item.metadata,
+                created_at=item.created_at, attempt=item.attempt_number, headers=headers,
             )  # fmt: skip
             handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
         except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost

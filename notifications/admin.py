@@ -21,9 +21,11 @@ from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
-from notifications import services, templating
+from notifications import recipients, services, suppressions, templating
 from notifications.models import (
     LEASABLE,
+    Category,
+    Channel,
     DeliveryAttempt,
     Enrollment,
     Notification,
@@ -32,9 +34,13 @@ from notifications.models import (
     Sequence,
     SequenceStep,
     Status,
+    Subscriber,
+    Suppression,
+    SuppressionReason,
     Template,
     TenantQueue,
 )
+from notifications.validation import check_recipient
 from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.stats import CappedCountPaginator
 
@@ -97,7 +103,7 @@ class StatusFilter(admin.SimpleListFilter):
     - scheduled: a pending job (scheduled_jobs_due_idx, latest run_at first);
     - failed / dead_lettered: a dead-letter entry (the record writes one for both; dlq_console_*_idx);
     - delivered: nearly every row, so the plain created_at-ordered list stops after a page;
-    - cancelled: see `_cancelled`.
+    - cancelled, suppressed: see `_finished_without_trace`.
     Past `cap` rows of the small table the list ends (the capped paginator shows no more either).
     """
 
@@ -142,14 +148,14 @@ class StatusFilter(admin.SimpleListFilter):
         elif value in STATUS_SOURCES:
             ids = scoped(STATUS_SOURCES[value]()).values("notification_id")[:cap]
         else:
-            return self._cancelled(queryset, scoped, cap)
+            return self._finished_without_trace(queryset, scoped, cap, value)
         return queryset.filter(id_in(ids), status__in=statuses)
 
     @staticmethod
-    def _cancelled(queryset: Any, scoped: Any, cap: int) -> Any:
-        """Cancelled notifications leave no live row behind (their queue item is deleted; a scheduled one's
-        job is kept, but scheduled_jobs grows with every schedule and has no index that finds cancelled
-        jobs), so this is a bounded scan: among the newest `cap` notifications (the boundary read from
+    def _finished_without_trace(queryset: Any, scoped: Any, cap: int, value: str) -> Any:
+        """Cancelled (and suppressed) notifications leave no live row behind (their queue item is deleted;
+        a scheduled one's job is kept, but scheduled_jobs grows with every schedule and has no index that finds
+        cancelled jobs), so this is a bounded scan: among the newest `cap` notifications (the boundary read from
         notif_created_idx / notif_tenant_recent_idx, `cap` index entries), the cancelled ones, newest first
         through the same index. Cost per page: up to `cap` (10,000) index entries for the boundary plus the
         rows walked until a page of cancelled ones is found (≈ 50 / their share of recent rows; at most
@@ -157,7 +163,7 @@ class StatusFilter(admin.SimpleListFilter):
         it by id, or ask the API with status=cancelled)."""
         newest = scoped(Notification.objects.all()).order_by("-created_at").values("created_at")[cap - 1 : cap]
         since = Coalesce(Subquery(newest), Value(datetime(1970, 1, 1, tzinfo=UTC)))
-        return queryset.filter(status=Status.CANCELLED, created_at__gte=since)
+        return queryset.filter(status=value, created_at__gte=since)
 
 
 class ReceiptFilter(admin.SimpleListFilter):
@@ -414,3 +420,135 @@ class EnrollmentAdmin(ReadOnlyMixin, TenantScopedAdmin):
               "cancelled_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [StepNotificationInline]
+
+
+class SuppressionForm(forms.ModelForm):
+    """Adding an entry: the address is typed once, stored encrypted and shown masked afterwards."""
+
+    address = forms.CharField(max_length=4096, help_text="Emails match case-insensitively; phones in E.164.")
+
+    class Meta:
+        model = Suppression
+        fields = ["tenant", "channel", "reason", "category"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        channel, address = data.get("channel"), data.get("address")
+        if channel and address:
+            try:
+                data["address"] = check_recipient(suppressions.normalise(channel, address), channel)
+            except ValueError as exc:
+                self.add_error("address", str(exc))
+            if data.get("reason") in suppressions.ADDRESS_REASONS and channel not in suppressions.ADDRESS_CHANNELS:
+                self.add_error("reason", "hard bounces and complaints suppress email and sms addresses only")
+        return data
+
+
+@admin.register(Suppression)
+class SuppressionAdmin(TenantScopedAdmin):
+    """The suppression list: added and removed here (audited, through notifications.suppressions),
+    never edited. Search takes an exact address and finds it by its blind index."""
+
+    list_display = ["recipient_masked", "tenant", "channel", "reason", "category", "source_notification_id",
+                    "created_at"]  # fmt: skip
+    list_filter = ["channel", "reason"]
+    search_fields = ["=recipient_index"]  # the search itself is get_search_results
+    search_help_text = "An exact address (email, phone or token)."
+    ordering = ["-created_at", "-id"]
+    readonly_fields = ["id", "tenant", "channel", "recipient_masked", "reason", "category", "source_notification_id",
+                       "created_at"]  # fmt: skip
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = SuppressionForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is None:
+            return ["tenant", "channel", "address", "reason", "category"]
+        return list(self.readonly_fields)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return list(self.readonly_fields) if obj is not None else []
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        return {"reason": SuppressionReason.MANUAL}
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        found = {index for channel in Channel.values for index in suppressions.indexes(channel, term)}
+        return queryset.filter(recipient_index__in=sorted(found)), False
+
+    def save_model(self, request: HttpRequest, obj: Suppression, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        entry, _ = suppressions.suppress(
+            data["tenant"].pk, data["channel"], data["address"], data["reason"], data.get("category") or None,
+            actor=f"user:{request.user.get_username()}",
+        )  # fmt: skip
+        form.instance = entry
+        obj.pk, obj.recipient_masked, obj.created_at = entry.pk, entry.recipient_masked, entry.created_at
+
+    def delete_model(self, request: HttpRequest, obj: Suppression) -> None:
+        suppressions.remove(obj.tenant_id, obj.pk, actor=f"user:{request.user.get_username()}")
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for tenant_id, pk in queryset.values_list("tenant_id", "pk"):
+            suppressions.remove(tenant_id, pk, actor=f"user:{request.user.get_username()}")
+
+
+@admin.register(Category)
+class CategoryAdmin(TenantScopedAdmin):
+    """Categories of a tenant's notifications; saves go through notifications.recipients (audited)."""
+
+    list_display = ["key", "tenant", "critical", "description"]
+    list_filter = ["critical"]
+    search_fields = ["key"]
+    fields = ["tenant", "key", "critical", "description", "quiet_hours"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tenant", "key"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: Category, form: Any, change: bool) -> None:
+        fields = list(form.changed_data) if change else None
+        try:
+            recipients.save_category(obj, actor=f"user:{request.user.get_username()}", fields=fields)
+        except recipients.FieldErrors as exc:
+            self.message_user(request, "; ".join(m for ms in exc.errors.values() for m in ms), level="error")
+
+    def delete_model(self, request: HttpRequest, obj: Category) -> None:
+        recipients.delete_category(obj, actor=f"user:{request.user.get_username()}")
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for category in queryset.exclude(key="general"):
+            recipients.delete_category(category, actor=f"user:{request.user.get_username()}")
+
+
+@admin.register(Subscriber)
+class SubscriberAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """Subscribers, addresses masked only; they change through the API (PUT subscribers/{external_id})."""
+
+    list_display = ["external_id", "tenant", "email_masked", "phone_masked", "timezone", "created_at"]
+    search_fields = ["=external_id"]
+    ordering = ["-created_at", "-id"]
+    # `email`, `phone` and `push_tokens` (ciphertext at rest, plaintext once decrypted) are deliberately absent.
+    fields = ["external_id", "tenant", "email_masked", "phone_masked", "push_tokens_masked", "timezone",
+              "preferences", "created_at", "updated_at"]  # fmt: skip
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).defer("email", "phone", "push_tokens")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return TenantScopedAdmin.has_delete_permission(self, request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Subscriber) -> None:
+        recipients.delete_subscriber(obj.tenant, obj.external_id, actor=f"user:{request.user.get_username()}")
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for subscriber in queryset.select_related("tenant"):
+            self.delete_model(request, subscriber)

@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Exists, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Cast, Concat
+from django.db.models.functions import Cast, Concat, Now
 
 from core.fields import EncryptedJSONField, EncryptedTextField
 from core.ids import uuid7
@@ -41,6 +41,9 @@ class Status(models.TextChoices):
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
+    # Never sent: the recipient is on the tenant's suppression list, or the subscriber opted out of
+    # the notification's category on its channel (checked at creation and again at dispatch).
+    SUPPRESSED = "suppressed"
 
 
 CANCELLABLE = (Status.SCHEDULED, Status.QUEUED, Status.RETRYING)
@@ -48,7 +51,7 @@ CANCELLABLE = (Status.SCHEDULED, Status.QUEUED, Status.RETRYING)
 # the lease is the dispatch and is not written to the row (one update per delivery, not two).
 # Rows written `dispatching` by earlier versions stay claimable.
 LEASABLE = (Status.QUEUED, Status.RETRYING)
-FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCELLED)
+FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCELLED, Status.SUPPRESSED)
 
 
 class ReceiptStatus(models.TextChoices):
@@ -186,6 +189,10 @@ class Notification(TenantOwned):
     body = models.TextField(blank=True, default="")
     priority = models.PositiveSmallIntegerField(default=5)
     queue = models.CharField(max_length=100, default="default")
+    # The tenant's category key (Category.key); `general` always exists.
+    category = models.CharField(max_length=100, default="general", db_default="general")
+    # The subscriber's external_id when the notification named one (its address resolved at creation).
+    subscriber = models.CharField(max_length=200, null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     scheduled_for = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
@@ -378,4 +385,56 @@ class TenantQueue(TenantOwned):
 
     def __str__(self) -> str:
         return self.name
+class SuppressionReason(models.TextChoices):
+    HARD_BOUNCE = "hard_bounce"
+    COMPLAINT = "complaint"
+    UNSUBSCRIBED = "unsubscribed"
+    MANUAL = "manual"
+
+
+class Suppression(TenantOwned):
+    """An address a tenant's notifications on one channel must not reach (CONTRACT §14, §17).
+
+    The address is stored encrypted; `recipient_index` is its keyed blind index (`core.crypto.blind_index`
+    of the normalised address, `notifications.suppressions.normalise`), which every lookup matches, so the
+    table is searched by exact address without decrypting it. `category` null blocks every category on the
+    channel; a category blocks that one only (and never a critical category)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    recipient = EncryptedTextField()
+    recipient_masked = models.CharField(max_length=200)
+    recipient_index = models.CharField(max_length=64)
+    reason = models.CharField(max_length=16, choices=SuppressionReason.choices)
+    category = models.CharField(max_length=100, null=True, blank=True)
+    source_notification_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "suppressions"
+        constraints = [
+            # One entry per (tenant, channel, address, category); null category is its own value.
+            models.UniqueConstraint(
+                fields=["tenant", "channel", "recipient_index"], condition=Q(category__isnull=True),
+                name="suppression_unique_all_categories",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "channel", "recipient_index", "category"], condition=Q(category__isnull=False),
+                name="suppression_unique_per_category",
+            ),
+        ]
+        indexes = [
+            # GET suppressions: a tenant's newest first, cursor-paginated on (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="suppression_tenant_recent_idx"),
+            # GET suppressions?recipient= (any channel) and the checks at creation and dispatch.
+            models.Index(fields=["tenant", "recipient_index"], name="suppression_lookup_idx"),
+        ]
+
+    def __str__(self) -> str:
+        scope = self.category or "all categories"
+        return f"{self.channel} {self.recipient_masked} ({self.reason}, {scope})"
+
+
 from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module
+from notifications.recipient_models import GENERAL, Category, Subscriber  # noqa: E402, F401 - likewise

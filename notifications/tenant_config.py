@@ -1,6 +1,6 @@
-"""A tenant's providers and templates as creates need them, cached in each web process.
+"""A tenant's providers, templates and categories as creates need them, cached in each web process.
 
-Every change to a tenant's providers or templates bumps `Tenant.config_version` in the change's
+Every change to a tenant's providers, templates or categories bumps `Tenant.config_version` in the change's
 own transaction (the signals below, so the API, the admin and plain ORM saves alike). A create
 resolves names from this cache, and its one INSERT statement stores only while the version the
 cache was read at is still the tenant's (`services.create_notifications(config_version=…)`
@@ -23,7 +23,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from core.models import Tenant
-from notifications.models import Provider, Template
+from notifications.models import Category, Provider, Template
 
 MAX_TENANTS = 10_000  # tenants cached per process (least recently used dropped first)
 MAX_TEMPLATES = 1_000  # template keys cached per tenant; past it, lookups still work, uncached
@@ -35,6 +35,7 @@ class TenantConfig:
     providers: dict[str, Provider]
     defaults: dict[str, Provider]  # channel → the default provider
     templates: dict[str, Template | None] = field(default_factory=dict)  # None: known to be missing
+    categories: dict[str, Category] = field(default_factory=dict)  # stored ones (`general` may not be)
 
 
 _cache: OrderedDict[Any, TenantConfig] = OrderedDict()
@@ -42,7 +43,7 @@ _lock = threading.Lock()
 
 
 def load(tenant_id: Any) -> TenantConfig:
-    """Read the tenant's version and providers (two queries). The version is read first: an edit
+    """Read the tenant's version, providers and categories (three queries). The version is read first: an edit
     between the two reads leaves the snapshot older than its version says, which the next
     create's check catches."""
     version = Tenant.objects.filter(pk=tenant_id).values_list("config_version", flat=True).first() or 0
@@ -52,7 +53,8 @@ def load(tenant_id: Any) -> TenantConfig:
         providers[provider.name] = provider
         if provider.is_default:
             defaults[provider.channel] = provider
-    config = TenantConfig(version=version, providers=providers, defaults=defaults)
+    categories = {c.key: c for c in Category.objects.for_tenant(tenant_id)}
+    config = TenantConfig(version=version, providers=providers, defaults=defaults, categories=categories)
     with _lock:
         _cache[tenant_id] = config
         _cache.move_to_end(tenant_id)
@@ -107,7 +109,9 @@ def bump(tenant_id: Any) -> None:
 @receiver(post_delete, sender=Provider, dispatch_uid="tenant_config.provider_deleted")
 @receiver(post_save, sender=Template, dispatch_uid="tenant_config.template_saved")
 @receiver(post_delete, sender=Template, dispatch_uid="tenant_config.template_deleted")
-def _changed(sender: type, instance: Provider | Template, **kwargs: Any) -> None:
+@receiver(post_save, sender=Category, dispatch_uid="tenant_config.category_saved")
+@receiver(post_delete, sender=Category, dispatch_uid="tenant_config.category_deleted")
+def _changed(sender: type, instance: Provider | Template | Category, **kwargs: Any) -> None:
     if kwargs.get("raw"):  # loaddata
         return
     bump(instance.tenant_id)

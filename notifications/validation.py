@@ -34,9 +34,11 @@ DEFAULT_PRIORITY = 5
 DEFAULT_QUEUE = "default"
 
 NOTIFICATION_FIELDS = (
-    "channel", "recipient", "provider", "subject", "body", "template", "context", "priority", "queue",
-    "scheduled_for", "metadata",
+    "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
+    "priority", "queue", "scheduled_for", "metadata",
 )  # fmt: skip
+MAX_EXTERNAL_ID_CHARS = 200
+DEFAULT_CATEGORY = "general"
 
 _email = EmailValidator()
 
@@ -64,6 +66,8 @@ class Draft:
     queue: str = DEFAULT_QUEUE
     scheduled_for: datetime | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    subscriber: str | None = None  # an external id: the address comes from the subscriber (services)
+    category: str = DEFAULT_CATEGORY
 
 
 # --- single values --------------------------------------------------------------------------------
@@ -151,6 +155,19 @@ def check_name(value: Any) -> str:
     return value
 
 
+def check_external_id(value: Any) -> str:
+    """A subscriber's external id: the tenant's own user id, 1–200 printable characters without '/'."""
+    if (
+        not isinstance(value, str) or not 1 <= len(value) <= MAX_EXTERNAL_ID_CHARS or "/" in value
+        or not value.isprintable() or value != value.strip()
+    ):  # fmt: skip
+        raise ValueError(
+            f"must be the subscriber's external id: 1 to {MAX_EXTERNAL_ID_CHARS} printable characters, "
+            "no '/' and no leading or trailing spaces"
+        )
+    return value
+
+
 def check_queue(value: Any) -> str:
     if not isinstance(value, str) or not QUEUE_NAME.match(value):
         raise ValueError("must be a queue name: 1 to 64 letters, digits, '-' or '_', starting with a letter or digit")
@@ -184,13 +201,23 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
     elif channel not in CHANNELS:
         errors["channel"] = [f"must be one of {', '.join(CHANNELS)}"]
         channel = None
-    recipient = None
-    if "recipient" not in data or data["recipient"] is None:
-        errors["recipient"] = ["required"]
+    recipient = subscriber = None
+    has_recipient, has_subscriber = data.get("recipient") is not None, data.get("subscriber") is not None
+    if has_recipient and has_subscriber:
+        errors["subscriber"] = ["give either `recipient` (an address) or `subscriber` (an external id), not both"]
+    elif has_subscriber:
+        subscriber = take("subscriber", check_external_id)
+        if channel == "webhook":
+            errors.setdefault("subscriber", []).append(
+                "the webhook channel has no subscriber address: give `recipient` (the URL's token)"
+            )
+    elif not has_recipient:
+        errors["recipient"] = ["required (or `subscriber`, an external id)"]
     elif channel is not None:
         recipient = take("recipient", check_recipient, channel)
-    draft = Draft(channel=channel or "", recipient=recipient or "")
+    draft = Draft(channel=channel or "", recipient=recipient or "", subscriber=subscriber)
     for name, check, args in (
+        ("category", check_name, ()),
         ("provider", check_name, ()),
         ("template", check_name, ()),
         ("subject", check_text, (MAX_SUBJECT_CHARS,)),

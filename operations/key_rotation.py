@@ -5,7 +5,8 @@ read outside a transaction and written in one short transaction, every write a c
 the token read, so a value a concurrent writer changed meanwhile is not overwritten (it is already
 under the newest key: writers always encrypt with it). A value no configured key can read stops the
 rotation with a `crypto.DecryptionError` naming model, field and row; pages before it stay rotated.
-`manage.py rotate_encryption_keys` parses its flags and calls `rotate`.
+Then the keyed blind indexes (the suppression list's, `notifications.suppressions.recompute_indexes`)
+are recomputed under the newest key. `manage.py rotate_encryption_keys` parses its flags and calls `rotate`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from django.db import models, transaction
 
 from core import crypto
 from core.fields import Ciphertext, encrypted_fields
+from notifications import suppressions
+from notifications.models import Suppression
 
 DEFAULT_BATCH = 1000
 
@@ -65,4 +68,8 @@ def rotate(*, batch_size: int = DEFAULT_BATCH, progress: ProgressFactory = _no_p
         label = f"{model._meta.label}.{field.name}"
         count = model._default_manager.exclude(**{f"{field.attname}__isnull": True}).count()
         total += rotate_column(model, field, batch_size=batch_size, progress=progress(label, count))
+    count = Suppression.objects.count()
+    total += suppressions.recompute_indexes(
+        batch_size=batch_size, progress=progress("notifications.Suppression.recipient_index", count)
+    )
     return total

@@ -18,7 +18,7 @@ from notifications.models import Provider, Template
 
 SLUG = "[-a-zA-Z0-9_]+"
 
-def _docs(serializer: type[serializers.Serializer]) -> dict[str, Any]:
+def docs(serializer: type[serializers.Serializer]) -> dict[str, Any]:
     """Per-action schemas: the serializer on success, the shared error shape otherwise."""
     return {
         "list": extend_schema(responses={200: serializer(many=True), **errors(400)}),
@@ -44,7 +44,7 @@ class _ConfigViewSet(StrictQueryMixin, viewsets.ModelViewSet):
         services.delete_config(instance, actor=actor(self.request))
 
 
-@extend_schema_view(**_docs(ProviderSerializer))
+@extend_schema_view(**docs(ProviderSerializer))
 class ProviderViewSet(_ConfigViewSet):
     serializer_class = ProviderSerializer
     lookup_field = "name"
@@ -64,7 +64,7 @@ class ProviderViewSet(_ConfigViewSet):
         services.save_provider(provider, actor=actor(self.request), fields=list(serializer.validated_data))
 
 
-@extend_schema_view(**_docs(TemplateSerializer))
+@extend_schema_view(**docs(TemplateSerializer))
 class TemplateViewSet(_ConfigViewSet):
     serializer_class = TemplateSerializer
     lookup_field = "key"

@@ -36,9 +36,19 @@ def iso(value: datetime | None) -> str | None:
 class NotificationCreateSerializer(StrictSerializer):
     channel = serializers.ChoiceField(choices=Channel.choices)
     recipient = serializers.CharField(
-        min_length=1, max_length=validation.MAX_TOKEN_CHARS,
+        min_length=1, max_length=validation.MAX_TOKEN_CHARS, required=False,
         help_text="email: RFC 5322 addr-spec; sms: E.164 (+15551234567); push/webhook: 1–4096 characters "
-        "without control characters. Stored encrypted, returned only as `recipient_masked`.",
+        "without control characters. Stored encrypted, returned only as `recipient_masked`. "
+        "Required unless `subscriber` is given.",
+    )  # fmt: skip
+    subscriber = serializers.CharField(
+        min_length=1, max_length=validation.MAX_EXTERNAL_ID_CHARS, required=False,
+        help_text="A subscriber's external_id instead of `recipient`: its address for the channel is used "
+        "(push: its first token; not for the webhook channel).",
+    )  # fmt: skip
+    category = serializers.RegexField(
+        validation.NAME.pattern, required=False, default="general",
+        help_text="A category key of the tenant (default `general`); opt-outs and suppressions are per category.",
     )  # fmt: skip
     provider = serializers.RegexField(
         validation.NAME.pattern, required=False, allow_null=True,
@@ -159,6 +169,8 @@ class NotificationSerializer(serializers.Serializer):
     context = serializers.DictField()
     priority = serializers.IntegerField(min_value=0, max_value=9)
     queue = serializers.CharField()
+    category = serializers.CharField()
+    subscriber = serializers.CharField(allow_null=True, help_text="The subscriber's external_id, if named.")
     status = serializers.ChoiceField(choices=Status.choices)
     scheduled_for = serializers.DateTimeField(allow_null=True)
     scheduled_job_id = serializers.UUIDField(allow_null=True, help_text="Pending/executed job for scheduled sends.")
@@ -183,7 +195,8 @@ class NotificationSerializer(serializers.Serializer):
             "id": str(n.id), "channel": n.channel, "recipient_masked": n.recipient_masked,
             "provider": n.provider.name, "template": template.key if template else None,
             "subject": n.subject, "body": n.body, "context": n.context, "priority": n.priority, "queue": n.queue,
-            "status": n.live_status, "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
+            "category": n.category, "subscriber": n.subscriber, "status": n.live_status,
+            "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
             "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
             "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
             "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,

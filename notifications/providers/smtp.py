@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from email.message import EmailMessage
+from email.policy import default as _default_policy
 from email.utils import formatdate
 
 from django.conf import settings
@@ -49,6 +50,7 @@ from notifications.providers.base import (
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_TIMEOUT_SECONDS = 120.0
+_LONG_LINES = _default_policy.clone(max_line_length=998)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -317,7 +319,9 @@ class SmtpProvider(BaseProvider):
         self._start_waiting()
 
     def _build(self, message: OutboundMessage) -> EmailMessage:
-        email = EmailMessage()
+        # A List-Unsubscribe URL is one long word: folded at 78 columns it would become encoded-words,
+        # which no mail client reads as a URL; RFC 5322's limit is 998.
+        email = EmailMessage(policy=_LONG_LINES) if message.headers else EmailMessage()
         email["From"] = self.from_email
         email["To"] = message.recipient
         email["Subject"] = message.subject
@@ -325,6 +329,8 @@ class SmtpProvider(BaseProvider):
         domain = self.from_email.rpartition("@")[2] or "omnipost"
         email["Message-ID"] = f"<{message.notification_id}@{domain}>"
         email["X-OmniPost-Notification-Id"] = message.notification_id
+        for name, value in message.headers:
+            email[name] = value
         email.set_content(message.body)
         return email
 

@@ -61,11 +61,11 @@ def test_long_masked_recipients_fit_the_column(setup_a):
     assert len(Notification.objects.get(pk=n.pk).recipient_masked) <= 200
 
 
-def test_build_specs_resolves_names_in_three_queries_then_none(setup_a, django_assert_num_queries):
+def test_build_specs_resolves_names_in_four_queries_then_none(setup_a, django_assert_num_queries):
     drafts = [Draft(channel="email", recipient=EMAIL, body="b"), Draft(channel="sms", recipient=PHONE, body="b"),
               Draft(channel="webhook", recipient="u", provider="hook", body="b"),
               Draft(channel="email", recipient=EMAIL, template="welcome", context={"name": "Z"})] * 50  # fmt: skip
-    with django_assert_num_queries(3):  # the tenant's config_version, its providers, the templates named
+    with django_assert_num_queries(4):  # the tenant's config_version, providers, categories, the templates named
         services.build_specs(setup_a.tenant, drafts)
     with django_assert_num_queries(0):  # this process's copy, until the configuration changes
         specs = services.build_specs(setup_a.tenant, drafts)
