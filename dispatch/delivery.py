@@ -148,6 +148,7 @@ class Outcome:
 class Recorded:
     ours: set[int] = field(default_factory=set)
     lost: list[Outcome] = field(default_factory=list)
+    event_deliveries: int = 0  # event deliveries the statement queued (the event lane is nudged only then)
 
 
 ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped", "suppressed")
@@ -355,8 +356,10 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     """Write a batch's results atomically; returns the items that were still ours and those lost."""
     if not outcomes:
         return Recorded()
-    ours = _record_pg(outcomes, using) if queue.is_pg(using) else _record_portable(outcomes, using)
-    return Recorded(ours=ours, lost=[o for o in outcomes if o.lease.item_id not in ours])
+    record = _record_pg if queue.is_pg(using) else _record_portable
+    ours, event_deliveries = record(outcomes, using)
+    lost = [o for o in outcomes if o.lease.item_id not in ours]
+    return Recorded(ours=ours, lost=lost, event_deliveries=event_deliveries)
 
 
 # Placeholders are %(…)b: the long arrays travel in binary (psycopg's own list dumpers), not as array text.
@@ -427,7 +430,7 @@ _RECORD_SQL = """
             AS d(item_id, failure_class, reason, code, status_code, attempt_count)
         JOIN ours USING (item_id)
     )
-    SELECT item_id FROM ours
+    SELECT item_id, (SELECT count(*) FROM ev_fanout)::int FROM ours
 """.format(
     # the queue row gives back the ids the rest of the statement needs: the batch carries only
     # what the queue row does not know
@@ -443,7 +446,7 @@ _RECORD_SQL = """
 )
 
 
-def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
+def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
     attempts = [o for o in outcomes if o.attempt is not None]
     dead = [o for o in outcomes if o.kind in ("failed", "dead_lettered")]
     params: dict[str, Any] = {
@@ -473,10 +476,11 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> set[int]:
     }
     with hot_cursor(using) as cursor:
         cursor.execute(_RECORD_SQL, params, prepare=True)
-        return {row[0] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+        return {row[0] for row in rows}, rows[0][1] if rows else 0
 
 
-def _record_portable(outcomes: Sequence[Outcome], using: str) -> set[int]:
+def _record_portable(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
     to_ack = [o for o in outcomes if o.kind in ACK_KINDS]
     retries = [o for o in outcomes if o.kind == "retry"]
     deferred = [o for o in outcomes if o.kind == "deferred"]
@@ -509,10 +513,9 @@ def _record_portable(outcomes: Sequence[Outcome], using: str) -> set[int]:
             ]
         )  # fmt: skip
         _count_portable(kept, using)
-        emit_outcomes_portable(
-            [(o.lease.tenant_id, o.lease.notification_id, o.kind) for o in kept if o.kind in _EVENT_KINDS]
-        )
-    return ours
+        events = [(o.lease.tenant_id, o.lease.notification_id, o.kind) for o in kept if o.kind in _EVENT_KINDS]
+        emit_outcomes_portable(events)
+    return ours, len(events)  # at most that many deliveries: enough to nudge the lane
 
 
 def _count_portable(kept: Sequence[Outcome], using: str) -> None:

@@ -38,7 +38,7 @@ from django.db import connection
 from core.db_faults import Backoff, is_connection_lost, reset_connection
 from dispatch import gc_tuning, upkeep
 from dispatch.claims import Claimer
-from dispatch.delivery import Outcome, Prepared
+from dispatch.delivery import Outcome, Prepared, Recorded
 from dispatch.events import EventLane
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder, SessionLost
@@ -220,8 +220,8 @@ class Dispatcher:
         """Notifications in flight, or found by a claim within the last 0.2 s: the event lane holds back."""
         return bool(self.sender.inflight) or time.monotonic() - self._last_claimed_at < 0.2
 
-    def _nudge_events(self, batch: list[Outcome]) -> None:
-        if any(o.kind in ("delivered", "failed", "dead_lettered") for o in batch):
+    def _nudge_events(self, recorded: Recorded) -> None:
+        if recorded.event_deliveries:  # the record statement queued event deliveries: send them soon
             self.events.nudge()  # type: ignore[union-attr]
 
     def _recording_broke(self) -> None:

@@ -35,7 +35,7 @@ class Recorder:
         self.finished = asyncio.Event()
         self.force = False  # a forced stop abandons what cannot be written now
         self.processed = 0
-        self.after_write: Callable[[list[Outcome]], None] | None = None  # told of each batch written
+        self.after_write: Callable[[Recorded], None] | None = None  # told of each batch written
 
     def add(self, outcome: Outcome) -> None:
         self.pending.append(outcome)
@@ -84,7 +84,7 @@ class Recorder:
         if recorded.lost:
             logger.warning("%d item(s) were re-claimed by a peer before we recorded them", len(recorded.lost))
         if self.after_write is not None:
-            self.after_write(batch)
+            self.after_write(recorded)
         self.processed += sum(1 for o in batch if o.kind != "deferred") - len(recorded.lost)
 
     def write(self, batch: list[Outcome]) -> Recorded:
