@@ -284,3 +284,18 @@ __all__ = [
     "ALL_TYPES", "NOTIFICATION_FIELDS", "OUTCOME_TYPES", "SUPPRESSION_FIELDS", "emit", "emit_notification_events",
     "emit_outcomes_portable", "outcome_events_cte",
 ]  # fmt: skip
+
+
+def emit_suppressed(entries: Iterable[Any]) -> None:  # noqa: ANN401
+    """`recipient.suppressed` for suppression entries just created (the `notifications.suppressions.
+    on_suppressed` callback): one statement per tenant among them (a receipt batch or an API call is
+    one tenant's)."""
+    by_tenant: dict[Any, list[dict[str, Any]]] = {}
+    for entry in entries:
+        by_tenant.setdefault(entry.tenant_id, []).append({
+            "suppression_id": entry.id, "recipient_masked": entry.recipient_masked, "channel": entry.channel,
+            "reason": entry.reason, "category": entry.category,
+            "source_notification_id": entry.source_notification_id,
+        })  # fmt: skip
+    for tenant_id, rows in by_tenant.items():
+        emit(None, tenant_id, EventType.SUPPRESSED, rows)

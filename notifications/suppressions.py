@@ -121,7 +121,7 @@ def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list
     if not rows:
         return []
     connection = connections[Suppression.objects.db]
-    with transaction.atomic(using=connection.alias):
+    with transaction.atomic(using=connection.alias, savepoint=False):  # no error is expected to be caught here
         if connection.vendor == "postgresql":
             created = _insert_pg(connection, rows)
         else:

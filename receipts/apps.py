@@ -9,6 +9,10 @@ class ReceiptsConfig(AppConfig):
     def ready(self) -> None:
         from notifications import reads
         from receipts import vendors  # noqa: F401  (each vendor module registers its adapter)
+        from receipts.followups import follow_up
         from receipts.reads import events_of
+        from receipts.services import AFTER_APPLY
 
         reads.register_events_reader(events_of)
+        if follow_up not in AFTER_APPLY:
+            AFTER_APPLY.append(follow_up)  # suppressions and outbound events, in the apply's transaction
