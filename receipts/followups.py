@@ -48,3 +48,6 @@ def follow_up(provider: ProviderView, result: ApplyResult) -> None:
     ]
     if items:
         emit_notification_events(None, items)
+
+
+follow_up.receipts = frozenset(RECEIPT_EVENTS)  # a batch of `delivered` receipts needs no follow-up

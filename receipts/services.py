@@ -76,11 +76,18 @@ AfterApply = Callable[[ProviderView, ApplyResult], None]
 # `changed` rows whose receipt is `complained` or `bounced` with bounce_type `hard` (email and sms
 # only, CONTRACT §17); (b) emit `notification.bounced` / `notification.complained` (and the rest) to
 # the tenant's event endpoints. Each should cost a fixed number of statements per call.
+# A hook may name the receipts it acts on (`hook.receipts`, a set of receipt values): an apply whose
+# receipts hold none of them skips it, and with no hook left runs alone, in autocommit.
 AFTER_APPLY: list[AfterApply] = []
 
 
-def after_apply(provider: ProviderView, result: ApplyResult) -> None:
-    for hook in AFTER_APPLY:
+def _hooks_for(rows: Sequence[_Row]) -> list[AfterApply]:
+    present = {r.receipt for r in rows}
+    return [hook for hook in AFTER_APPLY if present & getattr(hook, "receipts", present)]
+
+
+def after_apply(provider: ProviderView, result: ApplyResult, hooks: Sequence[AfterApply] | None = None) -> None:
+    for hook in AFTER_APPLY if hooks is None else hooks:
         hook(provider, result)
 
 
@@ -140,13 +147,14 @@ def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: st
     if not rows:
         return ApplyResult(provider_id=provider.id)
     apply = _apply_pg if connections[using].vendor == "postgresql" else _apply_orm
-    if not AFTER_APPLY and apply is _apply_pg:
+    hooks = _hooks_for(rows) if AFTER_APPLY else []
+    if not hooks and apply is _apply_pg:
         return apply(provider, rows, using)  # one statement: its own transaction
     # No savepoint inside a caller's transaction: a failure here fails the caller's transaction anyway.
     with transaction.atomic(using=using, savepoint=False):
         result = apply(provider, rows, using)
         if result.changed:
-            after_apply(provider, result)
+            after_apply(provider, result, hooks)
     return result
 
 

@@ -100,3 +100,16 @@ def test_a_fixed_number_of_statements_whatever_the_batch(tenant_a, size):
     assert Suppression.objects.for_tenant(tenant_a).count() == size
     assert len(events_of(tenant_a, "notification.bounced")) == size
     assert len(events_of(tenant_a, "recipient.suppressed")) == size
+
+
+def test_a_batch_of_delivered_receipts_runs_alone(tenant_a, monkeypatch):
+    from receipts import followups
+
+    create_endpoint(tenant_a, name="ops", url="https://hooks.example.com/ops", event_types=["*"], actor="test")
+    view, notes = channel_side(tenant_a, "email", EMAIL, kind="console")
+    called = []
+    monkeypatch.setattr(followups, "suppress_notifications", lambda reasons: called.append(reasons))
+    with CaptureQueriesContext(connection) as ctx:
+        result = apply_receipts(view, [receipt(n, "delivered") for n in notes])
+    assert len(result.changed) == 2 and len(ctx.captured_queries) == 1  # no follow-up, no transaction around it
+    assert called == [] and events_of(tenant_a, "notification.bounced") == []
