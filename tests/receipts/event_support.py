@@ -3,7 +3,8 @@ generated secret shown once in the 201) pointing at a loopback receiver, `run_di
 processes that deliver what is due, and the events the receiver got, each verified with the
 `standardwebhooks` package under that secret.
 
-    endpoint = add_endpoint(api, event_receiver)          # httpx.Client on /api/v1, or a DRF APIClient
+    endpoint = add_endpoint(api, event_receiver)          # httpx.Client on /api/v1, or a DRF APIClient;
+                                                          # event_receiver: tests/receipts/conftest.py
     deliver_events(subprocess_env, tmp_path)              # a dispatcher process, until nothing is due
     [bounced] = endpoint.of_type("notification.bounced")  # {"webhook_id", "type", "timestamp", "data"}
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +27,6 @@ from tests.support.receivers import HttpReceiver
 NAME = "tenant-events"
 WRONG_SECRET = "whsec_" + base64.b64encode(b"w" * 32).decode()
 _runs = itertools.count()
-
-
-@pytest.fixture
-def event_receiver() -> Iterator[HttpReceiver]:
-    """The tenant's own system on loopback: records every request and answers 200 (the test verifies)."""
-    with HttpReceiver(max_seconds=180) as receiver:
-        yield receiver
 
 
 @dataclass
@@ -93,8 +86,3 @@ def suppressions(api: Any, address: str) -> list[dict[str, Any]]:  # noqa: ANN40
     assert response.status_code == 200, response.content
     return response.json()["results"]
 
-
-def assert_masked(endpoint: TenantEndpoint, *addresses: str) -> None:
-    bodies = endpoint.bodies()
-    for address in addresses:
-        assert address not in bodies

@@ -23,7 +23,7 @@ from notifications.models import Notification
 from receipts.models import NotificationEvent
 from tests import factories
 from tests.receipts.conftest import signed
-from tests.receipts.event_support import add_endpoint, deliver_events, event_receiver, suppressions  # noqa: F401
+from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
 from tests.support.fixtures import signing_secret, webhook_receiver  # noqa: F401
 from tests.support.pgserver import free_port
 from tests.support.receivers import TEST_SIGNING_SECRET
