@@ -97,6 +97,12 @@ def test_a_real_send_its_bounce_and_a_complaint_reach_the_notifications(  # noqa
     log = (tmp_path / "listener.log").read_text()
     assert "Traceback" not in log and "jane.doe" not in log
 
+    # The API shows the same: `receipt`, `bounce_type` and `events`, oldest first.
+    shown = api_a.get(f"/api/v1/notifications/{bounced}").json()
+    assert (shown["receipt"], shown["bounce_type"]) == ("bounced", "hard")
+    assert [(e["type"], e["provider"]) for e in shown["events"]] == [("bounced", "mail"), ("delivered", "mail")]
+    assert api_a.get(f"/api/v1/notifications/{complained}").json()["receipt"] == "complained"
+
     # The hard bounce and the complaint suppress their addresses; the untouched one is not.
     [bounce_entry] = suppressions(api_a, BOUNCER)
     [complaint_entry] = suppressions(api_a, COMPLAINER)
