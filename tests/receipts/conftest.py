@@ -1,5 +1,5 @@
-"""Fixtures for receipts: a webhook provider per tenant with delivered notifications, and helpers
-to build receipts and signed Standard Webhooks posts."""
+"""Fixtures for receipts: a webhook provider per tenant with delivered notifications, a receiver for
+the tenant's event endpoint, and helpers to build receipts and signed Standard Webhooks posts."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from receipts import providers as provider_views
 from receipts import throttle
 from receipts.inbound import ProviderView, Receipt
 from tests import factories
+from tests.support.receivers import HttpReceiver
 
 SECRET_A = "whsec_" + base64.b64encode(b"a" * 32).decode()
 SECRET_B = "whsec_" + base64.b64encode(b"b" * 32).decode()
@@ -49,6 +50,14 @@ def fresh_provider_views() -> Iterator[None]:
     yield
     provider_views.clear()
     throttle.clear()
+
+
+@pytest.fixture
+def event_receiver() -> Iterator[HttpReceiver]:
+    """The tenant's own system on loopback for its event endpoint (tests.receipts.event_support): records
+    every request and answers 200; the test verifies the signatures with the endpoint's secret."""
+    with HttpReceiver(max_seconds=180) as receiver:
+        yield receiver
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The webhook kind end to end over real HTTP: the API (a gunicorn process) creates a notification,
-the dispatcher sends it to a loopback receiver, and the receiver's signed event, posted back to the
-provider's events_url, shows up as the notification's receipt and events."""
+a dispatcher process sends it to a loopback receiver, and the receiver's signed event, posted back to
+the provider's events_url, shows up as the notification's receipt and events, and as events at the
+tenant's event endpoint (verified with `standardwebhooks`); a webhook address is never suppressed."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import httpx
 import pytest
 
 from core.models import ApiKey
-from dispatch.dispatcher import Dispatcher, DispatcherConfig
+from events.models import Event
 from notifications.models import Notification
 from receipts.models import NotificationEvent
 from tests import factories
 from tests.receipts.conftest import signed
+from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
 from tests.support.fixtures import signing_secret, webhook_receiver  # noqa: F401
 from tests.support.pgserver import free_port
 from tests.support.receivers import TEST_SIGNING_SECRET
@@ -60,7 +62,9 @@ def server(subprocess_env: dict[str, str]) -> Iterator[str]:
             proc.wait(timeout=5)
 
 
-def test_webhook_receipts_end_to_end(server, webhook_receiver, tenant_a, tenant_b):  # noqa: F811
+def test_webhook_receipts_end_to_end(  # noqa: PLR0913
+    server, webhook_receiver, event_receiver, tenant_a, tenant_b, subprocess_env, tmp_path  # noqa: F811
+):
     hook = factories.provider(tenant_a, "hook", config={"url": webhook_receiver.url},
                               secrets={"signing_secret": TEST_SIGNING_SECRET}, is_default=True)  # fmt: skip
     other = factories.provider(tenant_b, "hook", config={"url": webhook_receiver.url},
@@ -72,16 +76,23 @@ def test_webhook_receipts_end_to_end(server, webhook_receiver, tenant_a, tenant_
     shown = api.get("/providers/hook").json()
     assert shown["id"] == hook.pk and shown["events_url"] == f"{server}/hooks/providers/{hook.pk}"
     events_url = shown["events_url"]
+    endpoint = add_endpoint(api, event_receiver)  # the tenant's own system, subscribed to every type
 
-    # A real send.
+    # A real send, by a dispatcher process; its outcome reaches the tenant's endpoint.
     created = api.post("/notifications", json={"channel": "webhook", "recipient": "cust_8Kq2", "body": "hi"})
     assert created.status_code == 201, created.text
     note_id = created.json()["id"]
     assert created.json()["receipt"] is None and created.json()["bounce_type"] is None
-    assert Dispatcher(DispatcherConfig(once=True, jitter=False)).run() == 0
-    webhook_receiver.wait_for(1)
+    deliver_events(subprocess_env, tmp_path)
+    assert webhook_receiver.wait_for(1)
     sent = webhook_receiver.requests[0]
     assert sent.verified and sent.headers["webhook-id"] == note_id
+    [accepted] = endpoint.events()
+    assert accepted["type"] == "notification.delivered"
+    assert accepted["data"] == {
+        "notification_id": note_id, "status": "delivered", "receipt": None, "bounce_type": None, "channel": "webhook",
+        "recipient_masked": created.json()["recipient_masked"], "provider": "hook", "attempt_count": 1,
+        "error_code": None}  # fmt: skip
 
     # The receiver posts back: a hard bounce, signed with the provider's secret (standardwebhooks).
     bounce = {"type": "bounced", "notification_id": sent.headers["webhook-id"],
@@ -138,3 +149,19 @@ def test_webhook_receipts_end_to_end(server, webhook_receiver, tenant_a, tenant_
     assert httpx.post(events_url, content=body4, headers=headers4).status_code == 200
     metrics = httpx.get(f"{server}/metrics").text
     assert f'omnipost_receipts_ignored_total{{provider="hook",provider_id="{hook.pk}",reason="unknown"}} 1.0' in metrics
+
+    # The tenant's endpoint, served by one more dispatcher process: the bounce once (its retry and the
+    # late `delivered` make no event), nothing for what did not verify or was not this tenant's.
+    deliver_events(subprocess_env, tmp_path)
+    events = endpoint.events()
+    assert [e["type"] for e in events] == ["notification.delivered", "notification.bounced"]
+    bounced = events[1]
+    assert bounced["webhook_id"] == Event.objects.get(type="notification.bounced").public_id
+    assert {k: bounced["data"][k] for k in ("notification_id", "status", "receipt", "bounce_type", "channel")} == {
+        "notification_id": note_id, "status": "delivered", "receipt": "bounced", "bounce_type": "hard",
+        "channel": "webhook"}  # fmt: skip
+    assert bounced["data"]["recipient_masked"] == detail["recipient_masked"] != "cust_8Kq2"
+    assert "cust_8Kq2" not in endpoint.bodies()
+    # A webhook address is no email or phone: a hard bounce suppresses nothing, and says nothing of it.
+    assert suppressions(api, "cust_8Kq2") == []
+    assert not Event.objects.filter(type="recipient.suppressed").exists()

@@ -1,6 +1,8 @@
 """The ses kind end to end over real HTTP: the API (a gunicorn process) creates an email, the dispatcher
 sends it to the SES stand-in (SigV4 checked), and SNS-signed SES events posted to the provider's
-events_url become the notification's receipt and events; the SNS subscription is confirmed first."""
+events_url become the notification's receipt and events; the SNS subscription is confirmed first.
+The tenant's event endpoint (verified with `standardwebhooks`) gets each outcome and receipt; a
+Permanent bounce and a Complaint each suppress their address, and the next email to it is never sent."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ import httpx
 import pytest
 
 from core.models import ApiKey
-from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from notifications.models import Notification
 from receipts.models import NotificationEvent
 from tests import factories
+from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
 from tests.support.aws import SesStandIn, SnsStandIn, self_signed, ses_event
 from tests.support.pgserver import free_port
 
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 KEY_ID, SECRET, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "eu-west-1"
 ADDRESS = "jane.doe@example.com"
+COMPLAINER = "john.roe@example.com"
 
 
 @pytest.fixture
@@ -86,7 +89,7 @@ def sns_post(url: str, message: dict) -> httpx.Response:
     return httpx.post(url, content=json.dumps(message).encode(), headers=headers, timeout=10)
 
 
-def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b):
+def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b, event_receiver, subprocess_env, tmp_path):  # noqa: PLR0913, PLR0915
     config = {"region": REGION, "base_url": ses.base_url, "from_email": "alerts@example.com",
               "access_key_id": KEY_ID, "topic_arn": sns.topic_arn}  # fmt: skip
     prov = factories.provider(tenant_a, "ses", kind="ses", channel="email", config=config,
@@ -99,6 +102,7 @@ def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b):
     assert shown["kind"] == "ses" and shown["secrets"] == {"secret_access_key": "****" + SECRET[-4:]}
     events_url = shown["events_url"]
     assert events_url == f"{server}/hooks/providers/{prov.pk}"
+    endpoint = add_endpoint(api, event_receiver)  # the tenant's own system, subscribed to every type
 
     # SNS asks to confirm the subscription: OmniPost GETs the SubscribeURL (through the SSRF guard).
     confirmation = sns.subscription_confirmation()
@@ -107,13 +111,13 @@ def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b):
     [confirmed] = sns.confirmations
     assert f"Token={confirmation['Token']}" in confirmed.path
 
-    # A real send, SigV4-verified by the stand-in, tagged with the notification id.
+    # A real send by a dispatcher process, SigV4-verified by the stand-in, tagged with the notification id.
     created = api.post(
         "/notifications", json={"channel": "email", "recipient": ADDRESS, "subject": "Hi", "body": "Hello"}
     )
     assert created.status_code == 201, created.text
     note_id = created.json()["id"]
-    assert Dispatcher(DispatcherConfig(once=True, jitter=False)).run() == 0
+    deliver_events(subprocess_env, tmp_path)
     [sent] = ses.accepted
     tag = {t["Name"]: t["Value"] for t in sent.payload["EmailTags"]}["notification_id"]
     assert tag == note_id and api.get(f"/notifications/{note_id}").json()["status"] == "delivered"
@@ -160,3 +164,51 @@ def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b):
     unknown = sns.notification(ses_event("Complaint", str(uuid.uuid4()), ADDRESS))
     assert sns_post(events_url, unknown).status_code == 200
     assert NotificationEvent.objects.count() == before
+
+    # A Complaint about a second message suppresses its address too.
+    second = api.post("/notifications", json={"channel": "email", "recipient": COMPLAINER, "subject": "Hi",
+                                              "body": "Hello"}).json()  # fmt: skip
+    deliver_events(subprocess_env, tmp_path)
+    assert len(ses.accepted) == 2
+    tag2 = {t["Name"]: t["Value"] for t in ses.accepted[1].payload["EmailTags"]}["notification_id"]
+    assert tag2 == second["id"]
+    assert sns_post(events_url, sns.notification(ses_event("Complaint", tag2, COMPLAINER))).json() == {"received": 1}
+    assert (api.get(f"/notifications/{tag2}").json()["receipt"]) == "complained"
+    [bounced_entry] = suppressions(api, ADDRESS.upper())  # addresses match case-insensitively
+    [complained_entry] = suppressions(api, COMPLAINER)
+    assert (bounced_entry["reason"], bounced_entry["channel"], bounced_entry["source_notification_id"]) == (
+        "hard_bounce", "email", note_id)  # fmt: skip
+    assert (complained_entry["reason"], complained_entry["source_notification_id"]) == ("complaint", tag2)
+
+    # The next email to a suppressed address is stored `suppressed` and never sent.
+    blocked = api.post("/notifications", json={"channel": "email", "recipient": ADDRESS, "subject": "Again",
+                                               "body": "Hello"})  # fmt: skip
+    assert blocked.status_code == 201 and blocked.json()["status"] == "suppressed", blocked.text
+
+    # One more dispatcher process delivers the events to the tenant's endpoint; nothing else goes to SES.
+    deliver_events(subprocess_env, tmp_path)
+    assert len(ses.accepted) == 2
+    assert api.get(f"/notifications/{blocked.json()['id']}").json()["status"] == "suppressed"
+    events = endpoint.events()
+    assert sorted(e["type"] for e in events) == sorted([
+        "notification.delivered", "notification.delivered", "notification.bounced", "notification.complained",
+        "recipient.suppressed", "recipient.suppressed"])  # fmt: skip
+    assert len({e["webhook_id"] for e in events}) == len(events)
+    [bounced] = endpoint.of_type("notification.bounced")  # SNS's retry and the late Delivery: no more
+    assert {k: bounced["data"][k] for k in ("notification_id", "receipt", "bounce_type", "channel", "provider")} == {
+        "notification_id": note_id, "receipt": "bounced", "bounce_type": "hard", "channel": "email",
+        "provider": "ses"}  # fmt: skip
+    assert bounced["data"]["recipient_masked"] == detail["recipient_masked"]
+    [complained] = endpoint.of_type("notification.complained")
+    assert (complained["data"]["notification_id"], complained["data"]["receipt"]) == (tag2, "complained")
+    assert complained["data"]["bounce_type"] is None
+    suppressed = {e["data"]["reason"]: e["data"] for e in endpoint.of_type("recipient.suppressed")}
+    assert suppressed == {
+        "hard_bounce": {"suppression_id": bounced_entry["id"], "recipient_masked": bounced_entry["recipient_masked"],
+                        "channel": "email", "reason": "hard_bounce", "category": None,
+                        "source_notification_id": note_id},
+        "complaint": {"suppression_id": complained_entry["id"], "channel": "email", "reason": "complaint",
+                      "recipient_masked": complained_entry["recipient_masked"], "category": None,
+                      "source_notification_id": tag2},
+    }  # fmt: skip
+    assert ADDRESS not in endpoint.bodies() and COMPLAINER not in endpoint.bodies()

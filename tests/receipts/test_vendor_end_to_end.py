@@ -1,7 +1,9 @@
 """Twilio and SendGrid end to end: a notification created through the API, sent by the dispatcher to
 a loopback stand-in for the vendor's API, then the vendor's callback — signed as the vendor signs it
 (`twilio.RequestValidator`; ECDSA that `sendgrid.EventWebhook` verifies) — posted to the provider's
-`events_url`, and the notification's `receipt` and `events` read back through the API."""
+`events_url`, and the notification's `receipt` and `events` read back through the API. Through real
+processes, the tenant's event endpoint (verified with `standardwebhooks`) gets each outcome and receipt;
+SendGrid's `bounce` and `spamreport` suppress the address, Twilio's `undelivered` does not."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from receipts.models import NotificationEvent
 from tests.notifications.test_providers_sendgrid import API_KEY
 from tests.notifications.test_providers_twilio import FROM, SID, TOKEN
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit
+from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
 from tests.receipts.test_end_to_end import server  # noqa: F401  (gunicorn serving the API and the hooks)
 from tests.receipts.test_sendgrid import Signer
 from tests.support.receivers import HttpReceiver
@@ -199,8 +202,8 @@ def test_sendgrid_events_that_do_not_verify_are_401_and_change_nothing(api_a, se
 # --- both over real HTTP: gunicorn serves the API and the hooks, a run_dispatcher process sends -----
 
 
-def test_twilio_and_sendgrid_receipts_through_real_processes(  # noqa: PLR0913
-    server, subprocess_env, tenant_a, twilio_api, sendgrid_api, settings  # noqa: F811
+def test_twilio_and_sendgrid_receipts_through_real_processes(  # noqa: PLR0913, PLR0915
+    server, subprocess_env, tenant_a, twilio_api, sendgrid_api, settings, event_receiver, tmp_path  # noqa: F811
 ):
     settings.OMNIPOST_PUBLIC_URL = server
     api = httpx.Client(base_url=f"{server}/api/v1", headers={"Authorization": f"Bearer {ApiKey.issue(tenant_a)[1]}"})
@@ -213,18 +216,30 @@ def test_twilio_and_sendgrid_receipts_through_real_processes(  # noqa: PLR0913
         "config": {"base_url": f"http://127.0.0.1:{sendgrid_api.port}", "from_email": "alerts@example.com",
                    "public_key": signer.public_key}})  # fmt: skip
     assert sms.status_code == mail.status_code == 201, (sms.text, mail.text)
+    endpoint = add_endpoint(api, event_receiver)  # the tenant's own system, subscribed to every type
     text = api.post("/notifications", json={"channel": "sms", "recipient": "+15551234567", "body": "code 1"}).json()
     email = api.post("/notifications", json={"channel": "email", "recipient": "jane.doe@example.com",
                                              "subject": "Hi", "body": "Hello"}).json()  # fmt: skip
+    lost_text = api.post("/notifications", json={"channel": "sms", "recipient": "+15557654321",
+                                                 "body": "code 2"}).json()  # fmt: skip
+    bounced_email = api.post("/notifications", json={"channel": "email", "recipient": "john.roe@example.com",
+                                                     "subject": "Hi", "body": "Hello"}).json()  # fmt: skip
 
     env = {**subprocess_env, "OMNIPOST_PUBLIC_URL": server}
     [dispatcher] = start_dispatchers(1, env, "--once", "--no-listen")
     assert wait_exit([dispatcher], timeout=60) == [0]
-    assert twilio_api.wait_for(1) and sendgrid_api.wait_for(1)
+    assert twilio_api.wait_for(2) and sendgrid_api.wait_for(2)
+    callbacks = {sent_callback(twilio_api, i) for i in range(2)}
+    assert callbacks == {f"{sms.json()['events_url']}?n={n['id']}" for n in (text, lost_text)}
+    sent_ids = {r.payload["custom_args"]["notification_id"] for r in sendgrid_api.requests}
+    assert sent_ids == {email["id"], bounced_email["id"]}
+    # The sends' outcomes reached the tenant's endpoint (the --once dispatcher delivers its events before it exits).
+    accepted = endpoint.of_type("notification.delivered")
+    assert sorted(e["data"]["notification_id"] for e in accepted) == sorted(
+        n["id"] for n in (text, email, lost_text, bounced_email))  # fmt: skip
 
     # Twilio posts its callback to the StatusCallback the send handed it, signed over that URL.
-    callback = sent_callback(twilio_api)
-    assert callback == f"{sms.json()['events_url']}?n={text['id']}"
+    callback = f"{sms.json()['events_url']}?n={text['id']}"
     sid = "SM" + "cd" * 16
     form = {"AccountSid": SID, "MessageSid": sid, "MessageStatus": "delivered", "SmsSid": sid, "SmsStatus": "delivered",
             "To": "+15551234567", "From": FROM, "ApiVersion": "2010-04-01"}  # fmt: skip
@@ -234,12 +249,23 @@ def test_twilio_and_sendgrid_receipts_through_real_processes(  # noqa: PLR0913
     forged = httpx.post(callback, data={**form, "MessageStatus": "failed"}, headers={"X-Twilio-Signature": signature})
     assert forged.status_code == 401
 
-    # SendGrid posts a signed batch naming the notification by its custom arg.
-    nid = sendgrid_api.requests[0].payload["custom_args"]["notification_id"]
-    batch = [sg_event("delivered", nid, "ev-d"), sg_event("spamreport", nid, "ev-s")]
+    # The other message never reached its handset: `undelivered` (no suppression on SMS).
+    lost_callback = f"{sms.json()['events_url']}?n={lost_text['id']}"
+    lost_form = {**form, "MessageSid": "SM" + "ef" * 16, "SmsSid": "SM" + "ef" * 16, "To": "+15557654321",
+                 "MessageStatus": "undelivered", "SmsStatus": "undelivered", "ErrorCode": "30003"}  # fmt: skip
+    signature = RequestValidator(TOKEN).compute_signature(lost_callback, lost_form)
+    answer = httpx.post(lost_callback, data=lost_form, headers={"X-Twilio-Signature": signature})
+    assert answer.status_code == 200 and answer.json() == {"received": 1}
+
+    # SendGrid posts a signed batch naming the notifications by their custom arg: a spam report about
+    # one, a bounce of the other.
+    nid = email["id"]
+    batch = [sg_event("delivered", nid, "ev-d"), sg_event("spamreport", nid, "ev-s"),
+             sg_event("bounce", bounced_email["id"], "ev-x", email="john.roe@example.com", type="bounce",
+                      status="5.1.1", reason="550 5.1.1 <john.roe@example.com> unknown")]  # fmt: skip
     request = signer.request(batch, at=datetime.now(UTC))
     answer = httpx.post(mail.json()["events_url"], content=request.body, headers=dict(request.headers))
-    assert answer.status_code == 200 and answer.json() == {"received": 2}
+    assert answer.status_code == 200 and answer.json() == {"received": 3}
     six_minutes_ago = datetime.now(UTC) - timedelta(minutes=6)
     stale = signer.request([sg_event("bounce", nid, "ev-b", type="bounce")], at=six_minutes_ago)
     assert httpx.post(mail.json()["events_url"], content=stale.body, headers=dict(stale.headers)).status_code == 401
@@ -253,3 +279,48 @@ def test_twilio_and_sendgrid_receipts_through_real_processes(  # noqa: PLR0913
     assert [n["id"] for n in api.get("/notifications", params={"receipt": "complained"}).json()["results"]] == [
         email["id"]
     ]
+    assert api.get(f"/notifications/{lost_text['id']}").json()["receipt"] == "undelivered"
+    shown_bounce = api.get(f"/notifications/{bounced_email['id']}").json()
+    assert (shown_bounce["receipt"], shown_bounce["bounce_type"]) == ("bounced", "hard")
+
+    # The spam report and the bounce suppress their addresses; Twilio's `undelivered` suppresses nothing.
+    [complaint_entry] = suppressions(api, "jane.doe@example.com")
+    [bounce_entry] = suppressions(api, "john.roe@example.com")
+    assert (complaint_entry["reason"], complaint_entry["channel"], complaint_entry["source_notification_id"]) == (
+        "complaint", "email", email["id"])  # fmt: skip
+    assert (bounce_entry["reason"], bounce_entry["source_notification_id"]) == ("hard_bounce", bounced_email["id"])
+    assert suppressions(api, "+15557654321") == [] and suppressions(api, "+15551234567") == []
+    # The next email to a suppressed address is stored `suppressed`; a text to the number that was
+    # `undelivered` still goes.
+    blocked = api.post("/notifications", json={"channel": "email", "recipient": "jane.doe@example.com",
+                                               "subject": "Again", "body": "Hello"})  # fmt: skip
+    assert blocked.status_code == 201 and blocked.json()["status"] == "suppressed", blocked.text
+    retry_text = api.post("/notifications", json={"channel": "sms", "recipient": "+15557654321", "body": "code 3"})
+    assert retry_text.status_code == 201 and retry_text.json()["status"] != "suppressed"
+
+    # One more dispatcher process: sends the text, delivers the receipts' events to the tenant's endpoint.
+    deliver_events(env, tmp_path)
+    assert len(twilio_api.requests) == 3 and len(sendgrid_api.requests) == 2
+    assert api.get(f"/notifications/{blocked.json()['id']}").json()["status"] == "suppressed"
+    failed = endpoint.of_type("notification.failed")
+    assert [(e["data"]["notification_id"], e["data"]["receipt"], e["data"]["channel"]) for e in failed] == [
+        (lost_text["id"], "undelivered", "sms")]  # fmt: skip
+    assert failed[0]["data"]["status"] == "delivered"  # the provider accepted it; the handset never got it
+    [complained] = endpoint.of_type("notification.complained")
+    assert (complained["data"]["notification_id"], complained["data"]["receipt"]) == (email["id"], "complained")
+    [bounced] = endpoint.of_type("notification.bounced")
+    assert {k: bounced["data"][k] for k in ("notification_id", "receipt", "bounce_type", "provider")} == {
+        "notification_id": bounced_email["id"], "receipt": "bounced", "bounce_type": "hard", "provider": "mail"}
+    assert bounced["data"]["recipient_masked"] == shown_bounce["recipient_masked"]
+    suppressed = {e["data"]["reason"]: e["data"] for e in endpoint.of_type("recipient.suppressed")}
+    assert suppressed == {
+        "complaint": {"suppression_id": complaint_entry["id"], "recipient_masked": complaint_entry["recipient_masked"],
+                      "channel": "email", "reason": "complaint", "category": None,
+                      "source_notification_id": email["id"]},
+        "hard_bounce": {"suppression_id": bounce_entry["id"], "recipient_masked": bounce_entry["recipient_masked"],
+                        "channel": "email", "reason": "hard_bounce", "category": None,
+                        "source_notification_id": bounced_email["id"]},
+    }  # fmt: skip
+    assert len(endpoint.of_type("notification.delivered")) == 5  # the retried text too
+    bodies = endpoint.bodies()
+    assert all(a not in bodies for a in ("jane.doe@example.com", "john.roe@example.com", "+15557654321"))
