@@ -47,5 +47,6 @@ def fetchone(
         cursor.execute(sql, params, prepare=prepare)
         row = cursor.fetchone()
     if connection.queries_logged:
-        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+        # The parameters beside the text, as Django's log shows them bound into it (secrets are ciphertext).
+        connection.queries_log.append({"sql": sql, "params": params, "time": f"{time.monotonic() - started:.3f}"})
     return row

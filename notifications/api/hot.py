@@ -5,8 +5,8 @@ about 400 µs of Python a request in the framework around them — URL resolutio
 includes, sessions, CSRF, messages and auth middleware that a bearer-key API never uses, DRF's
 request wrapping, content negotiation, permission and throttle classes and response rendering —
 against ≈ 550 µs (create) and ≈ 250 µs (read) of actual work. This middleware answers them
-directly with the very functions the views use (`views.create_response`, `views.detail_data`),
-and only the plain successful case:
+directly with the very functions the views use (`views.create_rows`, `views.detail_data`,
+`serializers.notification_data`), and only the plain successful case:
 
 - the request has no query string, `Accept` is absent, `*/*` or `application/json`, a create's
   `Content-Type` is `application/json` and it has no `Idempotency-Key`;
@@ -33,6 +33,7 @@ import re
 from collections.abc import Callable
 from uuid import UUID
 
+import orjson
 from django.http import HttpRequest, HttpResponse
 from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
@@ -40,7 +41,8 @@ from rest_framework.renderers import JSONRenderer
 from core.api.parsers import StrictJSONParser
 from core.api.throttling import TenantRateThrottle
 from core.models import ApiKey
-from notifications.api.views import create_response, detail_data
+from notifications.api.serializers import notification_data
+from notifications.api.views import create_rows, detail_data
 
 LIST_PATH = "/api/v1/notifications"
 DETAIL_PATH = re.compile(r"/api/v1/notifications/([0-9a-fA-F-]{36})")
@@ -97,10 +99,8 @@ class HotPathMiddleware:
             if not throttle.allow_tenant(tenant):
                 raise _HandOver()  # the views' throttle answers 429 with Retry-After
 
-        response = create_response(
-            tenant, f"api_key:{key.prefix}", [data], single=True, record=None, before_store=rate_limit
-        )
-        return self._json(response.data, response.status_code, ALLOW_LIST)
+        rows = create_rows(tenant, f"api_key:{key.prefix}", [data], single=True, before_store=rate_limit)
+        return self._json(notification_data(rows[0]), 201, ALLOW_LIST)
 
     def _detail(self, request: HttpRequest, pk: str) -> HttpResponse:
         try:
@@ -117,8 +117,20 @@ class HotPathMiddleware:
 
     @staticmethod
     def _json(data: object, status: int, allow: str) -> HttpResponse:
-        content = JSONRenderer().render(data)
+        content = _render(data)
         response = HttpResponse(content, status=status, content_type="application/json")
         response["Allow"] = allow
         response["Content-Length"] = str(len(content))  # as CommonMiddleware sets it for the views
         return response
+
+
+def _render(data: object) -> bytes:
+    """What DRF's JSONRenderer writes (compact UTF-8, U+2028/U+2029 escaped), by orjson: ≈ 4 times
+    faster. Integers beyond 64 bits (possible in `metadata`), which orjson refuses, go to DRF's."""
+    try:
+        content = orjson.dumps(data)
+    except orjson.JSONEncodeError:
+        return JSONRenderer().render(data)
+    if b"\xe2\x80\xa8" in content or b"\xe2\x80\xa9" in content:  # as DRF escapes them
+        content = content.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
+    return content

@@ -130,11 +130,16 @@ class AttemptSerializer(serializers.Serializer):
     duration_ms = serializers.IntegerField()
 
     def to_representation(self, a: Any) -> dict[str, Any]:
-        return {
-            "number": a.number, "started_at": iso(a.started_at), "finished_at": iso(a.finished_at),
-            "outcome": a.outcome, "error_class": a.error_class, "error_code": a.error_code,
-            "http_status": a.http_status, "duration_ms": a.duration_ms,
-        }  # fmt: skip
+        return attempt_data(a)
+
+
+def attempt_data(a: Any) -> dict[str, Any]:
+    """An attempt's body (AttemptSerializer's), without a serializer instance (the hot path's)."""
+    return {
+        "number": a.number, "started_at": iso(a.started_at), "finished_at": iso(a.finished_at),
+        "outcome": a.outcome, "error_class": a.error_class, "error_code": a.error_code,
+        "http_status": a.http_status, "duration_ms": a.duration_ms,
+    }  # fmt: skip
 
 
 class EventSerializer(serializers.Serializer):
@@ -190,17 +195,23 @@ class NotificationSerializer(serializers.Serializer):
                                           help_text="hard or soft when receipt is bounced.")  # fmt: skip
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
-        template = n.template if n.template_id is not None else None
-        return {
-            "id": str(n.id), "channel": n.channel, "recipient_masked": n.recipient_masked,
-            "provider": n.provider.name, "template": template.key if template else None,
-            "subject": n.subject, "body": n.body, "context": n.context, "priority": n.priority, "queue": n.queue,
-            "category": n.category, "subscriber": n.subscriber, "status": n.live_status,
-            "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
-            "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
-            "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
-            "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,
-        }  # fmt: skip
+        return notification_data(n)
+
+
+def notification_data(n: Notification) -> dict[str, Any]:
+    """A notification's body (NotificationSerializer's, the fields declared there), built without
+    a serializer instance: the hot path's answer (notifications.api.hot) and the views' are one."""
+    template = n.template if n.template_id is not None else None
+    return {
+        "id": str(n.id), "channel": n.channel, "recipient_masked": n.recipient_masked,
+        "provider": n.provider.name, "template": template.key if template else None,
+        "subject": n.subject, "body": n.body, "context": n.context, "priority": n.priority, "queue": n.queue,
+        "category": n.category, "subscriber": n.subscriber, "status": n.live_status,
+        "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
+        "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
+        "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
+        "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,
+    }  # fmt: skip
 
 
 class NotificationDetailSerializer(NotificationSerializer):
@@ -208,10 +219,15 @@ class NotificationDetailSerializer(NotificationSerializer):
     events = EventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
-        data = super().to_representation(n)
-        data["attempts"] = [AttemptSerializer().to_representation(a) for a in n.attempts.all()]
-        data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.events(n)]
-        return data
+        return notification_detail_data(n)
+
+
+def notification_detail_data(n: Notification) -> dict[str, Any]:
+    """NotificationDetailSerializer's body, without serializer instances."""
+    data = notification_data(n)
+    data["attempts"] = [attempt_data(a) for a in n.attempts.all()]
+    data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.events(n)]
+    return data
 
 
 class NotificationBatchResultSerializer(serializers.Serializer):

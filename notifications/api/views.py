@@ -31,6 +31,8 @@ from notifications.api.serializers import (
     NotificationFilterSerializer,
     NotificationSerializer,
     ScheduledJobSerializer,
+    notification_data,
+    notification_detail_data,
 )
 from notifications.models import Notification
 from notifications.validation import Draft, FieldErrors, clean_notification, unknown_fields
@@ -168,17 +170,29 @@ def detail_data(tenant: Tenant, notification_id: UUID) -> dict[str, Any] | None:
     notification = reads.detail(tenant, notification_id)
     if notification is None:
         return None
-    return NotificationDetailSerializer(notification).data
+    return notification_detail_data(notification)
 
 
 def create_response(
     tenant: Tenant, actor: str, items: list[Any], *, single: bool, record: services.IdempotentResponse | None,
-    before_store: Callable[[], None] | None = None,
 ) -> Response | HttpResponse:  # fmt: skip
     """Check every item, resolve names and render templates, then store all or nothing (with
-    the Idempotency-Key's `record` and the response it replays, when there is one).
-    `before_store` runs once, after every check passed and before anything is stored (the hot
-    path's rate limit, see notifications.api.hot); whatever it raises stops the create."""
+    the Idempotency-Key's `record` and the response it replays, when there is one)."""
+    if record is not None:
+        record.render = lambda rows: render(status.HTTP_201_CREATED, _data(rows, single))
+    rows = create_rows(tenant, actor, items, single=single, record=record)
+    if record is not None:
+        return respond(record)
+    return Response(_data(rows, single), status=status.HTTP_201_CREATED)
+
+
+def create_rows(
+    tenant: Tenant, actor: str, items: list[Any], *, single: bool, record: services.IdempotentResponse | None = None,
+    before_store: Callable[[], None] | None = None,
+) -> list[Notification]:  # fmt: skip
+    """`create_response`'s work: the stored notifications, or ValidationError (field errors) /
+    Conflict. `before_store` runs once, after every check passed and before anything is stored
+    (the hot path's rate limit, see notifications.api.hot); whatever it raises stops the create."""
     problems: dict[int, dict[str, list[str]]] = {}
     drafts: list[tuple[int, Draft]] = []
     for index, item in enumerate(items):
@@ -186,8 +200,6 @@ def create_response(
             drafts.append((index, clean_notification(item)))
         except FieldErrors as exc:
             problems[index] = exc.errors
-    if record is not None:
-        record.render = lambda rows: render(status.HTTP_201_CREATED, _data(rows, single))
     for _ in range(3):  # a provider or template edited meanwhile: resolve again
         try:
             specs = services.build_specs(tenant, [d for _, d in drafts])
@@ -203,20 +215,16 @@ def create_response(
             before_store()
             before_store = None
         try:
-            rows = services.create_notifications(tenant, specs, actor=actor, idempotency=record)
+            return services.create_notifications(tenant, specs, actor=actor, idempotency=record)
         except services.StaleConfig:
             continue
-        if record is not None:
-            return respond(record)
-        return Response(_data(rows, single), status=status.HTTP_201_CREATED)
     raise Conflict("The tenant's providers or templates are being changed; retry.", code="conflict")
 
 
 def _data(rows: list[Notification], single: bool) -> dict[str, Any]:
     if single:
-        return NotificationSerializer(rows[0]).data
-    serializer = NotificationSerializer()
-    return {"results": [serializer.to_representation(n) for n in rows]}
+        return notification_data(rows[0])
+    return {"results": [notification_data(n) for n in rows]}
 
 
 class ScheduledJobViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):

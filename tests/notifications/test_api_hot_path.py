@@ -128,3 +128,23 @@ def test_a_body_over_the_limit_is_413_before_the_hot_path(api_a, setup_a, settin
     response = api_a.post(URL, email(body="x" * 200), format="json")
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
     assert not Notification.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"subject": "line\u2028sep\u2029para", "body": "Grüße ✓ 😀", "n": None, "ok": True},
+        {"metadata": {"big": 2**70, "neg": -(2**64)}},  # beyond orjson's 64 bits: DRF's renderer
+        {"metadata": {"f": 0.1, "e": 1e-7, "nested": [1, [2, {"k": "v"}]]}},
+    ],
+)
+def test_the_hot_paths_json_reads_back_as_drfs(data):
+    from rest_framework.renderers import JSONRenderer
+
+    from notifications.api.hot import _render
+
+    ours, drfs = _render(data), JSONRenderer().render(data)
+    assert json.loads(ours) == json.loads(drfs) == data
+    assert (b"\xe2\x80\xa8" in ours, b"\\u2028" in ours) == (b"\xe2\x80\xa8" in drfs, b"\\u2028" in drfs)
+    if "metadata" not in data:  # no numbers whose spelling may differ (1e-07 / 1e-7): the same bytes
+        assert ours == drfs
