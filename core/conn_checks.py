@@ -21,6 +21,15 @@ _ATTR = "_omnipost_last_request_end"
 
 
 def _started(**kwargs: Any) -> None:
+    started()
+
+
+def _finished(**kwargs: Any) -> None:
+    finished()
+
+
+def started() -> None:
+    """At a request's start (also called directly by paths that bypass Django's handler, receipts.wsgi)."""
     idle = float(getattr(settings, "OMNIPOST_CONN_CHECK_IDLE_SECONDS", 0))
     if idle <= 0:
         return
@@ -31,7 +40,7 @@ def _started(**kwargs: Any) -> None:
             conn.health_check_done = True
 
 
-def _finished(**kwargs: Any) -> None:
+def finished() -> None:
     now = time.monotonic()
     for conn in connections.all(initialized_only=True):
         setattr(conn, _ATTR, now)
