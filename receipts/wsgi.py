@@ -61,16 +61,18 @@ class ReceiptsFastPath:
 
 
 def _begin() -> None:
-    for conn in connections.all(initialized_only=True):  # django.db.reset_queries, close_old_connections
+    conns = connections.all(initialized_only=True)  # listed once: each listing reads asgiref Locals
+    for conn in conns:  # django.db.reset_queries, close_old_connections
         conn.queries_log.clear()
         conn.close_if_unusable_or_obsolete()
-    conn_checks.started()
+    conn_checks.started(conns)
 
 
 def _end() -> None:
-    for conn in connections.all(initialized_only=True):  # django.db.close_old_connections
+    conns = connections.all(initialized_only=True)
+    for conn in conns:  # django.db.close_old_connections
         conn.close_if_unusable_or_obsolete()
-    conn_checks.finished()
+    conn_checks.finished(conns)
 
 
 class EnvironHeaders(Mapping[str, str]):
