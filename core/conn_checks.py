@@ -11,29 +11,41 @@ killed in that second under load costs the one request that meets it, as it woul
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import request_finished, request_started
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 _ATTR = "_omnipost_last_request_end"
 
 
 def _started(**kwargs: Any) -> None:
+    started()
+
+
+def _finished(**kwargs: Any) -> None:
+    finished()
+
+
+def started(conns: Iterable[BaseDatabaseWrapper] | None = None) -> None:
+    """At a request's start (also called directly by paths that bypass Django's handler, receipts.wsgi,
+    with the initialized connections they already listed)."""
     idle = float(getattr(settings, "OMNIPOST_CONN_CHECK_IDLE_SECONDS", 0))
     if idle <= 0:
         return
     now = time.monotonic()
-    for conn in connections.all(initialized_only=True):
+    for conn in connections.all(initialized_only=True) if conns is None else conns:
         last = getattr(conn, _ATTR, None)
         if conn.connection is not None and last is not None and now - last < idle and not conn.errors_occurred:
             conn.health_check_done = True
 
 
-def _finished(**kwargs: Any) -> None:
+def finished(conns: Iterable[BaseDatabaseWrapper] | None = None) -> None:
     now = time.monotonic()
-    for conn in connections.all(initialized_only=True):
+    for conn in connections.all(initialized_only=True) if conns is None else conns:
         setattr(conn, _ATTR, now)
 
 

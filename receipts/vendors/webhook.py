@@ -20,6 +20,7 @@ larger ones are replaced by `{"truncated": true}`.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 import orjson
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -37,12 +38,18 @@ def _secrets(provider: ProviderView) -> list[str]:
     return [s for s in dict.fromkeys(found) if isinstance(s, str) and s]
 
 
+@lru_cache(maxsize=1024)
+def _verifier(secret: str) -> Webhook:
+    """One verifier per secret: the package base64-decodes the secret when it builds one, not per verify."""
+    return Webhook(secret)
+
+
 def _verify(request: InboundRequest, provider: ProviderView) -> None:
     headers = {name: request.headers.get(name, "") for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
     problem = "no signing secret"
     for secret in _secrets(provider):
         try:
-            Webhook(secret).verify(request.body, headers, json_parse=False)
+            _verifier(secret).verify(request.body, headers, json_parse=False)
             return
         except WebhookVerificationError as exc:
             problem = str(exc)
