@@ -57,7 +57,7 @@ OMNIPOST_CONCURRENCY = 2000  # items claimed per dispatcher process (see the doc
 OMNIPOST_BATCH = 1000  # largest claim
 DEFAULT_COUNT = {0.0: 60_000}  # per receiver delay; any other delay: DEFAULT_COUNT_SLOW
 DEFAULT_COUNT_SLOW = 30_000
-ANCHOR_DATABASE = "omnipost_anchor"
+ANCHOR_DATABASE = os.environ.get("OMNIPOST_ANCHOR_DATABASE", "omnipost_anchor")  # one per concurrent run
 
 
 class Failure(Exception):

@@ -25,7 +25,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["name", "id", "is_active", "rate_per_second", "created_at"]
+    list_display = ["name", "id", "is_active", "weight", "rate_per_second", "created_at"]
     search_fields = ["name", "id"]
     inlines = [MembershipInline]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from core.models import ApiKey, AuditEvent
+from core.models import ApiKey, AuditEvent, Tenant
 
 CREATED_ACTION = "api_key.created"
 REVOKED_ACTION = "api_key.revoked"
+WEIGHT_ACTION = "tenant.weight_changed"
 
 
 class ApiKeyAlreadyRevoked(Exception):
@@ -52,3 +53,17 @@ def revoke_api_keys(keys: list[ApiKey], *, actor: str) -> int:
             continue
         revoked += 1
     return revoked
+
+
+def set_tenant_weight(tenant: Tenant, weight: int, *, actor: str) -> Tenant:
+    """Set the tenant's fairness `weight` (1–1000) and audit the change, in one transaction. The
+    next claim of every dispatcher reads it (it joins `tenants`), so nothing else needs telling."""
+    if not 1 <= int(weight) <= 1000:
+        raise ValueError("weight must be an integer from 1 to 1000")
+    with transaction.atomic():
+        before = Tenant.objects.select_for_update().values_list("weight", flat=True).get(pk=tenant.pk)
+        Tenant.objects.filter(pk=tenant.pk).update(weight=int(weight))
+        tenant.weight = int(weight)
+        AuditEvent.record(actor=actor, action=WEIGHT_ACTION, target=tenant, tenant=tenant.pk,
+                          details={"weight": int(weight), "previous": before})
+    return tenant

@@ -13,6 +13,8 @@ from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
 from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppressed_among
 from dispatch.providers import ProviderCache
+from dispatch.routing import Router
+from notifications import circuits
 from notifications.models import Provider
 from queueing import queue, ratelimit
 from queueing.models import QueueItem
@@ -53,7 +55,7 @@ def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
 class Claimer:
     def __init__(
         self, queues: list[str] | None, lease_seconds: float, providers: ProviderCache,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, router: Router | None = None,
     ) -> None:  # fmt: skip
         self.queues = queues
         self.lease_seconds = lease_seconds
@@ -64,6 +66,10 @@ class Claimer:
         self.any_limits = False
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
         self.suppressed: list[DispatchLease] = []  # claimed, found suppressed: see take_suppressed
+        self.router = router or Router(clock)
+        # claimed, but no provider of their failover order can take them now (breakers open): the
+        # dispatcher gives them back with the backoff, untried (`take_waiting`)
+        self.waiting: list[Prepared] = []
 
     def claim(self, want: int) -> Claimed:
         """Returns the items to send, those to ack unsent, when the next token is due, and items
@@ -81,10 +87,13 @@ class Claimer:
         try:
             blocked = suppressed_among(prepared)  # one statement: the suppression list as it is now
             if blocked:
-                suppressed = [p.lease for i, p in enumerate(prepared) if i in blocked]
+                self.suppressed.extend(p.lease for i, p in enumerate(prepared) if i in blocked)
                 prepared = [p for i, p in enumerate(prepared) if i not in blocked]
-            else:
-                suppressed = []
+            if prepared:  # which provider each goes through (failover order, breakers): dispatch.routing
+                self.router.refresh()
+                routed = self.router.route(prepared, circuits.reserve_probes)
+                prepared = routed.send
+                self.waiting.extend(routed.wait)
             self.providers.load({p.provider_id for p in prepared})
         except Exception as exc:
             if not is_connection_lost(exc):
@@ -92,13 +101,16 @@ class Claimer:
             reset_connection()
             logger.warning("database lost after a claim; giving back %d items", len(prepared))
             return [], skipped, None, prepared
-        self.suppressed.extend(suppressed)
         return prepared, skipped, next_token_in, []
 
     def take_suppressed(self) -> list[DispatchLease]:
         """The leases of items the last claims found suppressed (each handed out once)."""
         taken, self.suppressed = self.suppressed, []
         return taken
+
+    def take_waiting(self) -> list[Prepared]:
+        waiting, self.waiting = self.waiting, []
+        return waiting
 
     def _claim(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         self._stage_due()

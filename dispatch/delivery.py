@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 from core import crypto
 from dlq.models import DeadLetter
 from events.emit import emit_outcomes_portable, outcome_events_cte
-from notifications import counters, suppressions
+from notifications import circuits, counters, suppressions
 from notifications.models import DeliveryAttempt, Notification, Status
 from queueing import queue
 from queueing.queue import Lease
@@ -40,7 +40,7 @@ from queueing.queue import Lease
 SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)  # dispatching: rows from earlier versions
 _SEND_FIELDS = (
     "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "attempt_count",
-    "attempt_offset", "category",
+    "attempt_offset", "category", "provider_named",
 )  # fmt: skip
 
 
@@ -88,6 +88,7 @@ class Prepared:
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
     category: str = "general"  # for the suppression check of the claim (dispatch.claims)
     critical: bool = False  # its category is critical (set by the check): no List-Unsubscribe
+    provider_named: bool = True  # the client named the provider: it never fails over (dispatch.routing)
 
     @property
     def notification_key(self) -> str:
@@ -142,6 +143,7 @@ class Outcome:
     failure_reason: str = ""
     failure_class: str = ""
     status_code: int | None = None
+    next_provider_id: int | None = None  # a retry's next try goes through this provider (failover)
 
 
 @dataclass(slots=True)
@@ -250,11 +252,11 @@ def claim_and_start(
         if channel is None:  # the notification is no longer sendable
             skipped.append(held)
             continue
-        recipient, subject, body, metadata, created_at, count, offset, category = notification
+        recipient, subject, body, metadata, created_at, count, offset, category, named = notification
         prepared.append(
             Prepared(
                 held, channel, recipient, subject, body, loads(metadata) if isinstance(metadata, str) else metadata,
-                created_at, count + 1, count - offset + 1, None, category,
+                created_at, count + 1, count - offset + 1, None, category=category, provider_named=named,
             )
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
@@ -273,7 +275,7 @@ def claim_statement(
     sql = f"""{ctes}
         SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
                n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset,
-               n.category
+               n.category, n.provider_named
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
@@ -302,12 +304,13 @@ def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], li
     sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
     rows = list(sendable.values_list(*_SEND_FIELDS))
     prepared = []
-    for nid, _tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset, category in rows:
+    for row in rows:
+        nid, _tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset, category, named = row
         prepared.append(
             Prepared(
                 lease=DispatchLease.of(by_notification.pop(nid)), channel=channel, recipient_token=str(recipient),
                 subject=subject, body=body, metadata=metadata, created_at=created_at, attempt_number=count + 1,
-                attempts_this_run=count - offset + 1, category=category,
+                attempts_this_run=count - offset + 1, category=category, provider_named=named,
             )
         )  # fmt: skip
     return prepared, [DispatchLease.of(lease) for lease in by_notification.values()]
@@ -366,11 +369,13 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
 _RECORD_SQL = """
     WITH outcome AS (
         SELECT * FROM unnest(%(item_ids)b::bigint[], %(tokens)b::uuid[], %(kinds)b::text[],
-                             %(delays)b::float8[], %(statuses)b::text[], %(counts)b::int[], %(codes)b::text[])
-            AS o(item_id, lock_token, kind, delay, status, attempts, code)
+                             %(delays)b::float8[], %(statuses)b::text[], %(counts)b::int[], %(codes)b::text[],
+                             %(next_providers)b::bigint[])
+            AS o(item_id, lock_token, kind, delay, status, attempts, code, next_provider)
     ), settling AS (
-        -- what the queue does with each item (queue.settle_ctes_pg): the ack kinds leave it
-        SELECT item_id, lock_token, delay,
+        -- what the queue does with each item (queue.settle_ctes_pg): the ack kinds leave it; a retry's next
+        -- try may go through another provider (failover, dispatch.routing)
+        SELECT item_id, lock_token, delay, next_provider AS provider_id,
                CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped', 'suppressed') THEN 'ack'
                     WHEN kind = 'deferred' THEN 'refund' ELSE 'release' END AS settle
         FROM outcome
@@ -395,13 +400,14 @@ _RECORD_SQL = """
     ), {events}, attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
-        SELECT ours.tenant_id, ours.notification_id, a.number, ours.provider_id, a.started_at, a.finished_at,
-               a.outcome, a.error_class, a.error_code, a.error_message, a.http_status, a.duration_ms
+        SELECT ours.tenant_id, ours.notification_id, a.number, coalesce(a.provider_id, ours.provider_id), a.started_at,
+               a.finished_at, a.outcome, a.error_class, a.error_code, a.error_message, a.http_status, a.duration_ms
         FROM unnest(%(a_item_ids)b::bigint[], %(a_numbers)b::int[], %(a_started)b::timestamptz[],
                     %(a_finished)b::timestamptz[], %(a_outcomes)b::text[], %(a_classes)b::text[],
-                    %(a_codes)b::text[], %(a_messages)b::text[], %(a_statuses)b::int[], %(a_durations)b::int[])
+                    %(a_codes)b::text[], %(a_messages)b::text[], %(a_statuses)b::int[], %(a_durations)b::int[],
+                    %(a_providers)b::bigint[])
             AS a(item_id, number, started_at, finished_at, outcome, error_class, error_code, error_message,
-                 http_status, duration_ms)
+                 http_status, duration_ms, provider_id)
         JOIN ours USING (item_id)
         RETURNING provider_id, outcome
     ), counted AS (
@@ -423,22 +429,25 @@ _RECORD_SQL = """
     ), dead AS (
         INSERT INTO dead_letter_queue (id, tenant_id, notification_id, provider_id, failure_class, failure_reason,
                                        error_code, last_status_code, attempt_count, status, created_at, resolved_by)
-        SELECT gen_random_uuid(), ours.tenant_id, ours.notification_id, ours.provider_id, d.failure_class, d.reason,
-               d.code, d.status_code, d.attempt_count, 'open', now(), ''
+        SELECT gen_random_uuid(), ours.tenant_id, ours.notification_id, coalesce(d.provider_id, ours.provider_id),
+               d.failure_class, d.reason, d.code, d.status_code, d.attempt_count, 'open', now(), ''
         FROM unnest(%(d_item_ids)b::bigint[], %(d_classes)b::text[], %(d_reasons)b::text[], %(d_codes)b::text[],
-                    %(d_status_codes)b::int[], %(d_counts)b::int[])
-            AS d(item_id, failure_class, reason, code, status_code, attempt_count)
+                    %(d_status_codes)b::int[], %(d_counts)b::int[], %(d_providers)b::bigint[])
+            AS d(item_id, failure_class, reason, code, status_code, attempt_count, provider_id)
         JOIN ours USING (item_id)
-    )
+    ), {circuit}
     SELECT item_id, (SELECT count(*) FROM ev_fanout)::int FROM ours
 """.format(
     # the queue row gives back the ids the rest of the statement needs: the batch carries only
     # what the queue row does not know
     settle=queue.settle_ctes_pg(
-        "settling", returning="q.item_id, q.notification_id, q.tenant_id, q.provider_id"
+        "settling", returning="q.item_id, q.notification_id, q.tenant_id, q.provider_id", reroute=True
     ),
     # notification.delivered / failed / dead_lettered events for tenants subscribed to them (events.emit)
     events=outcome_events_cte("changed"),
+    # the providers' breakers (notifications.circuits): read and written only for a provider whose
+    # batch had a transient failure or whose breaker is not closed
+    circuit=circuits.record_ctes("attempts"),
     shards=counters.SHARDS,
     latency_bucket="CASE "
     + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(counters.LATENCY_BUCKETS))
@@ -457,6 +466,7 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
         "statuses": [_FINAL_STATUS_TEXT.get(o.kind, "") for o in outcomes],
         "counts": [o.attempt.number if o.attempt else -1 for o in outcomes],
         "codes": [o.error_code for o in outcomes],
+        "next_providers": [o.next_provider_id for o in outcomes],
         "a_item_ids": [o.lease.item_id for o in attempts],
         "a_numbers": [o.attempt.number for o in attempts],
         "a_started": [o.attempt.started_at for o in attempts],
@@ -467,12 +477,14 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
         "a_messages": [o.attempt.error_message for o in attempts],
         "a_statuses": [o.attempt.http_status for o in attempts],
         "a_durations": [o.attempt.duration_ms for o in attempts],
+        "a_providers": [o.lease.provider_id for o in attempts],  # the one it went through (routing may change it)
         "d_item_ids": [o.lease.item_id for o in dead],
         "d_classes": [o.failure_class for o in dead],
         "d_reasons": [o.failure_reason[:2000] for o in dead],
         "d_codes": [o.error_code for o in dead],
         "d_status_codes": [o.status_code for o in dead],
         "d_counts": [o.attempt.number if o.attempt else 0 for o in dead],
+        "d_providers": [o.lease.provider_id for o in dead],
     }
     with hot_cursor(using) as cursor:
         cursor.execute(_RECORD_SQL, params, prepare=True)

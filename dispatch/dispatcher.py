@@ -42,6 +42,7 @@ from dispatch.delivery import Outcome, Prepared, Recorded
 from dispatch.events import EventLane
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder, SessionLost
+from dispatch.routing import Router
 from dispatch.sending import Sender
 from dlq.retry import RetryPolicy
 from queueing import heartbeat
@@ -94,8 +95,9 @@ class Dispatcher:
         self.worker: Worker | None = None
         self.providers = ProviderCache(clock)
         self.recorder = Recorder(self.db, self.providers, on_bug=self._recording_broke)
-        self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings())
-        self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock)
+        self.router = Router(clock)
+        self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings(), self.router)
+        self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock, self.router)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
         self.events: EventLane | None = None
         if config.events:
@@ -280,10 +282,13 @@ class Dispatcher:
             if suppressed:
                 self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in suppressed)
                 skipped = [*skipped, *suppressed]
+            waiting = self.claimer.take_waiting()
+            if waiting:  # every provider of their failover order is open: back with the backoff, untried
+                self.recorder.extend(self.sender.waiting(p) for p in waiting)
             self._start_all(prepared)
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)
-            if prepared or skipped:
+            if prepared or skipped or waiting:
                 self._last_claimed_at = time.monotonic()
                 poll = MIN_POLL
                 continue

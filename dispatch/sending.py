@@ -17,6 +17,7 @@ from dispatch import policy
 from dispatch.delivery import Attempt, Outcome, Prepared
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder
+from dispatch.routing import Router
 from dlq.classifier import Classification
 from dlq.retry import RetryPolicy
 from notifications import unsubscribe
@@ -28,10 +29,13 @@ logger = logging.getLogger("omnipost.dispatcher")
 
 
 class Sender:
-    def __init__(self, providers: ProviderCache, recorder: Recorder, retry: RetryPolicy) -> None:
+    def __init__(
+        self, providers: ProviderCache, recorder: Recorder, retry: RetryPolicy, router: Router | None = None
+    ) -> None:
         self.providers = providers
         self.recorder = recorder
         self.retry = retry
+        self.router = router or Router()
         # item id -> (a task, or a send that calls back; the item): the provider cache's, which
         # reads it to know what a replaced instance still carries
         self.inflight: dict[int, tuple[Cancellable, Prepared]] = providers.inflight
@@ -156,7 +160,15 @@ class Sender:
             lease=item.lease, kind=decision.kind, attempt=attempt, retry_delay=decision.retry_delay,
             error_code=verdict.error_code, failure_reason=reason, failure_class=verdict.failure_class,
             status_code=result.http_status,
+            # a transient failure moves the next try along the failover order (a permanent one never does)
+            next_provider_id=self.router.next_after(item) if decision.kind == policy.RETRY else None,
         )  # fmt: skip
+
+    def waiting(self, item: Prepared) -> Outcome:
+        """An item no provider of its order can take now (breakers open): back untried, after the backoff."""
+        delay = self.retry.delay(max(1, item.attempts_this_run), None)
+        logger.info("%s waits %.1fs: every provider of its failover order is open", item.notification_id, delay)
+        return Outcome(lease=item.lease, kind="deferred", retry_delay=delay)
 
     def scrub(self, item: Prepared, text: str) -> str:
         """`text` without the item's recipient or its provider's secrets, in any form (notifications.scrub)."""

@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
-from notifications import recipients, services, suppressions, templating
+from notifications import circuits, recipients, services, suppressions, templating
 from notifications.models import (
     LEASABLE,
     Category,
@@ -283,7 +283,13 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
 class ProviderForm(forms.ModelForm):
     class Meta:
         model = Provider
-        fields = ["rate_per_second", "burst", "max_attempts"]
+        fields = ["rate_per_second", "burst", "max_attempts", "failover_order", "circuit"]
+
+    def clean_circuit(self) -> dict:
+        try:
+            return circuits.validate_circuit(self.cleaned_data.get("circuit") or {})
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 @admin.register(Provider)
@@ -293,16 +299,25 @@ class ProviderAdmin(TenantScopedAdmin):
 
     form = ProviderForm
     list_display = [
-        "name", "tenant", "channel", "kind", "is_default", "rate_per_second", "effective_rate", "max_attempts"
+        "name", "tenant", "channel", "kind", "is_default", "failover_order", "circuit_state", "rate_per_second",
+        "effective_rate", "max_attempts",
     ]  # fmt: skip
     list_filter = ["kind", "channel", "is_default"]
     search_fields = ["name"]
     readonly_fields = ["tenant", "name", "channel", "kind", "config", "masked_secrets", "is_default", "created_at",
                        "updated_at"]  # fmt: skip
-    fields = [*readonly_fields[:6], "rate_per_second", "burst", "max_attempts", *readonly_fields[6:]]
+    fields = [*readonly_fields[:6], "rate_per_second", "burst", "max_attempts", "failover_order", "circuit",
+              "circuit_state", *readonly_fields[6:]]  # fmt: skip
+    readonly_fields = [*readonly_fields, "circuit_state"]
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).with_effective_rate()
+        return super().get_queryset(request).with_effective_rate().with_circuit_state()
+
+    @admin.display(description="breaker")
+    def circuit_state(self, obj: Provider) -> str:
+        """closed | open | half_open, as every dispatcher sees it (notifications.circuits)."""
+        return getattr(obj, "circuit_state", None) or circuits.states([obj.pk]).get(obj.pk, circuits.CLOSED)
+
 
     @admin.display(description="effective rate /s")
     def effective_rate(self, obj: Provider) -> str:

@@ -87,6 +87,16 @@ class ProviderQuerySet(TenantQuerySet):
         rate = RateBucket.objects.filter(key=key).values("effective_rate")[:1]
         return self.annotate(bucket_rate=Subquery(rate, output_field=models.FloatField()))
 
+    def with_circuit_state(self) -> ProviderQuerySet:
+        """Annotate `circuit_state` (closed | open | half_open, notifications.circuits), one subquery."""
+        from django.db.models.expressions import RawSQL
+
+        from notifications.circuits import state_sql
+
+        state = f"""coalesce((SELECT {state_sql('providers', 'c')} FROM provider_circuits c
+                              WHERE c.provider_id = providers.id), 'closed')"""  # noqa: S608 - fixed fragments
+        return self.annotate(circuit_state=RawSQL(state, [], output_field=models.CharField()))  # noqa: S611
+
 
 class Provider(TenantOwned):
     name = models.SlugField(max_length=100)
@@ -98,6 +108,12 @@ class Provider(TenantOwned):
     burst = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
     is_default = models.BooleanField(default=False)
+    # Routing (CONTRACT §15): a notification that names no provider starts at the lowest failover_order of
+    # its channel (else the default) and moves along that order (dispatch.routing); null: not in the order.
+    failover_order = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The circuit breaker's settings (notifications.circuits.CIRCUIT_DEFAULTS for what is left out); its
+    # state is the provider's row of `provider_circuits`, shared by every dispatcher.
+    circuit = models.JSONField(default=dict, blank=True)
     # What the last rotation replaced (only the kind's `rotating_secrets`, e.g. a webhook's
     # signing_secret), and when: sends carry the old signature beside the new one for
     # OMNIPOST_SECRET_ROTATION_GRACE_SECONDS, so a receiver can switch secrets at any moment.
@@ -179,6 +195,9 @@ class Notification(TenantOwned):
     recipient = EncryptedTextField()
     recipient_masked = models.CharField(max_length=200)
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="notifications", **HOT_FK)
+    # The client named the provider: the notification never fails over (CONTRACT §17). False: it came from
+    # the channel's failover order (or default) and moves along that order.
+    provider_named = models.BooleanField(db_default=True)
     # Template and enrollment are indexed only where set (partial indexes below): most rows have
     # neither, and an index they are not in costs their inserts and non-HOT updates nothing.
     template = models.ForeignKey(
@@ -268,7 +287,8 @@ class DeliveryAttempt(TenantOwned):
         Notification, on_delete=models.CASCADE, related_name="attempts", db_index=False, **HOT_FK
     )
     number = models.PositiveIntegerField()
-    # The notification's provider (attempts are made through it), which the notification PROTECTs:
+    # The provider this try went through (the notification's, or another of its failover order), PROTECTed
+    # by the notifications that name it or its order's — providers with attempts are not deleted:
     # a provider that has attempts cannot be deleted. So no index (one less write per delivery),
     # and nothing to do on delete (SET_NULL looked, through the whole table, for rows never there).
     provider = models.ForeignKey(
@@ -385,6 +405,8 @@ class TenantQueue(TenantOwned):
 
     def __str__(self) -> str:
         return self.name
+
+
 class SuppressionReason(models.TextChoices):
     HARD_BOUNCE = "hard_bounce"
     COMPLAINT = "complaint"
@@ -436,5 +458,6 @@ class Suppression(TenantOwned):
         return f"{self.channel} {self.recipient_masked} ({self.reason}, {scope})"
 
 
+from notifications.circuits import ProviderCircuit  # noqa: E402, F401 - a model of this app, in its own module
 from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module
 from notifications.recipient_models import GENERAL, Category, Subscriber  # noqa: E402, F401 - likewise

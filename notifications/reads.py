@@ -26,8 +26,8 @@ from core.models import Tenant
 from notifications.models import DeliveryAttempt, Notification, Provider, Template
 from queueing.models import ScheduledJob
 
-_ATTEMPT_COLUMNS = ("number", "started_at", "finished_at", "outcome", "error_class", "error_code", "http_status",
-                    "duration_ms")  # fmt: skip
+_ATTEMPT_COLUMNS = ("number", "provider_id", "started_at", "finished_at", "outcome", "error_class", "error_code",
+                    "http_status", "duration_ms")  # fmt: skip
 
 
 @lru_cache(maxsize=1)
@@ -39,6 +39,7 @@ def _columns() -> tuple[str, ...]:
 def _sql() -> str:
     columns = ", ".join(f"n.{name}" for name in _columns())
     attempts = ", ".join(f"array_agg(a.{c} ORDER BY a.number)" for c in _ATTEMPT_COLUMNS)
+    attempts += ", array_agg(ap.name ORDER BY a.number)"  # the provider each try went through
     # The lease test is QueueItemQuerySet.leased(): a live lock on the item makes it `dispatching`.
     return f"""
         SELECT {columns}, p.name, t.key, j.job_id,
@@ -49,7 +50,8 @@ def _sql() -> str:
         JOIN providers p ON p.id = n.provider_id
         LEFT JOIN templates t ON t.id = n.template_id
         LEFT JOIN scheduled_jobs j ON j.notification_id = n.id
-        LEFT JOIN LATERAL (SELECT {attempts} FROM delivery_attempts a
+        LEFT JOIN LATERAL (SELECT {attempts}
+                           FROM delivery_attempts a LEFT JOIN providers ap ON ap.id = a.provider_id
                            WHERE a.notification_id = n.id AND a.tenant_id = n.tenant_id) att ON true
         WHERE n.id = %s AND n.tenant_id = %s"""  # noqa: S608 - column names from the model, values are parameters
 
@@ -82,7 +84,7 @@ def detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
 
 def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
     if connections[Notification.objects.db].vendor != "postgresql":
-        attempts = DeliveryAttempt.objects.for_tenant(tenant).order_by("number")
+        attempts = DeliveryAttempt.objects.for_tenant(tenant).select_related("provider").order_by("number")
         return (
             Notification.objects.for_tenant(tenant).select_related("provider", "template", "scheduled_job")
             .with_live_status().prefetch_related(Prefetch("attempts", queryset=attempts))
@@ -108,8 +110,11 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
     Notification.scheduled_job.related.set_cached_value(n, job)
     attempts = []
     if attempt_columns[0]:
-        for values in zip(*attempt_columns, strict=True):
-            attempts.append(DeliveryAttempt.from_db(n._state.db, _ATTEMPT_COLUMNS, values))
+        *columns, provider_names = attempt_columns
+        for values, provider_name in zip(zip(*columns, strict=True), provider_names, strict=True):
+            attempt = DeliveryAttempt.from_db(n._state.db, _ATTEMPT_COLUMNS, values)
+            attempt.provider_name = provider_name
+            attempts.append(attempt)
     n._prefetched_objects_cache = {"attempts": attempts}  # what n.attempts.all() returns
     return n
 

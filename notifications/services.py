@@ -91,6 +91,8 @@ class NotificationSpec:
     critical: bool = False
     # Decided before the create (a subscriber's opt-out): stored `suppressed`, never queued.
     opted_out: bool = False
+    # False when the provider came from the channel's failover order (or default): it may fail over.
+    provider_named: bool = True
     # The tenant's config_version the provider and template were read at (build_specs from the
     # cache): the create stores only while it is still current, else raises StaleConfig.
     config_version: int | None = None
@@ -216,13 +218,12 @@ def _fresh_config(tenant: Tenant, drafts: Sequence[Draft]) -> tenant_config.Tena
     names = {d.provider for d in drafts if d.provider}
     default_channels = {d.channel for d in drafts if not d.provider}
     providers = Provider.objects.for_tenant(tenant).filter(
-        Q(name__in=names) | Q(is_default=True, channel__in=default_channels)
+        Q(name__in=names) | Q(channel__in=default_channels) & (Q(is_default=True) | Q(failover_order__isnull=False))
     )
     config = tenant_config.TenantConfig(version=0, providers={}, defaults={})
     for provider in providers:
         config.providers[provider.name] = provider
-        if provider.is_default:
-            config.defaults[provider.channel] = provider
+    config.defaults.update(tenant_config.first_choices(config.providers.values()))
     keys = {d.template for d in drafts if d.template}
     found = {t.key: t for t in Template.objects.for_tenant(tenant).filter(key__in=keys)} if keys else {}
     config.templates.update({key: found.get(key) for key in keys})
@@ -286,6 +287,7 @@ def _build_specs(
                 template=template, context=draft.context, priority=draft.priority, queue=draft.queue,
                 scheduled_for=draft.scheduled_for, metadata=draft.metadata, config_version=version,
                 category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
+                provider_named=bool(draft.provider),
             )  # fmt: skip
         )
     if errors:
@@ -663,7 +665,8 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "status": status, "scheduled_for": spec.scheduled_for, "metadata": spec.metadata, "category": spec.category,
         "subscriber": spec.subscriber,
         "attempt_count": 0, "attempt_offset": 0, "last_error_code": "",
-        "enrollment_id": spec.enrollment_id, "created_at": now, "updated_at": now,
+        "enrollment_id": spec.enrollment_id, "provider_named": spec.provider_named,
+        "created_at": now, "updated_at": now,
         "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,
         "receipt": None, "bounce_type": None,
     }  # fmt: skip

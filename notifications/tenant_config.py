@@ -33,13 +33,29 @@ MAX_TEMPLATES = 1_000  # template keys cached per tenant; past it, lookups still
 class TenantConfig:
     version: int
     providers: dict[str, Provider]
-    defaults: dict[str, Provider]  # channel → the default provider
+    defaults: dict[str, Provider]  # channel → where a notification that names no provider starts
     templates: dict[str, Template | None] = field(default_factory=dict)  # None: known to be missing
     categories: dict[str, Category] = field(default_factory=dict)  # stored ones (`general` may not be)
 
 
 _cache: OrderedDict[Any, TenantConfig] = OrderedDict()
 _lock = threading.Lock()
+
+
+def first_choices(providers: Iterable[Provider]) -> dict[str, Provider]:
+    """Channel → the provider a notification that names none starts at: the lowest `failover_order`
+    of the channel (CONTRACT §15; ties by name), else the channel's default."""
+    chosen: dict[str, Provider] = {}
+    for p in providers:
+        current = chosen.get(p.channel)
+        if p.failover_order is not None:
+            if current is None or current.failover_order is None or (p.failover_order, p.name) < (
+                current.failover_order, current.name
+            ):
+                chosen[p.channel] = p
+        elif p.is_default and current is None:
+            chosen[p.channel] = p
+    return chosen
 
 
 def load(tenant_id: Any) -> TenantConfig:
@@ -51,8 +67,7 @@ def load(tenant_id: Any) -> TenantConfig:
     defaults: dict[str, Provider] = {}
     for provider in Provider.objects.for_tenant(tenant_id):
         providers[provider.name] = provider
-        if provider.is_default:
-            defaults[provider.channel] = provider
+    defaults.update(first_choices(providers.values()))
     categories = {c.key: c for c in Category.objects.for_tenant(tenant_id)}
     config = TenantConfig(version=version, providers=providers, defaults=defaults, categories=categories)
     with _lock:

@@ -90,8 +90,23 @@ class QueueItem(TenantOwned):
                 condition=_READY_UNLIMITED,
                 name="queue_state_ready_queue_idx",
             ),
-            # claim()'s starvation branch, over all queues and per named queue: WHERE ready AND NOT
-            # rate_limited [AND queue_name = ?] ORDER BY enqueued_at (leases, oldest of all, stay out).
+            # claim() over all queues, per tenant (fairness, queue.claim_ctes_pg): the skip-scan that lists
+            # tenants with ready work (one descent per tenant), then one LATERAL per tenant: WHERE ready
+            # AND NOT rate_limited AND tenant_id = ? ORDER BY priority DESC, enqueued_at, item_id.
+            models.Index(
+                fields=["tenant", "-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED_ANY_QUEUE,
+                name="queue_state_tenant_idx",
+            ),
+            # claim()'s starvation branch per tenant, over all queues: WHERE ready AND NOT rate_limited AND
+            # tenant_id = ? ORDER BY enqueued_at (aging reorders a tenant's own items only). Without
+            # `priority >= 0`, as the branch is, so the planner cannot read queue_state_starving_all_idx
+            # for it (every tenant's aged items in front of this one's).
+            models.Index(
+                fields=["tenant", "enqueued_at", "item_id"],
+                condition=_READY_UNLIMITED,
+                name="queue_state_tenant_aged_idx",
+            ),
+            # The console's queued filter: every tenant's ready items, newest enqueued first.
             models.Index(
                 fields=["enqueued_at", "item_id"],
                 condition=_READY_UNLIMITED_ANY_QUEUE,

@@ -360,21 +360,13 @@ def claim_ctes_pg(
     to misjudge). Joined on `item_id` instead, the planner hash-joined a sequential scan of the
     whole queue once it held fewer than ≈ 30,000 rows (7 ms for a claim of 250 at 20,000). The
     rows are locked (FOR UPDATE) by this statement, so their ctids cannot change before it ends."""
+    if not queues:
+        return _fair_claim_ctes_pg(n, lease, starve, lanes, token, returning=returning)
     lane_cte = ""
     lane_union = ""
     if lanes:
-        queue_filter = "AND queue_name = ANY(%(queues)s)" if queues else ""
         lane_cte = f"""
-        , lanes AS (
-            SELECT l.item_id, l.ctid FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
-            CROSS JOIN LATERAL (
-                SELECT item_id, ctid FROM queue_state
-                WHERE ready AND rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
-                ORDER BY priority DESC, enqueued_at, item_id
-                LIMIT k.cap
-                FOR UPDATE SKIP LOCKED
-            ) l
-        )"""
+        , {_lanes_cte("AND queue_name = ANY(%(queues)s)")}"""
         lane_union = "UNION ALL SELECT item_id, ctid FROM lanes"
     main = f"""main AS (
             {_per_queue(queues, _READY_UNLIMITED, "priority DESC, enqueued_at, item_id")}
@@ -401,7 +393,17 @@ def claim_ctes_pg(
             ORDER BY branch, pos
             LIMIT %(n)s"""
     ctes = f"""{picking}
-        ){lane_cte}, picked AS (
+        ){lane_cte}, {_picked_and_claimed(lane_union, returning)}"""
+    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}
+    if lanes:
+        params["lane_ids"] = list(lanes.keys())
+        params["lane_caps"] = list(lanes.values())
+    return ctes, params
+
+
+def _picked_and_claimed(lane_union: str, returning: str) -> str:
+    """The claim's last two CTEs: what was picked (`picked_main`, plus the lanes) is leased."""
+    return f"""picked AS (
             SELECT item_id, ctid FROM picked_main {lane_union}
         ), claimed AS (
             UPDATE queue_state q
@@ -413,7 +415,121 @@ def claim_ctes_pg(
             WHERE q.ctid = ANY(ARRAY(SELECT ctid FROM picked))
             RETURNING {", ".join("q." + c.strip() for c in returning.split(","))}
         )"""
-    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}
+
+
+def _lanes_cte(queue_filter: str) -> str:
+    return f"""lanes AS (
+            SELECT l.item_id, l.ctid FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
+            CROSS JOIN LATERAL (
+                SELECT item_id, ctid FROM queue_state
+                WHERE ready AND rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
+                ORDER BY priority DESC, enqueued_at, item_id
+                LIMIT k.cap
+                FOR UPDATE SKIP LOCKED
+            ) l
+        )"""
+
+
+def _fair_claim_ctes_pg(
+    n: int, lease: float, starve: float | None, lanes: dict[int, int], token: uuid.UUID, *, returning: str
+) -> tuple[str, dict[str, Any]]:
+    """`claim_ctes_pg` over all queues: fair between tenants (CONTRACT §15), still one statement.
+
+    - `active`: the tenants with ready unlimited items, by a recursive skip-scan of
+      queue_state_tenant_idx (one index descent per tenant, whatever their depth), joined to
+      `tenants` for their `weight`.
+    - `fair`: one LATERAL per tenant takes its share of the batch, ceil(n · weight / Σ weights), in
+      its own order: priority DESC, enqueued_at (and, when `starve` is given, its items past the
+      starvation age first: aging reorders a tenant's own work, it never outranks another tenant).
+      Each of a tenant's items gets a turn, (rank − 1 + phase) / weight: the batch is the lowest
+      turns, so tenants interleave weighted round-robin and a tenant marking everything 9 gains
+      nothing. `phase` is drawn per tenant and claim: a busy dispatcher claims as slots free up,
+      often one item at a time, and a fixed tie-break would hand every such claim to one tenant.
+    - `topup`: what the shares left unfilled (tenants with fewer ready items than their share) goes
+      to the highest priorities of any tenant (queue_state_ready_idx); a one-time filter skips its
+      scan whenever the shares filled the batch.
+    Rows are locked as they are read (FOR UPDATE SKIP LOCKED), as in the per-queue claim; a peer's
+    claim in flight is skipped, never waited for."""
+    def per_tenant(name: str, where: str, order_by: str) -> str:
+        # The inner LIMIT is a constant for the planner's sake (with `LIMIT s.share` alone it guesses a
+        # tenth of the queue per tenant, and the plan's cost crosses jit_above_cost: ≈ 50–100 ms of JIT
+        # compilation per claim); the outer `LIMIT s.share` is what stops the scan, and the locking.
+        return f"""{name} AS (
+            SELECT s.tenant_id, s.weight, s.phase, s.share, l.item_id, l.ctid,
+                   row_number() OVER (PARTITION BY s.tenant_id ORDER BY {order_by}) AS pos
+            FROM shares s CROSS JOIN LATERAL (
+                SELECT * FROM (
+                    SELECT item_id, ctid, priority, enqueued_at FROM queue_state
+                    WHERE {where} AND tenant_id = s.tenant_id
+                    ORDER BY tenant_id, {order_by}
+                    LIMIT %(n)s
+                    FOR UPDATE SKIP LOCKED
+                ) candidates
+                LIMIT s.share
+            ) l
+        )"""
+
+    by_priority = per_tenant("ranked", f"{_READY_UNLIMITED} AND priority >= 0", "priority DESC, enqueued_at, item_id")
+    if starve is None:
+        fair = f"""{by_priority}, fair AS (
+            SELECT item_id, ctid, (pos - 1 + phase) / weight AS turn FROM ranked
+        )"""
+    else:
+        # Without `priority >= 0`, so that the planner reads queue_state_tenant_aged_idx (see models).
+        aged = per_tenant(
+            "aged", f"{_READY_UNLIMITED} AND enqueued_at <= now() - %(starve)s * interval '1 second'",
+            "enqueued_at, item_id",
+        )
+        fair = f"""{aged}, {by_priority}, fair AS (
+            -- a tenant's aged items first, then by priority; the branches may overlap, hence DISTINCT
+            SELECT item_id, ctid, (rank - 1 + phase) / weight AS turn FROM (
+                SELECT item_id, ctid, weight, phase, share,
+                       row_number() OVER (PARTITION BY tenant_id ORDER BY branch, pos) AS rank
+                FROM (
+                    SELECT DISTINCT ON (item_id) * FROM (
+                        SELECT *, 0 AS branch FROM aged UNION ALL SELECT *, 1 AS branch FROM ranked
+                    ) both_branches
+                    ORDER BY item_id, branch, pos
+                ) distinct_items
+            ) mine
+            WHERE rank <= share
+        )"""
+    lane_cte = f", {_lanes_cte('')}" if lanes else ""
+    lane_union = "UNION ALL SELECT item_id, ctid FROM lanes" if lanes else ""
+    ctes = f"""
+        WITH RECURSIVE active(tenant_id) AS (
+            -- ordered as queue_state_tenant_idx is, so that it is the index read (not the tenant FK's)
+            (SELECT tenant_id FROM queue_state WHERE {_READY_UNLIMITED} AND priority >= 0
+             ORDER BY tenant_id, priority DESC, enqueued_at, item_id LIMIT 1)
+            UNION ALL
+            SELECT (SELECT q.tenant_id FROM queue_state q
+                    WHERE q.ready AND NOT q.rate_limited AND q.available_at <= now() AND q.priority >= 0
+                      AND q.tenant_id > a.tenant_id
+                    ORDER BY q.tenant_id, q.priority DESC, q.enqueued_at, q.item_id LIMIT 1)
+            FROM active a WHERE a.tenant_id IS NOT NULL
+        ), shares AS (
+            SELECT a.tenant_id, t.weight::float8 AS weight, random() AS phase,
+                   ceil(%(n)s * t.weight::float8 / sum(t.weight) OVER ())::int AS share
+            FROM active a JOIN tenants t ON t.id = a.tenant_id
+        ), {fair}, topup AS (
+            SELECT item_id, ctid FROM queue_state
+            WHERE (SELECT count(*) FROM fair) < %(n)s AND {_READY_UNLIMITED} AND priority >= 0
+            ORDER BY priority DESC, enqueued_at, item_id
+            LIMIT %(n)s
+            FOR UPDATE SKIP LOCKED
+        ), picked_main AS (
+            SELECT item_id, ctid FROM (
+                SELECT DISTINCT ON (item_id) item_id, ctid, branch, turn FROM (
+                    SELECT item_id, ctid, 0 AS branch, turn FROM fair
+                    UNION ALL
+                    SELECT item_id, ctid, 1 AS branch, row_number() OVER ()::float8 AS turn FROM topup
+                ) both_branches
+                ORDER BY item_id, branch, turn
+            ) distinct_items
+            ORDER BY branch, turn
+            LIMIT %(n)s
+        ){lane_cte}, {_picked_and_claimed(lane_union, returning)}"""
+    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token}
     if lanes:
         params["lane_ids"] = list(lanes.keys())
         params["lane_caps"] = list(lanes.values())
@@ -505,13 +621,15 @@ def ack(leases: Sequence[Lease], *, using: str = "default") -> set[int]:
         return {row[0] for row in cursor.fetchall()}
 
 
-def settle_ctes_pg(source: str, *, returning: str = "q.item_id") -> str:
+def settle_ctes_pg(source: str, *, returning: str = "q.item_id", reroute: bool = False) -> str:
     """`acked AS (DELETE …), released AS (UPDATE …)`: a batch's leases settled inside a caller's
     single statement (the dispatcher's record, dispatch.delivery), as `claim_ctes_pg` is a claim.
     `source` is a relation with columns item_id, lock_token, settle and delay: settle 'ack' removes
     the item; 'release' puts it back after `delay` seconds (a retry: ready again once it is due);
     'refund' puts it back and undoes the claim's attempt (given back untried). Fenced by lock_token:
-    an item a peer re-claimed is not ours, and neither CTE returns it."""
+    an item a peer re-claimed is not ours, and neither CTE returns it. `reroute`: `source` also has
+    `provider_id`, the provider a released item's next try goes through (null: the same one)."""
+    provider = ", provider_id = coalesce(o.provider_id, q.provider_id)" if reroute else ""
     return f"""acked AS (
         DELETE FROM queue_state q USING {source} o
         WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle = 'ack'
@@ -521,7 +639,7 @@ def settle_ctes_pg(source: str, *, returning: str = "q.item_id") -> str:
         SET lock_token = NULL, locked_until = NULL,
             available_at = now() + o.delay * interval '1 second', ready = o.delay <= 0,
             enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
-            attempts = greatest(q.attempts - CASE WHEN o.settle = 'refund' THEN 1 ELSE 0 END, 0)
+            attempts = greatest(q.attempts - CASE WHEN o.settle = 'refund' THEN 1 ELSE 0 END, 0){provider}
         FROM {source} o
         WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle IN ('release', 'refund')
         RETURNING {returning}

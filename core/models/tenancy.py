@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -16,6 +17,12 @@ class Tenant(models.Model):
     # Optional shared token bucket over all of the tenant's deliveries (None: unlimited).
     rate_per_second = models.FloatField(null=True, blank=True)
     rate_burst = models.PositiveIntegerField(null=True, blank=True)
+    # Share of the dispatchers when tenants compete (CONTRACT §15): a claim gives each tenant with
+    # ready work weight/Σweights of the batch, interleaved (queueing.queue.claim_ctes_pg).
+    weight = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="Share of the dispatchers against other tenants with work waiting (1–1000).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     # Bumped in the transaction of every change to the tenant's providers or templates: web
     # processes cache those and their creates only store while the version they read is current
@@ -25,6 +32,9 @@ class Tenant(models.Model):
     class Meta:
         db_table = "tenants"
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(weight__gte=1, weight__lte=1000), name="tenant_weight_1_1000"),
+        ]
 
     def __str__(self) -> str:
         return self.name

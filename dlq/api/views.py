@@ -83,7 +83,7 @@ class DeadLetterViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrieve
     def _detail(self, entry: DeadLetter, code: int = status.HTTP_200_OK) -> Response:
         attempts = DeliveryAttempt.objects.for_tenant(self.request.tenant).filter(
             notification_id=entry.notification_id
-        ).order_by("number")  # fmt: skip
+        ).select_related("provider").order_by("number")  # fmt: skip
         return Response(DeadLetterDetailSerializer(entry, context={"attempts": list(attempts)}).data, status=code)
 
     @extend_schema(

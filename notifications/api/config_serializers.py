@@ -12,7 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.masking import mask_secret
-from notifications import templating, validation
+from notifications import circuits, templating, validation
 from notifications.api.schema import (
     StrictBooleanField,
     StrictCharField,
@@ -78,6 +78,19 @@ class ProviderSerializer(StrictSerializer):
         min_value=1, max_value=100, required=False, allow_null=True, help_text="null: OMNIPOST_MAX_ATTEMPTS."
     )
     is_default = StrictBooleanField(required=False, help_text="Setting it unsets the channel's old default.")
+    failover_order = StrictIntegerField(
+        min_value=0, max_value=32767, required=False, allow_null=True,
+        help_text="Place in the channel's failover order (lowest first): a notification that names no provider "
+        "starts at the lowest and moves to the next on a transient failure or an open breaker. null: not in it.",
+    )  # fmt: skip
+    circuit = serializers.DictField(
+        required=False,
+        help_text="Circuit breaker settings: failure_threshold (0–1, default 0.5), min_requests (20), "
+        "window_seconds (60), open_seconds (30).",
+    )
+    circuit_state = serializers.ChoiceField(
+        choices=["closed", "open", "half_open"], read_only=True, help_text="The breaker, as every dispatcher sees it."
+    )
     effective_rate_per_second = serializers.FloatField(
         read_only=True, allow_null=True, help_text="The adaptive rate the dispatchers currently use."
     )
@@ -104,6 +117,11 @@ class ProviderSerializer(StrictSerializer):
             secrets = attrs.get("secrets", instance.secrets if instance else {})
             attrs["config"] = REGISTRY[kind].validate(config, secrets, check_destination=True)
             attrs["secrets"] = secrets
+        if "circuit" in attrs:
+            try:
+                attrs["circuit"] = circuits.validate_circuit(attrs["circuit"])
+            except ValueError as exc:
+                raise serializers.ValidationError({"circuit": [str(exc)]}) from None
         if "rate_limit" in attrs:
             limit = attrs.pop("rate_limit") or {}
             attrs["rate_per_second"] = limit.get("rate_per_second")
@@ -120,7 +138,9 @@ class ProviderSerializer(StrictSerializer):
         return {
             "id": p.pk, "name": p.name, "channel": p.channel, "kind": p.kind, "config": p.config,
             "secrets": SecretsField().to_representation(p.secrets), "rate_limit": limit,
-            "max_attempts": p.max_attempts, "is_default": p.is_default,
+            "max_attempts": p.max_attempts, "is_default": p.is_default, "failover_order": p.failover_order,
+            "circuit": circuits.settings_of(p.circuit),
+            "circuit_state": getattr(p, "circuit_state", None) or circuits.states([p.pk]).get(p.pk, circuits.CLOSED),
             "effective_rate_per_second": effective if effective is not None else p.rate_per_second,
             "events_url": p.events_url,
             "created_at": self.fields["created_at"].to_representation(p.created_at),

@@ -51,7 +51,7 @@ class ProviderViewSet(_ConfigViewSet):
     model = Provider
 
     def get_queryset(self) -> QuerySet[Provider]:
-        return super().get_queryset().with_effective_rate()
+        return super().get_queryset().with_effective_rate().with_circuit_state()
 
     def perform_create(self, serializer: ProviderSerializer) -> None:
         provider = Provider(tenant=self.request.tenant, **serializer.validated_data)

@@ -128,6 +128,7 @@ class AttemptSerializer(serializers.Serializer):
     error_code = serializers.CharField()
     http_status = serializers.IntegerField(allow_null=True)
     duration_ms = serializers.IntegerField()
+    provider = serializers.CharField(allow_null=True, help_text="The provider this try went through (its name).")
 
     def to_representation(self, a: Any) -> dict[str, Any]:
         return attempt_data(a)
@@ -136,10 +137,17 @@ class AttemptSerializer(serializers.Serializer):
 def attempt_data(a: Any) -> dict[str, Any]:
     """An attempt's body (AttemptSerializer's), without a serializer instance (the hot path's)."""
     return {
-        "number": a.number, "started_at": iso(a.started_at), "finished_at": iso(a.finished_at),
+        "number": a.number, "provider": _attempt_provider(a),
+        "started_at": iso(a.started_at), "finished_at": iso(a.finished_at),
         "outcome": a.outcome, "error_class": a.error_class, "error_code": a.error_code,
         "http_status": a.http_status, "duration_ms": a.duration_ms,
     }  # fmt: skip
+
+
+def _attempt_provider(a: Any) -> str | None:  # noqa: ANN401
+    if "provider_name" in a.__dict__:  # read with the detail (notifications.reads)
+        return a.provider_name
+    return a.provider.name if a.provider_id else None
 
 
 class EventSerializer(serializers.Serializer):

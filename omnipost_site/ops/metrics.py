@@ -87,6 +87,7 @@ class OmniPostCollector(Collector):
         yield self._workers()
         yield self._reconnects()
         yield self._receipts_ignored()
+        yield self._circuits()
         scrape = GaugeMetricFamily(
             "omnipost_metrics_scrape_duration_seconds", "Time this scrape spent reading the database."
         )
@@ -119,6 +120,24 @@ class OmniPostCollector(Collector):
                 items.add_metric([q["queue"], state], q[state])
             oldest.add_metric([q["queue"]], q["oldest_age_seconds"])
         yield from (depth, items, oldest)
+
+    def _circuits(self) -> Metric:
+        """Breakers that are not closed (closed ones have no series), lowest provider ids first, at most
+        OMNIPOST_METRICS_MAX_PROVIDERS of them: one query of the small provider_circuits table."""
+        from notifications import circuits
+        from notifications.models import Provider
+
+        metric = GaugeMetricFamily(
+            "omnipost_provider_circuit_state",
+            "1 for each provider whose circuit breaker is open or half_open (state label); closed breakers "
+            "have no series.",
+            labels=["provider", "provider_id", "state"],
+        )
+        states = sorted(circuits.not_closed().items())[: self.max_providers]
+        names = dict(Provider.objects.filter(pk__in=[pid for pid, _ in states]).values_list("pk", "name"))
+        for provider_id, state in states:
+            metric.add_metric([names.get(provider_id, ""), str(provider_id), state], 1)
+        return metric
 
     # --- rate limits --------------------------------------------------------------------------------
     def _rate_limits(self) -> Iterator[Metric]:

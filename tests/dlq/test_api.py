@@ -76,8 +76,8 @@ def test_detail_has_attempts_and_masked_recipient_only(api_a, entries_a):
     assert body["recipient_masked"] == "j***@example.com" and "recipient" not in body
     assert body["notification_status"] == "dead_lettered" and body["channel"] == "webhook"
     assert [a["number"] for a in body["attempts"]] == [1, 2, 3]
-    assert set(body["attempts"][0]) == {"number", "started_at", "finished_at", "outcome", "error_class", "error_code",
-                                        "http_status", "duration_ms"}  # fmt: skip
+    assert set(body["attempts"][0]) == {"number", "provider", "started_at", "finished_at", "outcome", "error_class",
+                                        "error_code", "http_status", "duration_ms"}  # fmt: skip
     assert body["attempts"][0]["http_status"] == 503 and body["attempts"][0]["outcome"] == "transient_error"
     assert "example.test" not in str(body)  # the clear recipient (https://example.test/hook) never appears
 

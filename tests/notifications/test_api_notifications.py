@@ -287,10 +287,12 @@ def test_detail_has_attempts_in_the_contract_shape(api_a, setup_a):
         )  # fmt: skip
     data = api_a.get(f"{URL}/{nid}").json()
     assert data["attempts"] == [
-        {"number": 1, "started_at": "2030-01-01T12:00:00Z", "finished_at": "2030-01-01T12:00:00.250000Z",
+        {"number": 1, "provider": "mail", "started_at": "2030-01-01T12:00:00Z",
+         "finished_at": "2030-01-01T12:00:00.250000Z",
          "outcome": "transient_error", "error_class": "TimeoutError", "error_code": "timeout", "http_status": None,
          "duration_ms": 250},
-        {"number": 2, "started_at": "2030-01-01T12:00:00Z", "finished_at": "2030-01-01T12:00:00.250000Z",
+        {"number": 2, "provider": "mail", "started_at": "2030-01-01T12:00:00Z",
+         "finished_at": "2030-01-01T12:00:00.250000Z",
          "outcome": "delivered", "error_class": "", "error_code": "", "http_status": 200, "duration_ms": 250},
     ]  # fmt: skip
 

@@ -196,7 +196,7 @@ def test_claim_uses_the_index_at_depth(tenant_a, hook, depth):
         sql_calls: list[str] = []
 
         def capture(execute, sql, params, many, context):
-            if "WITH starving" in sql:
+            if "WITH RECURSIVE active" in sql:
                 sql_calls.append(cursor.mogrify(sql, params) if hasattr(cursor, "mogrify") else sql)
             return execute(sql, params, many, context)
 
@@ -206,7 +206,8 @@ def test_claim_uses_the_index_at_depth(tenant_a, hook, depth):
         cursor.execute("EXPLAIN " + (claim_sql.decode() if isinstance(claim_sql, bytes) else claim_sql))
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Seq Scan on queue_state" not in plan, plan
-    assert "queue_state_ready_idx" in plan
+    assert "queue_state_tenant_idx" in plan  # the tenants' skip-scan and their shares
+    assert "queue_state_tenant_aged_idx" in plan  # a tenant's own aged items
     assert "Tid Scan on queue_state" in plan, plan  # the update finds the locked rows by ctid
 
 

@@ -1,0 +1,251 @@
+"""Circuit breakers per provider, shared by every dispatcher through PostgreSQL (CONTRACT §15, §17).
+
+A provider's `circuit` settings say when its breaker opens: at least `min_requests` sends in the
+rolling `window_seconds`, of which a `failure_threshold` fraction (0–1) ended in a transient failure
+(permanent failures count as sends, not as failures). It stays open `open_seconds`, then reads
+`half_open`: up to PROBES sends go through (reserved in the row, so across every dispatcher); one
+success closes it and resets the window, one transient failure opens it again.
+
+Nothing here is written per delivery. The window's counts are the `/metrics` counters the record
+statement already keeps (notifications.counters, cumulative per provider and outcome): this row holds
+their totals at the window's start (`base_*`) and the previous window's counts (`prev_*`, for the
+sliding estimate `prev · (1 − elapsed / window) + current`). The record statement
+(dispatch.delivery, the `circuit_*` CTEs from `record_ctes`) reads and writes the row only for a
+provider whose batch had a transient failure or whose breaker is not closed, and decides every
+transition in SQL on the database's clock. A missing row is a closed breaker.
+
+`half_open` is not stored: it is an `open` row whose `opened_at + open_seconds` has passed
+(`STATE_SQL`), so a breaker half-opens on time alone, with no one to write it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connection, models
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+PROBES = 3
+CIRCUIT_DEFAULTS: dict[str, float] = {
+    "failure_threshold": 0.5, "min_requests": 20, "window_seconds": 60.0, "open_seconds": 30.0,
+}  # fmt: skip
+_LIMITS = {
+    "failure_threshold": (0.0, 1.0), "min_requests": (1, 1_000_000), "window_seconds": (0.1, 86_400.0),
+    "open_seconds": (0.1, 86_400.0),
+}  # fmt: skip
+
+
+def validate_circuit(value: Any) -> dict[str, float]:  # noqa: ANN401 - JSON from the client
+    """The settings a client may store (only known keys, numbers in range); raises ValueError."""
+    if not isinstance(value, dict):
+        raise ValueError("circuit must be an object")
+    unknown = sorted(set(value) - set(CIRCUIT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown circuit settings: {', '.join(unknown)} (known: {', '.join(CIRCUIT_DEFAULTS)})")
+    clean: dict[str, float] = {}
+    for key, raw in value.items():
+        low, high = _LIMITS[key]
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not low <= raw <= high:
+            raise ValueError(f"circuit.{key} must be a number from {low} to {high}")
+        if key == "min_requests" and int(raw) != raw:
+            raise ValueError("circuit.min_requests must be an integer")
+        clean[key] = int(raw) if key == "min_requests" else float(raw)
+    return clean
+
+
+def settings_of(circuit: dict[str, Any] | None) -> dict[str, float]:
+    return {**CIRCUIT_DEFAULTS, **(circuit or {})}
+
+
+def setting_sql(alias: str, key: str) -> str:
+    """A provider's circuit setting in SQL (`alias` is a `providers` row), its default when unset."""
+    return f"coalesce(({alias}.circuit ->> '{key}')::float8, {float(CIRCUIT_DEFAULTS[key])!r})"
+
+
+def state_sql(provider: str = "p", row: str = "c") -> str:
+    """The state of breaker row `row` of provider `provider` (closed without a row), by the database's clock."""
+    return f"""CASE WHEN {row}.state IS DISTINCT FROM 'open' THEN 'closed'
+    WHEN now() >= {row}.opened_at + {setting_sql(provider, "open_seconds")} * interval '1 second' THEN 'half_open'
+    ELSE 'open' END"""
+
+
+STATE_SQL = state_sql()
+
+
+class ProviderCircuit(models.Model):
+    """A provider's breaker (see the module's docstring); written only by the record statement and by
+    `reserve_probes`."""
+
+    provider = models.OneToOneField("notifications.Provider", on_delete=models.CASCADE, primary_key=True,
+                                    related_name="circuit_row")  # fmt: skip
+    state = models.CharField(max_length=8, default=CLOSED)  # closed | open (half_open is derived)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    probes = models.PositiveSmallIntegerField(default=0)  # sends let through since it half-opened
+    window_started_at = models.DateTimeField()
+    base_requests = models.BigIntegerField(default=0)  # the provider's counters at the window's start
+    base_failures = models.BigIntegerField(default=0)
+    prev_requests = models.BigIntegerField(default=0)  # the previous window's counts
+    prev_failures = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "provider_circuits"
+
+    def __str__(self) -> str:
+        return f"breaker of provider {self.provider_id}: {self.state}"
+
+
+def states(provider_ids: Iterable[int]) -> dict[int, str]:
+    """closed | open | half_open of each provider (closed when it has no row): one query."""
+    ids = list(provider_ids)
+    if not ids:
+        return {}
+    found: dict[int, str] = dict.fromkeys(ids, CLOSED)
+    if connection.vendor != "postgresql":
+        return found
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT p.id, {STATE_SQL} FROM providers p JOIN provider_circuits c ON c.provider_id = p.id
+                WHERE p.id = ANY(%s)""",  # noqa: S608 - fixed fragments
+            [ids],
+        )
+        found.update(dict(cursor.fetchall()))
+    return found
+
+
+def not_closed() -> dict[int, str]:
+    """Every breaker that is open or half-open (one query; few rows): what dispatchers route around."""
+    if connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT p.id, {STATE_SQL} FROM provider_circuits c JOIN providers p ON p.id = c.provider_id
+                WHERE c.state = 'open'"""  # noqa: S608 - fixed fragments
+        )
+        return dict(cursor.fetchall())
+
+
+def reserve_probes(wanted: dict[int, int]) -> dict[int, int]:
+    """Take up to `wanted[provider]` of the PROBES sends a half-open breaker lets through, across
+    every dispatcher (one statement, only while some breaker is half-open). Returns what was granted."""
+    if not wanted:
+        return {}
+    ids, counts = list(wanted), [wanted[i] for i in wanted]
+    with connection.cursor() as cursor:
+        # The row lock (FOR UPDATE) makes a peer reserving at the same time wait and read our count.
+        cursor.execute(
+            f"""
+            UPDATE provider_circuits c SET probes = c.probes + g.granted
+            FROM (
+                SELECT o.provider_id, least(w.n, %s - o.probes) AS granted
+                FROM unnest(%s::bigint[], %s::int[]) AS w(provider_id, n)
+                JOIN provider_circuits o ON o.provider_id = w.provider_id
+                JOIN providers p ON p.id = o.provider_id
+                WHERE o.state = 'open' AND o.probes < %s
+                  AND now() >= o.opened_at + {setting_sql("p", "open_seconds")} * interval '1 second'
+                ORDER BY o.provider_id
+                FOR UPDATE OF o
+            ) g
+            WHERE c.provider_id = g.provider_id
+            RETURNING c.provider_id, g.granted
+            """,  # noqa: S608 - fixed fragments
+            [PROBES, ids, counts, PROBES],
+        )
+        return {provider_id: int(n) for provider_id, n in cursor.fetchall() if n > 0}
+
+
+def record_ctes(attempts: str, counters_table: str = "delivery_counters") -> str:
+    """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id and
+    outcome): the breakers this batch changes, decided from the counters as they were before this
+    statement plus the batch's own attempts. Ends in `circuit AS (INSERT … ON CONFLICT …)`."""
+    thr, minr = setting_sql("p", "failure_threshold"), setting_sql("p", "min_requests")
+    win = setting_sql("p", "window_seconds")
+    opn = setting_sql("p", "open_seconds")
+    return f"""circuit_batch AS (
+        SELECT a.provider_id, count(*) AS sends, count(*) FILTER (WHERE a.outcome = 'transient_error') AS failures,
+               count(*) FILTER (WHERE a.outcome = 'delivered') AS successes
+        FROM {attempts} a WHERE a.provider_id IS NOT NULL GROUP BY a.provider_id
+    ), circuit_seen AS (
+        -- only providers whose breaker this batch may change: a transient failure, or not closed
+        SELECT b.provider_id, b.sends, b.failures, b.successes, c.provider_id IS NOT NULL AS has_row,
+               coalesce(c.state, 'closed') AS state, c.opened_at, c.window_started_at,
+               coalesce(c.base_requests, 0) AS base_requests, coalesce(c.base_failures, 0) AS base_failures,
+               coalesce(c.prev_requests, 0) AS prev_requests, coalesce(c.prev_failures, 0) AS prev_failures,
+               c.state = 'open' AND now() >= c.opened_at + {opn} * interval '1 second' AS half_open,
+               {thr} AS threshold, {minr} AS min_requests, {win} AS window_seconds,
+               tot.requests + b.sends AS total_requests, tot.failures + b.failures AS total_failures
+        FROM circuit_batch b
+        JOIN providers p ON p.id = b.provider_id
+        LEFT JOIN provider_circuits c ON c.provider_id = b.provider_id
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(dc.count), 0) AS requests,
+                   coalesce(sum(dc.count) FILTER (WHERE dc.outcome = 'transient_error'), 0) AS failures
+            FROM {counters_table} dc
+            WHERE dc.shard = ANY(ARRAY(SELECT generate_series(0, {_shards() - 1}))) AND dc.provider_id = b.provider_id
+              AND dc.outcome IN ('delivered', 'transient_error', 'permanent_error') AND dc.le = -1
+        ) tot
+        WHERE b.failures > 0 OR c.state = 'open'
+    ), circuit_window AS (
+        SELECT s.*,
+               NOT s.has_row OR s.window_started_at IS NULL
+                   OR now() >= s.window_started_at + s.window_seconds * interval '1 second' AS rolled
+        FROM circuit_seen s
+    ), circuit_counts AS (
+        SELECT w.*,
+               CASE WHEN w.rolled THEN w.total_requests - w.sends ELSE w.base_requests END AS new_base_requests,
+               CASE WHEN w.rolled THEN w.total_failures - w.failures ELSE w.base_failures END AS new_base_failures,
+               CASE WHEN NOT w.rolled THEN w.prev_requests
+                    WHEN w.has_row AND now() < w.window_started_at + 2 * w.window_seconds * interval '1 second'
+                    THEN w.total_requests - w.sends - w.base_requests ELSE 0 END AS new_prev_requests,
+               CASE WHEN NOT w.rolled THEN w.prev_failures
+                    WHEN w.has_row AND now() < w.window_started_at + 2 * w.window_seconds * interval '1 second'
+                    THEN w.total_failures - w.failures - w.base_failures ELSE 0 END AS new_prev_failures,
+               CASE WHEN w.rolled THEN now() ELSE w.window_started_at END AS new_started_at
+        FROM circuit_window w
+    ), circuit_estimate AS (
+        SELECT k.*, k.prev_share * k.new_prev_requests + (k.total_requests - k.new_base_requests) AS est_requests,
+               k.prev_share * k.new_prev_failures + (k.total_failures - k.new_base_failures) AS est_failures
+        FROM (
+            SELECT x.*, greatest(0.0, 1.0 - extract(epoch FROM now() - x.new_started_at) / x.window_seconds)
+                        AS prev_share
+            FROM circuit_counts x
+        ) k
+    ), circuit_next AS (
+        SELECT CASE WHEN e.half_open AND e.failures > 0 THEN 'reopen'
+                    WHEN e.half_open AND e.successes > 0 THEN 'close'
+                    WHEN e.state = 'open' THEN 'keep'
+                    WHEN e.est_requests >= e.min_requests AND e.est_failures > 0
+                         AND e.est_failures >= e.threshold * e.est_requests THEN 'open'
+                    WHEN e.rolled THEN 'roll'
+                    ELSE 'keep' END AS step,
+               e.*
+        FROM circuit_estimate e
+    ), circuit AS (
+        INSERT INTO provider_circuits AS pc (provider_id, state, opened_at, probes, window_started_at, base_requests,
+                                             base_failures, prev_requests, prev_failures, updated_at)
+        SELECT n.provider_id,
+               CASE WHEN n.step IN ('open', 'reopen') THEN 'open' WHEN n.step = 'close' THEN 'closed' ELSE n.state END,
+               CASE WHEN n.step IN ('open', 'reopen') THEN now() WHEN n.step = 'close' THEN NULL ELSE n.opened_at END,
+               0,
+               CASE WHEN n.step = 'close' THEN now() ELSE n.new_started_at END,
+               CASE WHEN n.step = 'close' THEN n.total_requests ELSE n.new_base_requests END,
+               CASE WHEN n.step = 'close' THEN n.total_failures ELSE n.new_base_failures END,
+               CASE WHEN n.step = 'close' THEN 0 ELSE n.new_prev_requests END,
+               CASE WHEN n.step = 'close' THEN 0 ELSE n.new_prev_failures END,
+               now()
+        FROM circuit_next n WHERE n.step <> 'keep'
+        ORDER BY n.provider_id
+        ON CONFLICT (provider_id) DO UPDATE SET
+            state = excluded.state, opened_at = excluded.opened_at, probes = excluded.probes,
+            window_started_at = excluded.window_started_at, base_requests = excluded.base_requests,
+            base_failures = excluded.base_failures, prev_requests = excluded.prev_requests,
+            prev_failures = excluded.prev_failures, updated_at = excluded.updated_at
+        RETURNING pc.provider_id, pc.state
+    )"""  # noqa: S608 - fixed fragments
+
+
+def _shards() -> int:
+    from notifications.counters import SHARDS
+
+    return SHARDS

@@ -1,0 +1,160 @@
+"""Failover order and shared circuit breakers with real dispatcher processes (CONTRACT §15, §17)."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+
+from notifications import circuits
+from notifications.models import DeliveryAttempt, Notification
+from notifications.services import NotificationSpec, create_notifications
+from queueing.models import QueueItem
+from tests import factories
+from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
+from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _hook(tenant, name, receiver, order, **extra):
+    return factories.provider(tenant, name, config={"url": receiver.url},
+                              secrets={"signing_secret": TEST_SIGNING_SECRET}, failover_order=order, **extra)
+
+
+def _send(tenant, prov, count, *, named=False) -> list[Notification]:
+    specs = [NotificationSpec(channel="webhook", recipient="https://example.test/r", provider=prov, subject="s",
+                              body="b", provider_named=named) for _ in range(count)]  # fmt: skip
+    return create_notifications(tenant, specs, actor="test")
+
+
+def _delivered(receiver: HttpReceiver) -> collections.Counter:
+    return collections.Counter(r.webhook_id for r in receiver.requests if 200 <= r.status < 300)
+
+
+def _done(ids) -> bool:  # noqa: ANN001
+    return not QueueItem.objects.filter(notification_id__in=list(ids)).exists()
+
+
+@pytest.fixture
+def fast_retries(subprocess_env):
+    return {**subprocess_env, "OMNIPOST_RETRY_BASE_SECONDS": "0.05", "OMNIPOST_RETRY_MAX_SECONDS": "0.2"}
+
+
+def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, fast_retries, tmp_path):
+    with (
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120, status=503) as first_rx,
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as second_rx,
+    ):
+        circuit = {"failure_threshold": 0.5, "min_requests": 10, "window_seconds": 30, "open_seconds": 4}
+        first = _hook(tenant_a, "first", first_rx, 0, circuit=circuit)
+        second = _hook(tenant_a, "second", second_rx, 1)
+        procs = start_dispatchers(3, fast_retries, "--batch-size", "5", "--concurrency", "10", log_dir=tmp_path)
+        try:
+            assert wait_started(tmp_path, 3)
+            # 1. The first provider answers 503: each transient failure sends the next try to the second,
+            #    and the failures open the first's breaker (shared: three dispatchers add to it).
+            wave1 = _send(tenant_a, first, 20)
+            assert wait_until(lambda: _done(n.id for n in wave1), 30)
+            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == circuits.OPEN, 5)
+            seen_by_first = len(first_rx.requests)
+            assert 10 <= seen_by_first <= 20
+            time.sleep(0.6)  # the dispatchers' view of the breakers (dispatch.routing.REFRESH_SECONDS)
+
+            # 2. While it is open, new notifications go straight to the second: the first sees nothing.
+            wave2 = _send(tenant_a, first, 30)
+            assert wait_until(lambda: _done(n.id for n in wave2), 30)
+            assert circuits.states([first.pk])[first.pk] == circuits.OPEN
+            assert len(first_rx.requests) == seen_by_first
+            tried = DeliveryAttempt.objects.filter(notification_id__in=[n.id for n in wave2])
+            assert set(tried.values_list("provider_id", flat=True)) == {second.pk}
+            assert tried.count() == 30, "skipping an open provider costs no attempt"
+
+            # 3. It recovers: once open_seconds pass, probes go through, one success closes the breaker,
+            #    and traffic returns to the first provider.
+            first_rx.behaviour.status = 200
+            trickle: list[Notification] = []
+            deadline = time.monotonic() + 20
+            while circuits.states([first.pk])[first.pk] != circuits.CLOSED and time.monotonic() < deadline:
+                trickle += _send(tenant_a, first, 1)
+                time.sleep(0.2)
+            assert circuits.states([first.pk])[first.pk] == circuits.CLOSED
+            time.sleep(0.6)  # the dispatchers' view of the breakers (dispatch.routing.REFRESH_SECONDS)
+            wave3 = _send(tenant_a, first, 20)
+            everything = [*wave1, *wave2, *trickle, *wave3]
+            assert wait_until(lambda: _done(n.id for n in everything), 30)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            assert wait_exit(procs, 30) == [0, 0, 0]
+        on_first, on_second = _delivered(first_rx), _delivered(second_rx)
+    assert {str(n.id) for n in wave3} <= set(on_first), "traffic returned to the first provider"
+    assert not set(on_first) & set(on_second), "no notification reached both receivers"
+    assert max([*on_first.values(), *on_second.values()]) == 1
+    assert set(on_first) | set(on_second) == {str(n.id) for n in everything}
+    assert set(Notification.objects.filter(pk__in=[n.id for n in everything]).values_list("status", flat=True)) == {
+        "delivered"
+    }
+    # each attempt shows the provider it went through
+    first_tries = DeliveryAttempt.objects.filter(notification_id__in=[n.id for n in wave1]).order_by("number")
+    assert {a.provider_id for a in first_tries if a.number == 1} == {first.pk}
+    assert {a.provider_id for a in first_tries if a.outcome == "delivered"} == {second.pk}
+
+
+def test_a_permanent_failure_does_not_fail_over_and_a_named_provider_never_does(tenant_a, fast_retries, tmp_path):
+    with (
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60, status=400) as first_rx,
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60) as second_rx,
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60, status=503) as pinned_rx,
+    ):
+        first = _hook(tenant_a, "first", first_rx, 0)
+        _hook(tenant_a, "second", second_rx, 1)
+        pinned = _hook(tenant_a, "pinned", pinned_rx, None, max_attempts=3)
+        bad = _send(tenant_a, first, 10)
+        named = _send(tenant_a, pinned, 5, named=True)
+        procs = start_dispatchers(1, fast_retries, "--batch-size", "20", log_dir=tmp_path)
+        assert wait_until(lambda: _done(n.id for n in [*bad, *named]), 30)
+        for proc in procs:
+            proc.terminate()
+        wait_exit(procs, 20)
+        assert not second_rx.requests, "a 400 is bad everywhere: no failover"
+        assert len(first_rx.requests) == 10
+        assert len(pinned_rx.requests) == 15, "a notification that names its provider retries there only"
+    statuses = dict(Notification.objects.filter(pk__in=[n.id for n in bad]).values_list("status", "status"))
+    assert set(statuses) == {"failed"}
+    assert set(Notification.objects.filter(pk__in=[n.id for n in named]).values_list("status", flat=True)) == {
+        "dead_lettered"
+    }
+
+
+def test_a_notification_without_a_provider_starts_at_the_head_of_the_order(tenant_a, api_a):
+    factories.provider(tenant_a, "default-hook", is_default=True)
+    factories.provider(tenant_a, "second", failover_order=5)
+    factories.provider(tenant_a, "head", failover_order=1)
+    created = api_a.post("/api/v1/notifications", {"channel": "webhook", "recipient": "https://example.test/x",
+                                                    "body": "b"}, format="json")  # fmt: skip
+    assert created.status_code == 201, created.content
+    n = Notification.objects.get(pk=created.json()["id"])
+    assert (n.provider.name, n.provider_named) == ("head", False)
+    named = api_a.post("/api/v1/notifications", {"channel": "webhook", "recipient": "https://example.test/x",
+                                                  "body": "b", "provider": "second"}, format="json")  # fmt: skip
+    assert Notification.objects.get(pk=named.json()["id"]).provider_named is True
+
+
+def test_providers_api_shows_failover_order_circuit_and_state(tenant_a, api_a):
+    created = api_a.post("/api/v1/providers", {
+        "name": "hook", "channel": "webhook", "kind": "webhook", "config": {"url": "https://example.test/h"},
+        "secrets": {"signing_secret": TEST_SIGNING_SECRET}, "failover_order": 2,
+        "circuit": {"failure_threshold": 0.25, "min_requests": 5},
+    }, format="json")  # fmt: skip
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert body["failover_order"] == 2
+    assert body["circuit"] == {"failure_threshold": 0.25, "min_requests": 5, "window_seconds": 60.0,
+                               "open_seconds": 30.0}  # fmt: skip
+    assert body["circuit_state"] == "closed"
+    bad = api_a.patch("/api/v1/providers/hook", {"circuit": {"failure_threshold": 2}}, format="json")
+    assert bad.status_code == 400 and "circuit" in bad.json()["error"]["details"]
+    listed = api_a.get("/api/v1/providers").json()["results"]
+    assert [p["circuit_state"] for p in listed] == ["closed"]

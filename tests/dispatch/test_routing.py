@@ -1,0 +1,134 @@
+"""Routing decisions (dispatch.routing) and the breakers' shared state (notifications.circuits), in process."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from dispatch.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
+from dispatch.routing import Router
+from notifications import circuits
+from notifications.circuits import ProviderCircuit
+from notifications.services import NotificationSpec, create_notifications
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _item(tenant, provider_id: int, *, named: bool = False) -> Prepared:  # noqa: ANN001
+    lease = DispatchLease(1, uuid.uuid4(), provider_id, False, str(uuid.uuid4()), str(tenant.pk))
+    return Prepared(lease, "webhook", "", "s", "b", {}, datetime.now(UTC), 1, 1, None, provider_named=named)
+
+
+def _open(provider, *, ago: float = 0.0) -> None:  # noqa: ANN001
+    now = timezone.now()
+    ProviderCircuit.objects.update_or_create(
+        provider=provider, defaults={"state": "open", "opened_at": now - timedelta(seconds=ago), "probes": 0,
+                                     "window_started_at": now, "updated_at": now},
+    )  # fmt: skip
+
+
+def test_order_next_provider_and_skipping_open_breakers(tenant_a, tenant_b):
+    first = factories.provider(tenant_a, "first", failover_order=0, circuit={"open_seconds": 60})
+    second = factories.provider(tenant_a, "second", failover_order=1)
+    third = factories.provider(tenant_a, "third", failover_order=2)
+    outside = factories.provider(tenant_a, "outside")
+    router = Router()
+    router.refresh(force=True)
+    assert router.next_after(_item(tenant_a, first.pk)) == second.pk
+    assert router.next_after(_item(tenant_a, third.pk)) == first.pk  # the order wraps around
+    assert router.next_after(_item(tenant_a, first.pk, named=True)) is None  # named: never fails over
+    assert router.next_after(_item(tenant_a, outside.pk)) is None  # not in the order
+    assert router.next_after(_item(tenant_b, first.pk)) is None  # not this tenant's order
+
+    _open(first)
+    _open(second)
+    router.refresh(force=True)
+    assert router.states == {first.pk: "open", second.pk: "open"}
+    unnamed, named = _item(tenant_a, first.pk), _item(tenant_a, first.pk, named=True)
+    routed = router.route([unnamed, named], circuits.reserve_probes)
+    assert routed.send == [unnamed] and unnamed.provider_id == third.pk, "open ones are skipped, in order"
+    assert routed.wait == [named], "a named provider that is open waits"
+
+    _open(third)
+    router.refresh(force=True)
+    routed = router.route([_item(tenant_a, first.pk)], circuits.reserve_probes)
+    assert routed.send == [] and len(routed.wait) == 1, "every provider open: the item waits"
+
+
+def test_half_open_lets_three_probes_through_across_dispatchers(tenant_a):
+    first = factories.provider(tenant_a, "first", failover_order=0, circuit={"open_seconds": 1})
+    second = factories.provider(tenant_a, "second", failover_order=1)
+    _open(first, ago=5)
+    assert circuits.states([first.pk]) == {first.pk: "half_open"}
+    one, two = Router(), Router()  # two dispatchers
+    one.refresh(force=True)
+    two.refresh(force=True)
+    a = one.route([_item(tenant_a, first.pk) for _ in range(2)], circuits.reserve_probes)
+    b = two.route([_item(tenant_a, first.pk) for _ in range(5)], circuits.reserve_probes)
+    went_first = [i for i in a.send + b.send if i.provider_id == first.pk]
+    assert len(went_first) == circuits.PROBES
+    assert {i.provider_id for i in a.send + b.send} == {first.pk, second.pk}
+
+
+def _claimed(tenant, prov, count):  # noqa: ANN001, ANN202
+    specs = [NotificationSpec(channel="webhook", recipient="https://example.test/r", provider=prov, subject="s",
+                              body="b", provider_named=False) for _ in range(count)]  # fmt: skip
+    create_notifications(tenant, specs, actor="test")
+    prepared, _ = claim_and_start(count)
+    return prepared
+
+
+def _outcomes(items, outcome: str):  # noqa: ANN001, ANN202
+    now = datetime.now(UTC)
+    kind = {"transient_error": "retry", "delivered": "delivered"}[outcome]
+    return [Outcome(p.lease, kind, Attempt(p.attempt_number, now, now, outcome), retry_delay=1.0) for p in items]
+
+
+def test_the_record_statement_opens_and_closes_a_breaker(tenant_a):
+    first = factories.provider(tenant_a, "first", failover_order=0,
+                               circuit={"min_requests": 4, "failure_threshold": 0.5, "open_seconds": 0.3})
+    items = _claimed(tenant_a, first, 3)
+    record_outcomes(_outcomes(items[:1], "delivered") + _outcomes(items[1:], "transient_error"))
+    assert circuits.states([first.pk]) == {first.pk: "closed"}, "3 sends: under min_requests"
+    items = _claimed(tenant_a, first, 3)
+    record_outcomes(_outcomes(items, "transient_error"))
+    assert circuits.states([first.pk]) == {first.pk: "open"}, "5 of 6 sends failed in the window"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE provider_circuits SET opened_at = now() - interval '1 second'")
+    assert circuits.states([first.pk]) == {first.pk: "half_open"}
+    items = _claimed(tenant_a, first, 1)
+    record_outcomes(_outcomes(items, "transient_error"))
+    assert circuits.states([first.pk]) == {first.pk: "open"}, "a failed probe re-opens"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE provider_circuits SET opened_at = now() - interval '1 second'")
+    items = _claimed(tenant_a, first, 1)
+    record_outcomes(_outcomes(items, "delivered"))
+    assert circuits.states([first.pk]) == {first.pk: "closed"}, "a successful probe closes"
+    row = ProviderCircuit.objects.get(provider=first)
+    assert (row.prev_requests, row.prev_failures) == (0, 0), "and resets the window"
+
+
+def test_a_transient_failure_moves_the_item_to_the_next_provider(tenant_a):
+    from queueing.models import QueueItem
+
+    first = factories.provider(tenant_a, "first", failover_order=0)
+    second = factories.provider(tenant_a, "second", failover_order=1)
+    [item] = _claimed(tenant_a, first, 1)
+    [outcome] = _outcomes([item], "transient_error")
+    outcome.next_provider_id = second.pk
+    record_outcomes([outcome])
+    assert QueueItem.objects.get(notification_id=item.notification_id).provider_id == second.pk
+
+
+def test_metrics_and_providers_show_breakers(tenant_a, api_a):
+    first = factories.provider(tenant_a, "first", failover_order=0)
+    _open(first)
+    text = Client().get("/metrics").content.decode()
+    assert f'omnipost_provider_circuit_state{{provider="first",provider_id="{first.pk}",state="open"}} 1.0' in text
+    assert api_a.get("/api/v1/providers/first").json()["circuit_state"] == "open"
