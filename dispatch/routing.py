@@ -8,7 +8,7 @@ half-open with no probe left, is skipped for the next one that can take it. Skip
 attempt; when no provider of the order can take it, the item is given back with the usual backoff.
 
 The breakers are read from memory: `refresh()` (on the DB thread, at most every REFRESH_SECONDS) reads
-the failover orders and every breaker that is not closed (two small statements, however busy the
+the failover orders and every breaker that is not closed (one small statement, however busy the
 dispatcher is). Only a half-open breaker costs a statement at claim time: its probes are reserved in
 its row (`circuits.reserve_probes`), so all dispatchers together let at most `circuits.PROBES` through.
 A pinned notification whose provider is open waits (with the backoff) rather than fail over.
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from dispatch.delivery import Prepared
 from notifications import circuits
-from notifications.models import Provider
 
 REFRESH_SECONDS = 0.5
 
@@ -46,17 +45,12 @@ class Router:
         now = self.clock()
         if not force and now - self._refreshed < REFRESH_SECONDS:
             return
+        ordered, self.states = circuits.routing_snapshot()
         orders: dict[tuple[str, str], list[int]] = {}
-        rows = (
-            Provider.objects.filter(failover_order__isnull=False)
-            .order_by("tenant_id", "channel", "failover_order", "name")
-            .values_list("pk", "tenant_id", "channel")
-        )
-        for pk, tenant_id, channel in rows:
-            orders.setdefault((str(tenant_id), channel), []).append(pk)
+        for pk, tenant_id, channel in ordered:
+            orders.setdefault((tenant_id, channel), []).append(pk)
         self.orders = orders
         self.position = {pk: key for key, ids in orders.items() for pk in ids}
-        self.states = circuits.not_closed()
         self._refreshed = now
 
     def order_of(self, item: Prepared) -> list[int]:

@@ -126,6 +126,31 @@ def not_closed() -> dict[int, str]:
         return dict(cursor.fetchall())
 
 
+def routing_snapshot() -> tuple[list[tuple[int, str, str]], dict[int, str]]:
+    """What a dispatcher routes by, in one query: every provider in a failover order as (id, tenant
+    id, channel), ordered by tenant, channel, `failover_order` and name; and every breaker that is
+    open or half-open (as `not_closed`)."""
+    if connection.vendor != "postgresql":
+        from notifications.models import Provider  # noqa: PLC0415 - models import this module
+
+        rows = Provider.objects.filter(failover_order__isnull=False).order_by(
+            "tenant_id", "channel", "failover_order", "name"
+        )
+        return [(pk, str(tenant_id), channel) for pk, tenant_id, channel in rows.values_list(
+            "pk", "tenant_id", "channel")], {}  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT p.id, p.tenant_id::text, p.channel, p.failover_order IS NOT NULL,
+                       CASE WHEN c.provider_id IS NULL THEN 'closed' ELSE {STATE_SQL} END
+                FROM providers p LEFT JOIN provider_circuits c ON c.provider_id = p.id AND c.state = 'open'
+                WHERE p.failover_order IS NOT NULL OR c.provider_id IS NOT NULL
+                ORDER BY p.tenant_id, p.channel, p.failover_order, p.name"""  # noqa: S608 - fixed fragments
+        )
+        rows = cursor.fetchall()
+    ordered = [(pk, tenant_id, channel) for pk, tenant_id, channel, in_order, _ in rows if in_order]
+    return ordered, {pk: state for pk, _, _, _, state in rows if state != CLOSED}
+
+
 def reserve_probes(wanted: dict[int, int]) -> dict[int, int]:
     """Take up to `wanted[provider]` of the PROBES sends a half-open breaker lets through, across
     every dispatcher (one statement, only while some breaker is half-open). Returns what was granted."""
