@@ -75,6 +75,7 @@ def say(message: str) -> None:
 
 # --- OmniPost -----------------------------------------------------------------------------------------
 EVENT_ENDPOINTS = False  # --event-endpoints: the bench tenant has an event endpoint for every type
+FAILOVER = False  # --failover: two providers in failover order, notifications naming neither
 
 
 def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
@@ -85,6 +86,8 @@ def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
                 "--receiver-delay-ms", f"{delay_ms:g}", "--verify-every", str(VERIFY_EVERY)]
         if EVENT_ENDPOINTS:
             args.append("--event-endpoints")
+        if FAILOVER:
+            args.append("--failover")
         # its own process group: on a timeout its receiver and dispatchers are stopped with it
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "omnipost_bench", *args, "--json", str(out)],
@@ -379,9 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         help="OmniPost's tenant also has an event endpoint subscribed to every type (bench/events_bench.py "
         "compares with and without)",
     )  # fmt: skip
+    parser.add_argument(
+        "--failover", action="store_true",
+        help="OmniPost's notifications go through two providers in failover order (breakers and all)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    global EVENT_ENDPOINTS  # noqa: PLW0603 - one flag for run_omnipost, set once here
-    EVENT_ENDPOINTS = args.event_endpoints
+    global EVENT_ENDPOINTS, FAILOVER  # noqa: PLW0603 - flags for run_omnipost, set once here
+    EVENT_ENDPOINTS, FAILOVER = args.event_endpoints, args.failover
     args.delay_ms = args.delay_ms or [0.0]
     if args.rounds < 1 or (args.notifications is not None and args.notifications < 1):
         parser.error("--rounds and -n must be at least 1")

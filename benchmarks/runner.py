@@ -171,7 +171,9 @@ def analyze_hot_tables() -> None:
             cursor.execute(f"ANALYZE {table}")
 
 
-def bench_tenant_and_provider(url: str):  # noqa: ANN201
+def bench_tenant_and_provider(url: str, *, failover: bool = False):  # noqa: ANN201
+    """`failover`: a second provider to the same receiver follows the first in `failover_order`, and
+    the notifications name neither (they go through the order, breakers and all: CONTRACT §15)."""
     from core.models import Tenant
     from notifications.models import Provider
 
@@ -182,12 +184,19 @@ def bench_tenant_and_provider(url: str):  # noqa: ANN201
     provider = Provider.objects.create(
         tenant=tenant, name="bench-hook", channel="webhook", kind="webhook",
         config={"url": url, "timeout_seconds": 30}, secrets={"signing_secret": SIGNING_SECRET}, is_default=True,
+        failover_order=1 if failover else None,
     )  # fmt: skip
+    if failover:
+        Provider.objects.create(
+            tenant=tenant, name="bench-hook-2", channel="webhook", kind="webhook", failover_order=2,
+            config={"url": url, "timeout_seconds": 30}, secrets={"signing_secret": SIGNING_SECRET},
+        )  # fmt: skip
     return tenant, provider
 
 
-def enqueue(tenant, provider, count: int, *, batch: int = 1000) -> float:  # noqa: ANN001
-    """Create `count` notifications through the batch service; returns seconds taken."""
+def enqueue(tenant, provider, count: int, *, batch: int = 1000, named: bool = True) -> float:  # noqa: ANN001
+    """Create `count` notifications through the batch service; returns seconds taken. `named`: False
+    when `provider` stands for the first of a failover order (the notifications may fail over)."""
     from notifications.services import NotificationSpec, create_notifications
 
     body = "Your order #12345 has shipped and will arrive on Thursday. Track it in the app any time."
@@ -201,6 +210,7 @@ def enqueue(tenant, provider, count: int, *, batch: int = 1000) -> float:  # noq
                 subject="Order shipped",
                 body=body,
                 metadata={"order": start + i},
+                provider_named=named,
             )
             for i in range(min(batch, count - start))
         ]
@@ -308,7 +318,7 @@ def machine() -> str:
 # --- modes ---------------------------------------------------------------------------------------------
 def run_e2e(
     *, count: int, processes: int, concurrency: int, batch: int, delay_ms: float, error_rate: float, verify_every: int,
-    event_endpoints: bool = False,
+    event_endpoints: bool = False, failover: bool = False,
 ) -> BenchResult:  # fmt: skip
     """`event_endpoints`: the bench tenant also has an event endpoint subscribed to every type, on
     a receiver of its own (so every delivery makes a notification.delivered event), and the run
@@ -323,13 +333,13 @@ def run_e2e(
         "e2e", count, processes, concurrency, batch, delay_ms, database=connection.vendor, machine=machine()
     )
     try:
-        tenant, provider = bench_tenant_and_provider(receiver.url)
+        tenant, provider = bench_tenant_and_provider(receiver.url, failover=failover)
         if events_receiver is not None:
             from events.services import create_endpoint
 
             create_endpoint(tenant, name="bench-events", url=events_receiver.url, event_types=["*"],
                             secret=EVENT_SECRET, actor="system:bench")  # fmt: skip
-        result.enqueue_per_second = count / enqueue(tenant, provider, count)
+        result.enqueue_per_second = count / enqueue(tenant, provider, count, named=not failover)
         analyze_hot_tables()
         with tempfile.TemporaryDirectory() as stats_dir:
             go_file = Path(stats_dir) / "go"

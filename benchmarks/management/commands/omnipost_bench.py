@@ -27,6 +27,8 @@ class Command(BaseCommand):
         parser.add_argument("--depth", type=int, default=1000, help="--queue-only: items waiting beneath")
         parser.add_argument("--event-endpoints", action="store_true",
                             help="the tenant has an event endpoint subscribed to every type (its own receiver)")
+        parser.add_argument("--failover", action="store_true",
+                            help="two providers in failover order; the notifications name neither")
         parser.add_argument("--json", dest="json_path", help="also write the figures to this file")
 
     def handle(self, *args, **o) -> None:
@@ -58,6 +60,7 @@ class Command(BaseCommand):
                     error_rate=o["receiver_error_rate"],
                     verify_every=o["verify_every"],
                     event_endpoints=o["event_endpoints"],
+                    failover=o["failover"],
                 )
             self.stdout.write(f"\n--- round {round_no} ---\n{result.table()}")
             results.append(result)
