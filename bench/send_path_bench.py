@@ -1,6 +1,6 @@
 """CPU per delivery of the dispatcher's send path alone, without the database.
 
-    .venv/bin/python bench/send_path_bench.py [-n 50000] [--concurrency 500] [--batch 250] [--repeat 3]
+    .venv/bin/python bench/send_path_bench.py [-n 50000] [--concurrency 500] [--batch 250] [--repeat 3] [--routing]
 
 Runs `Dispatcher._start_send` (recipient decryption, payload, signature, HTTP request through the
 pooled client, response parsing, outcome) for n prepared items against the bench receiver in
@@ -8,6 +8,11 @@ another process, `batch` items at a time with at most `concurrency` in flight, a
 process's CPU microseconds per delivery (`time.process_time`): the dispatcher's share of the
 end-to-end cost minus its two SQL statements per batch. CPU time, not throughput, so that changes
 can be compared on a machine shared with other work.
+
+`--routing` adds what failover costs the claim side in memory: the items name no provider, and each
+claimed batch goes through `dispatch.routing.Router.route` with two providers in failover order and
+the second one's breaker open (the database half of breaker bookkeeping is the record statement's,
+measured end to end by `bench/versus.py --failover`).
 """
 
 from __future__ import annotations
@@ -32,19 +37,23 @@ os.environ.setdefault("SECRET_KEY", "omnipost-bench-only")
 os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
 
 
-def items(count: int, provider_id: int) -> list:
+TENANT = uuid.uuid4()
+
+
+def items(count: int, provider_id: int, *, named: bool = True) -> list:
     from core import crypto
     from dispatch.delivery import DispatchLease, Prepared
 
     now = datetime.now(UTC)
-    tenant = uuid.uuid4()
+    tenant = TENANT
     token = crypto.encrypt("https://example.test/bench-hook")
     prepared = []
     for i in range(count):
         nid = uuid.uuid4()
         lease = DispatchLease(i, uuid.uuid4(), provider_id, False, str(nid), str(tenant))
         prepared.append(
-            Prepared(lease, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now, 1, 1)
+            Prepared(lease, "webhook", token, "Bench notification", "x" * 120, {"bench": True}, now, 1, 1,
+                     provider_named=named)
         )
     return prepared
 
@@ -60,7 +69,16 @@ async def run(args: argparse.Namespace, url: str) -> float:
     dispatcher.bind(asyncio.get_running_loop())
     provider = build_provider("webhook", {"url": url}, {"signing_secret": SIGNING_SECRET})
     dispatcher.providers.entries[1] = CachedProvider(provider, datetime.now(UTC), 5, False, time.monotonic())
-    work = items(args.n, 1)
+    work = items(args.n, 1, named=not args.routing)
+    router = None
+    if args.routing:
+        from dispatch.routing import Router
+        from notifications import circuits
+
+        router = Router()
+        router.orders = {(str(TENANT), "webhook"): [1, 2]}
+        router.position = {1: (str(TENANT), "webhook"), 2: (str(TENANT), "webhook")}
+        router.states = {2: circuits.OPEN}
     warm = items(args.concurrency, 1)
     for item in warm:  # connections opened, caches warm
         dispatcher.sender.start(item)
@@ -75,6 +93,8 @@ async def run(args: argparse.Namespace, url: str) -> float:
         free = args.concurrency - len(dispatcher.sender.inflight)
         if free >= args.batch and position < len(work):
             claimed = work[position : position + args.batch]
+            if router is not None:
+                claimed = router.route(claimed, dict).send
             for item, opened in zip(claimed, decrypt_many([p.recipient_token for p in claimed]), strict=True):
                 item.opened_recipient = opened  # as claim_and_start does
             for item in claimed:
@@ -96,6 +116,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=500)
     parser.add_argument("--batch", type=int, default=250)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--routing", action="store_true", help="route each batch through a failover order")
     args = parser.parse_args()
 
     import django
