@@ -247,7 +247,7 @@ def _build_specs(
     templates = tenant_config.templates(config, tenant.pk, keys) if keys else {}
 
     refused_queues = _queues_past_the_cap(tenant, {d.queue for d in drafts})
-    now = timezone.now()
+    holds = quiet_hours.Holds(timezone.now())
     general = config.categories.get(GENERAL)
     general_quiet = general.quiet_hours if general is not None else None
 
@@ -292,7 +292,7 @@ def _build_specs(
         scheduled_for = draft.scheduled_for
         if not critical and not opted_out:  # held until the end of the recipient's quiet hours, if in them
             quiet = quiet_hours.window(category.quiet_hours if category is not None else None, general_quiet)
-            scheduled_for = quiet_hours.hold_until(quiet, zone, now, scheduled_for)
+            scheduled_for = holds.hold_until(quiet, zone, scheduled_for)
         specs.append(
             NotificationSpec(
                 channel=draft.channel, recipient=recipient, provider=provider, subject=subject, body=body,

@@ -17,9 +17,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from notifications import quiet_hours, tenant_config
+from notifications import quiet_hours, sequences, tenant_config
 from notifications.api import views
-from notifications.models import Category, Notification
+from notifications.models import Category, Notification, Template
+from notifications.sequences import StepSpec
 from queueing.models import ScheduledJob
 from tests import factories
 from tests.notifications.conftest import email
@@ -122,6 +123,10 @@ def test_an_explicit_later_schedule_is_kept_an_earlier_one_moves_to_the_end():
     assert quiet_hours.hold_until(quiet, "", now, now + timedelta(minutes=30)) == end
     assert quiet_hours.hold_until(quiet, "", utc("2025-06-10T12:00"), None) is None  # outside: untouched
     assert quiet_hours.hold_until(None, BERLIN, now, None) is None
+    holds = quiet_hours.Holds(now)  # a batch's: one clock reading, each (window, zone) computed once
+    assert [holds.hold_until(quiet, zone, None) for zone in ("", BERLIN, "", BERLIN)] == [
+        end, utc("2025-06-11T05:00"), end, utc("2025-06-11T05:00")]  # fmt: skip
+    assert holds.hold_until(quiet, "", end + timedelta(hours=1)) == end + timedelta(hours=1)
 
 
 # --- the API --------------------------------------------------------------------------------------
@@ -379,3 +384,17 @@ def test_a_held_notification_is_released_by_the_scheduler_process_and_delivered(
         assert len(receiver.requests) == 1 and receiver.requests[0].verified
         assert "good morning" in receiver.requests[0].body.decode()
         assert api_a.get(f"{URL}/{note['id']}").json()["status"] == "delivered"
+
+
+@pytest.mark.django_db
+def test_sequence_steps_created_inside_quiet_hours_wait_for_their_end(api_a, setup_a):
+    quiet(api_a, "general", NIGHT)
+    for i in range(3):
+        Template.objects.create(tenant=setup_a.tenant, key=f"drip{i}", channel="email", body=f"step {i}")
+    offsets = (0, 3600, 10 * 3600)  # 23:00, midnight, 09:00 (UTC: a plain recipient)
+    steps = [StepSpec(offset, "email", f"drip{i}") for i, offset in enumerate(offsets)]
+    sequences.create_sequence(setup_a.tenant, "drip", "", steps, actor="test")
+    with time_machine.travel(utc("2025-06-10T23:00"), tick=False):
+        enrollment = sequences.enroll(setup_a.tenant, "drip", recipient="j@example.com", context={}, actor="test")
+    runs = sorted(job_run_at(str(n.pk)) for n in enrollment.step_notifications)
+    assert runs == [utc("2025-06-11T07:00"), utc("2025-06-11T07:00"), utc("2025-06-11T09:00")]
