@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
-from notifications import circuits, recipients, services, suppressions, templating
+from notifications import circuits, quiet_hours, recipients, services, suppressions, templating
 from notifications.models import (
     LEASABLE,
     Category,
@@ -516,17 +516,36 @@ class SuppressionAdmin(TenantScopedAdmin):
             suppressions.remove(tenant_id, pk, actor=f"user:{request.user.get_username()}")
 
 
+class CategoryForm(forms.ModelForm):
+    class Meta:
+        model = Category
+        fields = ["tenant", "key", "critical", "description", "quiet_hours"]
+        help_texts = {"quiet_hours": '{"start": "22:00", "end": "07:00"} in the recipient\'s time zone (end '
+                                     'exclusive); {"start": "00:00", "end": "00:00"}: none; empty: general\'s.'}
+
+    def clean_quiet_hours(self) -> dict[str, str] | None:
+        try:
+            return recipients.check_quiet_hours(self.cleaned_data.get("quiet_hours"))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
 @admin.register(Category)
 class CategoryAdmin(TenantScopedAdmin):
     """Categories of a tenant's notifications; saves go through notifications.recipients (audited)."""
 
-    list_display = ["key", "tenant", "critical", "description"]
+    form = CategoryForm
+    list_display = ["key", "tenant", "critical", "quiet", "description"]
     list_filter = ["critical"]
     search_fields = ["key"]
     fields = ["tenant", "key", "critical", "description", "quiet_hours"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return ["tenant", "key"] if obj is not None else []
+
+    @admin.display(description="quiet hours")
+    def quiet(self, obj: Category) -> str:
+        return quiet_hours.describe(obj.quiet_hours)
 
     def save_model(self, request: HttpRequest, obj: Category, form: Any, change: bool) -> None:
         fields = list(form.changed_data) if change else None

@@ -52,6 +52,8 @@ def ensure_general(tenant: Tenant | Any) -> Category:
 
 
 def check_quiet_hours(value: Any) -> dict[str, str] | None:
+    """A category's `quiet_hours` (§17): null (inherits general's), or start and end as HH:MM in the
+    recipient's local time, `end` exclusive, crossing midnight allowed; 00:00–00:00 means none."""
     if value is None:
         return None
     if not isinstance(value, dict) or set(value) != {"start", "end"}:
@@ -59,6 +61,9 @@ def check_quiet_hours(value: Any) -> dict[str, str] | None:
     for name in ("start", "end"):
         if not isinstance(value[name], str) or not _CLOCK.match(value[name]):
             raise ValueError(f"{name} must be a time of day as HH:MM (00:00 to 23:59)")
+    if value["start"] == value["end"] and value["start"] != "00:00":
+        raise ValueError('start and end are equal: give {"start": "00:00", "end": "00:00"} for no quiet hours, '
+                         "or null to inherit general's")
     return {"start": value["start"], "end": value["end"]}
 
 

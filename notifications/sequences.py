@@ -172,8 +172,8 @@ def enroll(
     `provider` is a provider name for every step, or `{channel: name}`; a channel it does not name
     uses the tenant's default provider for that channel. 404 for an unknown key; 400 when the
     recipient does not suit a step's channel, a provider is missing or a template fails to render.
-    Statements, whatever the step count: one SELECT of the steps, two from build_specs (providers,
-    templates), then in one transaction the INSERTs of the enrollment, notifications, scheduled jobs
+    Statements, whatever the step count: one SELECT of the steps, three from build_specs (providers,
+    templates, categories), then in one transaction the INSERTs of the enrollment, notifications, scheduled jobs
     and/or queue items, and the audit event.
     """
     steps = list(

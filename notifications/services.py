@@ -1,7 +1,8 @@
 """Notification workflows every door uses (API single and batch, sequences, benchmarks).
 
 - `build_specs()` resolves checked drafts against the tenant's providers and templates (cached
-  per process, see notifications.tenant_config: no query once warm) and renders templates;
+  per process, see notifications.tenant_config: no query once warm), renders templates and holds
+  what is created inside its quiet hours until they end (notifications.quiet_hours);
 - `create_notifications()` stores them in one statement whatever the batch size (PostgreSQL),
   with the Idempotency-Key record when there is one;
 - `cancel_notification()` / `cancel_scheduled_job()` are conditional updates.
@@ -37,7 +38,7 @@ from core.fields import EncryptedTextField
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from notifications import suppressions, templating, tenant_config
+from notifications import quiet_hours, suppressions, templating, tenant_config
 from notifications.models import (
     CANCELLABLE,
     GENERAL,
@@ -137,7 +138,10 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft], *, cached: bool = True)
     `cached`: from this process's copy of the tenant's configuration (notifications.tenant_config;
     no query once warm) and the specs carry its version, which `create_notifications` checks in its
     statement. A name the copy does not know is looked up afresh before it is refused. Uncached,
-    two queries (providers, templates) and no version check (callers that hold their own transaction).
+    three queries (providers, templates, categories) and no version check (callers that hold their own
+    transaction). A draft to a subscriber costs one query more (its addresses and time zone), whatever
+    the batch's size. A non-critical draft created inside its quiet hours gets the window's end as its
+    `scheduled_for` (notifications.quiet_hours), from the same cached categories: no query of its own.
     """
     subscribers = _subscribers(tenant, drafts)
     if not cached:
@@ -159,12 +163,13 @@ class _Resolved:
     found: bool
     address: str | None = None
     preferences: dict[str, Any] = field(default_factory=dict)
+    timezone: str = ""  # IANA name; "" is UTC (quiet hours)
 
     def opted_out(self, category: str, channel: str) -> bool:
         return self.preferences.get(category, {}).get(channel) is False
 
 
-_SUBSCRIBERS_SQL = """SELECT external_id, email, phone, push_tokens, preferences FROM subscribers
+_SUBSCRIBERS_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone FROM subscribers
 WHERE tenant_id = %s AND external_id = ANY(%s)"""
 
 
@@ -183,7 +188,7 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
     else:
         found = Subscriber.objects.for_tenant(tenant).filter(external_id__in=ids)
         rows = {row[0]: row[1:] for row in found.values_list(
-            "external_id", "email", "phone", "push_tokens", "preferences")}  # fmt: skip
+            "external_id", "email", "phone", "push_tokens", "preferences", "timezone")}  # fmt: skip
     resolved: list[_Resolved | None] = []
     tokens: list[str] = []
     waiting: list[tuple[_Resolved, str]] = []
@@ -195,10 +200,10 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
         if row is None:
             resolved.append(_Resolved(found=False))
             continue
-        email, phone, push_tokens, preferences = row
+        email, phone, push_tokens, preferences, zone = row
         if isinstance(preferences, str):
             preferences = json.loads(preferences)
-        item = _Resolved(found=True, preferences=preferences or {})
+        item = _Resolved(found=True, preferences=preferences or {}, timezone=zone or "")
         resolved.append(item)
         token = {"email": email, "sms": phone, "push": push_tokens}.get(draft.channel)
         if token:
@@ -227,9 +232,9 @@ def _fresh_config(tenant: Tenant, drafts: Sequence[Draft]) -> tenant_config.Tena
     keys = {d.template for d in drafts if d.template}
     found = {t.key: t for t in Template.objects.for_tenant(tenant).filter(key__in=keys)} if keys else {}
     config.templates.update({key: found.get(key) for key in keys})
-    categories = {d.category for d in drafts} - {GENERAL}
-    if categories:
-        config.categories = {c.key: c for c in Category.objects.for_tenant(tenant).filter(key__in=categories)}
+    # general's too, whatever the drafts name: its quiet hours are the tenant default
+    categories = {d.category for d in drafts} | {GENERAL}
+    config.categories = {c.key: c for c in Category.objects.for_tenant(tenant).filter(key__in=categories)}
     return config
 
 
@@ -242,6 +247,9 @@ def _build_specs(
     templates = tenant_config.templates(config, tenant.pk, keys) if keys else {}
 
     refused_queues = _queues_past_the_cap(tenant, {d.queue for d in drafts})
+    holds = quiet_hours.Holds(timezone.now())
+    general = config.categories.get(GENERAL)
+    general_quiet = general.quiet_hours if general is not None else None
 
     specs: list[NotificationSpec] = []
     errors: dict[int, dict[str, list[str]]] = {}
@@ -254,7 +262,7 @@ def _build_specs(
         if category is None and draft.category != GENERAL:
             problems["category"] = [f"no category with key {draft.category!r}: create it first (POST categories)"]
         critical = category is not None and category.critical
-        recipient, opted_out = draft.recipient, False
+        recipient, opted_out, zone = draft.recipient, False, ""
         subscriber = subscribers[index]
         if subscriber is not None:
             address = subscriber.address
@@ -266,7 +274,7 @@ def _build_specs(
                     "(PUT subscribers/{external_id}) or give `recipient`"
                 ]
             else:
-                recipient = address
+                recipient, zone = address, subscriber.timezone
                 opted_out = not critical and subscriber.opted_out(draft.category, draft.channel)
         template = None
         subject, body = draft.subject, draft.body
@@ -281,11 +289,15 @@ def _build_specs(
         if problems:
             errors[index] = problems
             continue
+        scheduled_for = draft.scheduled_for
+        if not critical and not opted_out:  # held until the end of the recipient's quiet hours, if in them
+            quiet = quiet_hours.window(category.quiet_hours if category is not None else None, general_quiet)
+            scheduled_for = holds.hold_until(quiet, zone, scheduled_for)
         specs.append(
             NotificationSpec(
                 channel=draft.channel, recipient=recipient, provider=provider, subject=subject, body=body,
                 template=template, context=draft.context, priority=draft.priority, queue=draft.queue,
-                scheduled_for=draft.scheduled_for, metadata=draft.metadata, config_version=version,
+                scheduled_for=scheduled_for, metadata=draft.metadata, config_version=version,
                 category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
                 provider_named=bool(draft.provider),
             )  # fmt: skip

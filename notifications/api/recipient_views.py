@@ -152,7 +152,9 @@ class CategorySerializer(StrictSerializer):
     description = StrictCharField(required=False, allow_blank=True, max_length=recipients.MAX_DESCRIPTION_CHARS)
     quiet_hours = serializers.JSONField(
         required=False, allow_null=True,
-        help_text='{"start": "HH:MM", "end": "HH:MM"} or null (inherits general\'s).',
+        help_text='{"start": "HH:MM", "end": "HH:MM"} in the recipient\'s time zone, end exclusive, may cross '
+                  'midnight; {"start": "00:00", "end": "00:00"}: none; null: general\'s (the tenant default). '
+                  "A non-critical notification created inside it is scheduled for its end.",
     )  # fmt: skip
 
     def validate_quiet_hours(self, value: Any) -> Any:

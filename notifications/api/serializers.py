@@ -70,7 +70,8 @@ class NotificationCreateSerializer(StrictSerializer):
     queue = serializers.RegexField(validation.QUEUE_NAME.pattern, required=False, allow_null=True, default="default")
     scheduled_for = serializers.DateTimeField(
         required=False, allow_null=True,
-        help_text="ISO 8601 with a UTC offset; in the future the notification is scheduled, else queued now.",
+        help_text="ISO 8601 with a UTC offset; in the future the notification is scheduled, else queued now "
+                  "(or scheduled for the end of the recipient's quiet hours, when it is created inside them).",
     )  # fmt: skip
     metadata = serializers.DictField(required=False, allow_null=True, help_text="Free-form object, ≤ 4 KiB as JSON.")
 

@@ -69,7 +69,7 @@ def test_build_specs_resolves_names_in_four_queries_then_none(setup_a, django_as
         services.build_specs(setup_a.tenant, drafts)
     with django_assert_num_queries(0):  # this process's copy, until the configuration changes
         specs = services.build_specs(setup_a.tenant, drafts)
-    with django_assert_num_queries(2):  # uncached: providers and templates
+    with django_assert_num_queries(3):  # uncached: providers, templates and categories (general's quiet hours)
         services.build_specs(setup_a.tenant, drafts, cached=False)
     assert [s.provider.name for s in specs[:4]] == ["mail", "text", "hook", "mail"]
     assert specs[3].body == "Welcome, Z!" and specs[3].template == setup_a.welcome
