@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class CoreConfig(AppConfig):
@@ -10,3 +11,11 @@ class CoreConfig(AppConfig):
 
         auth_cache.connect_signals()
         conn_checks.connect()
+        post_migrate.connect(_keep_partitions_ahead, sender=self)
+
+
+def _keep_partitions_ahead(sender, using: str = "default", **kwargs) -> None:  # noqa: ANN001
+    """After every `migrate`: the day partitions of today and the days ahead exist (core.partitions)."""
+    from core import partitions
+
+    partitions.ensure_all(using=using)

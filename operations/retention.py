@@ -13,6 +13,16 @@ What goes (created and last changed more than `--older-than DAYS` ago):
 Never: live notifications (scheduled, queued, dispatching, retrying), anything with an open DLQ
 entry, the audit log (append-only).
 
+History on PostgreSQL (`delivery_attempts` by day of `finished_at`, `notification_events` by day of
+`occurred_at`, core.partitions) goes first, by age: every day partition whose whole range is older
+than the cutoff is DROPped (one short transaction each, with a `retention.drop_partition` audit
+event); in the partition the cutoff falls in, and in the default partition, the rows older than the
+cutoff are deleted in short batches (a range of pages each, TID range scans, so a batch never
+re-reads what an earlier one looked at). A DROP needs an ACCESS EXCLUSIVE lock on the parent table
+for a few milliseconds: it waits at most `DROP_LOCK_TIMEOUT` for it (so a dispatcher queued behind
+it waits no longer than that) and tries again after a pause, up to `DROP_TRIES` times. Live rows
+(queue, scheduled jobs, dead letters) are in other tables and never touched by this part.
+
 Each batch is one short transaction. On PostgreSQL a notification batch is ONE statement of
 writable CTEs whose selection takes `FOR UPDATE SKIP LOCKED`, so prune waits for no one and a
 dispatcher never waits for prune; batches walk `notif_created_idx` oldest first (keyset on
@@ -33,11 +43,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from core import partitions
 from core.models import AuditEvent
 from dlq.models import DeadLetter
 from notifications.models import FINISHED, DeliveryAttempt, IdempotencyRecord, Notification
@@ -49,6 +60,12 @@ MAX_BATCH = 100_000
 LOCK_TIMEOUT = "2s"  # a batch that would wait longer for a lock fails instead of queueing behind it
 PRUNE_ACTION = "retention.prune"  # the audit event each notification batch writes
 PRUNE_ACTOR = "system:prune"
+DROP_ACTION = "retention.drop_partition"  # the audit event of each dropped partition
+# The history tables partitioned by day (core.partitions) and their partition keys.
+HISTORY = (("delivery_attempts", "finished_at"), ("notification_events", "occurred_at"))
+DROP_LOCK_TIMEOUT = 0.2  # seconds a DROP waits for its lock before it steps back and tries again
+DROP_TRIES = 50
+ROWS_PER_PAGE = 50  # a trim batch covers batch_size / ROWS_PER_PAGE pages (history rows are ~ 150 bytes)
 
 AttemptCounts = dict[tuple[str, int | None], int]
 
@@ -66,7 +83,11 @@ WITH victims AS (
     -- = ANY(array): index probes per victim, never a hash join over a whole table
     SELECT ARRAY(SELECT id FROM victims) AS ids
 ), attempts AS (
+    -- finished_at bound: a victim's attempts finished before it was last changed (< cutoff), give or take
+    -- a lease and the workers' clocks; on the partitioned table only the partitions up to the cutoff's
+    -- next day are probed, not every newer one
     DELETE FROM delivery_attempts WHERE notification_id = ANY((SELECT ids FROM ids)::uuid[])
+      AND finished_at < %(cutoff)s::timestamptz + interval '1 day'
     RETURNING outcome, provider_id
 ), dead AS (
     DELETE FROM dead_letter_queue WHERE notification_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1
@@ -93,8 +114,20 @@ class Batch:
     last_created_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class HistoryPlan:
+    """What the history pass does now: partitions to drop (table, partition, estimated rows) and
+    partitions that hold rows older than the cutoff beside newer ones (table, key column, partition)."""
+
+    drop: list[tuple[str, partitions.Partition, int]]
+    trim: list[tuple[str, str, partitions.Partition]]
+
+
 @dataclass
 class Totals:
+    partitions_dropped: int = 0
+    partition_rows: int = 0  # estimated (pg_class.reltuples) rows of the dropped partitions
+    history_rows: int = 0  # rows older than the cutoff deleted beside newer ones
     notifications: int = 0
     attempts: int = 0
     dead_letters: int = 0
@@ -161,6 +194,81 @@ class Pruner:
                     "SELECT set_config('application_name', %s, false), set_config('lock_timeout', %s, false)",
                     [f"omnipost-prune-{os.getpid()}", LOCK_TIMEOUT],
                 )
+
+    # --- history partitions ---------------------------------------------------------------------------
+    def history_plan(self) -> HistoryPlan:
+        if not self.is_pg:
+            return HistoryPlan([], [])
+        partitioned = partitions.partitioned_tables(using=self.using)
+        drop, trim = [], []
+        for table, column in HISTORY:
+            if partitioned.get(table) != column:
+                continue
+            parts = partitions.partitions(table, using=self.using)
+            estimates = self._estimates([p.name for p in parts])
+            for part in parts:
+                if part.is_default or part.lower < self.cutoff < part.upper:
+                    trim.append((table, column, part))
+                elif part.upper <= self.cutoff:
+                    drop.append((table, part, estimates.get(part.name, 0)))
+        return HistoryPlan(drop, trim)
+
+    def _estimates(self, names: list[str]) -> dict[str, int]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT relname, greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = ANY(%s)",
+                           [names])  # fmt: skip
+            return dict(cursor.fetchall())
+
+    def trim_count(self, plan: HistoryPlan) -> int:
+        """Rows older than the cutoff in the partitions the cutoff shares (for the dry run)."""
+        total = 0
+        with connections[self.using].cursor() as cursor:
+            for _, column, part in plan.trim:
+                name, key = partitions.quote(part.name), partitions.quote(column)
+                cursor.execute(f"SELECT count(*) FROM ONLY {name} WHERE {key} < %s", [self.cutoff])  # noqa: S608
+                total += cursor.fetchone()[0]
+        return total
+
+    def drop_partition(self, table: str, part: partitions.Partition, rows: int, *, stop: threading.Event) -> bool:
+        """DROP one partition wholly older than the cutoff; False when it was gone already. Waits at
+        most DROP_LOCK_TIMEOUT for the parent's lock at a time, so whoever queues behind it (a
+        dispatcher's record statement) waits no longer than that plus the drop itself."""
+        for attempt in range(1, DROP_TRIES + 1):
+            try:
+                with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true), to_regclass(%s) IS NOT NULL",
+                                   [f"{int(DROP_LOCK_TIMEOUT * 1000)}ms", part.name])  # fmt: skip
+                    if not cursor.fetchone()[1]:
+                        return False
+                    AuditEvent.record(
+                        actor=PRUNE_ACTOR, action=DROP_ACTION, target_type=table,
+                        details={"older_than_days": self.days, "partition": part.name, "rows_estimated": rows,
+                                 "from": part.lower.isoformat(), "to": part.upper.isoformat()},
+                    )  # fmt: skip
+                    cursor.execute(f"DROP TABLE {partitions.quote(part.name)}")
+                return True
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != "55P03" or attempt == DROP_TRIES:  # lock_not_available
+                    raise
+                if stop.wait(min(2.0, 0.05 * attempt)):
+                    return False
+        return False
+
+    def trim_batches(self, column: str, part: partitions.Partition) -> Iterator[int]:
+        """Delete the rows older than the cutoff from one partition, a range of pages per transaction;
+        yields the rows each batch removed."""
+        step = max(1, self.batch_size // ROWS_PER_PAGE)
+        name, key = partitions.quote(part.name), partitions.quote(column)  # identifiers from the catalog
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT pg_relation_size(%s) / current_setting('block_size')::bigint", [part.name])
+            pages = cursor.fetchone()[0]
+        for start in range(0, pages, step):
+            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM ONLY {name} WHERE ctid >= %s::tid AND ctid < %s::tid AND {key} < %s",  # noqa: S608
+                    [f"({start},0)", f"({start + step},0)", self.cutoff],
+                )
+                yield cursor.rowcount
 
     # --- one batch each -------------------------------------------------------------------------------
     def notification_batch(self, after: datetime | None) -> Batch:
@@ -257,26 +365,60 @@ class DryRun:
     attempts: int
     jobs: int
     idempotency: int
+    partitions: list[tuple[str, int]] = field(default_factory=list)  # (partition, estimated rows) to drop
+    history_rows: int = 0  # rows older than the cutoff that share a partition with newer ones
 
 
 def dry_run(pruner: Pruner) -> DryRun:
     """Count what would go, deleting nothing."""
     pruner.name_connection()
+    plan = pruner.history_plan()
     counts = pruner.counts(attempts=True)
-    return DryRun(pruner.days, counts["notifications"], counts["attempts"], counts["jobs"], counts["idempotency"])
+    return DryRun(
+        pruner.days, counts["notifications"], counts["attempts"], counts["jobs"], counts["idempotency"],
+        partitions=[(part.name, rows) for _, part, rows in plan.drop], history_rows=pruner.trim_count(plan),
+    )  # fmt: skip
+
+
+def prune_history(pruner: Pruner, totals: Totals, *, stop: threading.Event, progress: ProgressFactory) -> None:
+    """Drop the history partitions wholly past the cutoff, then trim the ones it falls in."""
+    plan = pruner.history_plan()
+    if not plan.drop and not plan.trim:
+        return
+    with progress(len(plan.drop) + len(plan.trim), "history partitions") as bar:
+        for table, part, rows in plan.drop:
+            if stop.is_set():
+                return
+            t0 = time.perf_counter()
+            if pruner.drop_partition(table, part, rows, stop=stop):
+                totals.partitions_dropped += 1
+                totals.partition_rows += rows
+            totals.timed(t0, 1)
+            bar.update(1)
+        for _, column, part in plan.trim:
+            t0 = time.perf_counter()
+            for removed in pruner.trim_batches(column, part):
+                totals.timed(t0, removed)
+                totals.history_rows += removed
+                if stop.is_set():
+                    return
+                t0 = time.perf_counter()
+            bar.update(1)
 
 
 def prune(
     pruner: Pruner, *, stop: threading.Event | None = None, progress: ProgressFactory = no_progress
 ) -> Totals:
-    """Remove everything past retention, batch by batch (oldest notifications first, then done jobs,
-    then expired idempotency records), each batch its own short transaction. `stop` (set by a
-    signal) ends the run after the current batch; what was committed stays committed. A lost
-    session raises `OperationalError` with the earlier batches committed: running again finishes."""
+    """Remove everything past retention, batch by batch (history partitions first, then the oldest
+    notifications, then done jobs, then expired idempotency records), each batch its own short
+    transaction. `stop` (set by a signal) ends the run after the current batch; what was committed
+    stays committed. A lost session raises `OperationalError` with the earlier batches committed:
+    running again finishes."""
     stop = stop or threading.Event()
     pruner.name_connection()
-    counts = pruner.counts()
     totals = Totals()
+    prune_history(pruner, totals, stop=stop, progress=progress)
+    counts = pruner.counts()
     with progress(counts["notifications"], "notifications") as bar:
         after: datetime | None = None
         while not stop.is_set():

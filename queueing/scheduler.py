@@ -34,6 +34,7 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.utils.dateparse import parse_datetime
 
+from core import partitions
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from queueing import heartbeat
 from queueing.janitor import Janitor, vacuum_on_default
@@ -271,6 +272,7 @@ class Scheduler:
         self._window_max_lag = 0.0
         self._next_beat = 0.0
         self.janitor = Janitor()  # VACUUM of the churning tables, between batches (_maintain)
+        self.keep_ahead = partitions.KeepAhead()  # tomorrow's history partitions, before their rows (_maintain)
         self._previous_handlers: dict[int, Any] = {}
         self._previous_name: tuple[str | None] | None = None  # set while run() renames the connection
 
@@ -379,10 +381,12 @@ class Scheduler:
         return False
 
     def _maintain(self) -> None:
-        """The queue janitor, on the scheduler's own connection between batches (it looks at the
-        dead-row counts at most every `Janitor.every` seconds). A lost session goes to the loop."""
+        """The queue janitor and the history partitions ahead (core.partitions), on the scheduler's own
+        connection between batches (the janitor looks at the dead-row counts at most every
+        `Janitor.every` seconds, the partitions at most hourly). A lost session goes to the loop."""
         try:
             vacuum_on_default(self.janitor, self.using)
+            self.keep_ahead(self.using)
         except Exception as exc:
             if is_connection_lost(exc):
                 raise

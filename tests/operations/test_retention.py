@@ -48,9 +48,9 @@ def build(tenant: Tenant) -> dict[str, set]:
 
     def note(status: str, *, age=old, changed=None, attempts: int = 1) -> Notification:
         n = factories.notifications(tenant, hook, 1, status=status, recipient=EMAIL)[0]
-        now = timezone.now()
+        tried = changed or age  # attempts finish before the notification last changed
         made = DeliveryAttempt.objects.bulk_create(
-            DeliveryAttempt(tenant=tenant, notification=n, number=i, provider=hook, started_at=now, finished_at=now,
+            DeliveryAttempt(tenant=tenant, notification=n, number=i, provider=hook, started_at=tried, finished_at=tried,
                             outcome="delivered" if status == "delivered" and i == attempts else "transient_error")
             for i in range(1, attempts + 1)
         )  # fmt: skip
@@ -99,6 +99,8 @@ def build(tenant: Tenant) -> dict[str, set]:
     return {
         "gone": {n.pk for n in gone},
         "kept": {n.pk for n in kept.values()},
+        # on PostgreSQL history goes by age: only these kept notifications' attempts are younger than 30 days
+        "kept_recent_attempts": {kept["recent"].pk, kept["finished_yesterday"].pk},
         "gone_jobs": {done_job.pk},
         "kept_jobs": {pending_job.pk},
         "gone_idempotency": {expired.pk},
@@ -106,11 +108,14 @@ def build(tenant: Tenant) -> dict[str, set]:
     }
 
 
-def check(ids: dict[str, set]) -> None:
+def check(ids: dict[str, set], *, history_by_age: bool = False) -> None:
+    """`history_by_age`: the partitioned history of PostgreSQL, where attempts past the cutoff go
+    whatever their notification (core.partitions); elsewhere they go with their notification."""
     remaining = set(Notification.objects.values_list("pk", flat=True))
     assert remaining == ids["kept"]
     assert not DeliveryAttempt.objects.filter(notification_id__in=ids["gone"]).exists()
-    assert DeliveryAttempt.objects.filter(notification_id__in=ids["kept"]).count() == len(ids["kept"])
+    with_attempts = set(DeliveryAttempt.objects.values_list("notification_id", flat=True))
+    assert with_attempts == (ids["kept_recent_attempts"] if history_by_age else ids["kept"])
     assert list(DeadLetter.objects.values_list("status", flat=True)) == ["open"]
     assert set(ScheduledJob.objects.values_list("pk", flat=True)) == ids["kept_jobs"]
     assert set(IdempotencyRecord.objects.values_list("pk", flat=True)) == ids["kept_idempotency"]
@@ -137,9 +142,16 @@ def test_prune_deletes_only_finished_rows_past_retention(tenant_a, path, monkeyp
 
     out, err = prune("--older-than", "30", "--batch-size", "2")
 
-    check(ids)
-    assert "pruned 6 notification(s) with 9 attempt(s), 2 closed dead letter(s) and 3 scheduled job(s)" in out
+    by_age = path == "postgresql"
+    check(ids, history_by_age=by_age)
+    # PostgreSQL: the 15 attempts older than 30 days sit in the default partition (the test database
+    # has day partitions from today on), so the history pass deletes them in batches, before the
+    # notifications go; elsewhere the 9 of the pruned notifications go with them.
+    attempts = 0 if by_age else 9
+    assert f"pruned 6 notification(s) with {attempts} attempt(s), 2 closed dead letter(s) and 3 scheduled job(s)" in out
     assert "1 expired idempotency record(s)" in out
+    history = 15 if by_age else 0
+    assert f"dropped 0 history partition(s) (~0 row(s)) and deleted {history} older history row(s)" in out
     assert "notifications: 100%" in err and "6/6" in err, err  # the progress bar, on stderr
     # Each batch is in the audit log; the counters are not derived from attempts, so they did not go down.
     events = AuditEvent.objects.filter(action=PRUNE_ACTION, tenant__isnull=True)
@@ -151,7 +163,7 @@ def test_prune_deletes_only_finished_rows_past_retention(tenant_a, path, monkeyp
 
     out, _ = prune("--older-than", "30")  # idempotent
     assert out.startswith("pruned 0 notification(s)")
-    check(ids)
+    check(ids, history_by_age=by_age)
 
 
 @pytest.mark.django_db
@@ -160,7 +172,9 @@ def test_dry_run_counts_and_deletes_nothing(tenant_a):
     out, _ = prune("--older-than", "30", "--dry-run")
     assert out.strip() == (
         "dry run: would delete 6 finished notification(s) older than 30 day(s) with 9 attempt(s), "
-        "1 other done scheduled job(s) and 1 expired idempotency record(s)"
+        "1 other done scheduled job(s) and 1 expired idempotency record(s)\n"
+        "dry run: would drop 0 history partition(s)\n"
+        "dry run: would delete 15 older history row(s) beside newer ones"
     )
     assert Notification.objects.count() == 14
     out, _ = prune("--older-than", "50", "--dry-run")
@@ -234,12 +248,16 @@ def test_the_service_counts_then_prunes_what_it_counted(tenant_a):
         yield Bar()
 
     totals = retention.prune(Pruner(older_than_days=30, batch_size=2), progress=progress)
-    check(ids)
+    check(ids, history_by_age=True)
     assert (totals.notifications, totals.attempts, totals.dead_letters, totals.jobs, totals.idempotency) == (
-        6, 9, 2, 3, 1,
+        6, 0, 2, 3, 1,
     )  # fmt: skip
+    assert (totals.partitions_dropped, totals.history_rows) == (0, 15)
     assert not totals.interrupted
-    assert seen[0] == ("notifications", 6) and seen[1:4] == [("notifications", 2)] * 3
+    # the history partitions first: the two tables' default partitions (both trimmed), today's of each
+    # holds nothing older than the cutoff
+    assert seen[0] == ("history partitions", 2) and seen[1:3] == [("history partitions", 1)] * 2
+    assert seen[3] == ("notifications", 6) and seen[4:7] == [("notifications", 2)] * 3
 
 
 @pytest.mark.django_db
@@ -388,15 +406,17 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
     assert monitor.dispatcher_lock_waits == 0, "the dispatcher never waited for a lock"
 
     summary = out.read_text()
-    match = re.search(r"pruned ([\d,]+) notification\(s\) with ([\d,]+) attempt.*?(\d+) batch\(es\).*longest batch "
-                      r"([\d.]+)s", summary)
+    match = re.search(r"pruned ([\d,]+) notification\(s\) with ([\d,]+) attempt.*deleted ([\d,]+) older history "
+                      r"row.*?(\d+) batch\(es\).*longest batch ([\d.]+)s", summary)
     assert match, summary
-    assert int(match[1].replace(",", "")) == MILLION and int(match[2].replace(",", "")) == MILLION
-    assert int(match[3]) == MILLION // 5000
+    # The attempts (40 days old) sit in the default partition here (the test database has day partitions
+    # from today on): the history pass deletes them by age in page batches before the notifications go.
+    assert int(match[1].replace(",", "")) == MILLION and int(match[3].replace(",", "")) == MILLION
+    assert int(match[2]) == 0 and int(match[4]) > MILLION // 5000
     # Short against the whole prune (one transaction for everything would be as long as the prune),
     # and relative to it, so that a machine slowed down by other work slows both alike.
     short = max(2.0, prune_took / 5)
-    assert float(match[4]) < short, f"longest batch {match[4]}s of a {prune_took:.1f}s prune"
+    assert float(match[5]) < short, f"longest batch {match[5]}s of a {prune_took:.1f}s prune"
     assert monitor.prune_xact < short, f"a prune transaction lasted {monitor.prune_xact:.2f}s of {prune_took:.1f}s"
     assert monitor.samples > 100
     assert Notification.objects.filter(status="dead_lettered").count() == 50, "open dead letters stay"
@@ -404,7 +424,7 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
     assert DeliveryAttempt.objects.count() == LIVE
     assert "notifications: 100%" in err.read_text()
     print(json.dumps({  # shown with -s: how long each part took
-        "inserted_s": round(inserted_in, 1), "drained_s": round(drained_in, 1), "longest_batch_s": float(match[4]),
+        "inserted_s": round(inserted_in, 1), "drained_s": round(drained_in, 1), "longest_batch_s": float(match[5]),
         "longest_prune_xact_s": round(monitor.prune_xact, 3), "prune_s": round(prune_took, 1),
         "samples": monitor.samples,
     }))  # fmt: skip

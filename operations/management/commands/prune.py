@@ -39,8 +39,10 @@ def _batch_size(value: str) -> int:
 
 class Command(BaseCommand):
     help = (
-        "Delete finished notifications (with their attempts, closed dead letters and scheduled jobs), done "
-        "scheduled jobs and expired idempotency records past retention, in short batches. Live notifications, "
+        "Drop the history partitions (delivery attempts, receipt events) wholly past retention and delete their "
+        "older rows beside newer ones; delete finished notifications (with their attempts, closed dead letters "
+        "and scheduled jobs), done scheduled jobs and expired idempotency records past retention, in short "
+        "batches. Live notifications, "
         "open dead letters and the audit log are never touched. Ctrl-C stops after the current batch."
     )
 
@@ -64,6 +66,12 @@ class Command(BaseCommand):
                 f"{would.days:g} day(s) with {would.attempts:,} attempt(s), {would.jobs:,} other done "
                 f"scheduled job(s) and {would.idempotency:,} expired idempotency record(s)"
             )
+            if would.partitions or would.history_rows:
+                self.stdout.write(
+                    f"dry run: would drop {len(would.partitions)} history partition(s)"
+                    + "".join(f"\n  {name} (~{rows:,} row(s))" for name, rows in would.partitions)
+                    + f"\ndry run: would delete {would.history_rows:,} older history row(s) beside newer ones"
+                )
             return
         stop = threading.Event()
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -88,7 +96,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"pruned {totals.notifications:,} notification(s) with {totals.attempts:,} attempt(s), "
             f"{totals.dead_letters:,} closed dead letter(s) and {totals.jobs:,} scheduled job(s); "
-            f"{totals.idempotency:,} expired idempotency record(s); {totals.batches} batch(es) in "
+            f"{totals.idempotency:,} expired idempotency record(s); dropped {totals.partitions_dropped} history "
+            f"partition(s) (~{totals.partition_rows:,} row(s)) and deleted {totals.history_rows:,} older history "
+            f"row(s) beside newer ones; {totals.batches} batch(es) in "
             f"{time.perf_counter() - started:.1f}s, longest batch {totals.longest_batch:.3f}s"
         )
         if totals.interrupted:
