@@ -52,7 +52,10 @@ def _sql() -> str:
         LEFT JOIN scheduled_jobs j ON j.notification_id = n.id
         LEFT JOIN LATERAL (SELECT {attempts}
                            FROM delivery_attempts a LEFT JOIN providers ap ON ap.id = a.provider_id
-                           WHERE a.notification_id = n.id AND a.tenant_id = n.tenant_id) att ON true
+                           WHERE a.notification_id = n.id AND a.tenant_id = n.tenant_id
+                             -- no try finishes before its notification exists: the day partitions
+                             -- older than that (core.partitions) are pruned at run time, not probed
+                             AND a.finished_at >= n.created_at - interval '1 day') att ON true
         WHERE n.id = %s AND n.tenant_id = %s"""  # noqa: S608 - column names from the model, values are parameters
 
 

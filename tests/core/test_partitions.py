@@ -157,3 +157,30 @@ def test_the_schedulers_upkeep_makes_a_missing_partition_at_most_once_an_hour():
     now[0] += 1
     assert keep() == [last]
     assert last in children("delivery_attempts")
+
+
+def _scans(node: dict) -> list[tuple[str, int]]:
+    """(relation, actual loops) of every scan under an EXPLAIN (ANALYZE, FORMAT JSON) plan node."""
+    found = [(node["Relation Name"], node.get("Actual Loops", 0))] if "Relation Name" in node else []
+    for child in node.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+def test_the_detail_read_prunes_the_days_before_its_notification(tenant_a):
+    """GET notifications/{id} reads its attempts without probing the partitions of days before the
+    notification was created (run-time pruning on `finished_at >= created_at - 1 day`)."""
+    from notifications import reads
+
+    partitions.ensure("delivery_attempts", start=today() - timedelta(days=20))
+    [n] = factories.notifications(tenant_a, factories.provider(tenant_a, "hook"), 1)
+    now = datetime.now(UTC)
+    DeliveryAttempt.objects.create(tenant=tenant_a, notification=n, number=1, started_at=now, finished_at=now,
+                                   outcome="success")  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) " + reads._sql(), [n.pk, tenant_a.pk])
+        [root] = cursor.fetchone()[0]
+    loops = {name: count for name, count in _scans(root["Plan"]) if name.startswith("delivery_attempts")}
+    old = {partitions.day_name("delivery_attempts", today() - timedelta(days=d)) for d in range(2, 21)}
+    assert partitions.day_name("delivery_attempts", today()) in loops  # the plan does reach the partitions
+    assert not {name for name in old if loops.get(name, 0) > 0}, loops
