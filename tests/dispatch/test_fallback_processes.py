@@ -96,7 +96,8 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
             notes = {name: Notification.objects.get(pk=original) for name, (original, _) in sent.items()}
             assert {name: n.status for name, n in notes.items()} == {
                 "refused": "failed", "confirmed": "delivered", "silent": "delivered", "reported": "delivered"}
-            jobs = {job.notification_id: job for job in ScheduledJob.objects.filter(notification_id__in=fallbacks.values())}
+            found = ScheduledJob.objects.filter(notification_id__in=fallbacks.values())
+            jobs = {job.notification_id: job for job in found}
             job_of = {name: jobs[uuid.UUID(fb)] for name, fb in fallbacks.items()}
             assert {name: job.status for name, job in job_of.items()} == dict.fromkeys(sent, "pending")
             # after_seconds counts from the provider's acceptance (the same statement's clock)

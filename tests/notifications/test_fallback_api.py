@@ -44,7 +44,8 @@ def test_a_create_stores_the_fallback_beside_the_notification(api_a, setup_a, su
     assert (linked.channel, linked.recipient, linked.provider_id, linked.status) == ("sms", PHONE, setup_a.text.pk,
                                                                                      "scheduled")
     assert linked.fallback_of == original.pk and linked.fallback is None and linked.fallback_notification_id is None
-    assert (linked.subject, linked.body, linked.priority, linked.metadata) == ("Your code", "Code 4711", 7, {"order": 9})
+    assert (linked.subject, linked.body, linked.priority) == ("Your code", "Code 4711", 7)
+    assert linked.metadata == {"order": 9}
     assert (linked.subscriber, linked.recipient_masked, linked.scheduled_for) == ("user-1", "+1******4567", None)
     # nothing is due until the original's fate says when: no job, no queue item
     assert not ScheduledJob.objects.filter(notification_id=linked.pk).exists()
