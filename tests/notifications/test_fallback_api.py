@@ -55,6 +55,8 @@ def test_a_create_stores_the_fallback_beside_the_notification(api_a, setup_a, su
     listed = {n["id"]: n for n in api_a.get(URL).json()["results"]}
     assert set(listed) == {str(original.pk), str(linked.pk)}
     assert listed[str(linked.pk)]["fallback_of"] == str(original.pk)
+    assert listed[str(original.pk)]["fallback"] == SMS_AFTER_5_MIN
+    assert listed[str(original.pk)]["fallback_notification_id"] == str(linked.pk)
 
 
 def test_the_detail_shows_both_ends_of_the_link(api_a, setup_a, subscriber_a):
