@@ -2,7 +2,8 @@
 loopback receivers and SMS to the Twilio stand-in, a scheduler process promotes the fallbacks' jobs,
 receipts arrive at the provider's events URL signed per Standard Webhooks.
 
-- a push that fails permanently (400) → its SMS fallback goes at once, to the subscriber's phone;
+- a push that fails permanently (400), or transiently with no attempt left (dead-lettered) → its SMS
+  fallback goes at once, to the subscriber's phone;
 - a push accepted, then a `delivered` receipt before `after_seconds` → no SMS (the fallback cancelled),
   while a push accepted with no receipt gets its SMS after `after_seconds` (so the scheduler did pass
   the cancelled one's time);
@@ -50,6 +51,7 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
         HttpReceiver(status=201, body=b'{"sid": "SM01", "status": "queued"}', max_seconds=150) as twilio,
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=150) as ok_hooks,
         HttpReceiver(status=400, secret=TEST_SIGNING_SECRET, max_seconds=150) as bad_hooks,
+        HttpReceiver(status=503, secret=TEST_SIGNING_SECRET, max_seconds=150) as down_hooks,
     ):
         factories.provider(tenant_a, "text", kind="twilio", channel="sms", is_default=True,
                            config={"account_sid": SID, "from_number": "+15005550006",
@@ -58,7 +60,9 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
         ok = factories.provider(tenant_a, "push-ok", kind="webhook", channel="push", is_default=True,
                                 config={"url": ok_hooks.url}, secrets={"signing_secret": TEST_SIGNING_SECRET})
         factories.provider(tenant_a, "push-bad", kind="webhook", channel="push",
-                           config={"url": bad_hooks.url}, secrets={"signing_secret": TEST_SIGNING_SECRET})  # fmt: skip
+                           config={"url": bad_hooks.url}, secrets={"signing_secret": TEST_SIGNING_SECRET})
+        factories.provider(tenant_a, "push-down", kind="webhook", channel="push", max_attempts=1,
+                           config={"url": down_hooks.url}, secrets={"signing_secret": TEST_SIGNING_SECRET})  # fmt: skip
         subscriber = {"phone": PHONE, "push_tokens": [TOKEN]}
         assert api_a.put("/api/v1/subscribers/user-7", subscriber, format="json").status_code == 201
 
@@ -71,6 +75,7 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
 
         sent = {
             "refused": send("refused", "push-bad", 300),  # permanent failure: SMS at once
+            "exhausted": send("exhausted", "push-down", 300),  # 503 with one attempt allowed: dead-lettered
             "confirmed": send("confirmed", "push-ok", 1),  # a delivered receipt before 1 s is up: no SMS
             "silent": send("silent", "push-ok", 1),  # no receipt: SMS after 1 s
             "reported": send("reported", "push-ok", 3600),  # a `failed` receipt: SMS at once
@@ -88,14 +93,17 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
             assert wait_started(log_dir, 1)
             originals = [original for original, _ in sent.values()]
             assert wait_until(
-                lambda: Notification.objects.filter(pk__in=originals, status__in=["delivered", "failed"]).count() == 4,
+                lambda: Notification.objects.filter(
+                    pk__in=originals, status__in=["delivered", "failed", "dead_lettered"]
+                ).count() == 5,
                 60,
             )
             # the scheduler is not running yet: whatever the test's own pace, nothing is promoted before
             # the receipts below are in (they are "before after_seconds" in that sense)
             notes = {name: Notification.objects.get(pk=original) for name, (original, _) in sent.items()}
             assert {name: n.status for name, n in notes.items()} == {
-                "refused": "failed", "confirmed": "delivered", "silent": "delivered", "reported": "delivered"}
+                "refused": "failed", "exhausted": "dead_lettered", "confirmed": "delivered", "silent": "delivered",
+                "reported": "delivered"}
             found = ScheduledJob.objects.filter(notification_id__in=fallbacks.values())
             jobs = {job.notification_id: job for job in found}
             job_of = {name: jobs[uuid.UUID(fb)] for name, fb in fallbacks.items()}
@@ -104,6 +112,7 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
             for name, after in (("confirmed", 1), ("silent", 1), ("reported", 3600)):
                 assert job_of[name].run_at == notes[name].delivered_at + timedelta(seconds=after), name
             assert job_of["refused"].run_at == notes["refused"].updated_at  # failed: due at once
+            assert job_of["exhausted"].run_at == notes["exhausted"].updated_at  # dead-lettered: likewise
             silent_fallback = Notification.objects.get(pk=fallbacks["silent"])
             assert silent_fallback.scheduled_for == job_of["silent"].run_at  # shown as its due time
 
@@ -117,11 +126,11 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
 
             scheduler = start_scheduler(subprocess_env, tmp_path / "scheduler.log", "--interval", "0.5")
             wait_for_text(tmp_path / "scheduler.log", "scheduler ready", scheduler)
-            due = [fallbacks["refused"], fallbacks["silent"], fallbacks["reported"]]
+            due = [fallbacks[name] for name in ("refused", "exhausted", "silent", "reported")]
             assert wait_until(
-                lambda: Notification.objects.filter(pk__in=due, status="delivered").count() == 3, 60
+                lambda: Notification.objects.filter(pk__in=due, status="delivered").count() == 4, 60
             ), list(Notification.objects.filter(pk__in=due).values_list("status", flat=True))
-            assert twilio.wait_for(3)
+            assert twilio.wait_for(4)
         finally:
             for proc in [*dispatcher, *([scheduler] if scheduler else [])]:
                 proc.terminate()
@@ -131,13 +140,16 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
         forms = [parse_qs(r.body.decode()) for r in twilio.requests]
         pushes_ok = sorted(r.payload["subject"] for r in ok_hooks.requests)
         pushes_bad = [r.payload["subject"] for r in bad_hooks.requests]
+        pushes_down = [r.payload["subject"] for r in down_hooks.requests]
 
     assert sorted((f["To"], f["Body"]) for f in forms) == [
-        ([PHONE], ["refused body"]), ([PHONE], ["reported body"]), ([PHONE], ["silent body"])]
+        ([PHONE], ["exhausted body"]), ([PHONE], ["refused body"]), ([PHONE], ["reported body"]),
+        ([PHONE], ["silent body"])]  # fmt: skip
     assert pushes_ok == ["confirmed", "reported", "silent"] and pushes_bad == ["refused"]
+    assert pushes_down == ["exhausted"]
     assert Notification.objects.get(pk=fallbacks["confirmed"]).status == "cancelled"
     assert not DeliveryAttempt.objects.filter(notification_id=fallbacks["confirmed"]).exists()
-    for name in ("refused", "silent", "reported"):
+    for name in ("refused", "exhausted", "silent", "reported"):
         linked = Notification.objects.get(pk=fallbacks[name])
         assert (linked.channel, linked.fallback_of, linked.recipient) == ("sms", uuid.UUID(sent[name][0]), PHONE)
         assert list(DeliveryAttempt.objects.filter(notification_id=linked.pk).values_list("outcome", flat=True)) == [
