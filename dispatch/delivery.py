@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 from core import crypto
 from dlq.models import DeadLetter
 from events.emit import emit_outcomes_portable, outcome_events_cte
-from notifications import circuits, counters, suppressions
+from notifications import circuits, counters, fallback, suppressions
 from notifications.models import DeliveryAttempt, Notification, Status
 from queueing import queue
 from queueing.queue import Lease
@@ -396,8 +396,8 @@ _RECORD_SQL = """
         -- due (created, or scheduled_for) → delivered_at, for the latency histogram
         RETURNING extract(epoch FROM now() - greatest(n.created_at, n.scheduled_for))::float8 AS seconds,
                   k.status, n.id AS notification_id, n.tenant_id, n.channel, n.provider_id, n.recipient_masked,
-                  n.attempt_count, k.code AS error_code
-    ), {events}, attempts AS (
+                  n.attempt_count, k.code AS error_code, {fallback_returning}
+    ), {events}, {fallback}, attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
         SELECT ours.tenant_id, ours.notification_id, a.number, coalesce(a.provider_id, ours.provider_id), a.started_at,
@@ -436,7 +436,7 @@ _RECORD_SQL = """
             AS d(item_id, failure_class, reason, code, status_code, attempt_count, provider_id)
         JOIN ours USING (item_id)
     ), {circuit}
-    SELECT item_id, (SELECT count(*) FROM ev_fanout)::int FROM ours
+    SELECT item_id, (SELECT count(*) FROM ev_fanout)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
 """.format(
     # the queue row gives back the ids the rest of the statement needs: the batch carries only
     # what the queue row does not know
@@ -445,6 +445,10 @@ _RECORD_SQL = """
     ),
     # notification.delivered / failed / dead_lettered events for tenants subscribed to them (events.emit)
     events=outcome_events_cte("changed"),
+    # channel fallback (notifications.fallback): accepted → the fallback is due after_seconds later,
+    # failed / dead-lettered → now, suppressed → cancelled
+    fallback_returning=fallback.RETURNING,
+    fallback=fallback.record_ctes("changed"),
     # the providers' breakers (notifications.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
     circuit=circuits.record_ctes("attempts"),
@@ -527,6 +531,7 @@ def _record_portable(outcomes: Sequence[Outcome], using: str) -> tuple[set[int],
         _count_portable(kept, using)
         events = [(o.lease.tenant_id, o.lease.notification_id, o.kind) for o in kept if o.kind in _EVENT_KINDS]
         emit_outcomes_portable(events)
+        fallback.after_outcomes_portable([(o.lease.notification_id, o.kind) for o in changes], using=using)
     return ours, len(events)  # at most that many deliveries: enough to nudge the lane
 
 

@@ -240,7 +240,7 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
     fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "status_now", "priority",
               "queue", "scheduled_for", "enqueued_at", "delivered_at", "receipt", "bounce_type", "attempt_count",
               "attempt_offset", "last_error_code", "subject", "body", "context", "metadata", "enrollment",
-              "created_at", "updated_at"]  # fmt: skip
+              "fallback", "fallback_notification_id", "fallback_of", "created_at", "updated_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [AttemptInline]
 

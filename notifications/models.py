@@ -234,6 +234,13 @@ class Notification(TenantOwned):
     # Written by receipts.services.apply_receipts only, by its precedence rule (receipts.precedence).
     receipt = models.CharField(max_length=12, choices=ReceiptStatus.choices, null=True, blank=True)
     bounce_type = models.CharField(max_length=4, choices=BounceType.choices, null=True, blank=True)
+    # Channel fallback (CONTRACT §15, §17; notifications.fallback): `fallback` is the chain asked for
+    # (`[{"channel", "after_seconds"}]`, at most one step); the linked notification on the next channel is
+    # created with this one, `scheduled` without a job until its time is known, and the two point at each
+    # other. Written once at creation (never by the record statement), so no index and the rows stay HOT.
+    fallback = models.JSONField(null=True, blank=True)
+    fallback_notification_id = models.UUIDField(null=True, blank=True)
+    fallback_of = models.UUIDField(null=True, blank=True)
 
     objects = NotificationQuerySet.as_manager()
 

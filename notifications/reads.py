@@ -99,7 +99,7 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
     names = _columns()
     values = list(row[: len(names)])
     for index, name in enumerate(names):
-        if name in ("context", "metadata") and isinstance(values[index], str):
+        if name in ("context", "metadata", "fallback") and isinstance(values[index], str):
             values[index] = json.loads(values[index])
     n = Notification.from_db(Notification.objects.db, names, values)
     provider_name, template_key, job_id, leased, *attempt_columns = row[len(names):]

@@ -38,7 +38,7 @@ from core.fields import EncryptedTextField
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from notifications import quiet_hours, suppressions, templating, tenant_config
+from notifications import fallback, quiet_hours, suppressions, templating, tenant_config
 from notifications.models import (
     CANCELLABLE,
     GENERAL,
@@ -97,6 +97,10 @@ class NotificationSpec:
     # The tenant's config_version the provider and template were read at (build_specs from the
     # cache): the create stores only while it is still current, else raises StaleConfig.
     config_version: int | None = None
+    # Channel fallback (notifications.fallback): the linked notification on the next channel, stored
+    # `scheduled` (without a job) beside this one; `fallback_steps` is the chain as the client gave it.
+    fallback: NotificationSpec | None = None
+    fallback_steps: list[dict[str, Any]] | None = None
 
 
 class StaleConfig(Exception):
@@ -164,6 +168,7 @@ class _Resolved:
     address: str | None = None
     preferences: dict[str, Any] = field(default_factory=dict)
     timezone: str = ""  # IANA name; "" is UTC (quiet hours)
+    fallback_address: str | None = None  # its address for the draft's fallback channel, if it has one
 
     def opted_out(self, category: str, channel: str) -> bool:
         return self.preferences.get(category, {}).get(channel) is False
@@ -205,17 +210,22 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
             preferences = json.loads(preferences)
         item = _Resolved(found=True, preferences=preferences or {}, timezone=zone or "")
         resolved.append(item)
-        token = {"email": email, "sms": phone, "push": push_tokens}.get(draft.channel)
-        if token:
-            tokens.append(token)
-            waiting.append((item, draft.channel))
-    for (item, channel), token, opened in zip(waiting, tokens, crypto.decrypt_many(tokens), strict=True):
+        addresses = {"email": email, "sms": phone, "push": push_tokens}
+        wanted = [(draft.channel, "address")]
+        if draft.fallback is not None:
+            wanted.append((draft.fallback.channel, "fallback_address"))
+        for channel, attribute in wanted:
+            token = addresses.get(channel)
+            if token:
+                tokens.append(token)
+                waiting.append((item, channel, attribute))
+    for (item, channel, attribute), token, opened in zip(waiting, tokens, crypto.decrypt_many(tokens), strict=True):
         text = opened if opened is not None else crypto.decrypt(token, where="Subscriber address")
         if channel == "push":
             first = json.loads(text)
-            item.address = first[0] if first else None
+            setattr(item, attribute, first[0] if first else None)
         else:
-            item.address = text or None
+            setattr(item, attribute, text or None)
     return resolved
 
 
@@ -286,6 +296,7 @@ def _build_specs(
                 problems["template"] = [f"template {template.key!r} is for channel {template.channel!r}"]
             else:
                 subject, body = _render(template, draft.context, problems)
+        step = _fallback_for(draft, subscriber, defaults, critical, problems)
         if problems:
             errors[index] = problems
             continue
@@ -293,18 +304,53 @@ def _build_specs(
         if not critical and not opted_out:  # held until the end of the recipient's quiet hours, if in them
             quiet = quiet_hours.window(category.quiet_hours if category is not None else None, general_quiet)
             scheduled_for = holds.hold_until(quiet, zone, scheduled_for)
-        specs.append(
-            NotificationSpec(
-                channel=draft.channel, recipient=recipient, provider=provider, subject=subject, body=body,
+        spec = NotificationSpec(
+            channel=draft.channel, recipient=recipient, provider=provider, subject=subject, body=body,
+            template=template, context=draft.context, priority=draft.priority, queue=draft.queue,
+            scheduled_for=scheduled_for, metadata=draft.metadata, config_version=version,
+            category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
+            provider_named=bool(draft.provider),
+        )  # fmt: skip
+        if step is not None:
+            # The same subject, body, template and context, on the next channel (nothing to render again).
+            next_channel, address, next_provider, next_opted_out = step
+            spec.fallback_steps = draft.fallback.as_json()
+            spec.fallback = NotificationSpec(
+                channel=next_channel, recipient=address, provider=next_provider, subject=subject, body=body,
                 template=template, context=draft.context, priority=draft.priority, queue=draft.queue,
-                scheduled_for=scheduled_for, metadata=draft.metadata, config_version=version,
-                category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
-                provider_named=bool(draft.provider),
+                metadata=draft.metadata, config_version=version, category=draft.category,
+                subscriber=draft.subscriber, critical=critical, opted_out=next_opted_out, provider_named=False,
             )  # fmt: skip
-        )
+        specs.append(spec)
     if errors:
         raise SpecErrors(errors)
     return specs
+
+
+def _fallback_for(
+    draft: Draft, subscriber: _Resolved | None, defaults: dict[str, Provider], critical: bool,
+    problems: dict[str, list[str]],
+) -> tuple[str, str, Provider, bool] | None:  # fmt: skip
+    """(channel, address, provider, opted out) of the draft's fallback step, or None (none asked for,
+    or a problem noted under `fallback`). Its provider is the next channel's first in failover order."""
+    if draft.fallback is None or subscriber is None or not subscriber.found:
+        return None
+    channel = draft.fallback.channel
+    if subscriber.fallback_address is None:
+        problems.setdefault("fallback", []).append(
+            f"subscriber {draft.subscriber!r} has no address for the fallback channel {channel!r}: add one "
+            "(PUT subscribers/{external_id}) or choose another channel"
+        )
+        return None
+    provider = defaults.get(channel)
+    if provider is None:
+        problems.setdefault("fallback", []).append(
+            f"no default provider for the fallback channel {channel!r}: mark a provider is_default or give it a "
+            "failover_order"
+        )
+        return None
+    opted_out = not critical and subscriber.opted_out(draft.category, channel)
+    return channel, subscriber.fallback_address, provider, opted_out
 
 
 def _provider_for(
@@ -418,7 +464,11 @@ def create_notifications(
     if not specs:
         return []
     now = timezone.now()
-    rows = [_instance(tenant, spec, now) for spec in specs]
+    created = [_instance(tenant, spec, now) for spec in specs]
+    # Each fallback is stored with its notification, in the same statement (notifications.fallback).
+    fallbacks = _fallback_rows(tenant, specs, created, now)
+    rows = created + [linked for _, linked in fallbacks]
+    specs = [*specs, *(spec.fallback for spec in specs if spec.fallback is not None)]
     # The suppression check of every row not already opted out (a keyed HMAC each, no query).
     checked = [i for i, spec in enumerate(specs) if not spec.opted_out]
     lookups = [
@@ -431,9 +481,10 @@ def create_notifications(
     if connections[Notification.objects.db].vendor != "postgresql":
         with transaction.atomic():
             _mark_suppressed(rows, [checked[i] for i in suppressions.suppressed_rows(tenant.pk, lookups)])
+            _follow_originals(fallbacks)
             jobs = _jobs_for(tenant, rows, now)
             if idempotency is not None:
-                idempotency.status, idempotency.body = idempotency.render(rows)
+                idempotency.status, idempotency.body = idempotency.render(created)
             _store_sqlite(tenant, rows, jobs, version=version, idempotency=idempotency, new_queues=new_queues)
     else:
         # Rows are stored with the statuses decided here, and the statement verifies that the
@@ -443,9 +494,10 @@ def create_notifications(
         expected: list[int] = []
         for _ in range(_CHECK_ROUNDS):
             _mark_suppressed(rows, [checked[i] for i in expected])
+            _follow_originals(fallbacks)
             jobs = _jobs_for(tenant, rows, now)
             if idempotency is not None:
-                idempotency.status, idempotency.body = idempotency.render(rows)
+                idempotency.status, idempotency.body = idempotency.render(created)
             found = _store_pg(tenant, rows, jobs, now, version=version, idempotency=idempotency,
                               new_queues=new_queues, check=(lookups, expected))  # fmt: skip
             if found is None:
@@ -453,11 +505,40 @@ def create_notifications(
             expected = found
         else:
             raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
-    logger.info("%s created %d notification(s) (%d scheduled)", actor, len(rows), len(jobs))
-    return rows
+    logger.info("%s created %d notification(s) (%d scheduled, %d fallbacks)", actor, len(created), len(jobs),
+                len(fallbacks))  # fmt: skip
+    return created
 
 
 _CHECK_ROUNDS = 4
+
+
+def _fallback_rows(
+    tenant: Tenant, specs: Sequence[NotificationSpec], created: list[Notification], now: datetime
+) -> list[tuple[Notification, Notification]]:
+    """(notification, its fallback) for each spec with a fallback step, the two linked by id. The
+    fallback is `scheduled` with no job (and no due time) until the dispatcher or a receipt gives it
+    one (notifications.fallback); suppressed if the subscriber opted out of the category on its channel."""
+    pairs = []
+    for spec, row in zip(specs, created, strict=True):
+        if spec.fallback is None:
+            continue
+        linked = _instance(tenant, spec.fallback, now)
+        if linked.status != Status.SUPPRESSED:
+            linked.status, linked.enqueued_at = Status.SCHEDULED, None
+        linked.__dict__["fallback_of"] = row.id
+        row.__dict__.update(fallback=spec.fallback_steps, fallback_notification_id=linked.id)
+        pairs.append((row, linked))
+    return pairs
+
+
+def _follow_originals(pairs: Sequence[tuple[Notification, Notification]]) -> None:
+    """A notification suppressed at creation takes its fallback with it (`cancelled`): the fallback
+    follows what happens to a sent notification, and this one is never sent. Run after each
+    suppression round, which may change the originals' statuses in either direction."""
+    for original, linked in pairs:
+        if linked.status in (Status.SCHEDULED, Status.CANCELLED):
+            linked.status = Status.CANCELLED if original.status == Status.SUPPRESSED else Status.SCHEDULED
 
 
 def _mark_suppressed(rows: list[Notification], positions: Sequence[int]) -> None:
@@ -477,7 +558,7 @@ def _jobs_for(tenant: Tenant, rows: list[Notification], now: datetime) -> list[S
     return [
         ScheduledJob(tenant=tenant, notification=n, run_at=n.scheduled_for, created_at=now)
         for n in rows
-        if n.status == Status.SCHEDULED
+        if n.status == Status.SCHEDULED and n.fallback_of is None  # a fallback's job comes later
     ]
 
 
@@ -681,6 +762,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "created_at": now, "updated_at": now,
         "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,
         "receipt": None, "bounce_type": None,
+        "fallback": None, "fallback_notification_id": None, "fallback_of": None,
     }  # fmt: skip
     # Straight into the instance's __dict__, as Model.__init__ would leave it: its per-field setattr
     # runs the foreign keys' descriptors (a quarter of a 1,000-item batch's Python time).
@@ -793,6 +875,7 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
                 raise NotFound("No notification with this id.")
             raise Conflict(f"A notification that is {current} cannot be cancelled.", code="not_cancellable")
         queue.remove_for([notification_id], tenant_id=tenant.pk)
+        fallback.cancel_with(tenant.pk, [notification_id])
         notification = notifications.select_related("provider", "template").get(pk=notification_id)
         AuditEvent.record(
             actor=actor, action="notification.cancelled", target=notification,
@@ -811,9 +894,10 @@ def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str)
                 raise NotFound("No scheduled job with this id.")
             raise Conflict(f"The job is already {current}; only pending jobs can be cancelled.", code="not_cancellable")
         job = jobs.get(pk=job_id)
-        Notification.objects.for_tenant(tenant).filter(pk=job.notification_id, status__in=CANCELLABLE).update(
+        if Notification.objects.for_tenant(tenant).filter(pk=job.notification_id, status__in=CANCELLABLE).update(
             status=Status.CANCELLED, updated_at=Now()
-        )
+        ):
+            fallback.cancel_with(tenant.pk, [job.notification_id])
         AuditEvent.record(
             actor=actor, action="scheduled_job.cancelled", target=job,
             details={"notification_id": str(job.notification_id)},

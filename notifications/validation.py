@@ -35,7 +35,7 @@ DEFAULT_QUEUE = "default"
 
 NOTIFICATION_FIELDS = (
     "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
-    "priority", "queue", "scheduled_for", "metadata",
+    "priority", "queue", "scheduled_for", "metadata", "fallback",
 )  # fmt: skip
 MAX_EXTERNAL_ID_CHARS = 200
 DEFAULT_CATEGORY = "general"
@@ -68,6 +68,24 @@ class Draft:
     metadata: dict[str, Any] = field(default_factory=dict)
     subscriber: str | None = None  # an external id: the address comes from the subscriber (services)
     category: str = DEFAULT_CATEGORY
+    fallback: Fallback | None = None  # the next channel if this one does not get through (notifications.fallback)
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """One fallback step: a linked notification on `channel`, due `after_seconds` after the provider
+    accepted this one unless a `delivered` receipt comes first (at once on a failure)."""
+
+    channel: str
+    after_seconds: int
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [{"channel": self.channel, "after_seconds": self.after_seconds}]
+
+
+FALLBACK_FIELDS = ("channel", "after_seconds")
+FALLBACK_CHANNELS = ("email", "sms", "push")  # the channels a subscriber has addresses for
+MAX_FALLBACK_SECONDS = int(MAX_SCHEDULE_AHEAD.total_seconds())
 
 
 # --- single values --------------------------------------------------------------------------------
@@ -174,6 +192,32 @@ def check_queue(value: Any) -> str:
     return value
 
 
+def check_fallback(value: Any, channel: str | None) -> Fallback | None:
+    """`[{"channel": "sms", "after_seconds": 300}]`: at most one step (one fallback chain per
+    notification), on another channel a subscriber has an address for. `[]` means none."""
+    if not isinstance(value, list):
+        raise ValueError('must be a list of one step, e.g. [{"channel": "sms", "after_seconds": 300}]')
+    if not value:
+        return None
+    if len(value) > 1:
+        raise ValueError("at most one fallback step: a notification has at most one fallback chain")
+    step = value[0]
+    if not isinstance(step, dict):
+        raise ValueError('each step must be an object {"channel": …, "after_seconds": …}')
+    unknown = sorted(str(k) for k in step if k not in FALLBACK_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)} in the step; allowed: {', '.join(FALLBACK_FIELDS)}")
+    next_channel = step.get("channel")
+    if next_channel not in FALLBACK_CHANNELS:
+        raise ValueError(f"the step's channel must be one of {', '.join(FALLBACK_CHANNELS)} (a subscriber's addresses)")
+    if next_channel == channel:
+        raise ValueError(f"the step's channel must differ from the notification's own ({channel!r})")
+    seconds = step.get("after_seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_FALLBACK_SECONDS:
+        raise ValueError(f"the step's after_seconds must be an integer from 0 to {MAX_FALLBACK_SECONDS}")
+    return Fallback(next_channel, seconds)
+
+
 def unknown_fields(data: dict, allowed: tuple[str, ...] | frozenset[str]) -> dict[str, list[str]]:
     message = f"unknown field; allowed: {', '.join(allowed)}"
     return {key: [message] for key in sorted(map(str, data)) if key not in allowed}
@@ -232,6 +276,13 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
             value = take(name, check, *args)
             if value is not None:
                 setattr(draft, name, value)
+    if data.get("fallback") is not None:
+        if subscriber is None:
+            errors.setdefault("fallback", []).append(
+                "needs `subscriber`: the fallback's address is the subscriber's on the next channel"
+            )
+        else:
+            draft.fallback = take("fallback", check_fallback, channel)
     if draft.template is None:
         if data.get("context"):
             errors.setdefault("context", []).append("only allowed with `template`")

@@ -39,3 +39,22 @@ def add_jobs(jobs: Sequence[ScheduledJob], *, using: str = "default") -> list[Sc
     created = ScheduledJob.objects.using(using).bulk_create(jobs)
     ring_schedulers(jobs, using=using)
     return created
+
+
+def upsert_jobs_sql(source: str) -> str:
+    """PostgreSQL: like `insert_jobs_sql`, for a notification that may have its job already (one job per
+    notification, scheduled_jobs' unique notification_id): a pending job keeps the earlier of its
+    run_at and the new one; an executed or cancelled job stays as it is. `source` must hold one row
+    per notification. RETURNING the notification_id and run_at of each job now pending."""
+    return (
+        insert_jobs_sql(source)
+        + " ON CONFLICT (notification_id) DO UPDATE SET run_at = least(scheduled_jobs.run_at, EXCLUDED.run_at)"
+        " WHERE scheduled_jobs.status = 'pending' RETURNING notification_id, run_at"
+    )
+
+
+def ring_sql(run_at: str) -> str:
+    """PostgreSQL: a SELECT that rings the schedulers' doorbell (at commit) with the ISO text of the
+    earliest `run_at` of a FROM item `run_at` names, when it has rows (for a statement's own CTE)."""
+    text = f"""to_char(min({run_at}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
+    return f"pg_notify('{SCHEDULE_CHANNEL}', {text})"

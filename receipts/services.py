@@ -34,6 +34,7 @@ from django.db.models import F
 
 from core import hot_sql
 from core.masking import mask_mapping
+from notifications import fallback
 from notifications.models import Notification
 from receipts import precedence
 from receipts.inbound import BOUNCE_TYPES, RECEIPTS, ProviderView, Receipt
@@ -222,8 +223,9 @@ changed AS (
     FROM best b JOIN locked l ON l.id = b.notification_id
     WHERE n.id = l.id
       AND coalesce(array_position('{ORDER}'::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
-    RETURNING n.id, n.tenant_id, n.receipt, n.bounce_type, n.channel, n.provider_id
+    RETURNING n.id, n.tenant_id, n.receipt, n.bounce_type, n.channel, n.provider_id, {FALLBACK_RETURNING}
 ),
+{FALLBACK},
 ignored AS (
     INSERT INTO receipt_counters (shard, provider_id, reason, count)
     SELECT pg_backend_pid() %% {SHARDS}, %(provider)s,
@@ -237,8 +239,15 @@ SELECT EXISTS (SELECT 1 FROM gate),
        (SELECT count(*) FROM mine),
        (SELECT count(*) FROM events),
        (SELECT coalesce(json_agg(json_build_array(id, tenant_id, receipt, bounce_type, channel, provider_id)), '[]')
-        FROM changed)
-""".replace("{ORDER}", "{" + ",".join(precedence.ORDER) + "}").replace("{SHARDS}", str(ReceiptCounter.SHARDS))
+        FROM changed),
+       (SELECT count(*) FROM fb_ring)
+"""
+_APPLY_SQL = (
+    _APPLY_SQL.replace("{FALLBACK_RETURNING}", fallback.RETURNING)
+    .replace("{FALLBACK}", fallback.receipt_ctes("changed"))  # channel fallback (notifications.fallback)
+    .replace("{ORDER}", "{" + ",".join(precedence.ORDER) + "}")
+    .replace("{SHARDS}", str(ReceiptCounter.SHARDS))
+)
 
 
 def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
@@ -257,7 +266,7 @@ def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResu
     }
     # Prepared once per connection, parameters bound on the server (core.hot_sql): planning this
     # statement and quoting its arrays would cost more than running it.
-    gate, received, mine, applied, changed = hot_sql.fetchone(_APPLY_SQL, params, using=using)
+    gate, received, mine, applied, changed, _rung = hot_sql.fetchone(_APPLY_SQL, params, using=using)
     if not gate:
         return ApplyResult(provider_id=provider.id, stale=True)
     if isinstance(changed, str):
@@ -319,6 +328,7 @@ def _apply_orm(provider: ProviderView, rows: list[_Row], using: str) -> ApplyRes
             rows_ = Notification.objects.using(using).filter(pk=nid)
             rows_.update(receipt=best[0], bounce_type=best[1], updated_at=now)
             changed.append(ChangedRow(nid, note.tenant_id, best[0], best[1], note.channel, note.provider_id))
+    fallback.after_receipts_portable([(row.notification_id, row.receipt) for row in changed], using=using)
     for reason, n in ignored.items():
         if n:
             counters = ReceiptCounter.objects.using(using)

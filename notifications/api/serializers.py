@@ -33,6 +33,13 @@ def iso(value: datetime | None) -> str | None:
 # --- requests -------------------------------------------------------------------------------------
 
 
+class FallbackStepSerializer(StrictSerializer):
+    channel = serializers.ChoiceField(
+        choices=validation.FALLBACK_CHANNELS, help_text="Another channel than the notification's."
+    )
+    after_seconds = serializers.IntegerField(min_value=0, max_value=validation.MAX_FALLBACK_SECONDS)
+
+
 class NotificationCreateSerializer(StrictSerializer):
     channel = serializers.ChoiceField(choices=Channel.choices)
     recipient = serializers.CharField(
@@ -74,6 +81,12 @@ class NotificationCreateSerializer(StrictSerializer):
                   "(or scheduled for the end of the recipient's quiet hours, when it is created inside them).",
     )  # fmt: skip
     metadata = serializers.DictField(required=False, allow_null=True, help_text="Free-form object, ≤ 4 KiB as JSON.")
+    fallback = FallbackStepSerializer(
+        many=True, required=False, allow_null=True,
+        help_text="At most one step; needs `subscriber`. If this notification ends failed/dead_lettered, gets a "
+        "bounced/undelivered/failed receipt, or no delivered receipt within after_seconds of the provider's "
+        "acceptance, a linked notification goes out on the step's channel to the subscriber's address there.",
+    )  # fmt: skip
 
     def to_internal_value(self, data: Any) -> validation.Draft:
         try:
@@ -202,6 +215,12 @@ class NotificationSerializer(serializers.Serializer):
     )  # fmt: skip
     bounce_type = serializers.ChoiceField(choices=BounceType.choices, allow_null=True,
                                           help_text="hard or soft when receipt is bounced.")  # fmt: skip
+    fallback = FallbackStepSerializer(many=True, allow_null=True, help_text="The fallback chain asked for, or null.")
+    fallback_notification_id = serializers.UUIDField(
+        allow_null=True, help_text="The linked notification on the fallback channel (scheduled until its time, "
+        "cancelled if a delivered receipt came first).",
+    )  # fmt: skip
+    fallback_of = serializers.UUIDField(allow_null=True, help_text="The notification this one is the fallback of.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         return notification_data(n)
@@ -220,7 +239,13 @@ def notification_data(n: Notification) -> dict[str, Any]:
         "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,
         "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
         "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,
+        "fallback": n.fallback, "fallback_notification_id": _text(n.fallback_notification_id),
+        "fallback_of": _text(n.fallback_of),
     }  # fmt: skip
+
+
+def _text(value: Any) -> str | None:  # noqa: ANN401
+    return None if value is None else str(value)
 
 
 class NotificationDetailSerializer(NotificationSerializer):

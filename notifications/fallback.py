@@ -1,0 +1,187 @@
+"""Channel fallback (CONTRACT §15, §17): when a notification does not get through, one linked
+notification on the next channel.
+
+A notification created with `fallback: [{"channel", "after_seconds"}]` (to a subscriber) is stored
+together with its fallback, in the create's one statement (notifications.services): the fallback
+is an ordinary notification on the next channel — the subscriber's address for it, the same
+subject, body, template and context, the channel's first provider in failover order — that carries
+`fallback_of`, while the original carries `fallback_notification_id`. It waits `scheduled` with no
+scheduled job: nothing is due until the original's fate says when.
+
+- The provider accepts the original (the dispatcher's record statement): the fallback's job is due
+  `after_seconds` later (`run_at = delivered_at + after_seconds`, on the database's clock).
+- The original ends `failed` or `dead_lettered` (the record statement), or a `bounced`, `undelivered`
+  or `failed` receipt arrives (the receipts statement): its job is due now.
+- A `delivered` (or `complained`) receipt while the fallback is still `scheduled` cancels it and its
+  pending job: never both channels when a receipt says the first one got through.
+- The original is suppressed (at creation or dispatch) or cancelled: the fallback is cancelled too.
+
+Every change is a CTE of the statement that learns the reason (`record_ctes`, `receipt_ctes`), so it
+costs no statement of its own, and a job is one row per notification (scheduled_jobs' unique
+notification_id): a pending job keeps the earliest run_at any reason gave it (queueing.schedule.
+upsert_jobs_sql), an executed or cancelled one never changes. The scheduler's due jobs then promote
+the fallback like any scheduled notification, under its lock on the fallback row, so a cancel and a
+promotion that race settle on one of the two. Elsewhere (SQLite) the same in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Subquery
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from notifications.models import Notification, Status
+from queueing.models import ScheduledJob
+from queueing.schedule import ring_sql, upsert_jobs_sql
+
+# What makes a fallback due, and what cancels it.
+TRIGGER_OUTCOMES = ("delivered", "failed", "dead_lettered")  # delivered: due after_seconds later
+CANCEL_OUTCOMES = ("suppressed",)
+TRIGGER_RECEIPTS = ("bounced", "undelivered", "failed")
+CANCEL_RECEIPTS = ("delivered", "complained")
+
+# The columns a statement's `changed` CTE returns for these fragments (besides tenant_id):
+RETURNING = "n.fallback_notification_id AS fallback_id, (n.fallback -> 0 ->> 'after_seconds')::float8 AS fallback_after"
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+def _ctes(due: str) -> str:
+    """The shared part: `fb_due` (notification_id, tenant_id, run_at, cancel) is given; jobs are
+    upserted for the fallbacks still `scheduled`, the rows cancelled or given their due time
+    (`scheduled_for`, what the detail and the latency histogram read), the schedulers rung."""
+    jobs = upsert_jobs_sql(
+        """(SELECT gen_random_uuid() AS job_id, d.tenant_id, d.notification_id, d.run_at, now() AS created_at
+            FROM fb_due d JOIN notifications f ON f.id = d.notification_id AND f.status = 'scheduled'
+            WHERE NOT d.cancel) s"""
+    )
+    return f"""fb_due AS ({due}
+    ), fb_jobs AS ({jobs}
+    ), fb_dropped AS (
+        UPDATE scheduled_jobs j SET status = 'cancelled'
+        FROM fb_due d WHERE d.cancel AND j.notification_id = d.notification_id AND j.status = 'pending'
+        RETURNING 1
+    ), fb_rows AS (
+        UPDATE notifications f
+        SET status = CASE WHEN d.cancel THEN 'cancelled' ELSE f.status END,
+            scheduled_for = CASE WHEN d.cancel THEN f.scheduled_for ELSE coalesce(j.run_at, f.scheduled_for) END,
+            updated_at = now()
+        FROM fb_due d LEFT JOIN fb_jobs j ON j.notification_id = d.notification_id
+        WHERE f.id = d.notification_id AND f.status = 'scheduled'
+        RETURNING 1
+    ), fb_ring AS (
+        SELECT {ring_sql("run_at")} FROM fb_jobs HAVING count(*) > 0
+    )"""  # noqa: S608 - fixed fragments
+
+
+def record_ctes(changed: str) -> str:
+    """CTEs for the dispatcher's record statement (dispatch.delivery), after `changed` (the updated
+    notifications, returning `status`, `tenant_id` and RETURNING's columns). The statement must read
+    `fb_ring` (e.g. `(SELECT count(*) FROM fb_ring)`) for the doorbell to ring."""
+    return _ctes(f"""
+        SELECT DISTINCT ON (c.fallback_id) c.fallback_id AS notification_id, c.tenant_id,
+               CASE WHEN c.status = 'delivered' THEN now() + make_interval(secs => coalesce(c.fallback_after, 0))
+                    ELSE now() END AS run_at,
+               c.status IN ({_quoted(CANCEL_OUTCOMES)}) AS cancel
+        FROM {changed} c
+        WHERE c.fallback_id IS NOT NULL AND c.status IN ({_quoted(TRIGGER_OUTCOMES + CANCEL_OUTCOMES)})""")  # noqa: S608
+
+
+def receipt_ctes(changed: str) -> str:
+    """CTEs for the receipts statement (receipts.services), after `changed` (notifications whose
+    receipt changed, returning `receipt`, `tenant_id` and RETURNING's columns)."""
+    return _ctes(f"""
+        SELECT DISTINCT ON (c.fallback_id) c.fallback_id AS notification_id, c.tenant_id, now() AS run_at,
+               c.receipt IN ({_quoted(CANCEL_RECEIPTS)}) AS cancel
+        FROM {changed} c
+        WHERE c.fallback_id IS NOT NULL AND c.receipt IN ({_quoted(TRIGGER_RECEIPTS + CANCEL_RECEIPTS)})""")  # noqa: S608
+
+
+# --- the same through the ORM (SQLite), in the caller's transaction -----------------------------------
+
+
+def after_outcomes_portable(outcomes: Sequence[tuple[uuid.UUID, str]], *, using: str = "default") -> None:
+    """(notification id, outcome kind) of recorded outcomes: what `record_ctes` does."""
+    wanted = {nid: kind for nid, kind in outcomes if kind in TRIGGER_OUTCOMES + CANCEL_OUTCOMES}
+    if not wanted:
+        return
+    now = timezone.now()
+    due: dict[uuid.UUID, datetime] = {}
+    cancel: list[uuid.UUID] = []
+    rows = Notification.objects.using(using).filter(pk__in=list(wanted), fallback_notification_id__isnull=False)
+    for nid, fallback_id, steps in rows.values_list("pk", "fallback_notification_id", "fallback"):
+        kind = wanted[nid]
+        if kind in CANCEL_OUTCOMES:
+            cancel.append(fallback_id)
+        elif kind == "delivered":
+            due[fallback_id] = now + timedelta(seconds=float((steps or [{}])[0].get("after_seconds", 0)))
+        else:
+            due[fallback_id] = now
+    _apply_portable(due, cancel, using)
+
+
+def after_receipts_portable(changed: Sequence[tuple[uuid.UUID, str]], *, using: str = "default") -> None:
+    """(notification id, receipt shown now) of notifications whose receipt changed: `receipt_ctes`."""
+    wanted = {nid: receipt for nid, receipt in changed if receipt in TRIGGER_RECEIPTS + CANCEL_RECEIPTS}
+    if not wanted:
+        return
+    now = timezone.now()
+    due: dict[uuid.UUID, datetime] = {}
+    cancel: list[uuid.UUID] = []
+    rows = Notification.objects.using(using).filter(pk__in=list(wanted), fallback_notification_id__isnull=False)
+    for nid, fallback_id in rows.values_list("pk", "fallback_notification_id"):
+        if wanted[nid] in CANCEL_RECEIPTS:
+            cancel.append(fallback_id)
+        else:
+            due[fallback_id] = now
+    _apply_portable(due, cancel, using)
+
+
+def _apply_portable(due: dict[uuid.UUID, datetime], cancel: list[uuid.UUID], using: str) -> None:
+    notifications = Notification.objects.using(using)
+    jobs = ScheduledJob.objects.using(using)
+    if cancel:
+        live = list(notifications.filter(pk__in=cancel, status=Status.SCHEDULED).values_list("pk", flat=True))
+        jobs.filter(notification_id__in=live, status=ScheduledJob.Status.PENDING).update(
+            status=ScheduledJob.Status.CANCELLED
+        )
+        notifications.filter(pk__in=live, status=Status.SCHEDULED).update(status=Status.CANCELLED, updated_at=Now())
+    if not due:
+        return
+    live = notifications.filter(pk__in=list(due), status=Status.SCHEDULED).values_list("pk", "tenant_id")
+    tenants = dict(live)
+    existing = {job.notification_id: job for job in jobs.filter(notification_id__in=list(tenants))}
+    new = []
+    for nid, tenant_id in tenants.items():
+        job = existing.get(nid)
+        if job is None:
+            new.append(ScheduledJob(tenant_id=tenant_id, notification_id=nid, run_at=due[nid]))
+        elif job.status == ScheduledJob.Status.PENDING and due[nid] < job.run_at:
+            jobs.filter(pk=job.pk, status=ScheduledJob.Status.PENDING).update(run_at=due[nid])
+    jobs.bulk_create(new)
+    for nid in tenants:
+        run_at = jobs.filter(notification_id=nid, status=ScheduledJob.Status.PENDING).values("run_at")
+        notifications.filter(pk=nid, status=Status.SCHEDULED).update(
+            scheduled_for=Subquery(run_at[:1]), updated_at=Now()
+        )
+
+
+def cancel_with(tenant_id: Any, notification_ids: Sequence[uuid.UUID | str], *, using: str = "default") -> int:  # noqa: ANN401
+    """The fallbacks still `scheduled` of notifications being cancelled are cancelled too, with their
+    pending jobs (in the caller's transaction, after the notifications' own cancel). Two statements."""
+    originals = Notification.objects.using(using).filter(tenant_id=tenant_id, pk__in=list(notification_ids))
+    fallbacks = Notification.objects.using(using).filter(
+        tenant_id=tenant_id, status=Status.SCHEDULED,
+        pk__in=originals.filter(fallback_notification_id__isnull=False).values("fallback_notification_id"),
+    )  # fmt: skip
+    ScheduledJob.objects.using(using).filter(
+        status=ScheduledJob.Status.PENDING, notification_id__in=fallbacks.values("pk")
+    ).update(status=ScheduledJob.Status.CANCELLED)
+    return fallbacks.update(status=Status.CANCELLED, updated_at=Now())

@@ -1,0 +1,110 @@
+"""Receipts and channel fallback (notifications.fallback), in the receipts statement: a `bounced`,
+`undelivered` or `failed` receipt makes the pending fallback due at once (even before the dispatcher
+recorded the acceptance); a `delivered` (or `complained`) one cancels it and its job, and a later
+bounce never brings it back; the fallback's own receipts change nothing else. The same through the
+ORM functions that the SQLite paths call."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from notifications import fallback
+from notifications.models import Notification, Status
+from queueing.models import ScheduledJob
+from receipts import providers as provider_views
+from receipts.services import apply_receipts
+from tests.notifications.conftest import PHONE, TOKEN, make_setup
+from tests.receipts.conftest import receipt
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def created(tenant_a, api_a):  # noqa: ANN001, ANN201
+    setup = make_setup(tenant_a)
+    subscriber = {"phone": PHONE, "push_tokens": [TOKEN]}
+    assert api_a.put("/api/v1/subscribers/u", subscriber, format="json").status_code == 201
+
+    def create(after: int = 600) -> tuple[Notification, Notification]:
+        steps = [{"channel": "sms", "after_seconds": after}]
+        body = {"channel": "push", "subscriber": "u", "body": "b", "fallback": steps}
+        data = api_a.post("/api/v1/notifications", body, format="json").json()
+        return Notification.objects.get(pk=data["id"]), Notification.objects.get(pk=data["fallback_notification_id"])
+
+    create.view = provider_views.load(setup.push.pk)
+    return create
+
+
+def db_now():  # noqa: ANN201
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("kind", ["bounced", "undelivered", "failed"])
+def test_a_bad_receipt_makes_the_fallback_due_at_once(created, kind):
+    original, linked = created()
+    result = apply_receipts(created.view, [receipt(original, kind, bounce_type="soft" if kind == "bounced" else None)])
+    assert [row.receipt for row in result.changed] == [kind]
+    job = ScheduledJob.objects.get(notification_id=linked.pk)
+    assert job.status == "pending" and job.run_at == db_now()  # the statement's clock (one transaction here)
+    linked.refresh_from_db()
+    assert linked.status == "scheduled" and linked.scheduled_for == job.run_at
+    # a delivered receipt after it ranks lower (changes nothing): the fallback stays due
+    apply_receipts(created.view, [receipt(original, "delivered")])
+    assert ScheduledJob.objects.get(notification_id=linked.pk).status == "pending"
+    assert Notification.objects.get(pk=linked.pk).status == "scheduled"
+
+
+@pytest.mark.parametrize("kind", ["delivered", "complained"])
+def test_a_delivered_receipt_cancels_the_fallback_for_good(created, kind):
+    original, linked = created()
+    # as if the acceptance had been recorded: a job due in 10 minutes
+    ScheduledJob.objects.create(tenant_id=linked.tenant_id, notification_id=linked.pk,
+                                run_at=timezone.now() + timedelta(minutes=10))  # fmt: skip
+    apply_receipts(created.view, [receipt(original, kind)])
+    assert Notification.objects.get(pk=linked.pk).status == "cancelled"
+    assert ScheduledJob.objects.get(notification_id=linked.pk).status == "cancelled"
+    apply_receipts(created.view, [receipt(original, "bounced", bounce_type="hard")])
+    assert Notification.objects.get(pk=linked.pk).status == "cancelled"
+    assert ScheduledJob.objects.get(notification_id=linked.pk).status == "cancelled"
+
+
+def test_a_receipt_never_moves_a_job_later_nor_one_already_run(created):
+    original, linked = created()
+    early = timezone.now() - timedelta(seconds=30)
+    ScheduledJob.objects.create(tenant_id=linked.tenant_id, notification_id=linked.pk, run_at=early)
+    apply_receipts(created.view, [receipt(original, "undelivered")])
+    assert ScheduledJob.objects.get(notification_id=linked.pk).run_at == early
+    other, promoted = created()
+    ScheduledJob.objects.create(tenant_id=promoted.tenant_id, notification_id=promoted.pk, run_at=early,
+                                status="executed")  # fmt: skip
+    Notification.objects.filter(pk=promoted.pk).update(status=Status.QUEUED)
+    apply_receipts(created.view, [receipt(other, "delivered")])  # too late: it is on its way
+    assert Notification.objects.get(pk=promoted.pk).status == "queued"
+    assert ScheduledJob.objects.get(notification_id=promoted.pk).status == "executed"
+
+
+def test_the_orm_path_does_the_same(created):
+    """What the SQLite paths call (receipts' _apply_orm, the dispatcher's _record_portable)."""
+    accepted, accepted_fb = created(after=120)
+    refused, refused_fb = created()
+    confirmed, confirmed_fb = created()
+    suppressed, suppressed_fb = created()
+    before = timezone.now()
+    fallback.after_outcomes_portable([(accepted.pk, "delivered"), (refused.pk, "failed"),
+                                      (confirmed.pk, "delivered"), (suppressed.pk, "suppressed")])  # fmt: skip
+    jobs = {j.notification_id: j for j in ScheduledJob.objects.all()}
+    assert before + timedelta(seconds=120) <= jobs[accepted_fb.pk].run_at <= timezone.now() + timedelta(seconds=120)
+    assert before <= jobs[refused_fb.pk].run_at <= timezone.now()
+    assert Notification.objects.get(pk=accepted_fb.pk).scheduled_for == jobs[accepted_fb.pk].run_at
+    assert Notification.objects.get(pk=suppressed_fb.pk).status == "cancelled" and suppressed_fb.pk not in jobs
+
+    fallback.after_receipts_portable([(confirmed.pk, "delivered"), (accepted.pk, "bounced")])
+    assert Notification.objects.get(pk=confirmed_fb.pk).status == "cancelled"
+    assert ScheduledJob.objects.get(notification_id=confirmed_fb.pk).status == "cancelled"
+    assert ScheduledJob.objects.get(notification_id=accepted_fb.pk).run_at <= timezone.now()  # moved up
