@@ -4,7 +4,7 @@ standby started by the test (`initdb`, `pg_basebackup -R`), every process given 
 `-m immediate` and the standby promoted while the API takes creates and two dispatchers and the
 scheduler drain.
 
-Duplicates: every lease is 30 s and the outage (stop to promotion) a second or two, so no lease can
+Duplicates: every lease is 30 s and the outage (stop to promotion) about 3 s, so no lease can
 expire while its holder is cut off; the test checks the outage is shorter than the lease and then
 asserts 0 duplicates, not merely "only for expired leases".
 """
@@ -76,6 +76,17 @@ def seed(cluster: Cluster, env: dict[str, str], receiver_url: str, *args: str) -
     return json.loads(out.stdout)
 
 
+def undelivered(cluster: Cluster, expected: set[str]) -> list:
+    """What became of expected notifications not delivered (for a failure's message)."""
+    with psycopg.connect(cluster.standby.dsn(DBNAME)) as conn:
+        found = {str(r[0]): r[1:] for r in conn.execute(
+            "SELECT n.id, n.status, n.attempt_count, q.lock_token, q.locked_until, q.available_at, q.ready, "
+            "q.attempts, now() FROM notifications n LEFT JOIN queue_state q ON q.notification_id = n.id "
+            "WHERE n.status <> 'delivered'")}  # fmt: skip
+        present = {str(r[0]) for r in conn.execute("SELECT id FROM notifications")}
+    return [(i, found[i]) for i in expected if i in found][:10] + [(i, "missing") for i in expected - present][:10]
+
+
 def web_env(env: dict[str, str], database_url: str) -> dict[str, str]:
     return {**env, "DATABASE_URL": database_url, "DEBUG": "false", "SECRET_KEY": "failover-test-only",
             "ALLOWED_HOSTS": "127.0.0.1", "CONN_MAX_AGE": "60", "OMNIPOST_AUTH_LISTEN": "true",
@@ -124,6 +135,7 @@ class Creator(threading.Thread):
         self.base, self.key = base, key
         self.acked: list[str] = []
         self.answers: collections.Counter = collections.Counter()
+        self.odd: list[str] = []  # bodies of answers other than 201 and 503
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -133,8 +145,11 @@ class Creator(threading.Thread):
                     response = client.post("/api/v1/notifications", json=CREATE)
                 except httpx.TransportError as exc:
                     self.answers[type(exc).__name__] += 1
+                    self.odd.append(repr(exc))
                     continue
                 self.answers[response.status_code] += 1
+                if response.status_code not in (201, 503):
+                    self.odd.append(response.text[:300])
                 if response.status_code == 201:
                     self.acked.append(response.json()["id"])
                 elif response.status_code == 503:
@@ -171,7 +186,7 @@ def test_failover_mid_drain_every_process_follows_and_nothing_acknowledged_is_lo
             assert_unavailable(httpx.post(f"{base}/api/v1/notifications", json=CREATE, timeout=20,
                                           headers={"Authorization": f"Bearer {seeded['api_key']}"}))  # fmt: skip
             acked_at_stop = len(creator.acked)
-            time.sleep(1.0)
+            time.sleep(2.5)  # longer than the scheduler's interval, so it too meets the outage
             cluster.standby.promote()
             outage = time.monotonic() - began
             assert not cluster.standby.in_recovery()
@@ -184,16 +199,21 @@ def test_failover_mid_drain_every_process_follows_and_nothing_acknowledged_is_lo
             acked = set(creator.acked)
             expected = set(seeded["queued"]) | set(seeded["scheduled"]) | acked
 
-            def delivered() -> int:
-                return cluster.scalar(cluster.standby, "SELECT count(*) FROM notifications WHERE status = 'delivered'")
+            def drained() -> bool:
+                with psycopg.connect(cluster.standby.dsn(DBNAME)) as conn:
+                    ids = {str(r[0]) for r in conn.execute("SELECT id FROM notifications WHERE status = 'delivered'")}
+                    left = conn.execute("SELECT count(*) FROM notifications WHERE status <> 'delivered'").fetchone()[0]
+                return left == 0 and expected <= ids
 
             # A claim whose commit reached the standby while its answer was lost waits out its lease.
-            assert wait_until(lambda: delivered() == len(expected), LEASE_SECONDS + 90, interval=0.5), (
-                delivered(), len(expected))
+            assert wait_until(drained, LEASE_SECONDS + 90, interval=0.5), undelivered(cluster, expected)
             assert [p.poll() for p in everyone] == [None] * 4, "a process exited"
             counts = collections.Counter(r.webhook_id for r in receiver.requests if 200 <= r.status < 300)
             assert acked <= set(counts), f"acknowledged but never delivered: {sorted(acked - set(counts))[:5]}"
-            assert set(counts) == expected
+            # Beyond them only creates answered 503 whose commit had reached the standby when the
+            # primary died: never acknowledged, yet stored (a client retrying with an Idempotency-Key
+            # gets that one back instead of a second).
+            assert len(set(counts) - expected) <= creator.answers[503]
             assert max(counts.values()) == 1, {k: v for k, v in counts.items() if v > 1}
             assert cluster.scalar(cluster.standby, "SELECT count(*) FROM queue_state") == 0
             assert cluster.scalar(cluster.standby,
@@ -207,7 +227,7 @@ def test_failover_mid_drain_every_process_follows_and_nothing_acknowledged_is_lo
 
             assert wait_until(lambda: len(reconnects("dispatcher")) == 2 and min(reconnects("dispatcher")) > 0, 20)
             assert wait_until(lambda: len(reconnects("scheduler")) == 1 and min(reconnects("scheduler")) > 0, 20)
-            assert set(creator.answers) <= {201, 503}, creator.answers  # never an error a client cannot retry
+            assert set(creator.answers) <= {201, 503}, (creator.answers, creator.odd)  # never a 500
         finally:
             creator.stopping.set()
             codes = stop(everyone)
