@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import connection
 
 from benchmarks.receiver import ReceiverProcess, first_to_last_rate, steady_rate
+from core.db_url import database_url
 from queueing import queue
 
 ROOT = Path(settings.BASE_DIR)
@@ -222,9 +223,7 @@ def dispatcher_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true", "DEBUG": "false"}
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("postgresql"):
-        env["DATABASE_URL"] = (
-            f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-        )
+        env["DATABASE_URL"] = database_url(db)  # every host of a multi-host URL, target_session_attrs too
     env.setdefault("SECRET_KEY", "omnipost-bench-only")
     env["OMNIPOST_ENCRYPTION_KEYS"] = ",".join(settings.OMNIPOST_ENCRYPTION_KEYS)
     env["ALLOWED_HOSTS"] = "127.0.0.1"

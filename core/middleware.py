@@ -7,9 +7,25 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from core.db_faults import reset_connection
+
 
 def error_response(status: int, code: str, message: str, details: dict | None = None) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
+
+
+# While no primary is reachable (a failover under way, PostgreSQL restarting) a request that needed
+# the database is answered 503 with Retry-After, never 201: nothing it asked for was acknowledged.
+UNAVAILABLE_CODE = "unavailable"
+UNAVAILABLE_MESSAGE = "The database is unavailable (a failover or restart may be under way); retry."
+UNAVAILABLE_RETRY_AFTER = "1"
+
+
+def unavailable_response() -> JsonResponse:
+    reset_connection()  # the next request connects afresh, to whichever host is the primary by then
+    response = error_response(503, UNAVAILABLE_CODE, UNAVAILABLE_MESSAGE)
+    response["Retry-After"] = UNAVAILABLE_RETRY_AFTER
+    return response
 
 
 class RequestSizeLimitMiddleware:

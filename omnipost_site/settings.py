@@ -9,6 +9,7 @@ from pathlib import Path
 
 import environ
 
+from core.db_url import parse_database_url
 from omnipost_site.config import checked, choice, fail, number
 from omnipost_site.keys import load_encryption_keys
 
@@ -83,7 +84,12 @@ TEMPLATES = [
 WSGI_APPLICATION = "omnipost_site.wsgi.application"
 
 # --- database -----------------------------------------------------------------------------------
-DATABASES = {"default": checked(lambda: env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'omnipost.sqlite3'}"))}
+# Several hosts (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`): core.db_url.
+DATABASES = {
+    "default": checked(
+        lambda: parse_database_url(env.str("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'omnipost.sqlite3'}"))
+    )
+}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     if _db["NAME"] != ":memory:":

@@ -28,6 +28,8 @@ from django.db import connections
 from django.utils.encoding import iri_to_uri
 
 from core import conn_checks
+from core.db_faults import is_connection_lost, reset_connection
+from core.middleware import UNAVAILABLE_CODE, UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 from receipts.inbound import InboundRequest
 from receipts.views import MAX_BODY_BYTES, TOO_LARGE, Answer, error_answer, form_of, receive
 
@@ -128,6 +130,11 @@ def _answer(provider_id: int, environ: dict[str, Any]) -> Answer:
         form = form_of(environ.get("CONTENT_TYPE", ""), body)
         inbound = InboundRequest(url=url, headers=EnvironHeaders(environ), body=body, form=form)
         return receive(provider_id, inbound)
-    except Exception:
+    except Exception as exc:
+        if is_connection_lost(exc):  # no primary reachable: the vendor retries on 503 as on 500
+            logger.warning("receipts for provider %s: database unavailable (%s)", provider_id, type(exc).__name__)
+            reset_connection()
+            status, body, _ = error_answer(503, UNAVAILABLE_CODE, UNAVAILABLE_MESSAGE)
+            return status, body, {"Retry-After": UNAVAILABLE_RETRY_AFTER}
         logger.exception("receipts for provider %s failed", provider_id)
         return error_answer(500, "server_error", "The receipts could not be stored; retry.")

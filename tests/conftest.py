@@ -79,8 +79,10 @@ def subprocess_env() -> Iterator[dict[str, str]]:
     it: left alive, it would claim the next tests' rows. A passing test that leaves one gets a warning."""
     from django.conf import settings
 
+    from core.db_url import database_url
+
     db = settings.DATABASES["default"]
-    url = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    url = database_url(db)
     yield {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test",

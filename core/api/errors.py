@@ -10,6 +10,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core.db_faults import is_connection_lost, reset_connection
+from core.middleware import UNAVAILABLE_CODE, UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
+
 
 class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
@@ -63,6 +66,10 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
+    if is_connection_lost(exc):  # no primary reachable: 503, whatever DEBUG says (core.middleware)
+        reset_connection()  # a session left on a read-only server (25006) is dropped too
+        return Response(error_body(UNAVAILABLE_CODE, UNAVAILABLE_MESSAGE), status=503,
+                        headers={"Retry-After": UNAVAILABLE_RETRY_AFTER})  # fmt: skip
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 from django.http import HttpRequest, HttpResponse
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
-from core.middleware import error_response
+from core.db_faults import is_connection_lost
+from core.middleware import error_response, unavailable_response
 
 
 def _is_api(request: HttpRequest) -> bool:
@@ -26,6 +29,10 @@ def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
+    # Called inside Django's `except` around the failing view or middleware (DEBUG off).
+    exc = sys.exc_info()[1]
+    if exc is not None and is_connection_lost(exc):
+        return unavailable_response()
     if _is_api(request):
         return error_response(500, "server_error", "Internal server error; it has been logged.")
     return defaults.server_error(request)

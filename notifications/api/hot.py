@@ -21,8 +21,10 @@ before the hand-over, so the second look decides alone. It sits after `RequestSi
 (413 first), `SecurityMiddleware` (HTTPS redirect, HSTS, nosniff) and `XFrameOptionsMiddleware`,
 inside Django's handler (request signals, connection upkeep, error pages), so responses carry the
 same headers; DRF's `Allow` header is added as its views send it. Statement counts are the views'.
-Other exceptions (a database error: a create might have been stored) are not handed over; they
-reach Django's handler (its JSON 500), as DRF re-raises them from the views. A key that fails
+Other exceptions (a database error: a create might have been stored) are not handed over: a lost
+session or no reachable primary is answered `503 unavailable` with Retry-After (the client never
+saw a 201, so it retries), anything else reaches Django's handler (its JSON 500), as DRF re-raises
+them from the views. A key that fails
 here is looked up again by the views (one query more for a well-formed but unknown key).
 """
 
@@ -40,6 +42,8 @@ from rest_framework.renderers import JSONRenderer
 
 from core.api.parsers import StrictJSONParser
 from core.api.throttling import TenantRateThrottle
+from core.db_faults import is_connection_lost
+from core.middleware import unavailable_response
 from core.models import ApiKey
 from notifications.api.serializers import notification_data
 from notifications.api.views import create_rows, detail_data
@@ -75,6 +79,10 @@ class HotPathMiddleware:
                     return self._detail(request, match[1])
         except (_HandOver, APIException):
             pass  # nothing was stored: the views answer it, errors included
+        except Exception as exc:
+            if is_connection_lost(exc):  # no primary: nothing was acknowledged, so 503, never a 201
+                return unavailable_response()
+            raise
         return self.get_response(request)
 
     @staticmethod

@@ -33,15 +33,16 @@ _DESCRIPTIONS = {
     413: "Request body larger than OMNIPOST_MAX_REQUEST_BYTES.",
     422: "Idempotency-Key reused with a different request (idempotency_key_reused).",
     429: "Too many requests for this tenant; see the Retry-After header.",
+    503: "No database primary reachable (a failover under way): nothing was stored; retry after Retry-After.",
 }
 
 
 def errors(*statuses: int) -> dict[int, OpenApiResponse]:
     """Error responses for `extend_schema(responses=…)`; 400 (unknown query parameters at least),
-    401 and 429 apply to every operation."""
+    401, 429 and 503 apply to every operation."""
     return {
         status: OpenApiResponse(ErrorSerializer, description=_DESCRIPTIONS[status])
-        for status in sorted({400, 401, 429, *statuses})
+        for status in sorted({400, 401, 429, 503, *statuses})
     }
 
 

@@ -75,3 +75,24 @@ def test_a_terminated_session_is_reset_and_the_next_query_reconnects():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != pid
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _wrapped(pg_errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"), DatabaseError),
+        DjangoOperationalError("connection failed: Multiple connection attempts failed"),
+    ],
+)
+def test_the_api_answers_a_lost_database_503_unavailable_with_retry_after(error):
+    from core.api.errors import exception_handler
+
+    response = exception_handler(error, {})
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert response.data["error"]["code"] == "unavailable"
+
+
+def test_other_database_errors_stay_the_handlers_500():
+    from core.api.errors import exception_handler
+
+    assert exception_handler(_wrapped(pg_errors.UniqueViolation("duplicate key"), IntegrityError), {}) is None

@@ -43,7 +43,7 @@ def test_the_schema_documents_the_error_shape_on_every_operation():
     for path in paths:
         for method, operation in spec["paths"][path].items():
             responses = operation["responses"]
-            for status in ("401", "429"):
+            for status in ("401", "429", "503"):
                 assert responses[status]["content"]["application/json"]["schema"] == {
                     "$ref": "#/components/schemas/Error"
                 }, (method, path, status)

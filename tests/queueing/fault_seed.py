@@ -17,6 +17,7 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=0)
     parser.add_argument("--scheduled", type=int, default=0)
     parser.add_argument("--in", dest="in_seconds", type=float, default=5.0)
+    parser.add_argument("--api-key", action="store_true", help="also issue an API key for the tenant")
     args = parser.parse_args()
 
     import django
@@ -27,7 +28,7 @@ def main() -> None:
     from django.db import transaction
     from django.utils import timezone
 
-    from core.models import Tenant
+    from core.models import ApiKey, Tenant
     from notifications.services import NotificationSpec, create_notifications
     from tests import factories
 
@@ -39,7 +40,10 @@ def main() -> None:
                               body="b", scheduled_for=at) for _ in range(args.scheduled)]
     with transaction.atomic():
         scheduled = create_notifications(tenant, specs, actor="test")
-    print(json.dumps({"queued": [str(n.id) for n in queued], "scheduled": [str(n.id) for n in scheduled]}))
+    out = {"queued": [str(n.id) for n in queued], "scheduled": [str(n.id) for n in scheduled], "provider_id": prov.pk}
+    if args.api_key:
+        out["api_key"] = ApiKey.issue(tenant, name="fault")[1]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

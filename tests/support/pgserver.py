@@ -39,7 +39,7 @@ class PrivatePostgres:
     """`start()`, `stop(mode)`, `restart()`, `url(dbname)`; a context manager that removes
     everything on exit."""
 
-    def __init__(self, *, port: int | None = None, settings: dict[str, str] | None = None) -> None:
+    def __init__(self, *, port: int | None = None, settings: dict[str, str] | None = None, init: bool = True) -> None:
         self.bindir = _bindir()
         self.port = port or free_port()
         self.root = Path(tempfile.mkdtemp(prefix="omnipost-pg-"))
@@ -51,7 +51,8 @@ class PrivatePostgres:
         if os.geteuid() == 0:
             self._user = pwd.getpwnam("postgres")
             os.chown(self.root, self._user.pw_uid, self._user.pw_gid)
-        self.initdb()
+        if init:
+            self.initdb()
 
     # --- running the server's own commands ------------------------------------------------------------
     def _run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -84,6 +85,52 @@ class PrivatePostgres:
         time.sleep(down_seconds)
         self.start()
         return time.monotonic() - began
+
+    # --- streaming replication --------------------------------------------------------------------
+    def standby(
+        self, *, name: str = "omnipost_standby", synchronous: bool = True, timeout: float = 60
+    ) -> PrivatePostgres:
+        """A hot standby of this (running) server: `pg_basebackup -R` into a new directory, started on
+        a port of its own and streaming. `synchronous`: this server's `synchronous_standby_names`
+        names it, so a commit returns only once the standby has flushed it (with
+        `synchronous_commit = on`, which the caller's settings must give this server).
+
+        The standby's own `synchronous_standby_names` is empty: promoted, it commits alone (no standby
+        of its own to wait for) instead of blocking every write."""
+        replica = PrivatePostgres(settings=self.settings, init=False)
+        self._run("pg_basebackup", "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast", "--no-sync",
+                  "-d", f"host=127.0.0.1 port={self.port} user=postgres application_name={name}", timeout=timeout)
+        with open(replica.data / "postgresql.auto.conf", "a") as conf:  # after the primary's, so these win
+            conf.write(f"port = {replica.port}\nunix_socket_directories = '{replica.root}'\n")
+            conf.write("synchronous_standby_names = ''\nhot_standby = on\n")
+        replica.start()
+        if synchronous:
+            self.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            self.sql("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + timeout
+        wanted = "sync" if synchronous else "async"
+        while self.sql("SELECT sync_state FROM pg_stat_replication WHERE application_name = %s", [name]) != wanted:
+            if time.monotonic() > deadline:
+                log = replica.log.read_text()[-2000:]
+                raise RuntimeError(f"standby {name} did not reach {wanted} streaming: {log}")
+            time.sleep(0.1)
+        return replica
+
+    def promote(self, timeout: float = 30) -> None:
+        """`pg_ctl promote`: this standby leaves recovery and accepts writes (returns once it does)."""
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", str(int(timeout)), "promote", timeout=timeout + 5)
+
+    def in_recovery(self) -> bool:
+        return bool(self.sql("SELECT pg_is_in_recovery()"))
+
+    def sql(self, statement: str, params: list | None = None, dbname: str = "postgres") -> object:
+        """The first column of the first row (None without rows), on an autocommit connection."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(dbname), autocommit=True, connect_timeout=5) as conn:
+            cursor = conn.execute(statement, params)
+            row = cursor.fetchone() if cursor.description else None
+        return None if row is None else row[0]
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"

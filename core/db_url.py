@@ -1,0 +1,80 @@
+"""`DATABASE_URL` → Django's DATABASES entry, including libpq's multi-host form.
+
+A URL may name several hosts in its address part, as libpq's own URIs do
+(`postgres://user@h1:5432,h2:5432/db?target_session_attrs=read-write`): libpq tries them in order
+and, with `target_session_attrs=read-write`, settles on the one that accepts writes, so every
+process follows a failover to the promoted standby on its next connection. Django and psycopg pass
+comma lists through (`HOST="h1,h2"`, `PORT="5432,5432"`). django-environ handles one host; given
+several it keeps IPv6 brackets and loses ports (`h1:5433,h2` → `PORT=5433` for both), so those
+URLs are taken apart here and the rest (user, password, name, query options) is still read by
+django-environ, from the same URL with one placeholder host.
+
+`database_url(settings_dict)` writes an entry back as a URL (for processes started with an
+environment of their own: the benchmarks' dispatchers).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+_POSTGRES_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "postgis"})
+_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<tail>.*)", re.IGNORECASE | re.DOTALL)
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<name>[^:\[\]]+))(?::(?P<port>[^:]*))?")
+_PLACEHOLDER = "omnipost-multi-host"
+
+
+def _masked(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any]:
+    """The DATABASES entry a URL describes; ImproperlyConfigured (naming `name`, password masked)
+    for a multi-host URL that is not PostgreSQL or has an empty host or a bad port."""
+    match = _URL.fullmatch(url.strip())
+    if match is None or "," not in match["netloc"]:
+        return environ.Env.db_url_config(url)
+    scheme, netloc, tail = match["scheme"], match["netloc"], match["tail"]
+    if scheme.lower() not in _POSTGRES_SCHEMES:
+        raise ImproperlyConfigured(f"{name}: several hosts are possible with PostgreSQL only: {_masked(url)}")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    hosts, ports = [], []
+    for part in hostlist.split(","):
+        host = _HOST.fullmatch(part)
+        if host is None:
+            raise ImproperlyConfigured(f"{name}: empty or malformed host {part!r} in {_masked(url)}")
+        port = host["port"] or ""
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ImproperlyConfigured(f"{name}: port {port!r} of host {part!r} is not a port number")
+        hosts.append(host["v6"] or host["name"])
+        ports.append(port)
+    config = environ.Env.db_url_config(f"{scheme}://{userinfo}{at}{_PLACEHOLDER}{tail}")
+    config["HOST"] = ",".join(hosts)
+    # libpq: one port for all hosts, or one per host where an empty entry means the default.
+    config["PORT"] = ",".join(ports) if any(ports) else ""
+    return config
+
+
+def database_url(db: dict[str, Any]) -> str:
+    """A postgres URL for a PostgreSQL DATABASES entry (several hosts included), with its string
+    and number OPTIONS (libpq parameters such as target_session_attrs) as query parameters."""
+    hosts = str(db.get("HOST") or "").split(",")
+    ports = str(db.get("PORT") or "").split(",")
+    ports = ports * len(hosts) if len(ports) == 1 else ports
+    netloc = ",".join(
+        (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+        for host, port in zip(hosts, ports, strict=False)
+    )
+    user = quote(str(db.get("USER") or ""), safe="")
+    password = quote(str(db.get("PASSWORD") or ""), safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    options = {  # each process names itself (OMNIPOST_APP_NAME), so application_name stays out
+        k: v for k, v in (db.get("OPTIONS") or {}).items()
+        if k != "application_name" and isinstance(v, str | int) and not isinstance(v, bool)
+    }
+    query = f"?{urlencode(options)}" if options else ""
+    return f"postgres://{auth}{netloc}/{quote(str(db.get('NAME') or ''), safe='')}{query}"

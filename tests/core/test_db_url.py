@@ -1,0 +1,79 @@
+"""core.db_url: DATABASE_URL with one host or several (libpq's multi-host form) → DATABASES."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from core.db_url import database_url, parse_database_url
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "port"),
+    [
+        ("postgres://u@h1:5432,h2:5433/db", "h1,h2", "5432,5433"),
+        ("postgres://u@h1,h2/db", "h1,h2", ""),  # libpq's default port for both
+        ("postgres://u@h1:5433,h2/db", "h1,h2", "5433,"),  # h2 on the default port, not on 5433
+        ("postgres://u@[::1]:5432,10.0.0.2:5432/db", "::1,10.0.0.2", "5432,5432"),  # no brackets for libpq
+        ("postgresql://u@a.example:6432,b.example:6432,c.example:6432/db", "a.example,b.example,c.example",
+         "6432,6432,6432"),
+    ],
+)
+def test_several_hosts_become_libpq_comma_lists(url, host, port):
+    config = parse_database_url(url)
+    assert (config["HOST"], config["PORT"]) == (host, port)
+    assert config["ENGINE"] == "django.db.backends.postgresql"
+    assert (config["NAME"], config["USER"]) == ("db", "u")
+
+
+def test_user_password_name_and_options_are_read_as_for_one_host():
+    config = parse_database_url(
+        "postgres://app:p%40ss%2Fword@h1:5432,h2:5432/omni%2Dpost?target_session_attrs=read-write&connect_timeout=3"
+    )
+    assert config["USER"] == "app" and config["PASSWORD"] == "p@ss/word"
+    assert config["NAME"] == "omni-post"
+    assert config["OPTIONS"] == {"target_session_attrs": "read-write", "connect_timeout": 3}
+
+
+def test_one_host_is_django_environs_reading_unchanged():
+    url = "postgres://u:p@db.example:5432/omnipost?sslmode=require"
+    import environ
+
+    assert parse_database_url(url) == environ.Env.db_url_config(url)
+    assert parse_database_url("sqlite:////tmp/x.sqlite3")["ENGINE"] == "django.db.backends.sqlite3"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgres://u:secret@h1,,h2/db", "empty or malformed host ''"),
+        ("postgres://u:secret@h1:5432,h2:54x2/db", "port '54x2'"),
+        ("postgres://u:secret@h1:5432,h2:70000/db", "port '70000'"),
+        ("mysql://u:secret@h1,h2/db", "PostgreSQL only"),
+    ],
+)
+def test_bad_multi_host_urls_say_what_is_wrong_without_the_password(url, message):
+    with pytest.raises(ImproperlyConfigured) as raised:
+        parse_database_url(url)
+    assert message in str(raised.value)
+    assert "secret" not in str(raised.value)
+    assert str(raised.value).startswith("DATABASE_URL: ")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://u:p%40x@h1:5432,h2:5433/db?target_session_attrs=read-write",
+        "postgres://u@[::1]:5432,h2:5432/db",
+        "postgres://u@h1:5432/db",
+    ],
+)
+def test_an_entry_written_back_as_a_url_reads_the_same(url):
+    config = parse_database_url(url)
+    assert parse_database_url(database_url(config)) == config
+
+
+def test_the_written_url_leaves_out_the_processes_own_application_name():
+    config = parse_database_url("postgres://u@h1,h2/db?target_session_attrs=read-write")
+    config["OPTIONS"]["application_name"] = "omnipost-web"
+    assert "application_name" not in database_url(config)
