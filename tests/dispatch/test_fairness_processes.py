@@ -34,6 +34,7 @@ def _pickups(tenant, prov, receiver: HttpReceiver, count: int, spacing: float = 
 
 
 def p99(values: list[float]) -> float:
+    """The 99th percentile; of 150 pickups, the second slowest (one stall of a shared box is not it)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
@@ -53,14 +54,14 @@ def test_a_deep_priority_9_backlog_does_not_delay_another_tenant(tenant_a, tenan
                                   log_dir=tmp_path)
         try:
             assert wait_started(tmp_path, 2)
-            idle = _pickups(tenant_b, hook_b, receiver_b, 50)
+            idle = _pickups(tenant_b, hook_b, receiver_b, 150)
 
             factories.bulk_queued_sql(tenant_a, hook_a, 100_000, priority=9)
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE queue_state")
                 cursor.execute("SELECT pg_notify('omnipost_queue', 'default')")
             assert wait_until(lambda: len(receiver_a.requests) >= 2000, 60), "A's backlog is being drained"
-            busy = _pickups(tenant_b, hook_b, receiver_b, 50)
+            busy = _pickups(tenant_b, hook_b, receiver_b, 150)
             a_left = QueueItem.objects.filter(tenant=tenant_a).count()
         finally:
             for proc in procs:
