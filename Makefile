@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:5432/omnipost
 
-.PHONY: run test lint check install install-dev clean
+.PHONY: run test lint check install install-dev clean pgbouncer
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ install-dev: $(VENV)/.installed-dev
 ## make run: venv, install, migrate (SQLite by default), demo tenant + admin login, serve on :8000
 run: $(VENV)/.installed
 	DEBUG=$${DEBUG:-true} $(PY) manage.py run_all
+
+## make pgbouncer: a PgBouncer (transaction pooling) on 127.0.0.1:PGBOUNCER_PORT (6432) in front of DATABASE_URL, in var/pgbouncer
+pgbouncer: $(VENV)/.installed
+	scripts/pgbouncer.sh
 
 ## make test: install, make sure PostgreSQL is reachable, lint, checks, the whole suite
 test: $(VENV)/.installed-dev

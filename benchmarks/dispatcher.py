@@ -3,7 +3,7 @@
     python -m benchmarks.dispatcher [--go-file GO] [--stats-file STATS] [run_dispatcher options…]
 
 Started by the runner with every other dispatcher of a run, it gets ready (Django loaded,
-connected, registered, garbage collector settled), writes `GO.ready.<pid>` and claims nothing until
+connected, registered, garbage collector settled), writes `GO.ready.<host>.<pid>` and claims nothing until
 `GO` exists, so no process's start-up runs while another delivers; it stops waiting if the process
 that started it exits. At the end it writes STATS as JSON: delivered and claimed (the dispatcher's
 own counters), SQL statements sent by this process (counted at psycopg's cursor, every thread,
@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 
 
@@ -54,7 +55,7 @@ class GoGate:
             self.collections_at_start = gc_tuning.collections_so_far()
             return
         parent = os.getppid()
-        with open(f"{self.go_file}.ready.{os.getpid()}", "w"):
+        with open(f"{self.go_file}.ready.{socket.gethostname()}.{os.getpid()}", "w"):  # a pid is one host's
             pass
         while not os.path.exists(self.go_file) and not dispatcher.stopping.is_set():
             if os.getppid() != parent:  # whoever was to say go has gone: do not wait forever

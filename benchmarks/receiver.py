@@ -174,7 +174,7 @@ async def serve(args: argparse.Namespace) -> None:
     if args.secret:
         Receiver.verifier = Verifier(args.secret)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Receiver, "127.0.0.1", args.port, backlog=4096)
+    server = await loop.create_server(Receiver, args.host, args.port, backlog=4096)
     port = server.sockets[0].getsockname()[1]
     print(json.dumps({"event": "listening", "port": port}), flush=True)
     stop = asyncio.Event()
@@ -210,13 +210,15 @@ class ReceiverProcess:
     final counts with every webhook id's first arrival time. `secret=None` checks no signature."""
 
     def __init__(
-        self, *, delay_ms: float = 0.0, error_rate: float = 0.0, verify_every: int = 1, secret: str | None = None
+        self, *, delay_ms: float = 0.0, error_rate: float = 0.0, verify_every: int = 1, secret: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         fd, name = tempfile.mkstemp(prefix="omnipost-bench-", suffix=".arrivals")
         os.close(fd)
         self.arrivals_file = Path(name)
+        self.host = host
         command = [
-            sys.executable, "-m", "benchmarks.receiver", "--port", "0", "--delay-ms", f"{delay_ms:g}",
+            sys.executable, "-m", "benchmarks.receiver", "--host", host, "--port", "0", "--delay-ms", f"{delay_ms:g}",
             "--error-rate", str(error_rate), "--verify-every", str(verify_every), "--arrivals", name,
         ]  # fmt: skip
         if secret:
@@ -233,7 +235,7 @@ class ReceiverProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"http://{self.host}:{self.port}/hook"
 
     def stop(self) -> tuple[dict[str, Any], dict[str, float]]:
         self.proc.terminate()
@@ -249,6 +251,7 @@ class ReceiverProcess:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.receiver")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (a namespace host's gateway)")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--error-rate", type=float, default=0.0)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import connections, transaction
 
+from core import pooling
+
 if TYPE_CHECKING:
     from core.models import ApiKey
 
@@ -105,11 +107,8 @@ class Listener:
             self._thread.join(timeout=2)
 
     def _params(self) -> dict[str, Any]:
-        params = connections[self.using].get_connection_params()
-        for name in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
-            params.pop(name, None)
-        params["application_name"] = f"omnipost-auth-listen-{socket.gethostname()}-{os.getpid()}"
-        params["autocommit"] = True
+        params = pooling.listen_params(self.using, f"omnipost-auth-listen-{socket.gethostname()}-{os.getpid()}")
+        assert params is not None  # noqa: S101 - listener() starts none where LISTEN cannot work
         return params
 
     def _run(self) -> None:
@@ -142,8 +141,8 @@ _listener_lock = threading.Lock()
 def listener() -> Listener | None:
     """This process's listener, started on first use (None where it cannot run)."""
     global _listener
-    if not getattr(settings, "OMNIPOST_AUTH_LISTEN", True) or connections["default"].vendor != "postgresql":
-        return None
+    if not getattr(settings, "OMNIPOST_AUTH_LISTEN", True) or not pooling.can_listen("default"):
+        return None  # no LISTEN here (SQLite, or behind a pooler without a direct URL): entries live 1 s
     current = _listener
     if current is not None and current.pid == os.getpid():
         return current

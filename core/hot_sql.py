@@ -17,16 +17,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.conf import settings
 from django.db import connections
+
+from core import pooling
 
 # psycopg's prepare_threshold: prepare only what asks (prepare=True). One less than the dispatcher's
 # value (notifications.delivery), which also registers its array dumpers when it finds another one.
 _ONLY_WHEN_ASKED = 2**31 - 2
 
 
-def _prepare_ok() -> bool:
-    return getattr(settings, "OMNIPOST_DATABASE_POOLER", "") != "pgbouncer"
 
 
 def fetchone(
@@ -39,7 +38,7 @@ def fetchone(
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
-    prepare = _prepare_ok()
+    prepare = pooling.prepare()
     if prepare and raw.prepare_threshold is None:
         raw.prepare_threshold = _ONLY_WHEN_ASKED  # Django's None would also ignore prepare=True
     started = time.monotonic()

@@ -135,7 +135,7 @@ class Dispatcher:
             await asyncio.sleep(random.random() * 0.5)  # noqa: S311 - start-up jitter, not crypto
         self.worker = await self._until_connected(heartbeat.register, "dispatcher", self.config.queues or ["*"])
         gc_tuning.settle_after_start_up(self.config.concurrency, self.config.batch_size)
-        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{os.getpid()}")
+        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{socket.gethostname()}-{os.getpid()}")
         if self.observer is not None and asyncio.iscoroutine(started := self.observer.started(self)):
             await started
         if self.config.listen:

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from core import pooling
 from dispatch.delivery import Prepared, hot_cursor
 from notifications.models import Provider
 from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
@@ -75,7 +76,7 @@ def provider_versions(provider_ids: set[int]) -> dict[int, datetime]:
     if connection.vendor != "postgresql":
         return dict(Provider.objects.filter(pk__in=provider_ids).values_list("pk", "updated_at"))
     with hot_cursor("default") as cursor:
-        cursor.execute(_PROVIDER_VERSIONS, [list(provider_ids)], prepare=True)
+        cursor.execute(_PROVIDER_VERSIONS, [list(provider_ids)], prepare=pooling.prepare())
         return dict(cursor.fetchall())
 
 

@@ -29,6 +29,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from core import pooling
+
 DELIVERED, RETRY, FAILED, DEFERRED = "delivered", "retry", "failed", "deferred"
 
 
@@ -297,5 +299,5 @@ def _run(cursor: Any, sql: str, params: dict[str, Any], *, fetch: bool) -> list[
         with connection.cursor() as own:
             own.execute(sql, params)
             return own.fetchall() if fetch else []
-    cursor.execute(sql, params, prepare=True)  # a psycopg cursor: prepared once per connection
+    cursor.execute(sql, params, prepare=pooling.prepare())  # psycopg: prepared once per connection unless pooled
     return cursor.fetchall() if fetch else []

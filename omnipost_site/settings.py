@@ -107,6 +107,18 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql", "django.contrib.gis.db.b
     _db.setdefault("CONN_MAX_AGE", number(env, "CONN_MAX_AGE", 60, integer=True))
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {}).setdefault("application_name", env.str("OMNIPOST_APP_NAME", default="omnipost-web"))
+# Behind PgBouncer in transaction pooling mode (CONTRACT §16-17, core.pooling): nothing prepared
+# server-side, no session state, no server-side cursors (Django's are WITH HOLD outside a
+# transaction); LISTEN only on the direct OMNIPOST_LISTEN_DATABASE_URL, else polling.
+OMNIPOST_DATABASE_POOLER = choice(env, "OMNIPOST_DATABASE_POOLER", "none", ["none", "pgbouncer"])
+OMNIPOST_LISTEN_DATABASE_URL = env.str("OMNIPOST_LISTEN_DATABASE_URL", default="").strip()
+if OMNIPOST_LISTEN_DATABASE_URL and not OMNIPOST_LISTEN_DATABASE_URL.startswith(("postgres://", "postgresql://")):
+    fail("OMNIPOST_LISTEN_DATABASE_URL must be a postgres:// URL (a direct connection, not through the pooler)")
+if OMNIPOST_DATABASE_POOLER == "pgbouncer":
+    if _db["ENGINE"] == "django.db.backends.sqlite3":
+        fail("OMNIPOST_DATABASE_POOLER=pgbouncer needs a PostgreSQL DATABASE_URL")
+    _db["OPTIONS"]["prepare_threshold"] = None
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -48,7 +48,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from core import partitions
+from core import partitions, pooling
 from core.models import AuditEvent
 from dlq.models import DeadLetter
 from notifications.models import FINISHED, DeliveryAttempt, IdempotencyRecord, Notification
@@ -187,13 +187,23 @@ class Pruner:
         return counts
 
     def name_connection(self) -> None:
-        """Label this process in pg_stat_activity and bound every lock wait."""
-        if self.is_pg:
+        """Label this process in pg_stat_activity and bound every lock wait (behind a pooler no
+        session setting survives the transaction: `batch` bounds each one's waits instead)."""
+        if self.is_pg and not pooling.pooled():
             with connections[self.using].cursor() as cursor:
                 cursor.execute(
                     "SELECT set_config('application_name', %s, false), set_config('lock_timeout', %s, false)",
                     [f"omnipost-prune-{os.getpid()}", LOCK_TIMEOUT],
                 )
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One batch's transaction."""
+        with transaction.atomic(using=self.using):
+            if self.is_pg and pooling.pooled():
+                with connections[self.using].cursor() as cursor:
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
+            yield
 
     # --- history partitions ---------------------------------------------------------------------------
     def history_plan(self) -> HistoryPlan:
@@ -263,7 +273,7 @@ class Pruner:
             cursor.execute("SELECT pg_relation_size(%s) / current_setting('block_size')::bigint", [part.name])
             pages = cursor.fetchone()[0]
         for start in range(0, pages, step):
-            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+            with self.batch(), connections[self.using].cursor() as cursor:
                 cursor.execute(
                     f"DELETE FROM ONLY {name} WHERE ctid >= %s::tid AND ctid < %s::tid AND {key} < %s",  # noqa: S608
                     [f"({start},0)", f"({start + step},0)", self.cutoff],
@@ -272,7 +282,7 @@ class Pruner:
 
     # --- one batch each -------------------------------------------------------------------------------
     def notification_batch(self, after: datetime | None) -> Batch:
-        with transaction.atomic(using=self.using):
+        with self.batch():
             batch = self._batch_pg(after) if self.is_pg else self._batch_portable(after)
             if batch.notifications:
                 AuditEvent.record(
@@ -328,12 +338,12 @@ class Pruner:
         )  # fmt: skip
 
     def job_batch(self) -> int:
-        with transaction.atomic(using=self.using):
+        with self.batch():
             ids = list(self.jobs().values_list("pk", flat=True)[: self.batch_size])
             return ScheduledJob.objects.using(self.using).filter(pk__in=ids).delete()[0] if ids else 0
 
     def idempotency_batch(self) -> int:
-        with transaction.atomic(using=self.using):
+        with self.batch():
             ids = list(self.idempotency().values_list("pk", flat=True)[: self.batch_size])
             return IdempotencyRecord.objects.using(self.using).filter(pk__in=ids).delete()[0] if ids else 0
 

@@ -133,7 +133,9 @@ class ScheduledJobAdmin(ReadOnlyAdmin, TenantScopedAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnlyAdmin):
-    list_display = ["__str__", "kind", "alive", "last_seen", "started_at", "processed", "queue_list", "stopped_at"]
+    list_display = [
+        "__str__", "kind", "host", "pid", "alive", "last_seen", "started_at", "processed", "queue_list", "stopped_at",
+    ]  # fmt: skip
     list_filter = ["kind"]
     ordering = ["-last_seen"]
     fields = ["id", "kind", "host", "pid", "queues", "started_at", "last_seen", "stopped_at", "processed"]

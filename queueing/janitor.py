@@ -10,7 +10,9 @@ of one item took 87 ms with 800,000 dead rows behind it and 0.35 ms after a VACU
 their threshold. It runs where its name says, as maintenance on a process's own connection: the
 dispatcher's DB thread every couple of seconds (dispatch.upkeep.maintain), the scheduler between
 batches. Only one process vacuums at a time: a session advisory lock is taken with
-`pg_try_advisory_lock`, so a second process skips instead of queueing behind the first.
+`pg_try_advisory_lock`, so a second process skips instead of queueing behind the first. Behind
+a transaction pooler a session lock would stay on whichever server connection took it
+(core.pooling), so there `VACUUM (SKIP_LOCKED)` alone does the skipping, table by table.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from psycopg import sql
+
+from core import pooling
 
 logger = logging.getLogger("omnipost.janitor")
 
@@ -65,18 +69,24 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     due = janitor.due(stats)
     if not due:
         return []
+    if pooling.pooled():
+        return _vacuum(conn, due, "VACUUM (ANALYZE, TRUNCATE false, SKIP_LOCKED) {}")
     (locked,) = conn.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY]).fetchone()
     if not locked:
         return []
-    done = []
     try:
-        for table in due:
-            started = time.perf_counter()
-            conn.execute(sql.SQL("VACUUM (ANALYZE, TRUNCATE false) {}").format(sql.Identifier(table)))
-            done.append(table)
-            logger.info("vacuumed %s in %.0f ms", table, (time.perf_counter() - started) * 1000)
+        return _vacuum(conn, due, "VACUUM (ANALYZE, TRUNCATE false) {}")
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+
+
+def _vacuum(conn, tables: list[str], statement: str) -> list[str]:  # noqa: ANN001
+    done = []
+    for table in tables:
+        started = time.perf_counter()
+        conn.execute(sql.SQL(statement).format(sql.Identifier(table)))
+        done.append(table)
+        logger.info("vacuumed %s in %.0f ms", table, (time.perf_counter() - started) * 1000)
     return done
 
 

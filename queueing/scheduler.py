@@ -52,6 +52,9 @@ DEFAULT_HEARTBEAT = 5.0
 # Shortest sleep when jobs are due but a peer holds them (SKIP LOCKED skipped them): keeps several
 # schedulers from spinning against each other while bounding the extra lag to this.
 PEER_BACKOFF = 0.01
+# Longest sleep without a doorbell (SQLite; behind PgBouncer without OMNIPOST_LISTEN_DATABASE_URL):
+# nothing wakes the loop for a job scheduled sooner than the one it sleeps toward.
+POLL_ALONE_INTERVAL = 1.0
 MAX_RECONNECT_BACKOFF = 30.0
 
 
@@ -256,6 +259,7 @@ class Scheduler:
             raise ValueError("batch_size and interval must be positive")
         self.batch_size = batch_size
         self.interval = interval
+        self._longest_sleep = interval  # POLL_ALONE_INTERVAL at most once run() finds no doorbell
         self.jitter = max(0.0, jitter)
         self.heartbeat_interval = heartbeat_interval
         self.using = using
@@ -315,7 +319,9 @@ class Scheduler:
                     self._on_schedule_ring, channel=SCHEDULE_CHANNEL, using=self.using,
                     application_name=f"{self.application_name}-listen"[:63],
                 ).start()
-                if doorbell.available:
+                if not doorbell.available:
+                    self._longest_sleep = min(self.interval, POLL_ALONE_INTERVAL)
+                else:
                     # Listening before the first read, so no job scheduled from now on is missed.
                     deadline = time.monotonic() + 5.0
                     while not doorbell.connected.wait(0.05) and not self._stop.is_set():
@@ -394,12 +400,12 @@ class Scheduler:
 
     def _timeout(self, wait: float | None, promoted: int) -> float:
         if wait is None:
-            timeout = self.interval
+            timeout = self._longest_sleep
         elif wait <= 0:
             # Due now: new ones arrived while we promoted (go on), or a peer holds them (back off).
             timeout = 0.0 if promoted else PEER_BACKOFF
         else:
-            timeout = min(wait, self.interval)
+            timeout = min(wait, self._longest_sleep)
         return max(0.0, min(timeout, self._next_beat - time.monotonic()))
 
     def _on_schedule_ring(self, payload: str) -> None:

@@ -2,8 +2,10 @@
 
 Notifications carry queue names only and merely wake a loop, which then reads the table; polling
 stays the fallback (and the only mechanism on SQLite). The connection is re-established with
-backoff after errors, and LISTEN is re-issued each time. The doorbell only wakes: it runs no SQL
-but LISTEN (the janitor's maintenance runs on the woken process's own connection).
+backoff after errors, and LISTEN is re-issued each time. Behind PgBouncer (transaction pooling
+loses LISTEN) it is `OMNIPOST_LISTEN_DATABASE_URL`'s, or there is none and the loops poll alone
+(core.pooling). The doorbell only wakes: it runs no SQL but LISTEN (the janitor's maintenance runs
+on the woken process's own connection).
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from django.db import connections
-
+from core import pooling
 from core.db_faults import count_reconnect
 from queueing.queue import NOTIFY_CHANNEL
 
@@ -23,19 +24,9 @@ logger = logging.getLogger("omnipost.wakeup")
 
 
 def _conninfo(alias: str, application_name: str) -> dict | None:
-    """psycopg connection parameters from Django's settings, or None when not PostgreSQL."""
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return None
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("prepare_threshold", None)
-    params.pop("server_side_binding", None)
-    params.pop("pool", None)
-    params["application_name"] = application_name
-    params["autocommit"] = True
-    return params
+    """psycopg parameters of the LISTEN connection (core.pooling: the direct
+    OMNIPOST_LISTEN_DATABASE_URL behind a pooler), or None where only polling works."""
+    return pooling.listen_params(alias, application_name)
 
 
 class Doorbell:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure what the test suite needs is on this machine: a reachable PostgreSQL (DATABASE_URL),
-# started from the local cluster or installed from Debian's packages when absent.
+# started from the local cluster or installed from Debian's packages when absent, and Debian's
+# pgbouncer (the tests start private ones, tests/support/pgbouncer.py).
 set -euo pipefail
 
 url="${DATABASE_URL:?DATABASE_URL must be set}"
@@ -33,6 +34,16 @@ with psycopg.connect(urlunsplit(parts._replace(scheme="postgresql", path="/postg
         print(f"postgres: created database {name}")
 PY
 }
+
+ensure_pgbouncer() {
+  if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then return; fi
+  echo "pgbouncer: not installed; installing Debian's pgbouncer"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq pgbouncer >/dev/null
+  # Only the binary is wanted: the tests and `make pgbouncer` start their own, not the packaged service.
+  as_root systemctl disable --now pgbouncer >/dev/null 2>&1 || as_root service pgbouncer stop >/dev/null 2>&1 || true
+}
+ensure_pgbouncer
 
 if reachable; then
   echo "postgres: reachable"

@@ -6,6 +6,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,7 +130,7 @@ def test_a_dispatcher_holds_at_most_two_database_connections(tenant_a, subproces
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s OR application_name = %s",
-                ["omnipost-dispatcher-conn-test", f"omnipost-dispatcher-listen-{proc.pid}"],
+                ["omnipost-dispatcher-conn-test", f"omnipost-dispatcher-listen-{socket.gethostname()}-{proc.pid}"],
             )
             held = cursor.fetchone()[0]
         proc.send_signal(signal.SIGTERM)

@@ -297,6 +297,8 @@ def test_queue_admins_are_read_only_and_scoped(staff_a, root, tenant_a, busy):
     assert staff_a.get("/admin/queueing/queueitem/add/").status_code == 403
     workers = html(staff_a.get("/admin/queueing/worker/"))
     assert "web-1:101" in workers
+    assert "column-host" in workers and "column-pid" in workers  # one host's pid is not another's
+    assert 'class="field-host">web-1<' in workers and 'class="field-pid">101<' in workers
     job_note = factories.notifications(tenant_a, factories.provider(tenant_a, "later"), 1, status="scheduled")[0]
     ScheduledJob.objects.create(tenant=tenant_a, notification=job_note, run_at=datetime.now(UTC) + timedelta(hours=1))
     jobs = html(staff_a.get("/admin/queueing/scheduledjob/"))

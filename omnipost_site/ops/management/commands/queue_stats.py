@@ -102,7 +102,8 @@ class Command(BaseCommand):
                 "dlq_open": {"count": dlq.count, "exact": dlq.exact},
                 "workers": [
                     {
-                        "kind": w.worker.kind, "process": f"{w.worker.host}:{w.worker.pid}", "alive": w.alive,
+                        "kind": w.worker.kind, "process": f"{w.worker.host}:{w.worker.pid}", "host": w.worker.host,
+                        "pid": w.worker.pid, "alive": w.alive,
                         "seen_seconds_ago": round(w.seen_seconds_ago, 1), "processed": w.worker.processed,
                         "queues": w.worker.queues or [],
                     }
