@@ -77,6 +77,17 @@ class Router:
         if not self.states:  # every breaker closed: nothing to decide
             routed.send = items
             return routed
+        # An item whose current provider's breaker is closed stays on it (its order starts there).
+        undecided = []
+        for item in items:
+            current = item.lease.provider_id
+            if current is not None and current not in self.states:
+                routed.send.append(item)
+            else:
+                undecided.append(item)
+        if not undecided:
+            return routed
+        items = undecided
         wanted: dict[int, int] = {}
         for item in items:
             for pid in self.order_of(item):
