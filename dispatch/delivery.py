@@ -412,7 +412,7 @@ _RECORD_SQL = """
             AS a(item_id, number, started_at, finished_at, outcome, error_class, error_code, error_message,
                  http_status, duration_ms, provider_id)
         JOIN ours USING (item_id)
-        RETURNING provider_id, outcome
+        RETURNING provider_id, outcome, http_status
     ), counted AS (
         -- /metrics' counters (notifications.counters), added to per batch: the session's own shard,
         -- rows in key order (peers that share a shard lock them in the same order)

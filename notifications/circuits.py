@@ -181,16 +181,19 @@ def reserve_probes(wanted: dict[int, int]) -> dict[int, int]:
 
 
 def record_ctes(attempts: str, counters_table: str = "delivery_counters") -> str:
-    """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id and
-    outcome): the breakers this batch changes, decided from the counters as they were before this
+    """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id,
+    outcome and http_status): the breakers this batch changes, decided from the counters as they were before this
     statement plus the batch's own attempts. Ends in `circuit AS (INSERT … ON CONFLICT …)`."""
     thr, minr = setting_sql("p", "failure_threshold"), setting_sql("p", "min_requests")
     win = setting_sql("p", "window_seconds")
     opn = setting_sql("p", "open_seconds")
     return f"""circuit_batch AS (
+        -- a 429 is the provider asking to slow down, which the adaptive rate does (queueing.ratelimit):
+        -- it is neither a failure nor a success of the breaker's
         SELECT a.provider_id, count(*) AS sends, count(*) FILTER (WHERE a.outcome = 'transient_error') AS failures,
                count(*) FILTER (WHERE a.outcome = 'delivered') AS successes
-        FROM {attempts} a WHERE a.provider_id IS NOT NULL GROUP BY a.provider_id
+        FROM {attempts} a WHERE a.provider_id IS NOT NULL AND a.http_status IS DISTINCT FROM 429
+        GROUP BY a.provider_id
     ), circuit_seen AS (
         -- only providers whose breaker this batch may change: a transient failure, or not closed
         SELECT b.provider_id, b.sends, b.failures, b.successes, c.provider_id IS NOT NULL AS has_row,
