@@ -70,8 +70,12 @@ def test_a_deep_priority_9_backlog_does_not_delay_another_tenant(tenant_a, tenan
     assert a_left > 50_000, "B was measured while A's backlog was still deep"
     idle_p99, busy_p99 = p99(idle), p99(busy)
     print(f"B pickup p99: idle {idle_p99 * 1000:.1f} ms, behind A's backlog {busy_p99 * 1000:.1f} ms")
-    # The floor keeps the ratio meaningful when the idle figure is a couple of milliseconds on a loaded box.
-    assert busy_p99 <= 3 * max(idle_p99, 0.01), (idle_p99, busy_p99)
+    # Without fairness B would wait behind A's remaining ≥ 50,000 (≥ 25 s at A's rate). With it, B's
+    # items are claimed within a claim or two; what is left of the p99 is that A's drain shares these two
+    # cores with B's sends (dispatchers, receivers and PostgreSQL): 1.3–1.6 × idle when this test runs
+    # alone, 2–8 × (50–105 ms) after other process tests in the full suite. The bound is the
+    # larger of 3 × idle and 150 ms: far below what a priority-only claim gives, above that contention.
+    assert busy_p99 <= max(3 * idle_p99, 0.15), (idle_p99, busy_p99)
 
 
 def test_weights_share_a_claim_between_tenants(tenant_a, tenant_b):
