@@ -260,6 +260,26 @@ class KeepAhead:
 _LIKE = "INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY INCLUDING STORAGE INCLUDING COMMENTS"
 
 
+def _replace_table(
+    cursor, table: str, old: str, sequence: str | None, index_suffix: str, partitioning: str,  # noqa: ANN001
+    primary_key: Sequence[str], indexes: Sequence[str],
+) -> None:  # fmt: skip
+    """`table` (its sequence and indexes) renamed to `old`, and a new empty `table` like it
+    (`partitioning`: its PARTITION BY clause, or "") with `primary_key` and `indexes`."""
+    cursor.execute(f"ALTER TABLE {quote(table)} RENAME TO {quote(old)}")
+    if sequence:
+        cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO {quote(old + '_id_seq')}")
+    cursor.execute("SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
+                   "WHERE x.indrelid = %s::regclass", [old])  # fmt: skip
+    for (index,) in cursor.fetchall():
+        cursor.execute(f"ALTER INDEX {quote(index)} RENAME TO {quote((index + index_suffix)[:63])}")
+    cursor.execute(f"CREATE TABLE {quote(table)} (LIKE {quote(old)} {_LIKE}){partitioning}")
+    keys = ", ".join(quote(c) for c in primary_key)
+    cursor.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(table + '_pkey')} PRIMARY KEY ({keys})")
+    for statement in indexes:
+        cursor.execute(statement)
+
+
 def convert(
     schema_editor, table: str, column: str, *, primary_key: Sequence[str], indexes: Sequence[str],
     days_ahead: int = DAYS_AHEAD,
@@ -276,20 +296,8 @@ def convert(
         cursor.execute(f"LOCK TABLE {quote(table)} IN ACCESS EXCLUSIVE MODE")
         cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
         (sequence,) = cursor.fetchone()
-        cursor.execute(f"ALTER TABLE {quote(table)} RENAME TO {quote(old)}")
-        if sequence:
-            cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO {quote(old + '_id_seq')}")
-        cursor.execute("SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
-                       "WHERE x.indrelid = %s::regclass", [old])  # fmt: skip
-        for (index,) in cursor.fetchall():
-            cursor.execute(f"ALTER INDEX {quote(index)} RENAME TO {quote((index + '_unpartitioned')[:63])}")
-        cursor.execute(
-            f"CREATE TABLE {quote(table)} (LIKE {quote(old)} {_LIKE}) PARTITION BY RANGE ({quote(column)})"
-        )
-        keys = ", ".join(quote(c) for c in primary_key)
-        cursor.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(table + '_pkey')} PRIMARY KEY ({keys})")
-        for statement in indexes:
-            cursor.execute(statement)
+        _replace_table(cursor, table, old, sequence, "_unpartitioned", f" PARTITION BY RANGE ({quote(column)})",
+                       primary_key, indexes)  # fmt: skip
         cursor.execute(f"SELECT min({quote(column)}), max(id) FROM {quote(old)}")  # noqa: S608 - quoted identifiers
         oldest, last_id = cursor.fetchone()
     today = datetime.now(UTC).date()
@@ -313,20 +321,7 @@ def unconvert(schema_editor, table: str, *, primary_key: Sequence[str], indexes:
         cursor.execute(f"LOCK TABLE {quote(table)} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(f"SELECT pg_get_serial_sequence(%s, 'id'), (SELECT max(id) FROM {quote(table)})", [table])  # noqa: S608
         sequence, last_id = cursor.fetchone()
-        cursor.execute(f"ALTER TABLE {quote(table)} RENAME TO {quote(old)}")
-        if sequence:
-            cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO {quote(old + '_id_seq')}")
-        cursor.execute("SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
-                       "WHERE x.indrelid = %s::regclass", [old])  # fmt: skip
-        for (index,) in cursor.fetchall():
-            cursor.execute(f"ALTER INDEX {quote(index)} RENAME TO {quote((index + '_partitioned')[:63])}")
-        cursor.execute(
-            f"CREATE TABLE {quote(table)} (LIKE {quote(old)} {_LIKE})"
-        )
-        keys = ", ".join(quote(c) for c in primary_key)
-        cursor.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(table + '_pkey')} PRIMARY KEY ({keys})")
-        for statement in indexes:
-            cursor.execute(statement)
+        _replace_table(cursor, table, old, sequence, "_partitioned", "", primary_key, indexes)
         cols = ", ".join(quote(c) for c in _columns(cursor, old))
         cursor.execute(f"INSERT INTO {quote(table)} ({cols}) OVERRIDING SYSTEM VALUE SELECT {cols} FROM {quote(old)}")  # noqa: S608
         if last_id is not None:
