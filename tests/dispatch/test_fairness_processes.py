@@ -8,19 +8,21 @@ import time
 import pytest
 from django.db import connection
 
+from benchmarks.receiver import ReceiverProcess
 from core import services as core_services
+from notifications.models import Notification
 from notifications.services import NotificationSpec, create_notifications
 from queueing.models import QueueItem
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
-from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
+from tests.support.receivers import TEST_SIGNING_SECRET
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _pickups(tenant, prov, receiver: HttpReceiver, count: int, spacing: float = 0.02) -> list[float]:
+def _send(tenant, prov, count: int, spacing: float = 0.02) -> dict[str, float]:
     """Send `count` notifications one by one (each its own committed create, as the API does) and
-    return each one's pickup: from its commit to its arrival at the receiver."""
+    return each one's commit time by id; wait until all of them are delivered."""
     sent: dict[str, float] = {}
     for _ in range(count):
         spec = NotificationSpec(channel="webhook", recipient="https://example.test/b", provider=prov, subject="s",
@@ -28,9 +30,8 @@ def _pickups(tenant, prov, receiver: HttpReceiver, count: int, spacing: float = 
         [n] = create_notifications(tenant, [spec], actor="test")
         sent[str(n.id)] = time.time()
         time.sleep(spacing)
-    assert wait_until(lambda: len({r.webhook_id for r in receiver.requests} & set(sent)) == count, 30)
-    arrived = {r.webhook_id: r.received_at for r in receiver.requests if r.webhook_id in sent}
-    return [arrived[key] - at for key, at in sent.items()]
+    assert wait_until(lambda: Notification.objects.filter(id__in=list(sent), status="delivered").count() == count, 30)
+    return sent
 
 
 def p99(values: list[float]) -> float:
@@ -40,42 +41,49 @@ def p99(values: list[float]) -> float:
 
 
 def test_a_deep_priority_9_backlog_does_not_delay_another_tenant(tenant_a, tenant_b, subprocess_env, tmp_path):
-    with (
-        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=240, delay_ms=50) as receiver_a,
-        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=240) as receiver_b,
-    ):
+    # Both receivers run in processes of their own (benchmarks.receiver): in this test's process, A's
+    # 2,000 requests a second would hold the GIL that B's receiver needs to stamp B's arrivals.
+    # A's receiver answers in 50 ms, so A's drain is bounded by the dispatchers' concurrency rather than by
+    # the CPU of a shared test box: what B's pickup then measures is the queue's order, not CPU contention.
+    receiver_a = ReceiverProcess(delay_ms=50, verify_every=20, secret=TEST_SIGNING_SECRET)
+    receiver_b = ReceiverProcess(secret=TEST_SIGNING_SECRET)
+    try:
         hook_a = factories.provider(tenant_a, "hook", config={"url": receiver_a.url},
                                     secrets={"signing_secret": TEST_SIGNING_SECRET})
         hook_b = factories.provider(tenant_b, "hook", config={"url": receiver_b.url},
                                     secrets={"signing_secret": TEST_SIGNING_SECRET})
-        # A's receiver answers in 50 ms, so A's drain is bounded by the dispatchers' concurrency rather than by
-        # the CPU of a shared test box: what B's pickup then measures is the queue's order, not CPU contention.
         procs = start_dispatchers(2, subprocess_env, "--batch-size", "50", "--concurrency", "50",
                                   log_dir=tmp_path)
         try:
             assert wait_started(tmp_path, 2)
-            idle = _pickups(tenant_b, hook_b, receiver_b, 150)
+            idle_sent = _send(tenant_b, hook_b, 150)
 
             factories.bulk_queued_sql(tenant_a, hook_a, 100_000, priority=9)
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE queue_state")
                 cursor.execute("SELECT pg_notify('omnipost_queue', 'default')")
-            assert wait_until(lambda: len(receiver_a.requests) >= 2000, 60), "A's backlog is being drained"
-            busy = _pickups(tenant_b, hook_b, receiver_b, 150)
+            assert wait_until(lambda: QueueItem.objects.filter(tenant=tenant_a).count() <= 98_000, 60), (
+                "A's backlog is being drained"
+            )
+            busy_sent = _send(tenant_b, hook_b, 150)
             a_left = QueueItem.objects.filter(tenant=tenant_a).count()
         finally:
             for proc in procs:
                 proc.terminate()
             wait_exit(procs, 30)
+    finally:
+        final_a, _ = receiver_a.stop()
+        final_b, arrived = receiver_b.stop()
     assert a_left > 50_000, "B was measured while A's backlog was still deep"
+    assert final_a["bad_signatures"] == final_b["bad_signatures"] == 0, (final_a, final_b)
+    assert final_b["verified"] == final_b["requests"] == 300 and final_b["duplicates"] == 0, final_b
+    idle = [arrived[key] - at for key, at in idle_sent.items()]
+    busy = [arrived[key] - at for key, at in busy_sent.items()]
     idle_p99, busy_p99 = p99(idle), p99(busy)
     print(f"B pickup p99: idle {idle_p99 * 1000:.1f} ms, behind A's backlog {busy_p99 * 1000:.1f} ms")
-    # Without fairness B would wait behind A's remaining ≥ 50,000 (≥ 25 s at A's rate). With it, B's
-    # items are claimed within a claim or two; what is left of the p99 is that A's drain shares these two
-    # cores with B's sends (dispatchers, receivers and PostgreSQL): 1.3–1.6 × idle when this test runs
-    # alone, 2–8 × (50–105 ms) after other process tests in the full suite. The bound is the
-    # larger of 3 × idle and 150 ms: far below what a priority-only claim gives, above that contention.
-    assert busy_p99 <= max(3 * idle_p99, 0.15), (idle_p99, busy_p99)
+    # Without fairness B would wait behind A's remaining ≥ 50,000 (≥ 25 s at A's rate); with it, B's items
+    # are claimed within a claim or two.
+    assert busy_p99 <= 3 * idle_p99, (idle_p99, busy_p99)
 
 
 def test_weights_share_a_claim_between_tenants(tenant_a, tenant_b):
