@@ -92,9 +92,12 @@ class QueueItem(TenantOwned):
             ),
             # claim() over all queues, per tenant (fairness, queue.claim_ctes_pg): the skip-scan that lists
             # tenants with ready work (one descent per tenant), then one LATERAL per tenant: WHERE ready
-            # AND NOT rate_limited AND tenant_id = ? ORDER BY priority DESC, enqueued_at, item_id.
+            # AND NOT rate_limited AND tenant_id = ? ORDER BY priority DESC, enqueued_at, item_id. Without
+            # `priority >= 0`, as those statements are, so the planner cannot read queue_state_ready_idx for
+            # them (every other tenant's items stepped over by filter, when statistics were taken while one
+            # tenant filled the queue).
             models.Index(
-                fields=["tenant", "-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED_ANY_QUEUE,
+                fields=["tenant", "-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED,
                 name="queue_state_tenant_idx",
             ),
             # claim()'s starvation branch per tenant, over all queues: WHERE ready AND NOT rate_limited AND
