@@ -163,3 +163,35 @@ def test_the_doorbell_only_wakes():
     finally:
         bell.stop()
     assert rung == ["mine"]
+
+
+def test_delivered_event_deliveries_are_vacuumed_out_of_the_event_lanes_claim(tenant_a):
+    """Every event delivery is claimed, then recorded out of event_delivery_due_idx: without VACUUM
+    (autovacuum off here) the event lane's claim stepped over every delivery ever made."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO event_deliveries (tenant_id, event_id, endpoint_id, status, attempts, last_error_code) "
+            "SELECT %s, gen_random_uuid(), 1, 'pending', 0, '' FROM generate_series(1, 3000)", [tenant_a.pk],
+        )
+        cursor.execute("UPDATE event_deliveries SET status = 'delivered', delivered_at = now()")
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    connection.close()
+
+    def due_pages_read(conn: psycopg.Connection) -> int:
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT d.id FROM event_deliveries d "
+                "WHERE d.status = 'pending' AND d.next_attempt_at <= now() "  # as events.deliveries' claim
+                "ORDER BY d.next_attempt_at, d.id LIMIT 10 FOR UPDATE SKIP LOCKED"
+            ).fetchone()[0][0]["Plan"]
+        return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+    with autocommit_connection() as conn:
+        conn.execute("SET enable_seqscan = off")  # the claim's plan on a table of any size
+        assert dead_rows(conn, "event_deliveries") >= 3000
+        before = due_pages_read(conn)
+        assert "event_deliveries" in Janitor(min_dead=2000).maybe_vacuum(conn)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        assert dead_rows(conn, "event_deliveries") == 0
+        after = due_pages_read(conn)
+    assert after * 5 < before, (before, after)
