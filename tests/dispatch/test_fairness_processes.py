@@ -42,8 +42,8 @@ def p99(values: list[float]) -> float:
 
 
 def test_a_deep_priority_9_backlog_does_not_delay_another_tenant(tenant_a, tenant_b, subprocess_env, tmp_path):
-    # Both receivers run in processes of their own (benchmarks.receiver): in this test's process, A's
-    # 2,000 requests a second would hold the GIL that B's receiver needs to stamp B's arrivals.
+    # Both receivers run in processes of their own (benchmarks.receiver): this test's process only sends
+    # B's notifications and stamps nothing, so A's 2,000 requests a second are not served beside them.
     # A's receiver answers in 50 ms, so A's drain is bounded by the dispatchers' concurrency rather than by
     # the CPU of a shared test box: what B's pickup then measures is the queue's order, not CPU contention.
     receiver_a = ReceiverProcess(delay_ms=50, verify_every=20, secret=TEST_SIGNING_SECRET)
