@@ -22,32 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_DB = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_prune_bench"
 
-
-def prepare(url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    with psycopg.connect(parts._replace(path="/postgres").geturl(), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="omnipost_site.settings_test")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=os.environ, check=True)
-    import django
-
-    django.setup()
+from metrics_bench import prepare  # noqa: E402 - bench/ is the script's directory: migrate a throwaway database, set Django up
 
 
 def fill(rows: int, days: int) -> float:
