@@ -27,7 +27,7 @@ promotion that race settle on one of the two. Elsewhere (SQLite) the same in the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -109,38 +109,41 @@ def receipt_ctes(changed: str) -> str:
 
 def after_outcomes_portable(outcomes: Sequence[tuple[uuid.UUID, str]], *, using: str = "default") -> None:
     """(notification id, outcome kind) of recorded outcomes: what `record_ctes` does."""
-    wanted = {nid: kind for nid, kind in outcomes if kind in TRIGGER_OUTCOMES + CANCEL_OUTCOMES}
-    if not wanted:
-        return
     now = timezone.now()
-    due: dict[uuid.UUID, datetime] = {}
-    cancel: list[uuid.UUID] = []
-    rows = Notification.objects.using(using).filter(pk__in=list(wanted), fallback_notification_id__isnull=False)
-    for nid, fallback_id, steps in rows.values_list("pk", "fallback_notification_id", "fallback"):
-        kind = wanted[nid]
+
+    def when(kind: str, steps: list | None) -> datetime | None:
         if kind in CANCEL_OUTCOMES:
-            cancel.append(fallback_id)
-        elif kind == "delivered":
-            due[fallback_id] = now + timedelta(seconds=float((steps or [{}])[0].get("after_seconds", 0)))
-        else:
-            due[fallback_id] = now
-    _apply_portable(due, cancel, using)
+            return None
+        if kind == "delivered":
+            return now + timedelta(seconds=float((steps or [{}])[0].get("after_seconds", 0)))
+        return now
+
+    _follow_portable({nid: kind for nid, kind in outcomes if kind in TRIGGER_OUTCOMES + CANCEL_OUTCOMES}, when, using)
 
 
 def after_receipts_portable(changed: Sequence[tuple[uuid.UUID, str]], *, using: str = "default") -> None:
     """(notification id, receipt shown now) of notifications whose receipt changed: `receipt_ctes`."""
+    now = timezone.now()
     wanted = {nid: receipt for nid, receipt in changed if receipt in TRIGGER_RECEIPTS + CANCEL_RECEIPTS}
+    _follow_portable(wanted, lambda receipt, _steps: None if receipt in CANCEL_RECEIPTS else now, using)
+
+
+def _follow_portable(
+    wanted: dict[uuid.UUID, str], when: Callable[[str, list | None], datetime | None], using: str
+) -> None:
+    """For each notification of `wanted` (id -> what happened) that has a fallback: `when(what, its fallback
+    steps)` is the time its fallback falls due, or None to cancel it."""
     if not wanted:
         return
-    now = timezone.now()
     due: dict[uuid.UUID, datetime] = {}
     cancel: list[uuid.UUID] = []
     rows = Notification.objects.using(using).filter(pk__in=list(wanted), fallback_notification_id__isnull=False)
-    for nid, fallback_id in rows.values_list("pk", "fallback_notification_id"):
-        if wanted[nid] in CANCEL_RECEIPTS:
+    for nid, fallback_id, steps in rows.values_list("pk", "fallback_notification_id", "fallback"):
+        at = when(wanted[nid], steps)
+        if at is None:
             cancel.append(fallback_id)
         else:
-            due[fallback_id] = now
+            due[fallback_id] = at
     _apply_portable(due, cancel, using)
 
 
