@@ -71,11 +71,12 @@ class Claimer:
         # dispatcher gives them back with the backoff, untried (`take_waiting`)
         self.waiting: list[Prepared] = []
 
-    def claim(self, want: int) -> Claimed:
+    def claim(self, want: int, leave_out: frozenset[str] = frozenset()) -> Claimed:
         """Returns the items to send, those to ack unsent, when the next token is due, and items
         claimed but to be given back (the session was lost after the claim, before their providers
         were read). Those whose recipient is suppressed now are kept for `take_suppressed()` (to
-        record `suppressed`, unsent)."""
+        record `suppressed`, unsent). With `leave_out` (tenant ids), a claim for the dispatcher's
+        spare slots: only the other tenants' unlimited items, nothing staged, no lane's tokens taken."""
         if want <= 0:
             return [], [], None, []
         if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
@@ -83,7 +84,7 @@ class Claimer:
             if released:
                 logger.warning("gave back %d items leased by a claim whose session was lost", released)
             self.orphans.clear()
-        prepared, skipped, next_token_in = self._claim(want)
+        prepared, skipped, next_token_in = self._claim(want, leave_out)
         try:
             blocked = suppressed_among(prepared)  # one statement: the suppression list as it is now
             if blocked:
@@ -112,19 +113,24 @@ class Claimer:
         waiting, self.waiting = self.waiting, []
         return waiting
 
-    def _claim(self, want: int) -> tuple[list[Prepared], list[DispatchLease], float | None]:
-        self._stage_due()
-        granted, next_token_in = self._grant_lanes(want)
-        lanes, main = policy.split_claim(want, granted)
-        now = self.clock()
-        look_for_starving = now - self._starving_checked >= STARVATION_CHECK_SECONDS
-        if look_for_starving:
-            self._starving_checked = now
+    def _claim(
+        self, want: int, leave_out: frozenset[str] = frozenset()
+    ) -> tuple[list[Prepared], list[DispatchLease], float | None]:
+        if leave_out:
+            lanes, main, next_token_in, look_for_starving = {}, want, None, False
+        else:
+            self._stage_due()
+            granted, next_token_in = self._grant_lanes(want)
+            lanes, main = policy.split_claim(want, granted)
+            now = self.clock()
+            look_for_starving = now - self._starving_checked >= STARVATION_CHECK_SECONDS
+            if look_for_starving:
+                self._starving_checked = now
         token = uuid.uuid4()
         try:
             prepared, skipped = claim_and_start(
                 main, lease_seconds=self.lease_seconds, queues=self.queues, lanes=lanes,
-                look_for_starving=look_for_starving, token=token,
+                look_for_starving=look_for_starving, token=token, leave_out=sorted(leave_out),
             )  # fmt: skip
         except Exception:
             self.orphans.append(token)  # it may have committed: given back by the next claim

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -162,11 +163,12 @@ _FINAL_STATUS = {
 _FINAL_STATUS_TEXT = {kind: status.value for kind, status in _FINAL_STATUS.items()}  # no enum lookups per item
 
 
-def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
+def hot_cursor(using: str, raw_connection: Any = None, *, generic: bool = False):  # noqa: ANN201, ANN401
     """A psycopg cursor with server-side binding on Django's connection (or on `raw_connection`, a
     psycopg connection), for the two statements per batch of the dispatcher's hot path: parameters
     (long arrays) travel as typed values instead of being quoted into the SQL text, and the
-    statements are prepared once per connection (`_prepare_when_asked`)."""
+    statements are prepared once per connection (`_prepare_when_asked`). `generic`: the statement
+    is executed with its generic plan, made once (see `_plan_mode`)."""
     import psycopg
 
     if raw_connection is None:
@@ -174,6 +176,7 @@ def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
         connection.ensure_connection()
         raw_connection = connection.connection
         _prepare_when_asked(raw_connection)
+        _plan_mode(raw_connection, generic)
     cursor = psycopg.Cursor(raw_connection)
     # psycopg's own (C) timestamptz loader instead of Django's Python subclass: both give aware
     # datetimes in the session's zone (UTC), and a batch carries three per item.
@@ -208,6 +211,29 @@ def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
         return  # a SET inside a transaction is undone by its rollback: next time, outside one
     raw_connection.execute("SET plan_cache_mode = force_custom_plan")
     raw_connection.prepare_threshold = _ONLY_WHEN_ASKED
+    _GENERIC[raw_connection] = False
+
+
+_GENERIC: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # connection → plan_cache_mode is generic
+
+
+def _plan_mode(raw_connection: Any, generic: bool) -> None:  # noqa: ANN401
+    """Custom plans (each execution planned for its parameters), or the generic plan made once.
+
+    The record statement's plan is the same for any batch (its arrays' rows are looked up by
+    primary key), but it has more than twenty CTEs: planning it took 13–19 ms of PostgreSQL per
+    batch, more than executing a batch of 1,000 (pg_stat_statements, track_planning). The claim
+    stays custom (its generic plan guesses LIMIT at a tenth of the queue). One `SET` when the mode
+    changes; none behind a pooler (nothing is prepared there)."""
+    current = _GENERIC.get(raw_connection)
+    if current is None or current == generic:
+        return
+    from psycopg.pq import TransactionStatus
+
+    if raw_connection.info.transaction_status != TransactionStatus.IDLE:
+        return
+    raw_connection.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
+    _GENERIC[raw_connection] = generic
 
 
 @lru_cache(maxsize=1)
@@ -228,8 +254,10 @@ def claim_and_start(
     using: str = "default",
     raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection (PostgreSQL only)
     token: uuid.UUID | None = None,
+    leave_out: Sequence[str] = (),
 ) -> tuple[list[Prepared], list[DispatchLease]]:
-    """Lease up to n items (plus lane grants) and read their notifications.
+    """Lease up to n items (plus lane grants) and read their notifications; none of the tenants in
+    `leave_out` (PostgreSQL's fair claim, `queue.claim_ctes_pg`).
     `look_for_starving=False` skips the scan for items past the starvation threshold (PostgreSQL;
     the dispatcher looks once a second, not on every claim). `token` is the claim's lock token
     (new when None): a caller that lost its session during the claim can give back whatever the
@@ -240,11 +268,11 @@ def claim_and_start(
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
     if not queue.is_pg(using):
         with transaction.atomic(using=using):
-            leases = queue.claim(n, lease_seconds=lease, queues=queues, lanes=lanes, using=using)
+            leases = queue.claim(n, lease_seconds=lease, queues=queues, lanes=lanes, using=using, leave_out=leave_out)
             return _start_portable(leases, using)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
     token = token or uuid.uuid4()
-    sql, params = claim_statement(n, lease, starve, queues, lanes, token)
+    sql, params = claim_statement(n, lease, starve, queues, lanes, token, leave_out)
     with hot_cursor(using, raw_connection) as cursor:
         cursor.execute(sql, params, prepare=pooling.prepare())
         rows = cursor.fetchall()
@@ -268,12 +296,14 @@ def claim_and_start(
 
 
 def claim_statement(
-    n: int, lease: float, starve: float | None, queues: Sequence[str] | None, lanes: dict[int, int], token: uuid.UUID
+    n: int, lease: float, starve: float | None, queues: Sequence[str] | None, lanes: dict[int, int], token: uuid.UUID,
+    leave_out: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
     """The dispatcher's claim on PostgreSQL (one statement): the queue's claim (`queue.claim_ctes_pg`)
     joined to the notifications it starts. Its plan is asserted in tests/queueing/test_claim_isolation.py."""
     ctes, params = queue.claim_ctes_pg(
-        n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING
+        n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING,
+        leave_out=leave_out,
     )
     sql = f"""{ctes}
         SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
@@ -345,7 +375,7 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
         rows = list(zip(tenants, channels, addresses, categories, strict=True))
         return {positions[i] for i in suppressions.dispatch_blocked_portable(rows)}
     params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
-    with hot_cursor(using) as cursor:
+    with hot_cursor(using, generic=True) as cursor:
         cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=pooling.prepare())
         rows = cursor.fetchall()
     blocked = set()
@@ -493,7 +523,7 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
         "d_counts": [o.attempt.number if o.attempt else 0 for o in dead],
         "d_providers": [o.lease.provider_id for o in dead],
     }
-    with hot_cursor(using) as cursor:
+    with hot_cursor(using, generic=True) as cursor:
         cursor.execute(_RECORD_SQL, params, prepare=pooling.prepare())
         rows = cursor.fetchall()
         return {row[0] for row in rows}, rows[0][1] if rows else 0

@@ -71,6 +71,13 @@ class DispatcherConfig:
     events: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
     event_concurrency: int = 100
     event_batch_size: int = 100
+    # Sends beyond `concurrency` that only tenants with fewer than this many in flight may take (see
+    # `_fetch_loop`); None: a tenth of `concurrency`, at least 1. 0: none.
+    spare_slots: int | None = None
+
+    @property
+    def spare(self) -> int:
+        return max(1, self.concurrency // 10) if self.spare_slots is None else max(0, self.spare_slots)
 
 
 class Observer(Protocol):
@@ -233,7 +240,16 @@ class Dispatcher:
     def _ring(self, payload: str) -> None:
         """On the doorbell thread: wake the fetch loop (which then reads the table), nothing more."""
         if not self.config.queues or not payload or set(payload.split(",")) & set(self.config.queues):
-            self.loop.call_soon_threadsafe(self.wake.set)
+            self.loop.call_soon_threadsafe(self._rung)
+
+    def _rung(self) -> None:
+        self.wake.set()
+        self.sender.capacity.set()  # a fetch loop waiting for a slot looks at its spare ones
+
+    def _noisy(self) -> frozenset[str]:
+        """Tenants holding `spare` or more of this dispatcher's sends in flight."""
+        held = Counter(item.tenant_key for _, item in self.sender.inflight.values())
+        return frozenset(tenant for tenant, n in held.items() if n >= self.config.spare)
 
     async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn` on the database thread. A lost session (any driver's error for it: psycopg's
@@ -253,6 +269,10 @@ class Dispatcher:
 
     # --- claiming -----------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
+        """Claims while slots are free. Once all `concurrency` are taken, a ring (an enqueue) may still
+        claim up to `spare` more, for tenants other than those holding `spare` or more in flight: with
+        every slot held by one tenant's deep backlog, another tenant's notification is sent as soon as
+        it is enqueued instead of waiting for a slot and for its turn in the claim that fills it."""
         poll = MIN_POLL
         capacity = self.sender.capacity
         while not self.stopping.is_set():
@@ -260,14 +280,18 @@ class Dispatcher:
             remaining = None if self.config.max_items is None else max(0, self.config.max_items - self.claimed)
             if remaining == 0:
                 return
+            leave_out: frozenset[str] = frozenset()
             if free <= 0:
-                capacity.clear()
-                await capacity.wait()
-                continue
+                spare = self.config.spare + free
+                if spare <= 0 or not self.wake.is_set() or self.config.queues:
+                    capacity.clear()
+                    await capacity.wait()
+                    continue
+                free, leave_out = spare, self._noisy()
             want = min(self.config.batch_size, free, remaining if remaining is not None else free)
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
             try:
-                prepared, skipped, next_token_in, unready = await self.db(self.claimer.claim, want)
+                prepared, skipped, next_token_in, unready = await self.db(self.claimer.claim, want, leave_out)
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)

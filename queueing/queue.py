@@ -286,9 +286,11 @@ def claim(
     lanes: Mapping[int, int] | None = None,
     starvation_seconds: float | None = None,
     using: str = "default",
+    leave_out: Sequence[str] = (),
 ) -> list[Lease]:
     """Lease up to `n` ready items, highest priority first, then oldest; items older than the
     starvation threshold first of all (oldest first). An expired lease counts as ready.
+    None of the tenants in `leave_out` (tenant ids) is taken from (over all queues only).
 
     `lanes` maps a rate-limited provider id to how many of its items may be taken (the tokens
     already granted); rate-limited items are never taken otherwise.
@@ -303,10 +305,12 @@ def claim(
     token = uuid.uuid4()
     if is_pg(using):
         stage(using=using)
-        rows = _claim_pg(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
+        rows = _claim_pg(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using, leave_out)
         leases = list(map(PgLeaseReader(), rows))
     else:
-        rows = _claim_sqlite(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using)
+        rows = _claim_sqlite(
+            max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using, leave_out
+        )
         leases = [lease_from_row(r) for r in rows]
     leases.sort(key=lambda x: (-x.priority, x.enqueued_at, x.item_id))  # ties: first enqueued first
     return leases
@@ -350,18 +354,23 @@ def claim_ctes_pg(
     token: uuid.UUID,
     *,
     returning: str = _RETURNING,
+    leave_out: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
     """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING <returning>)`, so
     callers can extend the same single statement (the dispatcher joins the notifications to it and
     returns fewer columns). `starve=None` leaves out the starving branch (and its index scan).
     Only ready items are read (see `stage`); the claim takes them out of the ready set.
+    `leave_out`: tenant ids whose items this claim does not take (the fair claim only: a dispatcher's
+    claim for its spare slots, dispatch.dispatcher).
 
     The update finds the rows it locked by their `ctid` (a TID scan: no index descent, and no plan
     to misjudge). Joined on `item_id` instead, the planner hash-joined a sequential scan of the
     whole queue once it held fewer than ≈ 30,000 rows (7 ms for a claim of 250 at 20,000). The
     rows are locked (FOR UPDATE) by this statement, so their ctids cannot change before it ends."""
     if not queues:
-        return _fair_claim_ctes_pg(n, lease, starve, lanes, token, returning=returning)
+        return _fair_claim_ctes_pg(n, lease, starve, lanes, token, returning=returning, leave_out=leave_out)
+    if leave_out:
+        raise ValueError("leave_out is a fair claim's (over all queues)")
     lane_cte = ""
     lane_union = ""
     if lanes:
@@ -431,7 +440,8 @@ def _lanes_cte(queue_filter: str) -> str:
 
 
 def _fair_claim_ctes_pg(
-    n: int, lease: float, starve: float | None, lanes: dict[int, int], token: uuid.UUID, *, returning: str
+    n: int, lease: float, starve: float | None, lanes: dict[int, int], token: uuid.UUID, *, returning: str,
+    leave_out: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
     """`claim_ctes_pg` over all queues: fair between tenants (CONTRACT §15), still one statement.
 
@@ -449,7 +459,9 @@ def _fair_claim_ctes_pg(
       to the highest priorities of any tenant (queue_state_ready_idx); a one-time filter skips its
       scan whenever the shares filled the batch.
     Rows are locked as they are read (FOR UPDATE SKIP LOCKED), as in the per-queue claim; a peer's
-    claim in flight is skipped, never waited for."""
+    claim in flight is skipped, never waited for.
+    With `leave_out`, those tenants get no share and there is no `topup` (it reads the all-tenant
+    index, where the tenants left out are the ones that fill it)."""
     def per_tenant(name: str, where: str, order_by: str) -> str:
         # The inner LIMIT is a constant for the planner's sake (with `LIMIT s.share` alone it guesses a
         # tenth of the queue per tenant, and the plan's cost crosses jit_above_cost: ≈ 50–100 ms of JIT
@@ -499,6 +511,8 @@ def _fair_claim_ctes_pg(
         )"""
     lane_cte = f", {_lanes_cte('')}" if lanes else ""
     lane_union = "UNION ALL SELECT item_id, ctid FROM lanes" if lanes else ""
+    left_out = " WHERE a.tenant_id <> ALL(%(leave_out)s::uuid[])" if leave_out else ""
+    no_topup = "false AND " if leave_out else ""
     ctes = f"""
         WITH RECURSIVE active(tenant_id) AS (
             -- ordered as queue_state_tenant_idx is, so that it is the index read (not the tenant FK's);
@@ -514,10 +528,10 @@ def _fair_claim_ctes_pg(
         ), shares AS (
             SELECT a.tenant_id, t.weight::float8 AS weight, random() AS phase,
                    ceil(%(n)s * t.weight::float8 / sum(t.weight) OVER ())::int AS share
-            FROM active a JOIN tenants t ON t.id = a.tenant_id
+            FROM active a JOIN tenants t ON t.id = a.tenant_id{left_out}
         ), {fair}, topup AS (
             SELECT item_id, ctid FROM queue_state
-            WHERE (SELECT count(*) FROM fair) < %(n)s AND {_READY_UNLIMITED} AND priority >= 0
+            WHERE {no_topup}(SELECT count(*) FROM fair) < %(n)s AND {_READY_UNLIMITED} AND priority >= 0
             ORDER BY priority DESC, enqueued_at, item_id
             LIMIT %(n)s
             FOR UPDATE SKIP LOCKED
@@ -533,7 +547,7 @@ def _fair_claim_ctes_pg(
             ORDER BY branch, turn
             LIMIT %(n)s
         ){lane_cte}, {_picked_and_claimed(lane_union, returning)}"""
-    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token}
+    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "leave_out": list(leave_out)}
     if lanes:
         params["lane_ids"] = list(lanes.keys())
         params["lane_caps"] = list(lanes.values())
@@ -541,21 +555,28 @@ def _fair_claim_ctes_pg(
 
 
 def _claim_pg(
-    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
+    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str,
+    leave_out: Sequence[str] = (),
 ) -> list[tuple]:
-    ctes, params = claim_ctes_pg(n, lease, starve, queues, lanes, token)
+    ctes, params = claim_ctes_pg(n, lease, starve, queues, lanes, token, leave_out=leave_out)
     with connections[using].cursor() as cursor:
         cursor.execute(f"{ctes} SELECT {_RETURNING} FROM claimed", params)
         return cursor.fetchall()
 
 
 def _claim_sqlite(
-    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str
+    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str,
+    leave_out: Sequence[str] = (),
 ) -> list[tuple]:
     # SQLite reads `available_at` itself (one writer at a time, no index to keep lean); it still
     # writes `ready` as PostgreSQL does, so a database's rows mean the same whoever wrote them.
+    if leave_out and queues:
+        raise ValueError("leave_out is a claim's over all queues")
     queue_filter = f"AND queue_name IN ({', '.join(['%s'] * len(queues))})" if queues else ""
     qparams: list[Any] = list(queues or [])
+    if leave_out:  # SQLite stores uuids as 32 hex digits
+        queue_filter = f"AND tenant_id NOT IN ({', '.join(['%s'] * len(leave_out))})"
+        qparams = [uuid.UUID(str(t)).hex for t in leave_out]
     cutoff = _sqlite_now_plus("%s")
     selects = [
         f"""SELECT item_id FROM (
