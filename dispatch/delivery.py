@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -163,12 +162,11 @@ _FINAL_STATUS = {
 _FINAL_STATUS_TEXT = {kind: status.value for kind, status in _FINAL_STATUS.items()}  # no enum lookups per item
 
 
-def hot_cursor(using: str, raw_connection: Any = None, *, generic: bool = False):  # noqa: ANN201, ANN401
+def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
     """A psycopg cursor with server-side binding on Django's connection (or on `raw_connection`, a
     psycopg connection), for the two statements per batch of the dispatcher's hot path: parameters
     (long arrays) travel as typed values instead of being quoted into the SQL text, and the
-    statements are prepared once per connection (`_prepare_when_asked`). `generic`: the statement
-    is executed with its generic plan, made once (see `_plan_mode`)."""
+    statements are prepared once per connection (`_prepare_when_asked`)."""
     import psycopg
 
     if raw_connection is None:
@@ -176,7 +174,6 @@ def hot_cursor(using: str, raw_connection: Any = None, *, generic: bool = False)
         connection.ensure_connection()
         raw_connection = connection.connection
         _prepare_when_asked(raw_connection)
-        _plan_mode(raw_connection, generic)
     cursor = psycopg.Cursor(raw_connection)
     # psycopg's own (C) timestamptz loader instead of Django's Python subclass: both give aware
     # datetimes in the session's zone (UTC), and a batch carries three per item.
@@ -188,17 +185,22 @@ _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: never prepare a que
 
 
 def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
-    """Make `execute(..., prepare=True)` prepare, once, on this connection.
+    """Make `execute(..., prepare=True)` prepare, once, on this connection, and plan it once.
 
     Django turns psycopg's prepared statements off on its connections (prepare_threshold=None, for
     connection poolers) and that also ignores `prepare=True`: the claim and the record were parsed
     and analysed again for every batch (≈ 5 µs of PostgreSQL CPU per delivery). Statements that ask
-    are prepared; Django's own queries still never are. Plans stay custom: a generic plan of the
-    claim guesses its LIMIT at a tenth of the queue and hash-joins whole tables.
+    are prepared; Django's own queries still never are.
+
+    Their generic plan is made once and kept (`plan_cache_mode = force_generic_plan`): with custom
+    plans, planning the record statement's CTEs took 13–19 ms of PostgreSQL a batch (more than
+    executing a batch of 1,000; pg_stat_statements with track_planning), the claim's 1–4 ms, and on
+    the dispatcher's one DB thread a claim waited behind them. None of these plans depends on its
+    parameters' values: arrays are looked up by primary key, and the claim reads its indexes in
+    order under LIMITs (its generic plan at depth is asserted in tests/dispatch/test_fairness_processes.py).
 
     Only Django's connections need this. The LISTEN connection is a plain psycopg one (threshold
-    5, so `prepare=True` works there) and keeps PostgreSQL's own choice of plan: its claims are a
-    few items, for which a plan made once is ≈ 0.4 ms quicker in pickup latency.
+    5, so `prepare=True` works there) and keeps PostgreSQL's own choice of plan.
 
     Behind a pooler (core.pooling) nothing is prepared and no session `SET` is made: the hot
     statements pass `prepare=pooling.prepare()`, False there.
@@ -209,31 +211,9 @@ def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
 
     if raw_connection.info.transaction_status != TransactionStatus.IDLE:
         return  # a SET inside a transaction is undone by its rollback: next time, outside one
-    raw_connection.execute("SET plan_cache_mode = force_custom_plan")
+    raw_connection.execute("SET plan_cache_mode = force_generic_plan")
     raw_connection.prepare_threshold = _ONLY_WHEN_ASKED
-    _GENERIC[raw_connection] = False
 
-
-_GENERIC: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # connection → plan_cache_mode is generic
-
-
-def _plan_mode(raw_connection: Any, generic: bool) -> None:  # noqa: ANN401
-    """Custom plans (each execution planned for its parameters), or the generic plan made once.
-
-    The record statement's plan is the same for any batch (its arrays' rows are looked up by
-    primary key), but it has more than twenty CTEs: planning it took 13–19 ms of PostgreSQL per
-    batch, more than executing a batch of 1,000 (pg_stat_statements, track_planning). The claim
-    stays custom (its generic plan guesses LIMIT at a tenth of the queue). One `SET` when the mode
-    changes; none behind a pooler (nothing is prepared there)."""
-    current = _GENERIC.get(raw_connection)
-    if current is None or current == generic:
-        return
-    from psycopg.pq import TransactionStatus
-
-    if raw_connection.info.transaction_status != TransactionStatus.IDLE:
-        return
-    raw_connection.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
-    _GENERIC[raw_connection] = generic
 
 
 @lru_cache(maxsize=1)
@@ -375,7 +355,7 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
         rows = list(zip(tenants, channels, addresses, categories, strict=True))
         return {positions[i] for i in suppressions.dispatch_blocked_portable(rows)}
     params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
-    with hot_cursor(using, generic=True) as cursor:
+    with hot_cursor(using) as cursor:
         cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=pooling.prepare())
         rows = cursor.fetchall()
     blocked = set()
@@ -523,7 +503,7 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
         "d_counts": [o.attempt.number if o.attempt else 0 for o in dead],
         "d_providers": [o.lease.provider_id for o in dead],
     }
-    with hot_cursor(using, generic=True) as cursor:
+    with hot_cursor(using) as cursor:
         cursor.execute(_RECORD_SQL, params, prepare=pooling.prepare())
         rows = cursor.fetchall()
         return {row[0] for row in rows}, rows[0][1] if rows else 0

@@ -62,7 +62,7 @@ def test_the_hot_path_prepares_only_without_a_pooler(api_a, tenant_a, pooler):
         state = session_state()
     if pooler == "pgbouncer":
         assert state == {"prepared": 0, "plan_cache_mode": "auto", "advisory_locks": 0}
-    else:  # the create, the detail read, the claim, the provider versions, the record (the last: generic)
+    else:  # the create, the detail read, the claim, the provider versions, the record
         assert state["prepared"] >= 4 and state["plan_cache_mode"] == "force_generic_plan"
 
 
