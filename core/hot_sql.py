@@ -40,7 +40,7 @@ def fetchone(
     raw = connection.connection
     prepare = pooling.prepare()
     if prepare and raw.prepare_threshold is None:
-        raw.prepare_threshold = _ONLY_WHEN_ASKED  # Django's None would also ignore prepare=True
+        _prepare_when_asked(raw)
     started = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
         cursor.execute(sql, params, prepare=prepare)
@@ -49,3 +49,16 @@ def fetchone(
         # The parameters beside the text, as Django's log shows them bound into it (secrets are ciphertext).
         connection.queries_log.append({"sql": sql, "params": params, "time": f"{time.monotonic() - started:.3f}"})
     return row
+
+
+def _prepare_when_asked(raw: Any) -> None:  # noqa: ANN401 - a psycopg connection
+    """Let `prepare=True` prepare (Django's prepare_threshold=None ignores it) and keep each prepared
+    statement's generic plan, made once (`plan_cache_mode`; the default `auto` re-plans a statement
+    for its parameters whenever the generic plan's estimate is not the cheaper). Both only outside a
+    transaction, where the `SET` cannot be rolled back: until then the statement runs unprepared."""
+    from psycopg.pq import TransactionStatus
+
+    if raw.info.transaction_status != TransactionStatus.IDLE:
+        return
+    raw.execute("SET plan_cache_mode = force_generic_plan")
+    raw.prepare_threshold = _ONLY_WHEN_ASKED

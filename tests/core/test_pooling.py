@@ -66,6 +66,35 @@ def test_the_hot_path_prepares_only_without_a_pooler(api_a, tenant_a, pooler):
         assert state["prepared"] >= 4 and state["plan_cache_mode"] == "force_generic_plan"
 
 
+def test_the_apis_hot_statements_keep_one_generic_plan(api_a, tenant_a):
+    """core.hot_sql prepares the create and the detail read once per connection and plans each once:
+    every execution runs the generic plan, none is planned again for its parameters."""
+    make_setup(tenant_a)
+
+    def plans() -> dict[str, tuple[int, int]]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+            return {statement: (generic, custom) for statement, generic, custom in cursor.fetchall()}
+
+    def hot(found: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        return {("create" if "INSERT INTO notifications" in k else "read"): v for k, v in found.items()
+                if "INSERT INTO notifications" in k or (k.lstrip().startswith("SELECT") and "delivery_attempts" in k)}
+
+    assert api_a.post("/api/v1/notifications", email(subject="first"), format="json").status_code == 201
+    before = hot(plans())
+    created = [api_a.post("/api/v1/notifications", email(subject=f"n{i}"), format="json") for i in range(4)]
+    assert [r.status_code for r in created] == [201] * 4
+    for response in created:
+        assert api_a.get(f"/api/v1/notifications/{response.json()['id']}").status_code == 200
+    after = hot(plans())
+    assert set(after) == {"create", "read"}, after
+    create_before = before.get("create", (0, 0))
+    read_before = before.get("read", (0, 0))
+    assert (after["create"][0] - create_before[0], after["create"][1] - create_before[1]) == (4, 0)
+    assert (after["read"][0] - read_before[0], after["read"][1] - read_before[1]) == (4, 0)
+    assert session_state()["plan_cache_mode"] == "force_generic_plan"
+
+
 def test_pooled_janitor_takes_no_session_lock_and_skips_a_table_it_cannot_lock(tenant_a):
     leave_dead_queue_rows(tenant_a, 200)
     with autocommit_connection() as holder, autocommit_connection() as conn, override_settings(
