@@ -40,7 +40,7 @@ def fetchone(
     raw = connection.connection
     prepare = pooling.prepare()
     if prepare and raw.prepare_threshold is None:
-        _prepare_when_asked(raw)
+        keep_generic_plans(raw, _ONLY_WHEN_ASKED)
     started = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
         cursor.execute(sql, params, prepare=prepare)
@@ -51,14 +51,15 @@ def fetchone(
     return row
 
 
-def _prepare_when_asked(raw: Any) -> None:  # noqa: ANN401 - a psycopg connection
-    """Let `prepare=True` prepare (Django's prepare_threshold=None ignores it) and keep each prepared
-    statement's generic plan, made once (`plan_cache_mode`; the default `auto` re-plans a statement
-    for its parameters whenever the generic plan's estimate is not the cheaper). Both only outside a
-    transaction, where the `SET` cannot be rolled back: until then the statement runs unprepared."""
+def keep_generic_plans(raw: Any, threshold: int) -> None:  # noqa: ANN401 - a psycopg connection
+    """Let `prepare=True` prepare (Django's prepare_threshold=None ignores it; `threshold` is the
+    caller's) and keep each prepared statement's generic plan, made once (`plan_cache_mode`; the
+    default `auto` re-plans a statement for its parameters whenever the generic plan's estimate is
+    not the cheaper). Both only outside a transaction, where the `SET` cannot be rolled back: until
+    then the statement runs unprepared. Also the dispatcher's (dispatch.delivery)."""
     from psycopg.pq import TransactionStatus
 
     if raw.info.transaction_status != TransactionStatus.IDLE:
         return
     raw.execute("SET plan_cache_mode = force_generic_plan")
-    raw.prepare_threshold = _ONLY_WHEN_ASKED
+    raw.prepare_threshold = threshold

@@ -29,7 +29,7 @@ from django.db import connections, models, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
-from core import crypto, pooling
+from core import crypto, hot_sql, pooling
 from dlq.models import DeadLetter
 from events.emit import emit_outcomes_portable, outcome_events_cte
 from notifications import circuits, counters, fallback, suppressions
@@ -207,13 +207,7 @@ def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
     """
     if raw_connection.prepare_threshold == _ONLY_WHEN_ASKED or pooling.pooled():
         return
-    from psycopg.pq import TransactionStatus
-
-    if raw_connection.info.transaction_status != TransactionStatus.IDLE:
-        return  # a SET inside a transaction is undone by its rollback: next time, outside one
-    raw_connection.execute("SET plan_cache_mode = force_generic_plan")
-    raw_connection.prepare_threshold = _ONLY_WHEN_ASKED
-
+    hot_sql.keep_generic_plans(raw_connection, _ONLY_WHEN_ASKED)
 
 
 @lru_cache(maxsize=1)
