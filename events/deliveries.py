@@ -76,7 +76,9 @@ _CLAIM_SQL = """
         UPDATE event_deliveries d
         SET lock_token = %(token)s, locked_until = now() + make_interval(secs => %(lease)s),
             attempts = d.attempts + 1
-        FROM due WHERE d.id = due.id
+        -- by primary key whatever the plan: a join with `due` was planned, generically, as a hash
+        -- join over a sequential scan of the whole table (357 ms a claim at 20,000 deliveries)
+        WHERE d.id = ANY(ARRAY(SELECT id FROM due))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.attempts, d.next_attempt_at
     )
     SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text, c.attempts,
@@ -95,12 +97,16 @@ def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = N
         return []
     if connection.vendor != "postgresql":
         return _claim_portable(n, lease_seconds, token)
-    params = {"n": n, "lease": float(lease_seconds), "token": token}
-    rows = _run(cursor, _CLAIM_SQL, params, fetch=True)
+    rows = _run(cursor, *claim_statement(n, lease_seconds, token), fetch=True)
     return [
         Claimed(did, token, eid, etype, epid, tkey, attempt, payload.encode(), url, secret, previous, rotated, version)
         for did, eid, etype, epid, tkey, attempt, payload, url, secret, previous, rotated, version in rows
     ]
+
+
+def claim_statement(n: int, lease_seconds: float, token: uuid.UUID) -> tuple[str, dict[str, Any]]:
+    """The PostgreSQL claim of up to `n` due deliveries, and its parameters."""
+    return _CLAIM_SQL, {"n": n, "lease": float(lease_seconds), "token": token}
 
 
 _RECORD_SQL = """

@@ -16,6 +16,7 @@ from notifications.services import NotificationSpec, create_notifications
 from queueing.models import QueueItem
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
+from tests.support import plans
 from tests.support.receivers import TEST_SIGNING_SECRET
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -227,8 +228,8 @@ def test_the_fair_claim_is_flat_at_depth_and_never_jit_compiled(tenant_a, tenant
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + ctes + " SELECT count(*) FROM claimed", params)
             raw = cursor.fetchone()[0]
             plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
-            assert ("Seq Scan", "queue_state") not in set(_scans(plan["Plan"]))
-            assert ("Index Scan", "queue_state") in set(_scans(plan["Plan"]))
+            assert ("Seq Scan", "queue_state") not in plans.scans(plan["Plan"])
+            assert ("Index Scan", "queue_state") in plans.scans(plan["Plan"])
             assert "JIT" not in plan, plan.get("JIT")
             assert plan["Plan"]["Total Cost"] < jit_above
             top = plan["Plan"]
@@ -240,13 +241,7 @@ def test_the_dispatchers_claim_under_its_generic_plan_is_flat_at_depth(tenant_a,
     """The dispatcher prepares its claim and plans it once (dispatch.delivery._prepare_when_asked): that
     one generic plan, executed with A 200,000 deep and B 50, reads indexes only, a few thousand buffers at
     most, and takes B's 50 and A's 50 of a claim of 100 (and only B's when A is left out)."""
-    import json
-    import re
     import uuid
-
-    import psycopg
-    from psycopg._queries import PostgresQuery  # psycopg's own %(name)s → $n conversion, as execute() does
-    from psycopg.adapt import Transformer
 
     from dispatch.delivery import claim_statement
 
@@ -257,35 +252,19 @@ def test_the_dispatchers_claim_under_its_generic_plan_is_flat_at_depth(tenant_a,
         cursor.execute("ANALYZE queue_state")
     connection.ensure_connection()
     raw = connection.connection
+
+    def leased(cursor):  # noqa: ANN001, ANN202
+        cursor.execute("SELECT tenant_id, count(*) FROM queue_state WHERE lock_token IS NOT NULL GROUP BY 1")
+        return dict(cursor.fetchall())
+
     for starve, leave_out, n, b_share in ((None, (), 100, 50), (300.0, (), 100, 50), (None, (str(tenant_a.pk),), 5, 5)):
         sql, params = claim_statement(n, 30, starve, None, {}, uuid.uuid4(), leave_out)
-        query = PostgresQuery(Transformer(raw))
-        query.convert(sql, params)
-        names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))  # $1, $2, … in order of first use
-        raw.execute("BEGIN")
-        try:
-            raw.execute(f"PREPARE claim AS {query.query.decode()}")
-            raw.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            explain = psycopg.ClientCursor(raw)
-            explain.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({', '.join(['%s'] * len(names))})",
-                            [params[name] for name in names])
-            raw_plan = explain.fetchone()[0]
-            explain.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'claim'")
-            assert explain.fetchone()[0] == 1
-            explain.execute("SELECT tenant_id, count(*) FROM queue_state WHERE lock_token IS NOT NULL GROUP BY 1")
-            leased = dict(explain.fetchall())
-        finally:
-            raw.execute("ROLLBACK")
-            raw.execute("DEALLOCATE claim")  # PREPARE is not undone by a rollback
-        plan = (json.loads(raw_plan) if isinstance(raw_plan, str) else raw_plan)[0]
-        scans = set(_scans(plan["Plan"]))
+        explained = plans.explain_generic(raw, sql, params, inside=leased)
+        assert explained.generic_plans == 1
+        plan, leased_now = explained.plan, explained.seen
+        scans = plans.scans(plan["Plan"])
         assert ("Seq Scan", "queue_state") not in scans and ("Seq Scan", "notifications") not in scans, scans
         assert "JIT" not in plan
         assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"] < 3000, plan["Plan"]
-        assert leased.get(tenant_b.pk) == b_share and leased.get(tenant_a.pk, 0) == n - b_share, leased
+        assert leased_now.get(tenant_b.pk) == b_share and leased_now.get(tenant_a.pk, 0) == n - b_share, leased_now
 
-
-def _scans(node: dict):  # noqa: ANN202
-    yield node["Node Type"], node.get("Relation Name")
-    for child in node.get("Plans", []):
-        yield from _scans(child)

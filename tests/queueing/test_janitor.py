@@ -3,7 +3,9 @@ maintenance on a process's own connection; the doorbell beside it only wakes."""
 
 from __future__ import annotations
 
+import re
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -13,6 +15,8 @@ from notifications.models import Provider
 from queueing.janitor import Janitor
 from queueing.wakeup import Doorbell, _conninfo
 from tests import factories
+from tests.queueing.dispatch_support import wait_until
+from tests.support import plans
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,3 +199,52 @@ def test_delivered_event_deliveries_are_vacuumed_out_of_the_event_lanes_claim(te
         assert dead_rows(conn, "event_deliveries") == 0
         after = due_pages_read(conn)
     assert after * 5 < before, (before, after)
+
+
+def test_a_tables_stale_statistics_are_analyzed_and_a_generic_plan_made_on_it_empty_is_made_again(tenant_a):
+    """With autovacuum off, a statement prepared while a table was empty kept the plan made for that
+    size (the event lane's claim read all of `event_deliveries` per claim). The janitor analyzes a
+    table once more rows changed than its statistics knew of, and PostgreSQL then re-plans."""
+    from psycopg._queries import PostgresQuery
+    from psycopg.adapt import Transformer
+
+    from events import deliveries, emit
+    from events.services import create_endpoint
+
+    create_endpoint(tenant_a, name="ops", url="https://hooks.example.com/e", event_types=["*"], actor="test")
+    with autocommit_connection() as conn:
+        conn.execute("ANALYZE event_deliveries")  # statistics of an empty table
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as the dispatcher's connection
+        sql, params = deliveries.claim_statement(50, 30, uuid.uuid4())
+        query = PostgresQuery(Transformer(conn))
+        query.convert(sql, params)
+        conn.execute(f"PREPARE lane_claim AS {query.query.decode()}")
+        names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))  # $1, $2, … in order of first use
+
+        def seq_scanned() -> bool:
+            explain = psycopg.ClientCursor(conn)
+            explain.execute(f"EXPLAIN (FORMAT JSON) EXECUTE lane_claim({', '.join(['%s'] * len(names))})",
+                            [params[name] for name in names])
+            return ("Seq Scan", "event_deliveries") in plans.scans(explain.fetchone()[0][0]["Plan"])
+
+        assert seq_scanned()  # planned for an empty table
+        emit.emit(None, tenant_a.pk, "notification.delivered",
+                  [{"notification_id": str(uuid.uuid4()), "status": "delivered"} for _ in range(3000)])  # fmt: skip
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        connection.close()  # the backend's statistics reach the collector as it exits
+        assert wait_until(lambda: _changed_since_analyzed(conn, "event_deliveries") >= 3000, 5)
+        janitor = Janitor(min_dead=10**9)  # nothing to vacuum
+        assert janitor.maybe_vacuum(conn) == []
+        assert "event_deliveries" in janitor.analyzed and "events" in janitor.analyzed
+        assert _changed_since_analyzed(conn, "event_deliveries") == 0
+        assert not seq_scanned()  # the same prepared statement, planned again
+        again = Janitor(min_dead=10**9)
+        again.maybe_vacuum(conn)
+        assert "event_deliveries" not in again.analyzed  # fresh: not analyzed again
+
+
+def _changed_since_analyzed(conn: psycopg.Connection, table: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = %s", [table]).fetchone()
+    return row[0]

@@ -1,0 +1,92 @@
+"""The generic plans the dispatcher keeps for its hot statements (planned once per connection,
+dispatch.delivery._prepare_when_asked) stay linear in the batch and read rows by index.
+
+A generic plan estimates every unnest of an array parameter at 10 rows: a join of two such inputs
+(or of one with a CTE) was planned as a nested loop, run 1,000 × 1,000 times for a batch of 1,000,
+and an UPDATE joined with its own CTE as a sequential scan of the whole table.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from dispatch.delivery import Attempt, Outcome, claim_and_start, record_statement
+from events import deliveries, emit
+from events.services import create_endpoint
+from tests import factories
+from tests.support import plans
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Node types whose inner repetition is what made a plan quadratic: rescanning a CTE's or a
+# function's (unnest's) rows once per row of the other side. (A small table's one page may be
+# read per row: its statistics say it is small, and the janitor keeps them fresh.)
+_RESCANNED = {"CTE Scan", "Function Scan"}
+_LARGE = ("notifications", "queue_state", "events", "event_deliveries", "delivery_attempts", "dead_letter_queue")
+
+
+def _endpoint(tenant):  # noqa: ANN001, ANN202
+    return create_endpoint(tenant, name="ops", url="https://hooks.example.com/e", event_types=["*"], actor="test")[0]
+
+
+def _outcomes(prepared: list) -> list[Outcome]:
+    now = timezone.now()
+    retry = Attempt(1, now, now, "transient_error", error_code="http_503", http_status=503)
+    dead = Attempt(1, now, now, "permanent_error", error_code="http_404", http_status=404)
+    delivered = Attempt(1, now, now, "delivered", http_status=200)
+    return [
+        Outcome(p.lease, "retry", retry, retry_delay=30.0, error_code="http_503") if i % 10 == 0
+        else Outcome(p.lease, "dead_lettered", dead, error_code="http_404", failure_class="permanent",
+                     failure_reason="http_404", status_code=404) if i % 10 == 1
+        else Outcome(p.lease, "delivered", delivered)
+        for i, p in enumerate(prepared)
+    ]  # fmt: skip
+
+
+def test_the_record_statements_generic_plan_is_linear_in_the_batch(tenant_a):
+    _endpoint(tenant_a)  # every outcome also makes an event and its delivery
+    factories.bulk_queued_sql(tenant_a, factories.provider(tenant_a), 20_000)  # a backlog behind the batch
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    prepared, _ = claim_and_start(600, lease_seconds=30)
+    assert len(prepared) == 600
+    sql, params = record_statement(_outcomes(prepared))
+    connection.ensure_connection()
+
+    def written(cursor):  # noqa: ANN001, ANN202
+        cursor.execute("SELECT (SELECT count(*) FROM delivery_attempts), (SELECT count(*) FROM dead_letter_queue), "
+                       "(SELECT count(*) FROM event_deliveries), (SELECT count(*) FROM queue_state)")  # fmt: skip
+        return cursor.fetchone()
+
+    explained = plans.explain_generic(connection.connection, sql, params, inside=written)
+    assert explained.generic_plans == 1
+    assert explained.seen == (600, 60, 540, 20_000 - 540)  # attempts, dead letters, events (not of retries), queue
+    rescans = [(n["Node Type"], n.get("Relation Name") or n.get("CTE Name"), n["Actual Loops"])
+               for n in plans.nodes(explained.plan["Plan"])
+               if n["Node Type"] in _RESCANNED and n["Actual Loops"] > 1]  # fmt: skip
+    assert rescans == [], rescans
+    assert not {("Seq Scan", table) for table in _LARGE} & plans.scans(explained.plan["Plan"])
+
+
+def test_the_event_lanes_claim_reads_deliveries_by_index_under_a_generic_plan(tenant_a):
+    _endpoint(tenant_a)
+    emit.emit(None, tenant_a.pk, "notification.delivered",
+              [{"notification_id": str(uuid.uuid4()), "status": "delivered"} for _ in range(5000)])  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    connection.ensure_connection()
+
+    def leased(cursor):  # noqa: ANN001, ANN202
+        cursor.execute("SELECT count(*) FROM event_deliveries WHERE lock_token IS NOT NULL")
+        return cursor.fetchone()[0]
+
+    sql, params = deliveries.claim_statement(100, 30, uuid.uuid4())
+    explained = plans.explain_generic(connection.connection, sql, params, inside=leased)
+    assert explained.generic_plans == 1 and explained.seen == 100
+    scans = plans.scans(explained.plan["Plan"])
+    assert ("Seq Scan", "event_deliveries") not in scans and ("Seq Scan", "events") not in scans, scans
+    assert explained.plan["Plan"]["Shared Hit Blocks"] + explained.plan["Plan"].get("Shared Read Blocks", 0) < 2000
