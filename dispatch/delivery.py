@@ -379,11 +379,13 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
 # estimates every unnest at 10 rows; a join of two such inputs was planned as a nested loop over
 # the other one, 1,000 × 1,000 rows a batch (≈ 800 ms instead of 40).
 _OUTCOME_COLUMNS = (
-    "item_id bigint, lock_token uuid, kind text, delay float8, status text, attempts int, code text, "
-    "next_provider bigint, a_number int, a_started timestamptz, a_finished timestamptz, a_outcome text, "
-    "a_class text, a_code text, a_message text, a_status int, a_duration int, a_provider bigint, "
-    "d_class text, d_reason text, d_status_code int, d_count int"
-)
+    ("item_id", "bigint"), ("lock_token", "uuid"), ("kind", "text"), ("delay", "float8"), ("status", "text"),
+    ("attempts", "int"), ("code", "text"), ("next_provider", "bigint"),
+    ("a_number", "int"), ("a_started", "timestamptz"), ("a_finished", "timestamptz"), ("a_outcome", "text"),
+    ("a_class", "text"), ("a_code", "text"), ("a_message", "text"), ("a_status", "int"), ("a_duration", "int"),
+    ("a_provider", "bigint"),
+    ("d_class", "text"), ("d_reason", "text"), ("d_status_code", "int"), ("d_count", "int"),
+)  # fmt: skip
 _OURS = ("q.item_id, q.notification_id, q.tenant_id, q.provider_id, o.status, o.attempts, o.code, o.a_number, "
          "o.a_started, o.a_finished, o.a_outcome, o.a_class, o.a_code, o.a_message, o.a_status, o.a_duration, "
          "o.a_provider, o.d_class, o.d_reason, o.d_status_code, o.d_count")  # fmt: skip
@@ -445,8 +447,8 @@ _RECORD_SQL = """
     ), {circuit}
     SELECT item_id, (SELECT count(*) FROM ev_fanout)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
 """.format(
-    arrays=", ".join(f"%({name})b::{kind}[]" for name, kind in (c.split() for c in _OUTCOME_COLUMNS.split(", "))),
-    names=", ".join(c.split()[0] for c in _OUTCOME_COLUMNS.split(", ")),
+    arrays=", ".join(f"%({name})b::{kind}[]" for name, kind in _OUTCOME_COLUMNS),
+    names=", ".join(name for name, _ in _OUTCOME_COLUMNS),
     # the queue row gives back the ids the rest of the statement needs (and each item's outcome
     # beside them): the batch carries only what the queue row does not know
     settle=queue.settle_ctes_pg("settling", returning=_OURS, reroute=True),
@@ -476,7 +478,7 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
 def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
     """The PostgreSQL record statement of a batch, and its parameters."""
     tried = [o.attempt for o in outcomes]
-    dead = [o.kind in ("failed", "dead_lettered") for o in outcomes]
+    dead = [o if o.kind in ("failed", "dead_lettered") else None for o in outcomes]
     params: dict[str, Any] = {
         "item_id": [o.lease.item_id for o in outcomes],
         "lock_token": [o.lease.lock_token for o in outcomes],
@@ -497,10 +499,10 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
         "a_duration": [a.duration_ms if a else None for a in tried],
         # the provider it went through (routing may change it), for its attempt and its dead letter
         "a_provider": [o.lease.provider_id for o in outcomes],
-        "d_class": [o.failure_class if d else None for o, d in zip(outcomes, dead, strict=True)],
-        "d_reason": [o.failure_reason[:2000] if d else None for o, d in zip(outcomes, dead, strict=True)],
-        "d_status_code": [o.status_code if d else None for o, d in zip(outcomes, dead, strict=True)],
-        "d_count": [(o.attempt.number if o.attempt else 0) if d else None for o, d in zip(outcomes, dead, strict=True)],
+        "d_class": [d.failure_class if d else None for d in dead],
+        "d_reason": [d.failure_reason[:2000] if d else None for d in dead],
+        "d_status_code": [d.status_code if d else None for d in dead],
+        "d_count": [(d.attempt.number if d.attempt else 0) if d else None for d in dead],
     }
     return _RECORD_SQL, params
 

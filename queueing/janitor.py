@@ -58,7 +58,6 @@ class Janitor:
     clock: Callable[[], float] = time.monotonic
     tables: tuple[str, ...] = CHURNING_TABLES
     _last: float = field(default=float("-inf"), init=False)
-
     analyzed: list[str] = field(default_factory=list, init=False)  # by the last look, beside the vacuumed
 
     def due(self, stats: list[tuple[str, int, int]]) -> list[str]:
@@ -103,22 +102,21 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
             return []
     skip = ", SKIP_LOCKED" if pooled else ""
     try:
-        done = _vacuum(conn, due, "VACUUM (ANALYZE, TRUNCATE false" + skip + ") {}")
-        janitor.analyzed = _vacuum(conn, stale, "ANALYZE" + (" (SKIP_LOCKED)" if pooled else "") + " {}")
+        done = _each(conn, due, "VACUUM (ANALYZE, TRUNCATE false" + skip + ") {}", "vacuumed")
+        janitor.analyzed = _each(conn, stale, "ANALYZE" + (" (SKIP_LOCKED)" if pooled else "") + " {}", "analyzed")
         return done
     finally:
         if not pooled:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
 
 
-def _vacuum(conn, tables: list[str], statement: str) -> list[str]:  # noqa: ANN001
+def _each(conn, tables: list[str], statement: str, done_as: str) -> list[str]:  # noqa: ANN001
     done = []
     for table in tables:
         started = time.perf_counter()
         conn.execute(sql.SQL(statement).format(sql.Identifier(table)))
         done.append(table)
-        logger.info("%s %s in %.0f ms", "vacuumed" if statement.startswith("VACUUM") else "analyzed", table,
-                    (time.perf_counter() - started) * 1000)  # fmt: skip
+        logger.info("%s %s in %.0f ms", done_as, table, (time.perf_counter() - started) * 1000)
     return done
 
 
