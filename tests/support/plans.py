@@ -51,7 +51,7 @@ def explain_generic(
     finally:
         raw.execute("ROLLBACK")  # psycopg deallocates its own prepared statements after a rollback, and
         # PREPARE is not undone by one: this one goes unless psycopg's DEALLOCATE ALL took it already
-        if raw.execute("SELECT FROM pg_prepared_statements WHERE name = 'omnipost_explained'").fetchone():
+        if raw.execute("SELECT 1 FROM pg_prepared_statements WHERE name = 'omnipost_explained'").fetchone():
             raw.execute("DEALLOCATE omnipost_explained")
     return Explained((json.loads(raw_plan) if isinstance(raw_plan, str) else raw_plan)[0], generic, seen)
 
