@@ -34,8 +34,9 @@ def test_end_to_end_delivers_everything_once_and_reports_its_figures(subprocess_
     assert result["delivered_per_second"] > 0 and result["steady_per_second"] > 0
     assert result["enqueue_per_second"] > 0 and set(result["latency_ms"]) == {"p50", "p95", "p99", "max"}
     # A claim and a record per batch, not per item: per item would be ≥ 2. The figure also counts the
-    # idle polls while the last retries wait out their backoff (0.4–0.8 here), hence the margin.
-    assert 0 < result["statements_per_delivery"] < 1
+    # idle polls and janitor passes while the last retries wait out their backoff (0.4–1.1 a delivery
+    # here, more on a slower machine, where the wait is longer), hence the margin.
+    assert 0 < result["statements_per_delivery"] < 1.5
     for label in ("delivery rate", "delivery rate, middle 80 %", "latency p99", "duplicates", "lost"):
         assert label in proc.stdout
     # every bench notification was really delivered, each with its attempt rows (503s were retried)
