@@ -113,7 +113,7 @@ class Dispatcher:
                 lease_seconds=config.lease_seconds, busy=self._busy,
             )  # fmt: skip
             self.recorder.after_write = self._nudge_events
-        self._last_claimed_at = 0.0  # time.monotonic() of the last claim that found notifications
+        self._full_claim_at = 0.0  # time.monotonic() of the last claim that found as many as it asked for
         self.events_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
 
@@ -226,8 +226,11 @@ class Dispatcher:
         self.sender.capacity.set()
 
     def _busy(self) -> bool:
-        """Notifications in flight, or found by a claim within the last 0.2 s: the event lane holds back."""
-        return bool(self.sender.inflight) or time.monotonic() - self._last_claimed_at < 0.2
+        """A backlog of notifications: every slot taken, or a claim within the last 0.2 s got all it
+        asked for. The event lane then holds back; under a load the dispatcher keeps up with (claims
+        that find fewer than they ask for) it sends as events come."""
+        return (len(self.sender.inflight) >= self.config.concurrency
+                or time.monotonic() - self._full_claim_at < 0.2)  # fmt: skip
 
     def _nudge_events(self, recorded: Recorded) -> None:
         if recorded.event_deliveries:  # the record statement queued event deliveries: send them soon
@@ -313,7 +316,8 @@ class Dispatcher:
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)
             if prepared or skipped or waiting:
-                self._last_claimed_at = time.monotonic()
+                if len(prepared) + len(skipped) + len(waiting) >= want:
+                    self._full_claim_at = time.monotonic()
                 poll = MIN_POLL
                 continue
             if self.config.once:

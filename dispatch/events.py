@@ -42,11 +42,13 @@ logger = logging.getLogger("omnipost.dispatcher.events")
 
 MIN_POLL = 0.05
 MAX_POLL = 1.0
-# While the dispatcher has notifications in hand, the lane claims at most one batch this often
+# While the dispatcher has a backlog of notifications (dispatch.dispatcher.Dispatcher._busy: its
+# slots full, or its claims getting all they ask for), the lane claims at most one batch this often
 # (≤ batch_size / BUSY_INTERVAL events a second) and records its results about this often (or a
 # batch at a time): notifications come first, the backlog of events goes out at full speed once
-# they pause.
-BUSY_INTERVAL = 0.1
+# the dispatcher keeps up. Measured (bench/events_bench.py, docs/PERFORMANCE.md): at 0.1 s the
+# lane's sends took a fifth of a saturated dispatcher's rate.
+BUSY_INTERVAL = 1.0
 GATHER_SECONDS = 0.005
 TIMEOUT_SECONDS = 10.0
 
