@@ -8,7 +8,10 @@ What goes (created and last changed more than `--older-than DAYS` ago):
   scheduled job;
 - scheduled jobs `executed` or `cancelled` (run or created before the cutoff) whose notification
   is still around;
-- idempotency records past `expires_at` (keys live 24 h; `--older-than` does not apply).
+- idempotency records past `expires_at` (keys live 24 h; `--older-than` does not apply);
+- last, the tables other apps register (core.retention), oldest rows by their own rule: event
+  attempts, finished event deliveries and the events no pending delivery needs, receipts'
+  de-duplication keys.
 
 Never: live notifications (scheduled, queued, dispatching, retrying), anything with an open DLQ
 entry, the audit log (append-only).
@@ -48,7 +51,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from core import partitions, pooling
+from core import partitions, pooling, retention
 from core.models import AuditEvent
 from dlq.models import DeadLetter
 from notifications.models import FINISHED, DeliveryAttempt, IdempotencyRecord, Notification
@@ -133,6 +136,7 @@ class Totals:
     dead_letters: int = 0
     jobs: int = 0
     idempotency: int = 0
+    retained: dict[str, int] = field(default_factory=dict)  # label -> rows, of other apps' tables (core.retention)
     batches: int = 0
     longest_batch: float = 0.0
     interrupted: bool = False  # stopped by a signal before the end: run prune again to finish
@@ -267,16 +271,38 @@ class Pruner:
     def trim_batches(self, column: str, part: partitions.Partition) -> Iterator[int]:
         """Delete the rows older than the cutoff from one partition, a range of pages per transaction;
         yields the rows each batch removed."""
-        step = max(1, self.batch_size // ROWS_PER_PAGE)
-        name, key = partitions.quote(part.name), partitions.quote(column)  # identifiers from the catalog
+        return self._page_batches(part.name, f"{partitions.quote(column)} < %(cutoff)s")
+
+    def retained_batches(self, table: retention.RetainedTable) -> Iterator[int]:
+        """Delete the rows past retention of a table another app registered (core.retention), a batch
+        per transaction; yields the rows each batch removed."""
+        if self.is_pg:
+            yield from self._page_batches(table.table, table.condition)
+            return
+        name = connections[self.using].ops.quote_name(table.table)  # elsewhere (a small single-machine
+        with self.batch(), connections[self.using].cursor() as cursor:  # database): one DELETE
+            cursor.execute(f"DELETE FROM {name} WHERE {table.condition}", {"cutoff": self.cutoff})  # noqa: S608
+            yield cursor.rowcount
+
+    def retained_count(self, table: retention.RetainedTable) -> int:
+        name = connections[self.using].ops.quote_name(table.table)
         with connections[self.using].cursor() as cursor:
-            cursor.execute("SELECT pg_relation_size(%s) / current_setting('block_size')::bigint", [part.name])
+            cursor.execute(f"SELECT count(*) FROM {name} WHERE {table.condition}", {"cutoff": self.cutoff})  # noqa: S608
+            return cursor.fetchone()[0]
+
+    def _page_batches(self, table: str, condition: str) -> Iterator[int]:
+        """PostgreSQL: DELETE the rows of `table` (not its partitions) that `condition` selects, a range
+        of batch_size / ROWS_PER_PAGE pages per transaction (a TID range scan each)."""
+        step = max(1, self.batch_size // ROWS_PER_PAGE)
+        name = partitions.quote(table)  # identifiers from the catalog or a registering app's constants
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT pg_relation_size(%s) / current_setting('block_size')::bigint", [table])
             pages = cursor.fetchone()[0]
         for start in range(0, pages, step):
             with self.batch(), connections[self.using].cursor() as cursor:
                 cursor.execute(
-                    f"DELETE FROM ONLY {name} WHERE ctid >= %s::tid AND ctid < %s::tid AND {key} < %s",  # noqa: S608
-                    [f"({start},0)", f"({start + step},0)", self.cutoff],
+                    f"DELETE FROM ONLY {name} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND ({condition})",  # noqa: S608
+                    {"lo": f"({start},0)", "hi": f"({start + step},0)", "cutoff": self.cutoff},
                 )
                 yield cursor.rowcount
 
@@ -377,6 +403,7 @@ class DryRun:
     idempotency: int
     partitions: list[tuple[str, int]] = field(default_factory=list)  # (partition, estimated rows) to drop
     history_rows: int = 0  # rows older than the cutoff that share a partition with newer ones
+    retained: list[tuple[str, int]] = field(default_factory=list)  # (label, rows) of other apps' tables
 
 
 def dry_run(pruner: Pruner) -> DryRun:
@@ -387,6 +414,7 @@ def dry_run(pruner: Pruner) -> DryRun:
     return DryRun(
         pruner.days, counts["notifications"], counts["attempts"], counts["jobs"], counts["idempotency"],
         partitions=[(part.name, rows) for _, part, rows in plan.drop], history_rows=pruner.trim_count(plan),
+        retained=[(table.label, pruner.retained_count(table)) for table in retention.TABLES],
     )  # fmt: skip
 
 
@@ -459,5 +487,16 @@ def prune(
                     totals.jobs += n
                 else:
                     totals.idempotency += n
+    for table in retention.TABLES:
+        totals.retained[table.label] = 0
+        with progress(0, table.label) as bar:
+            t0 = time.perf_counter()
+            for removed in pruner.retained_batches(table):
+                totals.timed(t0, removed)
+                totals.retained[table.label] += removed
+                bar.update(removed)
+                if stop.is_set():
+                    break
+                t0 = time.perf_counter()
     totals.interrupted = stop.is_set()
     return totals

@@ -7,6 +7,7 @@ class ReceiptsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from core import retention
         from notifications import reads
         from receipts import vendors  # noqa: F401  (each vendor module registers its adapter)
         from receipts.followups import follow_up
@@ -14,5 +15,9 @@ class ReceiptsConfig(AppConfig):
         from receipts.services import AFTER_APPLY
 
         reads.register_events_reader(events_of)
+        # a vendor retries a receipt for hours or days, never past retention
+        retention.register(
+            retention.RetainedTable("receipt_dedup", "created_at < %(cutoff)s", "receipt de-duplication key(s)")
+        )
         if follow_up not in AFTER_APPLY:
             AFTER_APPLY.append(follow_up)  # suppressions and outbound events, in the apply's transaction

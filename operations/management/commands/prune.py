@@ -66,6 +66,8 @@ class Command(BaseCommand):
                 f"{would.days:g} day(s) with {would.attempts:,} attempt(s), {would.jobs:,} other done "
                 f"scheduled job(s) and {would.idempotency:,} expired idempotency record(s)"
             )
+            if any(n for _, n in would.retained):
+                self.stdout.write("dry run: would delete " + ", ".join(f"{n:,} {label}" for label, n in would.retained))
             if would.partitions or would.history_rows:
                 self.stdout.write(
                     f"dry run: would drop {len(would.partitions)} history partition(s)"
@@ -98,7 +100,10 @@ class Command(BaseCommand):
             f"{totals.dead_letters:,} closed dead letter(s) and {totals.jobs:,} scheduled job(s); "
             f"{totals.idempotency:,} expired idempotency record(s); dropped {totals.partitions_dropped} history "
             f"partition(s) (~{totals.partition_rows:,} row(s)) and deleted {totals.history_rows:,} older history "
-            f"row(s) beside newer ones; {totals.batches} batch(es) in "
+            f"row(s) beside newer ones; "
+            + ("deleted " + ", ".join(f"{n:,} {label}" for label, n in totals.retained.items()) + "; "
+               if totals.retained else "")
+            + f"{totals.batches} batch(es) in "
             f"{time.perf_counter() - started:.1f}s, longest batch {totals.longest_batch:.3f}s"
         )
         if totals.interrupted:

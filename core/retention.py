@@ -1,0 +1,33 @@
+"""Tables other apps give to `manage.py prune` (operations.retention), in the order it empties them.
+
+An app that keeps rows nobody needs past retention registers each table in its AppConfig.ready():
+the events app its attempts, finished deliveries and events; the receipts app its de-duplication
+keys. The pruner, which may not import those apps (they are its siblings or above it in the
+layers), deletes the rows `condition` selects after its own work, in short batches: on PostgreSQL
+a range of pages per transaction (TID range scans, so a batch never re-reads what an earlier one
+looked at, and no index on the age column is needed), elsewhere (a small single-machine database)
+one DELETE per table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RetainedTable:
+    table: str  # the table's name (a constant of the registering app)
+    # SQL over the table's rows, `%(cutoff)s` the retention cutoff: the rows that go. It may name the
+    # table to correlate a subquery (`events.id`).
+    condition: str
+    label: str  # what the prune summary calls its rows, e.g. "event attempt(s)"
+
+
+TABLES: list[RetainedTable] = []
+
+
+def register(*tables: RetainedTable) -> None:
+    """Add `tables` (in order) to what prune empties; registering one twice keeps the first."""
+    for table in tables:
+        if all(t.table != table.table for t in TABLES):
+            TABLES.append(table)

@@ -1,0 +1,70 @@
+"""`manage.py prune` empties what other apps register (core.retention): event attempts, finished event
+deliveries, the events no pending delivery needs, and receipts' de-duplication keys, by age."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from core import retention
+from events.emit import emit
+from events.models import Event, EventAttempt, EventDelivery
+from events.services import create_endpoint
+from receipts.models import ReceiptDedup
+
+pytestmark = pytest.mark.django_db
+
+OLD = timezone.now() - timedelta(days=40)
+
+
+def delivered_event(tenant, endpoint, *, old: bool, status: str = "delivered") -> uuid.UUID:  # noqa: ANN001
+    """One event with its delivery to `endpoint` (`status`) and one attempt, 40 days old or new."""
+    (public_id,) = emit(None, tenant.pk, "recipient.suppressed", [{"recipient_masked": "j***@example.com"}])
+    event = Event.objects.get(pk=uuid.UUID(public_id.removeprefix("evt_")))
+    delivery = EventDelivery.objects.get(event=event, endpoint=endpoint)
+    at = OLD if old else timezone.now()
+    EventDelivery.objects.filter(pk=delivery.pk).update(status=status, created_at=at)
+    Event.objects.filter(pk=event.pk).update(created_at=at)
+    EventAttempt.objects.create(tenant=tenant, event=event, endpoint=endpoint, event_type=event.type,
+                                status="delivered" if status == "delivered" else "failed", attempted_at=at)  # fmt: skip
+    return event.pk
+
+
+def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(tenant_a, tenant_b):
+    ep_a, _ = create_endpoint(tenant_a, name="ops", url="https://example.com/a", event_types=["*"], actor="test")
+    ep_b, _ = create_endpoint(tenant_b, name="ops", url="https://example.com/b", event_types=["*"], actor="test")
+    old_done = [delivered_event(tenant_a, ep_a, old=True), delivered_event(tenant_b, ep_b, old=True, status="failed")]
+    old_pending = delivered_event(tenant_a, ep_a, old=True, status="pending")  # its endpoint may `recover` it
+    new_done = delivered_event(tenant_a, ep_a, old=False)
+    ReceiptDedup.objects.bulk_create([
+        ReceiptDedup(provider_id=1, dedup_key="old-1", created_at=OLD),
+        ReceiptDedup(provider_id=2, dedup_key="old-2", created_at=OLD),
+        ReceiptDedup(provider_id=1, dedup_key="new", created_at=timezone.now()),
+    ])  # fmt: skip
+    assert [t.table for t in retention.TABLES] == ["event_attempts", "event_deliveries", "events", "receipt_dedup"]
+
+    dry = io.StringIO()
+    call_command("prune", "--older-than", "30", "--dry-run", stdout=dry)
+    assert ("dry run: would delete 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
+            "2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
+    assert Event.objects.count() == 4 and ReceiptDedup.objects.count() == 3  # a dry run deletes nothing
+
+    out = io.StringIO()
+    call_command("prune", "--older-than", "30", "--batch-size", "100", stdout=out, stderr=io.StringIO())
+    assert ("deleted 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
+            "2 receipt de-duplication key(s);") in out.getvalue()  # fmt: skip
+    assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done}
+    assert not Event.objects.filter(pk__in=old_done).exists()
+    assert set(EventDelivery.objects.values_list("event_id", "status")) == {(old_pending, "pending"), (new_done, "delivered")}
+    # the pending delivery's own old attempt goes (history), the delivery and its event stay
+    assert set(EventAttempt.objects.values_list("event_id", flat=True)) == {new_done}
+    assert set(ReceiptDedup.objects.values_list("dedup_key", flat=True)) == {"new"}
+
+    again = io.StringIO()
+    call_command("prune", "--older-than", "30", stdout=again, stderr=io.StringIO())
+    assert "deleted 0 event attempt(s), 0 finished event delivery(s), 0 event(s), 0 receipt" in again.getvalue()
