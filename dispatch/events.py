@@ -149,8 +149,8 @@ class EventLane:
             await self.record_wake.wait()
             self.record_wake.clear()
             await asyncio.sleep(GATHER_SECONDS)
-            # notifications in hand: results gather for up to BUSY_INTERVAL (or a batch) so that the
-            # lane's records, like its claims, take the dispatcher's database thread ~10 times a second
+            # behind a backlog of notifications: results gather for up to BUSY_INTERVAL (or a batch), so
+            # the lane's records, like its claims, take the dispatcher's database thread once an interval
             held = time.monotonic() + BUSY_INTERVAL - GATHER_SECONDS
             while (self.busy() and len(self.results) < self.batch_size and not self.stopping.is_set()
                    and (left := held - time.monotonic()) > 0):  # fmt: skip

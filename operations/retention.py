@@ -434,14 +434,26 @@ def prune_history(pruner: Pruner, totals: Totals, *, stop: threading.Event, prog
             totals.timed(t0, 1)
             bar.update(1)
         for _, column, part in plan.trim:
-            t0 = time.perf_counter()
-            for removed in pruner.trim_batches(column, part):
-                totals.timed(t0, removed)
-                totals.history_rows += removed
-                if stop.is_set():
-                    return
-                t0 = time.perf_counter()
+            totals.history_rows += _run_batches(pruner.trim_batches(column, part), totals, stop)
+            if stop.is_set():
+                return
             bar.update(1)
+
+
+def _run_batches(batches: Iterator[int], totals: Totals, stop: threading.Event, bar: Progress | None = None) -> int:
+    """Run `batches` (each yields the rows it removed, its transaction committed), timing each, until
+    they end or `stop` is set; returns the rows removed."""
+    removed = 0
+    t0 = time.perf_counter()
+    for n in batches:
+        totals.timed(t0, n)
+        removed += n
+        if bar is not None:
+            bar.update(n)
+        if stop.is_set():
+            break
+        t0 = time.perf_counter()
+    return removed
 
 
 def prune(
@@ -488,15 +500,9 @@ def prune(
                 else:
                     totals.idempotency += n
     for table in retention.TABLES:
-        totals.retained[table.label] = 0
+        if stop.is_set():
+            break
         with progress(0, table.label) as bar:
-            t0 = time.perf_counter()
-            for removed in pruner.retained_batches(table):
-                totals.timed(t0, removed)
-                totals.retained[table.label] += removed
-                bar.update(removed)
-                if stop.is_set():
-                    break
-                t0 = time.perf_counter()
+            totals.retained[table.label] = _run_batches(pruner.retained_batches(table), totals, stop, bar)
     totals.interrupted = stop.is_set()
     return totals
