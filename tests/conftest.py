@@ -16,6 +16,12 @@ from tests.support.workers import reap_stray_workers
 pytest_plugins = ["tests.support.fixtures"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.support import fast_flush
+
+    fast_flush.install()
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
     """Let Django's flush TRUNCATE the append-only audit table, on the throwaway test database only."""
