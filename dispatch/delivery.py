@@ -431,6 +431,8 @@ _RECORD_SQL = """
             SELECT coalesce(a.provider_id, 0) AS provider_id, a.outcome, -1 AS le, 0::float8 AS seconds
             FROM attempts a
             UNION ALL
+            SELECT coalesce(a.provider_id, 0), a.outcome, {throttled}, 0 FROM attempts a WHERE a.http_status = 429
+            UNION ALL
             SELECT 0, 'latency', {latency_bucket}, greatest(l.seconds, 0)
             FROM changed l WHERE l.status = 'delivered'
         ) x
@@ -462,6 +464,7 @@ _RECORD_SQL = """
     # batch had a transient failure or whose breaker is not closed
     circuit=circuits.record_ctes("attempts"),
     shards=counters.SHARDS,
+    throttled=counters.THROTTLED,
     latency_bucket="CASE "
     + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(counters.LATENCY_BUCKETS))
     + f" ELSE {len(counters.LATENCY_BUCKETS)} END",
@@ -554,7 +557,9 @@ def _count_portable(kept: Sequence[Outcome], using: str) -> None:
     due = Notification.objects.using(using).filter(pk__in=delivered).values_list("created_at", "scheduled_for")
     now = datetime.now(UTC)
     latencies = [(now - max(created, scheduled or created)).total_seconds() for created, scheduled in due]
-    increments = counters.increments([(o.lease.provider_id, o.attempt.outcome) for o in tried], latencies)
+    increments = counters.increments(
+        [(o.lease.provider_id, o.attempt.outcome, o.attempt.http_status) for o in tried], latencies
+    )
     if increments:
         counters.add(increments, using=using)
 

@@ -184,6 +184,8 @@ def record_ctes(attempts: str, counters_table: str = "delivery_counters") -> str
     """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id,
     outcome and http_status): the breakers this batch changes, decided from the counters as they were before this
     statement plus the batch's own attempts. Ends in `circuit AS (INSERT … ON CONFLICT …)`."""
+    from notifications.counters import ATTEMPTS, THROTTLED
+
     thr, minr = setting_sql("p", "failure_threshold"), setting_sql("p", "min_requests")
     win = setting_sql("p", "window_seconds")
     opn = setting_sql("p", "open_seconds")
@@ -207,11 +209,15 @@ def record_ctes(attempts: str, counters_table: str = "delivery_counters") -> str
         JOIN providers p ON p.id = b.provider_id
         LEFT JOIN provider_circuits c ON c.provider_id = b.provider_id
         CROSS JOIN LATERAL (
-            SELECT coalesce(sum(dc.count), 0) AS requests,
-                   coalesce(sum(dc.count) FILTER (WHERE dc.outcome = 'transient_error'), 0) AS failures
+            -- the attempts less those answered 429 (counted again under THROTTLED, as the batch above
+            -- leaves them out)
+            SELECT coalesce(sum(CASE WHEN dc.le = {THROTTLED} THEN -dc.count ELSE dc.count END), 0) AS requests,
+                   coalesce(sum(CASE WHEN dc.le = {THROTTLED} THEN -dc.count ELSE dc.count END)
+                            FILTER (WHERE dc.outcome = 'transient_error'), 0) AS failures
             FROM {counters_table} dc
             WHERE dc.shard = ANY(ARRAY(SELECT generate_series(0, {_shards() - 1}))) AND dc.provider_id = b.provider_id
-              AND dc.outcome IN ('delivered', 'transient_error', 'permanent_error') AND dc.le = -1
+              AND dc.outcome IN ('delivered', 'transient_error', 'permanent_error')
+              AND dc.le IN ({ATTEMPTS}, {THROTTLED})
         ) tot
         WHERE b.failures > 0 OR c.state = 'open'
     ), circuit_window AS (

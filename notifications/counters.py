@@ -6,6 +6,9 @@ the batch did to this small table, and a scrape sums it (`totals()`).
 
 Rows are keyed by (shard, provider_id, outcome, le):
 - attempts: `outcome` is the attempt's outcome, `le` is ATTEMPTS (-1), `count` the attempts;
+- throttled: of those, the attempts the provider answered 429 (its "slow down", which the adaptive
+  rate heeds): `le` is THROTTLED (-2). The breakers (notifications.circuits) leave them out of
+  their totals; `/metrics` reads only ATTEMPTS rows, so they are counted there once, as attempts;
 - latency (due → delivered, seconds): `outcome` is LATENCY, `provider_id` NO_PROVIDER, `le` the
   index of the first bound in LATENCY_BUCKETS the latency does not exceed (len(LATENCY_BUCKETS):
   beyond the last), `count` the deliveries and `total` their seconds: a cumulative histogram.
@@ -28,6 +31,8 @@ from django.db.models import F, Sum
 SHARDS = 16
 NO_PROVIDER = 0  # an attempt without a provider (a provider deleted before it was recorded)
 ATTEMPTS = -1
+THROTTLED = -2
+THROTTLED_STATUS = 429
 LATENCY = "latency"
 # Due → delivered, seconds. Console and loopback deliveries land in the first buckets; a provider that
 # is down or rate-limited shows up in the last ones.
@@ -71,12 +76,15 @@ def add(increments: dict[Key, tuple[int, float]], *, shard: int = 0, using: str 
 
 
 def increments(
-    attempts: Iterable[tuple[int | None, str]], latencies: Iterable[float]
+    attempts: Iterable[tuple[int | None, str] | tuple[int | None, str, int | None]], latencies: Iterable[float]
 ) -> dict[Key, tuple[int, float]]:
-    """What a batch adds: its attempts as (provider_id, outcome) and its deliveries' latencies."""
+    """What a batch adds: its attempts as (provider_id, outcome[, http_status]) and its deliveries'
+    latencies."""
     out: dict[Key, list] = defaultdict(lambda: [0, 0.0])
-    for provider_id, outcome in attempts:
+    for provider_id, outcome, *status in attempts:
         out[(provider_id or NO_PROVIDER, outcome, ATTEMPTS)][0] += 1
+        if status and status[0] == THROTTLED_STATUS:
+            out[(provider_id or NO_PROVIDER, outcome, THROTTLED)][0] += 1
     for seconds in latencies:
         seconds = max(0.0, seconds)
         cell = out[(NO_PROVIDER, LATENCY, latency_bucket(seconds))]

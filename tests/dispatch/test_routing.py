@@ -114,6 +114,32 @@ def test_the_record_statement_opens_and_closes_a_breaker(tenant_a):
     assert (row.prev_requests, row.prev_failures) == (0, 0), "and resets the window"
 
 
+def test_a_providers_429s_count_neither_way_in_its_breaker(tenant_a):
+    """A 429 is the provider's "slow down" (the adaptive rate's business): 20 of them inside the
+    breaker's window, between real failures among successes, leave it closed (counted as failures,
+    22 of 26 sends would have opened it), and /metrics still counts each 429 as a transient attempt."""
+    from notifications.counters import ATTEMPTS, totals
+
+    first = factories.provider(tenant_a, "first", failover_order=0,
+                               circuit={"min_requests": 4, "failure_threshold": 0.5})  # fmt: skip
+
+    def record(count: int, outcome: str, status: int | None = None) -> None:
+        outcomes = _outcomes(_claimed(tenant_a, first, count), outcome)
+        for o in outcomes:
+            o.attempt.http_status = status
+        record_outcomes(outcomes)
+
+    record(4, "delivered", 200)
+    record(1, "transient_error", 503)  # opens the window: 1 failure in 5
+    record(20, "transient_error", 429)
+    record(1, "transient_error", 503)
+    assert circuits.states([first.pk]) == {first.pk: "closed"}, "2 failures in 6 sends that were not 429s"
+    assert totals()[(first.pk, "transient_error", ATTEMPTS)][0] == 22
+
+    record(3, "transient_error", 503)
+    assert circuits.states([first.pk]) == {first.pk: "open"}, "5 failures in 9"
+
+
 def test_a_transient_failure_moves_the_item_to_the_next_provider(tenant_a):
     from queueing.models import QueueItem
 
