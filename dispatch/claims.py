@@ -70,6 +70,8 @@ class Claimer:
         # claimed, but no provider of their failover order can take them now (breakers open): the
         # dispatcher gives them back with the backoff, untried (`take_waiting`)
         self.waiting: list[Prepared] = []
+        # failed over to a rate-limited provider: given back at once into its lane (`take_relaned`)
+        self.relaned: list[Prepared] = []
 
     def claim(self, want: int, leave_out: frozenset[str] = frozenset()) -> Claimed:
         """Returns the items to send, those to ack unsent, when the next token is due, and items
@@ -95,6 +97,7 @@ class Claimer:
                 routed = self.router.route(prepared, circuits.reserve_probes)
                 prepared = routed.send
                 self.waiting.extend(routed.wait)
+                self.relaned.extend(routed.relane)
             self.providers.load({p.provider_id for p in prepared})
         except Exception as exc:
             if not is_connection_lost(exc):
@@ -112,6 +115,10 @@ class Claimer:
     def take_waiting(self) -> list[Prepared]:
         waiting, self.waiting = self.waiting, []
         return waiting
+
+    def take_relaned(self) -> list[Prepared]:
+        relaned, self.relaned = self.relaned, []
+        return relaned
 
     def _claim(
         self, want: int, leave_out: frozenset[str] = frozenset()

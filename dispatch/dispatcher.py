@@ -312,6 +312,10 @@ class Dispatcher:
             waiting = self.claimer.take_waiting()
             if waiting:  # every provider of their failover order is open: back with the backoff, untried
                 self.recorder.extend(self.sender.waiting(p) for p in waiting)
+            relaned = self.claimer.take_relaned()
+            if relaned:  # failed over to a rate-limited provider: into its lane, untried
+                self.recorder.extend(self.sender.to_lane(p) for p in relaned)
+                waiting += relaned
             self._start_all(prepared)
             self.claimed += len(prepared) + len(skipped)
             self.claimed_by_tenant.update(p.tenant_key for p in prepared)

@@ -12,6 +12,11 @@ the failover orders and every breaker that is not closed (one small statement, h
 dispatcher is). Only a half-open breaker costs a statement at claim time: its probes are reserved in
 its row (`circuits.reserve_probes`), so all dispatchers together let at most `circuits.PROBES` through.
 A pinned notification whose provider is open waits (with the backoff) rather than fail over.
+
+Failing over keeps to the rate limits: an item routed at claim time to a rate-limited provider
+(its own or its tenant's `rate_per_second`) is not sent by this claim, which did not take that
+provider's tokens; it goes back at once, untried, into that provider's lane (`Routed.relane`; the
+record statement's settle re-decides `rate_limited` for a changed provider, as for a retry's).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ REFRESH_SECONDS = 0.5
 class Routed:
     send: list[Prepared] = field(default_factory=list)
     wait: list[Prepared] = field(default_factory=list)  # every provider of the order is open: back, untried
+    # failed over to a rate-limited provider (lease.provider_id is the new one): back into its lane, untried
+    relane: list[Prepared] = field(default_factory=list)
 
 
 class Router:
@@ -38,6 +45,7 @@ class Router:
         self.orders: dict[tuple[str, str], list[int]] = {}  # (tenant id, channel) → provider ids in order
         self.position: dict[int, tuple[str, str]] = {}  # provider id → its order's key
         self.states: dict[int, str] = {}  # breakers not closed
+        self.limited: set[int] = set()  # providers of an order that are rate-limited (theirs or their tenant's)
         self._refreshed = -1e9
 
     def refresh(self, force: bool = False) -> None:
@@ -47,9 +55,10 @@ class Router:
             return
         ordered, self.states = circuits.routing_snapshot()
         orders: dict[tuple[str, str], list[int]] = {}
-        for pk, tenant_id, channel in ordered:
+        for pk, tenant_id, channel, _ in ordered:
             orders.setdefault((tenant_id, channel), []).append(pk)
         self.orders = orders
+        self.limited = {pk for pk, _, _, limited in ordered if limited}
         self.position = {pk: key for key, ids in orders.items() for pk in ids}
         self._refreshed = now
 
@@ -111,6 +120,7 @@ class Router:
             if chosen is None:
                 routed.wait.append(item)
                 continue
+            moved = chosen != item.lease.provider_id
             item.lease.provider_id = chosen
-            routed.send.append(item)
+            (routed.relane if moved and chosen in self.limited else routed.send).append(item)
         return routed

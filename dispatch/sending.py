@@ -170,6 +170,12 @@ class Sender:
         logger.info("%s waits %.1fs: every provider of its failover order is open", item.notification_id, delay)
         return Outcome(lease=item.lease, kind="deferred", retry_delay=delay)
 
+    @staticmethod
+    def to_lane(item: Prepared) -> Outcome:
+        """An item routed to a rate-limited provider (`lease.provider_id`): back at once, untried, to be
+        claimed within that provider's tokens (dispatch.routing)."""
+        return Outcome(lease=item.lease, kind="deferred", retry_delay=0.0, next_provider_id=item.lease.provider_id)
+
     def scrub(self, item: Prepared, text: str) -> str:
         """`text` without the item's recipient or its provider's secrets, in any form (notifications.scrub)."""
         try:

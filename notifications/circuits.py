@@ -126,29 +126,33 @@ def not_closed() -> dict[int, str]:
         return dict(cursor.fetchall())
 
 
-def routing_snapshot() -> tuple[list[tuple[int, str, str]], dict[int, str]]:
+def routing_snapshot() -> tuple[list[tuple[int, str, str, bool]], dict[int, str]]:
     """What a dispatcher routes by, in one query: every provider in a failover order as (id, tenant
-    id, channel), ordered by tenant, channel, `failover_order` and name; and every breaker that is
-    open or half-open (as `not_closed`)."""
+    id, channel, rate-limited: its or its tenant's `rate_per_second` is set), ordered by tenant,
+    channel, `failover_order` and name; and every breaker that is open or half-open (as `not_closed`)."""
+    from queueing.ratelimit import limited_sql
+
     if connection.vendor != "postgresql":
         from notifications.models import Provider  # noqa: PLC0415 - models import this module
 
         rows = Provider.objects.filter(failover_order__isnull=False).order_by(
             "tenant_id", "channel", "failover_order", "name"
         )
-        return [(pk, str(tenant_id), channel) for pk, tenant_id, channel in rows.values_list(
-            "pk", "tenant_id", "channel")], {}  # fmt: skip
+        return [(pk, str(tenant_id), channel, own is not None or tenants is not None)
+                for pk, tenant_id, channel, own, tenants in rows.values_list(
+                    "pk", "tenant_id", "channel", "rate_per_second", "tenant__rate_per_second")], {}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""SELECT p.id, p.tenant_id::text, p.channel, p.failover_order IS NOT NULL,
+            f"""SELECT p.id, p.tenant_id::text, p.channel, {limited_sql("p", "t")}, p.failover_order IS NOT NULL,
                        CASE WHEN c.provider_id IS NULL THEN 'closed' ELSE {STATE_SQL} END
-                FROM providers p LEFT JOIN provider_circuits c ON c.provider_id = p.id AND c.state = 'open'
+                FROM providers p JOIN tenants t ON t.id = p.tenant_id
+                LEFT JOIN provider_circuits c ON c.provider_id = p.id AND c.state = 'open'
                 WHERE p.failover_order IS NOT NULL OR c.provider_id IS NOT NULL
                 ORDER BY p.tenant_id, p.channel, p.failover_order, p.name"""  # noqa: S608 - fixed fragments
         )
         rows = cursor.fetchall()
-    ordered = [(pk, tenant_id, channel) for pk, tenant_id, channel, in_order, _ in rows if in_order]
-    return ordered, {pk: state for pk, _, _, _, state in rows if state != CLOSED}
+    ordered = [(pk, tenant_id, channel, limited) for pk, tenant_id, channel, limited, in_order, _ in rows if in_order]
+    return ordered, {row[0]: row[-1] for row in rows if row[-1] != CLOSED}
 
 
 def reserve_probes(wanted: dict[int, int]) -> dict[int, int]:

@@ -653,8 +653,18 @@ def settle_ctes_pg(source: str, *, returning: str = "q.item_id", reroute: bool =
     the item; 'release' puts it back after `delay` seconds (a retry: ready again once it is due);
     'refund' puts it back and undoes the claim's attempt (given back untried). Fenced by lock_token:
     an item a peer re-claimed is not ours, and neither CTE returns it. `reroute`: `source` also has
-    `provider_id`, the provider a released item's next try goes through (null: the same one)."""
-    provider = ", provider_id = coalesce(o.provider_id, q.provider_id)" if reroute else ""
+    `provider_id`, the provider a released item's next try goes through (null: the same one); an
+    item that changes provider changes lane too (`rate_limited`, from that provider's and its
+    tenant's limits, as `insert_items_sql` decides it)."""
+    provider = (
+        f""", provider_id = coalesce(o.provider_id, q.provider_id),
+            rate_limited = CASE WHEN o.provider_id IS NULL OR o.provider_id = q.provider_id THEN q.rate_limited
+                                ELSE coalesce((SELECT {ratelimit.limited_sql("lim_p", "lim_t")}
+                                               FROM providers lim_p JOIN tenants lim_t ON lim_t.id = lim_p.tenant_id
+                                               WHERE lim_p.id = o.provider_id), false) END"""
+        if reroute
+        else ""
+    )
     return f"""acked AS (
         DELETE FROM queue_state q USING {source} o
         WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle = 'ack'

@@ -152,6 +152,54 @@ def test_a_transient_failure_moves_the_item_to_the_next_provider(tenant_a):
     assert QueueItem.objects.get(notification_id=item.notification_id).provider_id == second.pk
 
 
+@pytest.mark.parametrize(("limited", "lane"), [("provider", True), ("tenant", True), (None, False)])
+def test_a_retry_failed_over_takes_the_lane_of_its_next_provider(tenant_a, limited, lane):
+    from queueing.models import QueueItem
+
+    first = factories.provider(tenant_a, "first", failover_order=0)
+    second = factories.provider(tenant_a, "second", failover_order=1,
+                                **({"rate_per_second": 5, "burst": 5} if limited == "provider" else {}))  # fmt: skip
+    [item] = _claimed(tenant_a, first, 1)
+    if limited == "tenant":  # after the claim, which takes no lane here
+        tenant_a.rate_per_second, tenant_a.rate_burst = 5, 5
+        tenant_a.save()
+    QueueItem.objects.filter(notification_id=item.notification_id).update(rate_limited=not lane)
+    [outcome] = _outcomes([item], "transient_error")
+    outcome.next_provider_id = second.pk
+    record_outcomes([outcome])
+    queued = QueueItem.objects.get(notification_id=item.notification_id)
+    assert (queued.provider_id, queued.rate_limited) == (second.pk, lane)
+
+
+def test_failing_over_at_claim_time_to_a_rate_limited_provider_goes_through_its_lane(tenant_a):
+    """The claim took no token of the provider it fails over to: the item goes back, untried, into
+    that provider's lane instead of being sent past its limit."""
+    from dispatch.sending import Sender
+    from queueing.models import QueueItem
+
+    first = factories.provider(tenant_a, "first", failover_order=0, circuit={"open_seconds": 60})
+    second = factories.provider(tenant_a, "second", failover_order=1, rate_per_second=5, burst=5)
+    third = factories.provider(tenant_a, "third", failover_order=2)
+    [item] = _claimed(tenant_a, first, 1)
+    _open(first)
+    router = Router()
+    router.refresh(force=True)
+    assert router.limited == {second.pk}
+    routed = router.route([item], circuits.reserve_probes)
+    assert routed.send == [] and routed.relane == [item] and item.provider_id == second.pk
+
+    record_outcomes([Sender.to_lane(item)])
+    queued = QueueItem.objects.get(notification_id=item.notification_id)
+    assert (queued.provider_id, queued.rate_limited, queued.attempts) == (second.pk, True, 0)
+    assert queued.locked_until is None
+
+    _open(second)  # past it, an unlimited provider: sent by the claim that routed it
+    [again] = _claimed(tenant_a, first, 1)
+    router.refresh(force=True)
+    routed = router.route([again], circuits.reserve_probes)
+    assert routed.send == [again] and again.provider_id == third.pk and routed.relane == []
+
+
 def test_metrics_and_providers_show_breakers(tenant_a, api_a):
     first = factories.provider(tenant_a, "first", failover_order=0)
     _open(first)
