@@ -12,8 +12,10 @@ scheduled job: nothing is due until the original's fate says when.
   `after_seconds` later (`run_at = delivered_at + after_seconds`, on the database's clock).
 - The original ends `failed` or `dead_lettered` (the record statement), or a `bounced`, `undelivered`
   or `failed` receipt arrives (the receipts statement): its job is due now.
-- A `delivered` (or `complained`) receipt while the fallback is still `scheduled` cancels it and its
-  pending job: never both channels when a receipt says the first one got through.
+- A `delivered` (or `complained`) receipt cancels the fallback while it is still `scheduled` (and its
+  pending job), and also once promoted, `queued` or `retrying`, as long as no dispatcher holds its
+  lease (its queue item is deleted): never both channels when a receipt says the first one got
+  through, unless the second is already being sent.
 - The original is suppressed (at creation or dispatch) or cancelled: the fallback is cancelled too.
 
 Every change is a CTE of the statement that learns the reason (`record_ctes`, `receipt_ctes`), so it
@@ -36,7 +38,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from notifications.models import Notification, Status
-from queueing.models import ScheduledJob
+from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.schedule import ring_sql, upsert_jobs_sql
 
 # What makes a fallback due, and what cancels it.
@@ -53,10 +55,17 @@ def _quoted(values: Iterable[str]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
 
-def _ctes(due: str) -> str:
+def _ctes(due: str, *, unqueue: bool = False) -> str:
     """The shared part: `fb_due` (notification_id, tenant_id, run_at, cancel) is given; jobs are
     upserted for the fallbacks still `scheduled`, the rows cancelled or given their due time
-    (`scheduled_for`, what the detail and the latency histogram read), the schedulers rung."""
+    (`scheduled_for`, what the detail and the latency histogram read), the schedulers rung.
+    `unqueue`: a cancel also takes a promoted fallback out of the queue unless it is leased (only
+    a receipt can come after the promotion: the dispatcher's record statement leaves it out)."""
+    unqueued = """DELETE FROM queue_state q USING fb_due d
+        WHERE d.cancel AND q.notification_id = d.notification_id
+          AND NOT (q.lock_token IS NOT NULL AND q.locked_until > now())
+          AND EXISTS (SELECT FROM notifications f WHERE f.id = q.notification_id AND f.status IN ('queued', 'retrying'))
+        RETURNING q.notification_id""" if unqueue else "SELECT NULL::uuid AS notification_id WHERE false"
     jobs = upsert_jobs_sql(
         """(SELECT gen_random_uuid() AS job_id, d.tenant_id, d.notification_id, d.run_at, now() AS created_at
             FROM fb_due d JOIN notifications f ON f.id = d.notification_id AND f.status = 'scheduled'
@@ -68,13 +77,19 @@ def _ctes(due: str) -> str:
         UPDATE scheduled_jobs j SET status = 'cancelled'
         FROM fb_due d WHERE d.cancel AND j.notification_id = d.notification_id AND j.status = 'pending'
         RETURNING 1
+    ), fb_unqueued AS (
+        -- a promoted fallback that no dispatcher holds (a claim in flight is waited for, then seen as
+        -- a lease and left alone) leaves the queue
+        {unqueued}
     ), fb_rows AS (
         UPDATE notifications f
         SET status = CASE WHEN d.cancel THEN 'cancelled' ELSE f.status END,
             scheduled_for = CASE WHEN d.cancel THEN f.scheduled_for ELSE coalesce(j.run_at, f.scheduled_for) END,
             updated_at = now()
         FROM fb_due d LEFT JOIN fb_jobs j ON j.notification_id = d.notification_id
-        WHERE f.id = d.notification_id AND f.status = 'scheduled'
+        WHERE f.id = d.notification_id
+          AND (f.status = 'scheduled'
+               OR (f.status IN ('queued', 'retrying') AND f.id IN (SELECT notification_id FROM fb_unqueued)))
         RETURNING 1
     ), fb_ring AS (
         SELECT {ring_sql("run_at")} FROM fb_jobs HAVING count(*) > 0
@@ -97,11 +112,14 @@ def record_ctes(changed: str) -> str:
 def receipt_ctes(changed: str) -> str:
     """CTEs for the receipts statement (receipts.services), after `changed` (notifications whose
     receipt changed, returning `receipt`, `tenant_id` and RETURNING's columns)."""
-    return _ctes(f"""
+    return _ctes(
+        f"""
         SELECT DISTINCT ON (c.fallback_id) c.fallback_id AS notification_id, c.tenant_id, now() AS run_at,
                c.receipt IN ({_quoted(CANCEL_RECEIPTS)}) AS cancel
         FROM {changed} c
-        WHERE c.fallback_id IS NOT NULL AND c.receipt IN ({_quoted(TRIGGER_RECEIPTS + CANCEL_RECEIPTS)})""")  # noqa: S608
+        WHERE c.fallback_id IS NOT NULL AND c.receipt IN ({_quoted(TRIGGER_RECEIPTS + CANCEL_RECEIPTS)})""",  # noqa: S608
+        unqueue=True,
+    )
 
 
 # --- the same through the ORM (SQLite), in the caller's transaction -----------------------------------
@@ -156,6 +174,12 @@ def _apply_portable(due: dict[uuid.UUID, datetime], cancel: list[uuid.UUID], usi
             status=ScheduledJob.Status.CANCELLED
         )
         notifications.filter(pk__in=live, status=Status.SCHEDULED).update(status=Status.CANCELLED, updated_at=Now())
+        promoted = QueueItem.objects.using(using).filter(notification_id__in=cancel).exclude(LEASED)
+        unqueued = list(promoted.values_list("notification_id", flat=True))
+        promoted.filter(notification_id__in=unqueued).delete()
+        notifications.filter(pk__in=unqueued, status__in=(Status.QUEUED, Status.RETRYING)).update(
+            status=Status.CANCELLED, updated_at=Now()
+        )
     if not due:
         return
     live = notifications.filter(pk__in=list(due), status=Status.SCHEDULED).values_list("pk", "tenant_id")

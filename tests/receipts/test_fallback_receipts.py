@@ -1,11 +1,13 @@
 """Receipts and channel fallback (notifications.fallback), in the receipts statement: a `bounced`,
 `undelivered` or `failed` receipt makes the pending fallback due at once (even before the dispatcher
-recorded the acceptance); a `delivered` (or `complained`) one cancels it and its job, and a later
+recorded the acceptance); a `delivered` (or `complained`) one cancels it and its job (or, once
+promoted, its queue item unless a dispatcher holds it), and a later
 bounce never brings it back; the fallback's own receipts change nothing else. The same through the
 ORM functions that the SQLite paths call."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -83,10 +85,43 @@ def test_a_receipt_never_moves_a_job_later_nor_one_already_run(created):
     other, promoted = created()
     ScheduledJob.objects.create(tenant_id=promoted.tenant_id, notification_id=promoted.pk, run_at=early,
                                 status="executed")  # fmt: skip
-    Notification.objects.filter(pk=promoted.pk).update(status=Status.QUEUED)
-    apply_receipts(created.view, [receipt(other, "delivered")])  # too late: it is on its way
+    Notification.objects.filter(pk=promoted.pk).update(status=Status.QUEUED)  # (with no queue item)
+    apply_receipts(created.view, [receipt(other, "delivered")])
     assert Notification.objects.get(pk=promoted.pk).status == "queued"
     assert ScheduledJob.objects.get(notification_id=promoted.pk).status == "executed"
+
+
+@pytest.mark.parametrize("path", ["statement", "orm"])
+def test_a_late_delivered_receipt_cancels_a_promoted_fallback_no_dispatcher_holds(created, path):
+    from queueing.models import QueueItem
+    from queueing.scheduler import promote_due
+
+    def promoted() -> tuple[Notification, Notification]:
+        original, linked = created()
+        ScheduledJob.objects.create(tenant_id=linked.tenant_id, notification_id=linked.pk,
+                                    run_at=timezone.now() - timedelta(minutes=1))  # fmt: skip
+        promote_due(100)
+        assert Notification.objects.get(pk=linked.pk).status == "queued"
+        assert QueueItem.objects.filter(notification_id=linked.pk).exists()
+        return original, linked
+
+    def delivered(original: Notification) -> None:
+        if path == "statement":
+            apply_receipts(created.view, [receipt(original, "delivered")])
+        else:
+            fallback.after_receipts_portable([(original.pk, "delivered")])
+
+    original, idle = promoted()
+    delivered(original)
+    assert Notification.objects.get(pk=idle.pk).status == "cancelled"
+    assert not QueueItem.objects.filter(notification_id=idle.pk).exists()
+
+    original, held = promoted()  # leased: a dispatcher is sending it, too late to call back
+    QueueItem.objects.filter(notification_id=held.pk).update(lock_token=uuid.uuid4(),
+                                                             locked_until=timezone.now() + timedelta(minutes=1))
+    delivered(original)
+    assert Notification.objects.get(pk=held.pk).status == "queued"
+    assert QueueItem.objects.filter(notification_id=held.pk).exists()
 
 
 def test_the_orm_path_does_the_same(created):
