@@ -130,20 +130,23 @@ def routing_snapshot() -> tuple[list[tuple[int, str, str, bool]], dict[int, str]
     """What a dispatcher routes by, in one query: every provider in a failover order as (id, tenant
     id, channel, rate-limited: its or its tenant's `rate_per_second` is set), ordered by tenant,
     channel, `failover_order` and name; and every breaker that is open or half-open (as `not_closed`)."""
-    from queueing.ratelimit import limited_sql
+    from queueing.queue import rate_limited_sql
 
+    lane = rate_limited_sql("p", "t")
     if connection.vendor != "postgresql":
         from notifications.models import Provider  # noqa: PLC0415 - models import this module
 
         rows = Provider.objects.filter(failover_order__isnull=False).order_by(
             "tenant_id", "channel", "failover_order", "name"
         )
-        return [(pk, str(tenant_id), channel, own is not None or tenants is not None)
-                for pk, tenant_id, channel, own, tenants in rows.values_list(
-                    "pk", "tenant_id", "channel", "rate_per_second", "tenant__rate_per_second")], {}  # fmt: skip
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT p.id FROM providers p JOIN tenants t ON t.id = p.tenant_id WHERE {lane}")  # noqa: S608
+            limited = {row[0] for row in cursor.fetchall()}
+        return [(pk, str(tenant_id), channel, pk in limited) for pk, tenant_id, channel in rows.values_list(
+            "pk", "tenant_id", "channel")], {}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""SELECT p.id, p.tenant_id::text, p.channel, {limited_sql("p", "t")}, p.failover_order IS NOT NULL,
+            f"""SELECT p.id, p.tenant_id::text, p.channel, {lane}, p.failover_order IS NOT NULL,
                        CASE WHEN c.provider_id IS NULL THEN 'closed' ELSE {STATE_SQL} END
                 FROM providers p JOIN tenants t ON t.id = p.tenant_id
                 LEFT JOIN provider_circuits c ON c.provider_id = p.id AND c.state = 'open'

@@ -38,7 +38,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from notifications.models import Notification, Status
-from queueing.models import LEASED, QueueItem, ScheduledJob
+from queueing import queue
+from queueing.models import ScheduledJob
 from queueing.schedule import ring_sql, upsert_jobs_sql
 
 # What makes a fallback due, and what cancels it.
@@ -61,11 +62,10 @@ def _ctes(due: str, *, unqueue: bool = False) -> str:
     (`scheduled_for`, what the detail and the latency histogram read), the schedulers rung.
     `unqueue`: a cancel also takes a promoted fallback out of the queue unless it is leased (only
     a receipt can come after the promotion: the dispatcher's record statement leaves it out)."""
-    unqueued = """DELETE FROM queue_state q USING fb_due d
-        WHERE d.cancel AND q.notification_id = d.notification_id
-          AND NOT (q.lock_token IS NOT NULL AND q.locked_until > now())
-          AND EXISTS (SELECT FROM notifications f WHERE f.id = q.notification_id AND f.status IN ('queued', 'retrying'))
-        RETURNING q.notification_id""" if unqueue else "SELECT NULL::uuid AS notification_id WHERE false"
+    unqueued = queue.remove_idle_sql(
+        """(SELECT d.notification_id FROM fb_due d JOIN notifications f ON f.id = d.notification_id
+            WHERE d.cancel AND f.status IN ('queued', 'retrying')) s"""
+    ) if unqueue else "SELECT NULL::uuid AS notification_id WHERE false"
     jobs = upsert_jobs_sql(
         """(SELECT gen_random_uuid() AS job_id, d.tenant_id, d.notification_id, d.run_at, now() AS created_at
             FROM fb_due d JOIN notifications f ON f.id = d.notification_id AND f.status = 'scheduled'
@@ -174,9 +174,8 @@ def _apply_portable(due: dict[uuid.UUID, datetime], cancel: list[uuid.UUID], usi
             status=ScheduledJob.Status.CANCELLED
         )
         notifications.filter(pk__in=live, status=Status.SCHEDULED).update(status=Status.CANCELLED, updated_at=Now())
-        promoted = QueueItem.objects.using(using).filter(notification_id__in=cancel).exclude(LEASED)
-        unqueued = list(promoted.values_list("notification_id", flat=True))
-        promoted.filter(notification_id__in=unqueued).delete()
+        promoted = notifications.filter(pk__in=cancel, status__in=(Status.QUEUED, Status.RETRYING))
+        unqueued = queue.remove_idle_for(promoted.values_list("pk", flat=True), using=using)
         notifications.filter(pk__in=unqueued, status__in=(Status.QUEUED, Status.RETRYING)).update(
             status=Status.CANCELLED, updated_at=Now()
         )

@@ -969,3 +969,33 @@ def remove_for(notification_ids: Any, *, tenant_id: Any, using: str = "default")
     from queueing.models import QueueItem
 
     return QueueItem.objects.using(using).for_tenant(tenant_id).filter(notification_id__in=notification_ids).delete()[0]
+
+
+def rate_limited_sql(provider: str, tenant: str) -> str:
+    """Whether an item through a provider goes through its rate-limited lane, in SQL over a
+    `providers` row and a `tenants` row (aliases): what enqueues and re-routes write into
+    `rate_limited`, for a router to ask of the providers it may move items to."""
+    return ratelimit.limited_sql(provider, tenant)
+
+
+def remove_idle_sql(source: str) -> str:
+    """PostgreSQL: `DELETE … RETURNING q.notification_id` of the items of the notifications in
+    `source` (a FROM item aliased `s`, with a notification_id column) that no claimer holds a live
+    lease on, by the database's clock; a claim in flight is waited for and then seen as a lease.
+    A fragment for a caller's statement (a receipt cancelling a promoted fallback)."""
+    return f"""DELETE FROM queue_state q USING {source}
+        WHERE q.notification_id = s.notification_id AND NOT (q.lock_token IS NOT NULL AND q.locked_until > now())
+        RETURNING q.notification_id"""  # noqa: S608 - the caller's FROM item
+
+
+def remove_idle_for(notification_ids: Iterable[Any], *, using: str = "default") -> list[Any]:  # noqa: ANN401
+    """Delete the items of these notifications that no claimer holds a live lease on, in the
+    caller's transaction (off PostgreSQL: its writer lock keeps claims out meanwhile); returns the
+    notification ids whose items went. `remove_idle_sql` for a statement of one's own."""
+    from queueing.models import LEASED, QueueItem
+
+    idle = QueueItem.objects.using(using).filter(notification_id__in=list(notification_ids)).exclude(LEASED)
+    removed = list(idle.values_list("notification_id", flat=True))
+    if removed:
+        QueueItem.objects.using(using).filter(notification_id__in=removed).delete()
+    return removed
