@@ -70,6 +70,16 @@ def fill_history(rows_a_day: int, days: int = DAYS, tenant_id=None) -> None:  # 
             cursor.execute(f"ANALYZE {table}")
 
 
+def mid_day_between_rows(days_ago: int) -> float:
+    """An age (in days, for `--older-than`) whose cutoff falls between 12:00 and 13:00 UTC `days_ago`
+    days back and half an hour from the nearest of `fill_history(rows_a_day=24)`'s hourly rows, at
+    whatever time of day the test runs: the day it falls in then holds rows on both sides of it."""
+    first_row = count("SELECT mod(extract(epoch FROM now()), 3600)::float8")  # the rows' offset in the hour
+    noon = datetime.combine(today() - timedelta(days=days_ago), datetime.min.time(), UTC) + timedelta(hours=12)
+    cutoff = noon + timedelta(seconds=(first_row + 1800) % 3600)
+    return (timezone.now() - cutoff) / timedelta(days=1)
+
+
 def children(table: str) -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
@@ -99,7 +109,8 @@ def test_prune_drops_the_whole_days_past_the_cutoff_and_trims_the_day_it_falls_i
     make_history_partitions()
     fill_history(rows_a_day=24)
     before = {table: partitions.partitions(table) for table in HISTORY}
-    pruner = Pruner(older_than_days=30.5, batch_size=10)
+    older_than = mid_day_between_rows(days_ago=30)
+    pruner = Pruner(older_than_days=older_than, batch_size=10)
     cutoff = pruner.cutoff
     doomed = {t: {p.name for p in parts if not p.is_default and p.upper <= cutoff} for t, parts in before.items()}
     boundary = {t: next(p.name for p in parts if not p.is_default and p.lower < cutoff < p.upper)
@@ -108,12 +119,12 @@ def test_prune_drops_the_whole_days_past_the_cutoff_and_trims_the_day_it_falls_i
     older = {t: count(f"SELECT count(*) FROM {boundary[t]} WHERE {c} < %s", [cutoff]) for t, c in HISTORY.items()}
     younger = {t: count(f"SELECT count(*) FROM {t} WHERE {c} >= %s", [cutoff]) for t, c in HISTORY.items()}
     assert all(older.values()) and all(count(f"SELECT count(*) FROM {boundary[t]}") > older[t] for t in HISTORY)
-    # days -40 … the last day wholly before the cutoff (-31 from noon UTC on, -32 before noon)
+    # days -40 … -31, the last day wholly before the cutoff
     whole_days = sum(1 for d in range(DAYS, 0, -1) if partitions.day_start(today() - timedelta(days=d - 1)) <= cutoff)
-    assert whole_days in (9, 10)
+    assert whole_days == 10
     assert {len(d) for d in doomed.values()} == {whole_days}
 
-    out, err = prune("--older-than", "30.5", "--batch-size", "10")
+    out, err = prune("--older-than", repr(older_than), "--batch-size", "10")
 
     for table, column in HISTORY.items():
         left = children(table)
