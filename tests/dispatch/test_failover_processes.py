@@ -6,8 +6,10 @@ import collections
 import time
 
 import pytest
+from django.utils import timezone
 
 from notifications import circuits
+from notifications.circuits import ProviderCircuit
 from notifications.models import DeliveryAttempt, Notification
 from notifications.services import NotificationSpec, create_notifications
 from queueing.models import QueueItem
@@ -125,6 +127,44 @@ def test_a_permanent_failure_does_not_fail_over_and_a_named_provider_never_does(
     assert set(statuses) == {"failed"}
     assert set(Notification.objects.filter(pk__in=[n.id for n in named]).values_list("status", flat=True)) == {
         "dead_lettered"
+    }
+
+
+def test_traffic_moved_off_an_open_breaker_keeps_to_the_next_providers_rate_limit(tenant_a, fast_retries, tmp_path):
+    """The first provider's breaker is open; the second has a rate limit. Two dispatchers claim the
+    first's queue, route each item to the second and put it in the second's lane, untried: it
+    reaches the second's receiver at the second's rate, once, never above its line."""
+    rate, burst, count = 20, 5, 100
+    with (
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as first_rx,
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as second_rx,
+    ):
+        first = _hook(tenant_a, "first", first_rx, 0, circuit={"open_seconds": 600})
+        second = _hook(tenant_a, "second", second_rx, 1, rate_per_second=rate, burst=burst)
+        now = timezone.now()
+        ProviderCircuit.objects.create(provider=first, state="open", opened_at=now, probes=0, window_started_at=now,
+                                       updated_at=now)  # fmt: skip
+        sent = _send(tenant_a, first, count)
+        procs = start_dispatchers(2, fast_retries, "--batch-size", "20", "--concurrency", "20", log_dir=tmp_path)
+        try:
+            assert wait_until(lambda: _done(n.id for n in sent), 60)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            assert wait_exit(procs, 30) == [0, 0]
+        arrivals = sorted(r.received_at for r in second_rx.requests)
+        assert not first_rx.requests, "nothing went to the provider whose breaker is open"
+        on_second = _delivered(second_rx)
+    assert set(on_second) == {str(n.id) for n in sent} and max(on_second.values()) == 1
+    t0 = arrivals[0]
+    # never more than `burst` above the line rate·t (100 ms of slack for the loopback trip on a loaded box)
+    worst = max(i + 1 - (burst + rate * (t - t0 + 0.1)) for i, t in enumerate(arrivals))
+    assert worst <= 0, f"{worst:.1f} requests above the second provider's line"
+    assert arrivals[-1] - t0 >= (count - burst) / rate - 0.5, "the lane, not the claim, paced them"
+    tried = DeliveryAttempt.objects.filter(notification_id__in=[n.id for n in sent])
+    assert tried.count() == count and set(tried.values_list("provider_id", flat=True)) == {second.pk}
+    assert set(Notification.objects.filter(pk__in=[n.id for n in sent]).values_list("status", flat=True)) == {
+        "delivered"
     }
 
 
