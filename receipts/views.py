@@ -16,8 +16,9 @@ OMNIPOST_PUBLIC_URL).
   unreadable payload): `401`, nothing stored. A view from the per-process cache that rejects is read
   afresh and tried once more (the secret may have just been rotated).
 - the adapter handled it without receipts (an SNS subscription confirmed): `200 {"received": 0}`.
-- otherwise `apply_receipts`, then `200 {"received": n}` (n receipts in the request, applied,
-  duplicate or ignored alike: a vendor must not retry any of them).
+- otherwise `apply_receipts`, in one statement with the process's concurrent requests
+  (`receipts.grouping`), then `200 {"received": n}` (n receipts in the request, applied, duplicate
+  or ignored alike: a vendor must not retry any of them).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from core.masking import mask_text
 from receipts import providers, throttle
+from receipts.grouping import apply_grouped
 from receipts.inbound import ADAPTERS, Handled, InboundRequest, ProviderView, Rejected
-from receipts.services import apply_receipts
 
 logger = logging.getLogger("omnipost.receipts")
 
@@ -100,7 +101,7 @@ def _handle(inbound: InboundRequest, view: ProviderView) -> Answer | object:
         return _REJECTED
     except Handled:
         return 200, {"received": 0}, {}
-    result = apply_receipts(view, receipts)
+    result = apply_grouped(view, receipts)
     if result.stale:
         return _STALE
     return 200, {"received": len(receipts)}, {}
