@@ -24,10 +24,12 @@ from tests.receipts.conftest import SECRET_A, receipt
 
 pytestmark = pytest.mark.timeout(60)
 
-A = ProviderView(id=1, tenant_id="t", kind="webhook", config={}, secrets={}, updated_at=datetime(2026, 1, 1, tzinfo=UTC))
-A_EDITED = ProviderView(id=1, tenant_id="t", kind="webhook", config={}, secrets={},
-                        updated_at=datetime(2026, 1, 2, tzinfo=UTC))  # fmt: skip
-B = ProviderView(id=2, tenant_id="t", kind="webhook", config={}, secrets={}, updated_at=None)
+def view(pk: int, edited: int | None) -> ProviderView:
+    at = datetime(2026, 1, edited, tzinfo=UTC) if edited else None
+    return ProviderView(id=pk, tenant_id="t", kind="webhook", config={}, secrets={}, updated_at=at)
+
+
+A, A_EDITED, B = view(1, 1), view(1, 2), view(2, None)
 
 
 def receipts(n: int, tag: str) -> list[Receipt]:
@@ -160,7 +162,7 @@ def test_eight_threads_share_the_real_statement_and_every_receipt_lands_once(ten
     notes = factories.notifications(tenant_a, prov, 8, status="delivered")
     from receipts import providers as provider_views
 
-    view = provider_views.load(prov.pk)
+    loaded = provider_views.load(prov.pk)
 
     def real(view, rs):  # noqa: ANN001, ANN202 - each batch on its leader's own connection
         return apply_receipts(view, rs)
@@ -169,8 +171,8 @@ def test_eight_threads_share_the_real_statement_and_every_receipt_lands_once(ten
     group = GroupApply(held)
     monkeypatch.setattr(grouping, "_GROUP", group)
     again = receipt(notes[1], "bounced", bounce_type="hard", event_id="same-event")
-    queued = [(view, [receipt(n, "bounced", bounce_type="hard", event_id="same-event" if n is notes[1] else None)])
-              for n in notes[1:]] + [(view, [again])]  # fmt: skip
+    queued = [(loaded, [receipt(n, "bounced", bounce_type="hard", event_id="same-event" if n is notes[1] else None)])
+              for n in notes[1:]] + [(loaded, [again])]  # fmt: skip
 
     def closing(view, rs):  # noqa: ANN001, ANN202
         try:
@@ -179,7 +181,7 @@ def test_eight_threads_share_the_real_statement_and_every_receipt_lands_once(ten
             connection.close()
 
     got: list[object] = []
-    threads = [threading.Thread(target=lambda: got.append(closing(view, [receipt(notes[0], "delivered")])))]
+    threads = [threading.Thread(target=lambda: got.append(closing(loaded, [receipt(notes[0], "delivered")])))]
     threads[0].start()
     assert held.entered.wait(10)
     for i, args in enumerate(queued, 1):
