@@ -1,4 +1,4 @@
-"""WSGI entry point, served by gunicorn gthread in the Procfile and `make run` (README "Serving"; any WSGI server works).
+"""WSGI entry point, served by gunicorn gthread in the Procfile and `make run` (README "Serving").
 
 With DEBUG on, static files (the admin's CSS and JavaScript) are served here, as `runserver` would:
 `make run` serves through the production server, not runserver. Off, they are collected
