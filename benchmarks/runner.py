@@ -64,6 +64,7 @@ class BenchResult:
     events_delivered: int | None = None  # --event-endpoints: events that reached the endpoint
     events_per_second: float | None = None  # their rate at the endpoint's receiver, first to last arrival
     events_steady_per_second: float | None = None  # over the middle 80 % of their arrivals
+    events_beside_notifications: int | None = None  # events that arrived before the last notification did
     event_duplicates: int = 0
     database: str = ""
     machine: str = ""
@@ -106,6 +107,7 @@ class BenchResult:
             rows += [("events delivered", f"{self.events_delivered:,}"),
                      ("event delivery rate", f"{self.events_per_second or 0:,.0f} /s"),
                      ("event delivery rate, middle 80 %", f"{self.events_steady_per_second or 0:,.0f} /s"),
+                     ("events delivered beside notifications", f"{self.events_beside_notifications or 0:,}"),
                      ("event duplicates", str(self.event_duplicates))]  # fmt: skip
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -363,6 +365,9 @@ def run_e2e(
     result.duplicates = final["duplicates"]
     result.lost = count - len(arrivals) + (count - result.delivered if result.delivered < count else 0)
     result.delivered_per_second = first_to_last_rate(arrivals.values())
+    if events_receiver is not None and arrivals:
+        last = max(arrivals.values())
+        result.events_beside_notifications = sum(1 for t in event_arrivals.values() if t <= last)
     result.steady_per_second = steady_rate(arrivals.values())
     created = dict(delivered.values_list("id", "created_at"))
     result.latency_ms = percentiles(
