@@ -154,3 +154,60 @@ def test_fallback_to_sms_on_failure_on_silence_and_not_after_a_delivered_receipt
         assert (linked.channel, linked.fallback_of, linked.recipient) == ("sms", uuid.UUID(sent[name][0]), PHONE)
         assert list(DeliveryAttempt.objects.filter(notification_id=linked.pk).values_list("outcome", flat=True)) == [
             "delivered"]
+
+
+def test_a_late_delivered_receipt_cancels_a_fallback_already_promoted_and_waiting_to_retry(
+    tenant_a, api_a, subprocess_env, tmp_path
+):
+    """No receipt within `after_seconds`: the scheduler promotes the SMS fallback and the dispatcher
+    tries it; the SMS provider answers 503 with Retry-After, so it waits in the queue, held by no
+    one. Then the push's `delivered` receipt arrives, late: the fallback is cancelled and leaves
+    the queue, and nothing sends it again."""
+    from queueing.models import QueueItem
+
+    with (
+        HttpReceiver(status=503, headers={"Retry-After": "60"}, body=b'{"code": 20503, "message": "unavailable"}',
+                     max_seconds=120) as twilio,
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as hooks,
+    ):
+        factories.provider(tenant_a, "text", kind="twilio", channel="sms", is_default=True,
+                           config={"account_sid": SID, "from_number": "+15005550006",
+                                   "base_url": f"http://127.0.0.1:{twilio.port}/"},
+                           secrets={"auth_token": "auth-token-0123456789abcdef"})
+        push = factories.provider(tenant_a, "push", kind="webhook", channel="push", is_default=True,
+                                  config={"url": hooks.url},
+                                  secrets={"signing_secret": TEST_SIGNING_SECRET})  # fmt: skip
+        subscriber = {"phone": PHONE, "push_tokens": [TOKEN]}
+        assert api_a.put("/api/v1/subscribers/user-8", subscriber, format="json").status_code == 201
+        body = {"channel": "push", "subscriber": "user-8", "subject": "late", "body": "late body",
+                "fallback": [{"channel": "sms", "after_seconds": 1}]}  # fmt: skip
+        created = api_a.post("/api/v1/notifications", body, format="json").json()
+        original, linked = created["id"], created["fallback_notification_id"]
+
+        log_dir = tmp_path / "logs"
+        log_dir.mkdir()
+        processes = start_dispatchers(1, subprocess_env, "--batch-size", "10", log_dir=log_dir)
+        try:
+            assert wait_started(log_dir, 1)
+            processes.append(start_scheduler(subprocess_env, tmp_path / "scheduler.log", "--interval", "0.5"))
+            wait_for_text(tmp_path / "scheduler.log", "scheduler ready", processes[-1])
+            assert wait_until(lambda: Notification.objects.get(pk=linked).status == "retrying", 30)
+            item = QueueItem.objects.get(notification_id=linked)
+            assert item.lock_token is None and item.attempts == 1, "tried once, back in the queue, held by no one"
+            assert len(twilio.requests) == 1
+            assert Notification.objects.get(pk=original).status == "delivered"
+
+            assert post_receipt(push.pk, original, "delivered") == 200
+
+            assert Notification.objects.get(pk=linked).status == "cancelled"
+            assert not QueueItem.objects.filter(notification_id=linked).exists()
+            assert Notification.objects.get(pk=original).receipt == "delivered"
+            rung = len(twilio.requests)
+        finally:
+            for proc in processes:
+                proc.terminate()
+            assert wait_exit(processes, 20) == [0] * len(processes)
+    assert rung == len(twilio.requests) == 1, "the cancelled fallback was not sent again"
+    tries = DeliveryAttempt.objects.filter(notification_id=linked).values_list("outcome", "http_status")
+    assert list(tries) == [("transient_error", 503)]
+    assert len(hooks.requests) == 1 and Notification.objects.get(pk=linked).status == "cancelled"
