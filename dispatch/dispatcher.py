@@ -45,7 +45,7 @@ from dispatch.recording import Recorder, SessionLost
 from dispatch.routing import Router
 from dispatch.sending import Sender
 from dlq.retry import RetryPolicy
-from queueing import heartbeat
+from queueing import heartbeat, janitor
 from queueing.models import Worker
 from queueing.wakeup import Doorbell
 
@@ -162,7 +162,7 @@ class Dispatcher:
         loops = [
             asyncio.create_task(upkeep.keep_leases(self.db, self.sender.inflight, self.config.lease_seconds)),
             asyncio.create_task(upkeep.beat(self.db, self.worker, lambda: self.processed)),
-            asyncio.create_task(upkeep.maintain(self.db)),
+            asyncio.create_task(upkeep.maintain(self.db, keeper=janitor.Janitor(every=0.0, busy=self._busy))),
         ]
         try:
             await self._fetch_loop()

@@ -42,6 +42,11 @@ logger = logging.getLogger("omnipost.janitor")
 # delivery is claimed and then recorded out of event_delivery_due_idx; unvacuumed (autovacuum off), the
 # event lane's claim stepped over every delivery ever made, 17 ms a claim after 40,000.
 CHURNING_TABLES = ("queue_state", "scheduled_jobs", "rate_limit_buckets", "workers", "event_deliveries")
+# Tables only the event lane reads. While its process has a backlog of notifications the lane holds
+# back (dispatch.events), and a VACUUM or ANALYZE of these on the dispatcher's DB thread would only
+# hold up the notifications' claims and records (an ANALYZE re-plans the statements that read the
+# table, too): they wait until the backlog is gone.
+EVENT_TABLES = ("events", "event_deliveries", "event_attempts")
 LOCK_KEY = 0x6F6D6E6970_7661  # "omnip" "va": one key for every OmniPost janitor
 
 
@@ -57,6 +62,8 @@ class Janitor:
     every: float = 2.0
     clock: Callable[[], float] = time.monotonic
     tables: tuple[str, ...] = CHURNING_TABLES
+    busy: Callable[[], bool] = lambda: False  # the process has a backlog: `deferred` tables wait
+    deferred: tuple[str, ...] = EVENT_TABLES
     _last: float = field(default=float("-inf"), init=False)
     analyzed: list[str] = field(default_factory=list, init=False)  # by the last look, beside the vacuumed
 
@@ -89,6 +96,8 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
         "WHERE s.schemaname = current_schema() AND (s.relname = ANY(%s) OR s.n_mod_since_analyze > 0)",
         [list(janitor.tables)],
     ).fetchall()
+    if janitor.busy():
+        stats = [row for row in stats if row[0] not in janitor.deferred]
     due = janitor.due([(name, dead, live) for name, dead, live, _, _ in stats if name in janitor.tables])
     stale = [name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known in stats])
              if name not in due]  # fmt: skip

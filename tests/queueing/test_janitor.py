@@ -88,6 +88,27 @@ def test_vacuum_clears_dead_rows_and_keeps_the_claim_cheap(tenant_a):
     assert after * 5 < before, (before, after)  # the claim no longer steps over dead index entries
 
 
+def test_event_tables_wait_while_the_process_has_a_backlog(tenant_a):
+    """With `busy` true the event lane's tables are neither vacuumed nor analyzed (the lane holds back
+    then, and the DB thread is the notifications'); the queue's are; once the backlog is gone, they are."""
+    leave_dead_queue_rows(tenant_a, 100)
+    with connection.cursor() as cursor:  # stale `events` statistics
+        cursor.execute("INSERT INTO events (id, tenant_id, type, payload, created_at) SELECT gen_random_uuid(), %s, "
+                       "'notification.delivered', '{}', now() FROM generate_series(1, 1500)", [tenant_a.pk])
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    connection.close()
+    backlog = [True]
+    janitor = Janitor(min_dead=1, analyze_min=1000, every=0.0, busy=lambda: backlog[0])
+    with autocommit_connection() as conn:
+        assert "queue_state" in janitor.maybe_vacuum(conn)
+        assert "events" not in janitor.analyzed
+        backlog[0] = False
+        leave_dead_queue_rows(tenant_a, 100)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        janitor.maybe_vacuum(conn)
+        assert "events" in janitor.analyzed
+
+
 def test_nothing_due_nothing_vacuumed(tenant_a):
     leave_dead_queue_rows(tenant_a, 10)
     with autocommit_connection() as conn:
