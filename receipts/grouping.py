@@ -60,7 +60,6 @@ class GroupApply:
         self._lock = threading.Lock()
         self._waiting: list[_Request] = []
         self._busy = False
-        self.statements = 0  # calls of the apply function (tests, benchmarks)
 
     def apply(self, view: ProviderView, receipts: Sequence[Receipt]) -> ApplyResult:
         request = _Request(view, receipts)
@@ -95,9 +94,7 @@ class GroupApply:
         result: ApplyResult | None = None
         error: BaseException | None = None
         try:
-            receipts = [r for request in batch for r in request.receipts]
-            self.statements += 1
-            result = self._apply(batch[0].view, receipts)
+            result = self._apply(batch[0].view, [r for request in batch for r in request.receipts])
         except Exception as exc:  # noqa: BLE001 - every request of the batch answers it
             error = exc
         except BaseException:  # this thread is being stopped: the others answer an error and go on
