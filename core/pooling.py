@@ -42,12 +42,16 @@ def listen_params(alias: str, application_name: str) -> dict[str, Any] | None:
     if not can_listen(alias):
         return None
     direct = getattr(settings, "OMNIPOST_LISTEN_DATABASE_URL", "")
-    if direct:
-        params: dict[str, Any] = {"conninfo": direct}
-    else:
-        params = connections[alias].get_connection_params()
-        for name in _DJANGO_ONLY:
-            params.pop(name, None)
+    params = {"conninfo": direct, "autocommit": True} if direct else notify_params(alias)
     params["application_name"] = application_name[:63]
+    return params
+
+
+def notify_params(alias: str) -> dict[str, Any]:
+    """psycopg parameters of an autocommit connection like Django's own for `alias` (through the
+    pooler where there is one: NOTIFY is transaction-scoped), with its application_name."""
+    params = connections[alias].get_connection_params()
+    for name in _DJANGO_ONLY:
+        params.pop(name, None)
     params["autocommit"] = True
     return params

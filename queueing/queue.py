@@ -25,6 +25,7 @@ Raw SQL lives here because the ORM cannot express the claim (CTE + SKIP LOCKED +
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,8 +37,7 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
-from core import hot_sql
-from queueing import ratelimit
+from queueing import ratelimit, ringer
 
 NOTIFY_CHANNEL = "omnipost_queue"
 
@@ -158,16 +158,12 @@ def ring_after_commit(channel: str, payload: str, using: str = "default") -> Non
 
     Not inside the transaction: PostgreSQL serialises the commits of every transaction that
     sent a NOTIFY (a global lock held through the commit's fsync), which capped concurrent API
-    writers at a few hundred commits a second. After commit, the wake-up is a tiny separate
-    statement; a rolled-back transaction still wakes no one, and a lost wake-up (a crash between
-    commit and NOTIFY) costs at most one polling interval. Prepared and bound on the server
-    (core.hot_sql): a third of the CPU Django's client-side cursor spent on it per create.
+    writers at a few hundred commits a second. Not on the caller's connection either: the
+    process's ringer thread sends it (queueing.ringer), coalesced with the other rings since its
+    last statement, so the request costs no round trip for it. A rolled-back transaction still
+    wakes no one; a lost wake-up costs at most one polling interval.
     """
-
-    def ring() -> None:
-        hot_sql.fetchone("SELECT pg_notify(%s, %s)", [channel, payload], using=using)
-
-    transaction.on_commit(ring, using=using)
+    transaction.on_commit(functools.partial(ringer.ring, channel, payload, using), using=using)
 
 
 # --- enqueue ---------------------------------------------------------------------------------------

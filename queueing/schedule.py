@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from django.db import connections
 
+from queueing import ringer
 from queueing.models import ScheduledJob
 from queueing.queue import ring_after_commit
 
 SCHEDULE_CHANNEL = "omnipost_schedule"
+
+
+def _earlier(kept: str, new: str) -> str:
+    return min(kept, new, key=datetime.fromisoformat)
+
+
+# A scheduler needs only the earliest run_at rung since it last looked: it wakes for it, promotes
+# what is due and then sleeps toward the table's next job (queueing.scheduler).
+ringer.merge(SCHEDULE_CHANNEL, _earlier)
 
 
 def insert_jobs_sql(source: str) -> str:

@@ -32,6 +32,9 @@ def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
                 cursor.execute(f'ALTER DATABASE "{name}" SET omnipost.allow_audit_truncate = on')
                 cursor.execute("SET omnipost.allow_audit_truncate = on")
     yield
+    from queueing import ringer
+
+    ringer.close_all()  # the doorbells' connections, before the test database is dropped
 
 
 @pytest.fixture

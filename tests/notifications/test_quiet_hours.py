@@ -308,7 +308,7 @@ def test_the_hot_path_holds_too_in_its_two_statements(api_a, setup_a, monkeypatc
     ):
         response = api_a.post(URL, to("berlin"), format="json")
     assert response.status_code == 201 and response.json()["status"] == "scheduled", response.content
-    assert len(ctx.captured_queries) == 3, [q["sql"][:80] for q in ctx.captured_queries]  # subscriber, create, bell
+    assert len(ctx.captured_queries) == 2, [q["sql"][:80] for q in ctx.captured_queries]  # subscriber, create
     assert job_run_at(response.json()["id"]) == utc("2025-06-11T05:00")
 
 
