@@ -1,9 +1,10 @@
 """Receipt ingestion: signed receipts accepted per second through `POST /hooks/providers/{id}`.
 
     .venv/bin/python bench/receipts_bench.py [--kind webhook|twilio] [--database-url URL] [--seconds 10]
-        [--repeat 3] [--workers 2] [--threads 4] [--clients 8] [--notifications 20000]
+        [--repeat 3] [--server gunicorn|granian] [--workers 2] [--threads 4] [--clients 8] [--notifications 20000]
 
-Runs gunicorn (`--workers` gthread processes with `--threads` each, DEBUG off) on a throwaway
+Runs the web server (gunicorn: `--workers` gthread processes with `--threads` each; or granian's WSGI
+interface, `--workers` processes with `--threads` blocking threads each; DEBUG off) on a throwaway
 database (`omnipost_bench_receipts`, its notification and receipt tables emptied at start) holding
 `--notifications` delivered notifications of one tenant's provider of `--kind`. Before each run it
 signs one distinct event per request it may send (a `delivered` receipt for a notification, in turn;
@@ -259,7 +260,7 @@ def _children(pid: int) -> list[int]:
 
 
 def cpu_seconds(server: subprocess.Popen, database_url: str) -> tuple[float, float]:
-    """CPU seconds so far of the gunicorn processes and of their database sessions."""
+    """CPU seconds so far of the server's processes and of their database sessions."""
     import psycopg
 
     hz = os.sysconf("SC_CLK_TCK")
@@ -284,6 +285,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--server", choices=["gunicorn", "granian"], default="gunicorn")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--clients", type=int, default=8)
@@ -296,11 +298,15 @@ def main() -> None:
     port = free_port()
     env = {**server_env(args.database_url), "OMNIPOST_APP_NAME": APP_NAME,
            "OMNIPOST_PUBLIC_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
-    server = subprocess.Popen(  # noqa: S603
-        [str(Path(sys.executable).with_name("gunicorn")), "omnipost_site.wsgi:application", "--workers",
-         str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads), "--bind",
-         f"127.0.0.1:{port}", "--timeout", "120", "--log-level", "warning"], cwd=ROOT, env=env,
-    )  # fmt: skip
+    if args.server == "granian":
+        command = [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", str(args.workers),
+                   "--blocking-threads", str(args.threads), "--host", "127.0.0.1", "--port", str(port),
+                   "--log-level", "warning", "--no-ws", "omnipost_site.wsgi:application"]  # fmt: skip
+    else:
+        command = [str(Path(sys.executable).with_name("gunicorn")), "omnipost_site.wsgi:application", "--workers",
+                   str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads), "--bind",
+                   f"127.0.0.1:{port}", "--timeout", "120", "--log-level", "warning"]  # fmt: skip
+    server = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -310,7 +316,7 @@ def main() -> None:
             pass
         if time.monotonic() > deadline:
             server.kill()
-            raise SystemExit("gunicorn did not come up")
+            raise SystemExit(f"{args.server} did not come up")
         time.sleep(0.2)
     runs = []
     try:
@@ -337,7 +343,8 @@ def main() -> None:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     med = {k: statistics.median(r[k] for r in runs) for k in ("per_s", "p50_ms", "p99_ms", "web_ms", "db_ms")}
-    print(f"\ngunicorn gthread: {args.workers} workers x {args.threads} threads, {os.cpu_count()} CPUs, "
+    server_name = "gunicorn gthread" if args.server == "gunicorn" else "granian wsgi"
+    print(f"\n{server_name}: {args.workers} workers x {args.threads} threads, {os.cpu_count()} CPUs, "
           f"{args.clients} clients, {args.seconds:g} s per run, median of {args.repeat}:")
     scheme = {"webhook": "Standard Webhooks", "twilio": "X-Twilio-Signature"}[args.kind]
     print(f"  POST /hooks/providers/{{id}} ({args.kind} kind, {scheme} verified)  {med['per_s']:7.0f} receipts/s"

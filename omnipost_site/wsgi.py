@@ -1,4 +1,6 @@
-"""WSGI entry point, served by gunicorn gthread in the Procfile and `make run` (README "Serving").
+"""WSGI entry point, served by granian in the Procfile and `make run` (README "Serving"); gunicorn
+gthread serves it as well. Under granian, stop signals are relayed to the worker's main thread
+(omnipost_site.signal_relay).
 
 With DEBUG on, static files (the admin's CSS and JavaScript) are served here, as `runserver` would:
 `make run` serves through the production server, not runserver. Off, they are collected
@@ -6,6 +8,7 @@ With DEBUG on, static files (the admin's CSS and JavaScript) are served here, as
 """
 
 import os
+import sys
 
 from django.conf import settings
 from django.core.wsgi import get_wsgi_application
@@ -18,6 +21,11 @@ application = get_wsgi_application()
 from receipts.wsgi import ReceiptsFastPath  # noqa: E402 - needs the app registry get_wsgi_application set up
 
 application = ReceiptsFastPath(application)
+
+if "granian" in sys.modules:  # imported by a granian worker: its stop must reach the main thread
+    from omnipost_site import signal_relay
+
+    signal_relay.install()
 
 if settings.DEBUG and "django.contrib.staticfiles" in settings.INSTALLED_APPS:
     from django.contrib.staticfiles.handlers import StaticFilesHandler
