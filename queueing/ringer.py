@@ -11,9 +11,10 @@ one payload (`merge`: the schedulers only need the earliest run_at). A ringer th
 second; an idle one sends at once.
 
 Ordering: `ring` is called after the ringing transaction commits (queue.ring_after_commit), so a
-woken listener finds the rows. A lost connection keeps the rings and retries with capped backoff;
-a wake-up that never arrives costs its listener one polling interval, as a crash between commit and
-NOTIFY always could. At interpreter exit the ringer sends what is pending (at most `EXIT_WAIT`).
+woken listener finds the rows. A lost connection keeps the rings and retries with capped, jittered
+backoff (core.db_faults.Backoff); a wake-up that never arrives costs its listener one polling
+interval, as a crash between commit and NOTIFY always could. At interpreter exit the ringer sends
+what is pending (at most `EXIT_WAIT`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import time
 from collections.abc import Callable
 
 from core import pooling
-from core.db_faults import count_reconnect
+from core.db_faults import Backoff, count_reconnect
 
 logger = logging.getLogger("omnipost.ringer")
 
 LINGER = 0.002  # seconds between two statements of one ringer, at least
 EXIT_WAIT = 2.0
-_BACKOFF = (0.05, 2.0)  # first and longest wait after a failed statement
 
 _SEND = "SELECT count(pg_notify(r.channel, r.payload)) FROM unnest(%s::text[], %s::text[]) AS r(channel, payload)"
 
@@ -55,7 +55,7 @@ class Ringer:
         self.backend_pid: int | None = None  # of its connection (tests)
         self._lock = threading.Lock()
         self._pending: dict[str, dict[str, None]] = {}
-        self._in_flight = 0
+        self._in_flight = False  # a taken batch is not yet settled
         self._wake = threading.Event()
         self._done = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -111,7 +111,7 @@ class Ringer:
     def _take(self) -> dict[str, dict[str, None]]:
         with self._lock:
             batch, self._pending = self._pending, {}
-            self._in_flight = len(batch)
+            self._in_flight = bool(batch)
             return batch
 
     def _settle(self, failed: dict[str, dict[str, None]] | None) -> None:
@@ -119,14 +119,14 @@ class Ringer:
             for channel, payloads in (failed or {}).items():
                 for payload in payloads:
                     self._add(channel, payload)
-            self._in_flight = 0
+            self._in_flight = False  # a taken batch is not yet settled
             self._done.notify_all()
 
     def _run(self) -> None:
         import psycopg
 
         conn: psycopg.Connection | None = None
-        backoff = _BACKOFF[0]
+        backoff = Backoff(first=0.05, cap=2.0)  # between failed statements, jittered
         last = 0.0
         while True:
             self._wake.wait()
@@ -151,16 +151,16 @@ class Ringer:
                 conn.execute(_SEND, [channels, payloads], prepare=pooling.prepare())
             except Exception as exc:  # noqa: BLE001 - any failure: keep the rings, reconnect, retry
                 count_reconnect()
-                logger.warning("doorbell connection failed (%s); retrying in %.2fs", type(exc).__name__, backoff)
+                delay = backoff.next()
+                logger.warning("doorbell connection failed (%s); retrying in %.2fs", type(exc).__name__, delay)
                 if conn is not None:
                     conn.close()
                 conn = None
                 self._settle(batch)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF[1])
+                time.sleep(delay)
                 self._wake.set()
                 continue
-            backoff = _BACKOFF[0]
+            backoff.reset()
             last = time.monotonic()
             self.statements += 1
             self._settle(None)
