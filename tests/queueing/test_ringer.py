@@ -150,3 +150,24 @@ def test_a_process_that_exits_right_after_its_commit_still_rings(listener, subpr
     assert done.returncode == 0, done.stderr
     assert listener.received(1) == [(NOTIFY_CHANNEL, "from-a-short-process")]
 
+
+
+def test_behind_pgbouncer_the_rings_go_through_the_pooler_unprepared(listener, fresh):
+    """In transaction pooling consecutive statements may run on different server connections: the
+    ringer prepares nothing there, and every ring reaches a listener on the direct server."""
+    from django.test import override_settings
+
+    from tests.support.pgbouncer import PrivatePgBouncer
+
+    db = connection.settings_dict
+    server = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    with PrivatePgBouncer(server, pool_size=2) as bouncer, override_settings(OMNIPOST_DATABASE_POOLER="pgbouncer"):
+        bell = fresh(linger=0.0)
+        bell._params = {"conninfo": bouncer.url(db["NAME"]), "autocommit": True, "connect_timeout": 10}
+        for n in range(5):
+            bell.ring(NOTIFY_CHANNEL, f"pooled-{n}")
+            assert bell.flush(10)
+        assert bell.statements == 5
+        assert sorted(listener.received(5)) == [(NOTIFY_CHANNEL, f"pooled-{n}") for n in range(5)]
+        clients = [c for c in bouncer.show("CLIENTS") if c["database"] == db["NAME"]]
+        assert clients, "the ringer's connection is not through the pooler"
