@@ -1,24 +1,41 @@
-"""A notification's receipt events as its API detail shows them (registered with notifications.reads)."""
+"""A notification's receipt events as its API detail shows them (registered with notifications.reads:
+the function, and the same read as a LATERAL subquery the detail statement joins)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
 
 from core import hot_sql
 from notifications.models import Notification
+from notifications.reads import EventsLateral
 from receipts.models import NotificationEvent
 
-# One prepared statement, one row of arrays (notif_event_notification_idx): the detail read is on the
-# API's hot path, where compiling an ORM query would cost more than running it.
-_EVENTS_SQL = """
+# One row of arrays (notif_event_notification_idx) for the notification row `n`: the detail read is on
+# the API's hot path, where compiling an ORM query would cost more than running it.
+_EVENTS_OF_N = """
     SELECT array_agg(e.type ORDER BY e.occurred_at, e.id), array_agg(e.occurred_at ORDER BY e.occurred_at, e.id),
            array_agg(coalesce(p.name, '') ORDER BY e.occurred_at, e.id),
            array_agg(e.details ORDER BY e.occurred_at, e.id)
     FROM notification_events e LEFT JOIN providers p ON p.id = e.provider_id
-    WHERE e.notification_id = %s AND e.tenant_id = %s"""
+    WHERE e.notification_id = n.id AND e.tenant_id = n.tenant_id"""
+_EVENTS_SQL = f"SELECT ev.* FROM (SELECT %s::uuid AS id, %s::uuid AS tenant_id) n, LATERAL ({_EVENTS_OF_N}) ev"  # noqa: S608
+
+
+def _parse(values: Sequence[Any]) -> list[dict[str, Any]]:
+    types, times, names, details = values
+    if not types:
+        return []
+    return [
+        {"type": t, "occurred_at": at, "provider": name, "details": (json.loads(d) if isinstance(d, str) else d) or {}}
+        for t, at, name, d in zip(types, times, names, details, strict=True)
+    ]
+
+
+LATERAL = EventsLateral(sql=_EVENTS_OF_N, columns=4, parse=_parse)
 
 
 def events_of(n: Notification) -> list[dict[str, Any]]:
@@ -30,10 +47,4 @@ def events_of(n: Notification) -> list[dict[str, Any]]:
             .values_list("type", "occurred_at", "provider__name", "details")
         )
         return [{"type": t, "occurred_at": at, "provider": name or "", "details": d or {}} for t, at, name, d in rows]
-    types, times, names, details = hot_sql.fetchone(_EVENTS_SQL, [n.pk, n.tenant_id])
-    if not types:
-        return []
-    return [
-        {"type": t, "occurred_at": at, "provider": name, "details": (json.loads(d) if isinstance(d, str) else d) or {}}
-        for t, at, name, d in zip(types, times, names, details, strict=True)
-    ]
+    return _parse(hot_sql.fetchone(_EVENTS_SQL, [n.pk, n.tenant_id]))

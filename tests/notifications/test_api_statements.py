@@ -3,8 +3,8 @@
 A warm web process (its key, the tenant's providers/templates and the rate-limit tokens in memory)
 creates a notification in one statement of writable CTEs, with or without an Idempotency-Key,
 queued or scheduled; its after-commit doorbell goes to the process's ringer thread (queueing.ringer),
-not to the request's connection. A detail read is two statements (the notification with its
-attempts, then its receipt events)."""
+not to the request's connection. A detail read is one statement (the notification with its
+attempts and its receipt events)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_a_new_queue_name_is_registered_in_the_same_statement_and_then_costs_not
     assert len(ctx.captured_queries) == 1, statements(ctx)
 
 
-def test_a_detail_read_with_attempts_and_events_is_two_statements(api_a, setup_a, counted):
+def test_a_detail_read_with_attempts_and_events_is_one_statement(api_a, setup_a, counted):
     from receipts.models import NotificationEvent
 
     warm(api_a, setup_a)
@@ -139,7 +139,7 @@ def test_a_detail_read_with_attempts_and_events_is_two_statements(api_a, setup_a
     assert response.status_code == 200
     assert [a["number"] for a in response.json()["attempts"]] == [1, 2, 3]
     assert [(e["type"], e["provider"]) for e in response.json()["events"]] == [("sent", "mail"), ("delivered", "mail")]
-    assert len(ctx.captured_queries) == 2, statements(ctx)  # notifications.reads, then receipts.reads
+    assert len(ctx.captured_queries) == 1, statements(ctx)  # notifications.reads, receipts.reads' LATERAL in it
 
 
 def test_list_pages_are_a_fixed_number_of_statements(api_a, setup_a, counted):
