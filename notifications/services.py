@@ -625,59 +625,34 @@ def _store_pg(
     the suppression check and stores only if exactly the expected positions (sorted) are blocked;
     otherwise it stores nothing and this returns the positions it found. None: stored."""
     connection = connections[Notification.objects.db]
-    ctes: list[str] = []
     params: list[Any] = []
-    gate_params: list[Any] = []
-    check_sql = "true"
+    keys = None
     if check is not None and check[0]:
-        lookups, expected = check
+        lookups = check[0]
         keys = len(lookups[0].indexes)
-        arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
-        names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
-        found = suppressions.check_sql("%s::uuid", "u.channel", [f"u.b{k}" for k in range(keys)], "u.scope")
-        ctes.append(f"blocked AS (SELECT coalesce(array_agg(u.i ORDER BY u.i), '{{}}') AS positions "  # noqa: S608
-                    f"FROM unnest({arrays}) AS u({names}) WHERE {found})")  # fmt: skip
         params += [list(range(len(lookups))), [x.channel for x in lookups], [x.scope for x in lookups]]
         params += [[x.indexes[k] for x in lookups] for k in range(keys)]
         params.append(tenant.pk)
-        check_sql = "(SELECT positions FROM blocked) = %s::int[]"
-        positions_sql = "(SELECT positions FROM blocked)"
-    else:
-        positions_sql = "NULL::int[]"
-    version_sql = "true"
     if version is not None:
-        version_sql = "(SELECT config_version FROM tenants WHERE id = %s) = %s"
-        gate_params += [tenant.pk, version]
-    lock_sql = "true"
+        params += [tenant.pk, version]
     if idempotency is not None:
-        lock_sql = "pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
-        gate_params.append(_lock_name(tenant, idempotency.key))
-    if check_sql != "true":
-        gate_params.append(sorted(check[1]))
-    ctes.append(_GATE_PG.format(version=version_sql, lock=lock_sql, check=check_sql))
-    params += gate_params
-    gated = "(SELECT version_ok AND key_free AND check_ok FROM gate)"
+        params.append(_lock_name(tenant, idempotency.key))
+    if keys is not None:
+        params.append(sorted(check[1]))
     if idempotency is not None:
-        ctes.append(_RECORD_PG)
         body = IdempotencyRecord._meta.get_field("response_body").get_prep_value(idempotency.body.decode())
         params += [tenant.pk, idempotency.key, idempotency.fingerprint, idempotency.status, body,
                    idempotency.created_at, idempotency.expires_at, idempotency.abandoned_before]  # fmt: skip
-        gated = "EXISTS (SELECT 1 FROM record)"
     if new_queues:
-        ctes.append(_QUEUES_PG)
         params += [tenant.pk, sorted(new_queues), now]
+    gated = "EXISTS (SELECT 1 FROM record)" if idempotency is not None else _GATED
     insert_sql, insert_params = _insert_sql(connection, rows, where=gated)
-    ctes.append(f"n AS ({insert_sql} RETURNING id, tenant_id, provider_id, queue, priority, channel, status, "
-                "scheduled_for)")  # fmt: skip
     params += insert_params
     queued = [n for n in rows if n.status == Status.QUEUED]
-    if queued:
-        ctes.append(_ITEMS_PG)
     if jobs:
-        ctes.append(_JOBS_PG)
         params += [now, [job.notification_id for job in jobs], [job.job_id for job in jobs]]
-    sql = (f"WITH {', '.join(ctes)} SELECT version_ok, key_free, check_ok, (SELECT count(*) FROM n), "  # noqa: S608
-           f"{positions_sql} FROM gate")  # fmt: skip
+    sql = _create_statement(keys, version is not None, idempotency is not None, bool(new_queues), insert_sql,
+                            bool(queued), bool(jobs))  # fmt: skip
     version_ok, key_free, check_ok, stored, positions = hot_sql.fetchone(sql, params, using=connection.alias)
     if not version_ok:
         tenant_config.forget(tenant.pk)
@@ -694,6 +669,44 @@ def _store_pg(
         ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({n.queue for n in queued})), connection.alias)
     ring_schedulers(jobs, using=connection.alias)
     return None
+
+
+_GATED = "(SELECT version_ok AND key_free AND check_ok FROM gate)"
+
+
+@lru_cache(maxsize=64)
+def _create_statement(
+    keys: int | None, versioned: bool, idempotent: bool, queues: bool, insert_sql: str, queued: bool, jobs: bool
+) -> str:
+    """`_store_pg`'s text for its shape, composed once (its parameters follow the same order): the
+    suppression check of `keys` blind indexes (None: none), the tenant's config version, the
+    Idempotency-Key's lock and record, new queue names, the notifications' INSERT, their queue items,
+    their scheduled jobs."""
+    ctes: list[str] = []
+    check_sql, positions_sql = "true", "NULL::int[]"
+    if keys is not None:
+        arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
+        names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
+        found = suppressions.check_sql("%s::uuid", "u.channel", [f"u.b{k}" for k in range(keys)], "u.scope")
+        ctes.append(f"blocked AS (SELECT coalesce(array_agg(u.i ORDER BY u.i), '{{}}') AS positions "  # noqa: S608
+                    f"FROM unnest({arrays}) AS u({names}) WHERE {found})")  # fmt: skip
+        check_sql = "(SELECT positions FROM blocked) = %s::int[]"
+        positions_sql = "(SELECT positions FROM blocked)"
+    version_sql = "(SELECT config_version FROM tenants WHERE id = %s) = %s" if versioned else "true"
+    lock_sql = "pg_try_advisory_xact_lock(hashtextextended(%s, 0))" if idempotent else "true"
+    ctes.append(_GATE_PG.format(version=version_sql, lock=lock_sql, check=check_sql))
+    if idempotent:
+        ctes.append(_RECORD_PG)
+    if queues:
+        ctes.append(_QUEUES_PG)
+    ctes.append(f"n AS ({insert_sql} RETURNING id, tenant_id, provider_id, queue, priority, channel, status, "
+                "scheduled_for)")  # fmt: skip
+    if queued:
+        ctes.append(_ITEMS_PG)
+    if jobs:
+        ctes.append(_JOBS_PG)
+    return (f"WITH {', '.join(ctes)} SELECT version_ok, key_free, check_ok, (SELECT count(*) FROM n), "  # noqa: S608
+            f"{positions_sql} FROM gate")  # fmt: skip
 
 
 def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) -> None:
