@@ -15,6 +15,10 @@ directly with the very functions the views use (`views.create_rows`, `views.deta
 - the tenant's rate limit allows it (`TenantRateThrottle.allow_tenant`), checked after the checks
   and before anything is stored, so a request that falls back is never counted twice.
 
+A create's statement is shared with the process's concurrent creates for the same tenant and key
+(`services.create_notifications_shared`, core.grouping): one statement, commit and WAL flush for
+the few that arrive while the one before runs, each answered with its own notification.
+
 Anything else is handed on, untouched, to the ordinary stack, which answers it as it always has
 (401, 400 with field errors, 404, 406, 409, 415, 422, 429 with `Retry-After`): nothing is stored
 before the hand-over, so the second look decides alone. It sits after `RequestSizeLimitMiddleware`
@@ -107,7 +111,7 @@ class HotPathMiddleware:
             if not throttle.allow_tenant(tenant):
                 raise _HandOver()  # the views' throttle answers 429 with Retry-After
 
-        rows = create_rows(tenant, f"api_key:{key.prefix}", [data], single=True, before_store=rate_limit)
+        rows = create_rows(tenant, f"api_key:{key.prefix}", [data], single=True, before_store=rate_limit, shared=True)
         return self._json(notification_data(rows[0]), 201, ALLOW_LIST)
 
     def _detail(self, request: HttpRequest, pk: str) -> HttpResponse:

@@ -188,11 +188,13 @@ def create_response(
 
 def create_rows(
     tenant: Tenant, actor: str, items: list[Any], *, single: bool, record: services.IdempotentResponse | None = None,
-    before_store: Callable[[], None] | None = None,
+    before_store: Callable[[], None] | None = None, shared: bool = False,
 ) -> list[Notification]:  # fmt: skip
     """`create_response`'s work: the stored notifications, or ValidationError (field errors) /
     Conflict. `before_store` runs once, after every check passed and before anything is stored
-    (the hot path's rate limit, see notifications.api.hot); whatever it raises stops the create."""
+    (the hot path's rate limit, see notifications.api.hot); whatever it raises stops the create.
+    `shared`: the statement may be shared with concurrent requests (services.create_notifications_shared)."""
+    store = services.create_notifications_shared if shared else services.create_notifications
     problems: dict[int, dict[str, list[str]]] = {}
     drafts: list[tuple[int, Draft]] = []
     for index, item in enumerate(items):
@@ -215,7 +217,7 @@ def create_rows(
             before_store()
             before_store = None
         try:
-            return services.create_notifications(tenant, specs, actor=actor, idempotency=record)
+            return store(tenant, specs, actor=actor, idempotency=record)
         except services.StaleConfig:
             continue
     raise Conflict("The tenant's providers or templates are being changed; retry.", code="conflict")
