@@ -38,3 +38,21 @@ def test_a_long_statements_errors_are_djangos():
 
     with pytest.raises(DataError):
         hot_sql.fetchone(f"SELECT %s::int {PAD}", ["not a number"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_keeps_its_cursor_across_statements_errors_and_a_reconnect():
+    from django.db import DataError
+
+    connection.close()  # from a new connection on
+    assert hot_sql.fetchone("SELECT %s::int[]", [[1, 2]]) == ([1, 2],)
+    raw, kept = getattr(connection, hot_sql._CURSORS)
+    [cursor] = kept.values()
+    with pytest.raises(DataError):
+        hot_sql.fetchone("SELECT %s::int", ["not a number"])
+    assert hot_sql.fetchone("SELECT %s::text[], now() > %s", [["a"], "2000-01-01T00:00:00Z"]) == (["a"], True)
+    assert getattr(connection, hot_sql._CURSORS)[1] == {type(cursor): cursor}, "the same cursor, after an error too"
+    connection.close()
+    assert raw.closed
+    assert hot_sql.fetchone("SELECT %s::int + 1", [41]) == (42,)
+    assert getattr(connection, hot_sql._CURSORS)[0] is connection.connection is not raw, "a new connection's cursor"
