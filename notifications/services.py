@@ -694,7 +694,7 @@ def _store_pg(
     if new_queues:
         transaction.on_commit(lambda: _remember_queues(tenant.pk, new_queues))
     if queued:
-        ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({n.queue for n in queued})), connection.alias)
+        ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({n.queue for n in queued})), connection=connection)
     ring_schedulers(jobs, using=connection.alias)
     return None
 

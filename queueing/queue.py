@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections
 from django.utils.dateparse import parse_datetime
 
 from queueing import ratelimit, ringer
@@ -153,7 +153,7 @@ class PgLeaseReader:
         return Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], payload, row[8], row[9], row[10], row[11])
 
 
-def ring_after_commit(channel: str, payload: str, using: str = "default") -> None:
+def ring_after_commit(channel: str, payload: str, using: str = "default", *, connection: Any = None) -> None:  # noqa: ANN401
     """NOTIFY listeners once the caller's transaction commits (at once in autocommit).
 
     Not inside the transaction: PostgreSQL serialises the commits of every transaction that
@@ -161,9 +161,11 @@ def ring_after_commit(channel: str, payload: str, using: str = "default") -> Non
     writers at a few hundred commits a second. Not on the caller's connection either: the
     process's ringer thread sends it (queueing.ringer), coalesced with the other rings since its
     last statement, so the request costs no round trip for it. A rolled-back transaction still
-    wakes no one; a lost wake-up costs at most one polling interval.
+    wakes no one; a lost wake-up costs at most one polling interval. `connection`: the caller's
+    Django connection for `using`, if it has it (saves looking it up again).
     """
-    transaction.on_commit(functools.partial(ringer.ring, channel, payload, using), using=using)
+    conn = connections[using] if connection is None else connection  # the caller's, when it has it at hand
+    conn.on_commit(functools.partial(ringer.ring, channel, payload, conn.alias))
 
 
 # --- enqueue ---------------------------------------------------------------------------------------
