@@ -24,6 +24,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 from django.db.models import JSONField, ProtectedError, Q
@@ -852,7 +853,7 @@ def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -
             if isinstance(column, EncryptedTextField):
                 value = column.get_prep_value(value)
             elif isinstance(column, JSONField):
-                value = json.dumps(value, cls=column.encoder)
+                value = _json_text(value, column.encoder)
             params.append(value)
         return _single_insert_sql(connection.alias, where), params
     names, selects, params, arrays, aliases = [], [], [], [], []
@@ -861,7 +862,7 @@ def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -
         if isinstance(column, EncryptedTextField):
             values = [column.get_prep_value(v) for v in values]
         elif isinstance(column, JSONField):
-            values = [json.dumps(v, cls=column.encoder) for v in values]
+            values = [_json_text(v, column.encoder) for v in values]
         names.append(name)
         first = values[0]
         if all(v == first for v in values):
@@ -877,6 +878,24 @@ def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -
     condition = f" WHERE {where}" if where else ""
     sql = f"INSERT INTO notifications ({', '.join(names)}) SELECT {', '.join(selects)}{source}{condition}"  # noqa: S608
     return sql, [*params, *(values for _, values in arrays)]
+
+
+def _json_text(value: Any, encoder: type[json.JSONEncoder] | None) -> str:  # noqa: ANN401
+    """A JSON column's text: orjson for what it encodes as the column's encoder would (plain JSON
+    values, as the API parses them: ≈ 10 % of a 1,000-item batch's Python went to json.dumps), the
+    column's encoder for anything else (datetimes, Decimals, integers beyond 64 bits, non-string keys).
+    PostgreSQL stores jsonb, so the two texts' spacing does not matter."""
+    try:
+        return orjson.dumps(value, option=_ORJSON_PLAIN, default=_not_plain).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(value, cls=encoder)
+
+
+_ORJSON_PLAIN = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _not_plain(value: Any) -> Any:  # noqa: ANN401
+    raise TypeError(type(value).__name__)
 
 
 @lru_cache(maxsize=16)

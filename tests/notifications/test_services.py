@@ -235,3 +235,27 @@ def test_notification_ids_grow_with_time_so_a_batch_sits_together_in_every_index
     assert all(i.version == 7 for i in ids)
     assert ids == sorted(ids)
     assert Notification(tenant=setup_a.tenant).id.version == 7  # the model's default too
+
+
+@pytest.mark.parametrize("value", [
+    {"order": 1234, "name": "Zoë ✓", "nested": [1, 2.5, None, True, {"k": "\u2028"}]},
+    [],
+    {"huge": 2**70},  # beyond orjson's 64 bits: the column's encoder writes it
+    {"at": timezone.now(), "amount": __import__("decimal").Decimal("1.10")},  # the encoder's formats
+    {1: "an int key"},  # json.dumps turns it into "1"
+    {"id": uuid.UUID(int=7), "kind": Status.QUEUED},
+])  # fmt: skip
+def test_json_columns_hold_what_the_columns_encoder_would_write(value):
+    import json
+
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    expected = json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+    assert json.loads(services._json_text(value, DjangoJSONEncoder)) == expected
+
+
+def test_metadata_round_trips_through_the_create_statement(setup_a):
+    metadata = {"order": 1234, "name": "Zoë ✓", "huge": 2**70, "list": [1, 2.5, None]}
+    spec = NotificationSpec(channel="email", recipient=EMAIL, provider=setup_a.mail, body="b", metadata=metadata)
+    [n] = services.create_notifications(setup_a.tenant, [spec], actor="test")
+    assert Notification.objects.get(pk=n.pk).metadata == metadata
