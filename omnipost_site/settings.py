@@ -210,7 +210,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["core.api.throttling.TenantRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.CreatedCursorPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["core.api.renderers.JSONRenderer"],  # DRF's, by orjson where alike
     "DEFAULT_PARSER_CLASSES": ["core.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -30,11 +30,11 @@ from django.db import transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from rest_framework.exceptions import ParseError, ValidationError
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.errors import Conflict, Unprocessable
+from core.api.renderers import JSONRenderer
 from notifications import services
 from notifications.models import IdempotencyRecord
 
