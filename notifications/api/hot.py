@@ -43,11 +43,12 @@ from django.http import HttpRequest, HttpResponse
 from rest_framework.exceptions import APIException
 
 from core.api.parsers import StrictJSONParser
-from core.api.renderers import JSONRenderer, plain_json
+from core.api.renderers import JSONRenderer
 from core.api.throttling import TenantRateThrottle
 from core.db_faults import is_connection_lost
 from core.middleware import unavailable_response
 from core.models import ApiKey
+from core.plain_json import plain_json
 from notifications.api.serializers import notification_data
 from notifications.api.views import create_rows, detail_data
 

@@ -12,6 +12,7 @@ from rest_framework import renderers as drf
 from rest_framework.exceptions import ErrorDetail
 
 from core.api import renderers
+from core.plain_json import plain_json
 
 PLAIN = {"results": [{"id": "0190", "n": 1, "f": 2.5, "ok": True, "none": None, "s": "Zoë ✓ \u2028 \u2029 \"q\" \\",
                       "nested": {"list": [1, [2, {"x": ""}]], "empty": {}}}], "next": None}  # fmt: skip
@@ -34,9 +35,9 @@ def test_the_same_bytes_as_drfs_renderer(data):
 
 
 def test_plain_values_go_through_orjson_and_the_rest_through_drf():
-    assert renderers.plain_json(PLAIN) == drf.JSONRenderer().render(PLAIN)
-    assert renderers.plain_json(OTHERS[1]) == drf.JSONRenderer().render(OTHERS[1]), "a UUID is written alike"
-    assert all(renderers.plain_json(data) is None for data in [OTHERS[0], *OTHERS[2:7]])
+    assert plain_json(PLAIN) == drf.JSONRenderer().render(PLAIN)
+    assert plain_json(OTHERS[1]) == drf.JSONRenderer().render(OTHERS[1]), "a UUID is written alike"
+    assert all(plain_json(data) is None for data in [OTHERS[0], *OTHERS[2:7]])
 
 
 def test_an_indent_asked_for_and_no_data_are_drfs():

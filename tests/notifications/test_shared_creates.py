@@ -7,11 +7,10 @@ process's request threads do."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from core.grouping import GroupRunner
 from notifications import services
@@ -19,6 +18,7 @@ from notifications.models import Notification
 from notifications.services import NotificationSpec
 from queueing.models import QueueItem
 from tests.notifications.conftest import EMAIL
+from tests.support.grouping import run_in_turn
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db(transaction=True)]
 
@@ -53,31 +53,7 @@ def spec(setup, subject: str) -> NotificationSpec:  # noqa: ANN001
 
 def run_concurrently(group: GroupRunner, held: Held, calls: list[Callable[[], object]]) -> list[object]:
     """The first call starts and is held; each other one starts once the one before it is waiting."""
-    got: list[object] = [None] * len(calls)
-
-    def thread(i: int) -> None:
-        try:
-            got[i] = calls[i]()
-        except Exception as exc:  # noqa: BLE001 - the test looks at it
-            got[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=thread, args=(0,))]
-    threads[0].start()
-    assert held.entered.wait(10)
-    for i in range(1, len(calls)):
-        threads.append(threading.Thread(target=thread, args=(i,)))
-        threads[-1].start()
-        deadline = time.monotonic() + 10
-        while len(group._waiting) < i and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert len(group._waiting) == i
-    held.release.set()
-    for t in threads:
-        t.join(20)
-    assert not any(t.is_alive() for t in threads)
-    return got
+    return run_in_turn(group, held.entered, held.release, calls)
 
 
 def test_creates_waiting_for_a_statement_share_the_next_and_each_gets_its_own_notification(setup_a, monkeypatch):

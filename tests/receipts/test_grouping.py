@@ -6,12 +6,10 @@ the others are known to be waiting); the last test runs the real statement from 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
 
 from notifications.models import Notification
 from receipts import grouping
@@ -21,6 +19,7 @@ from receipts.models import NotificationEvent
 from receipts.services import ApplyResult, apply_receipts
 from tests import factories
 from tests.receipts.conftest import SECRET_A, receipt
+from tests.support.grouping import run_in_turn
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,29 +54,9 @@ class HeldApply:
 def run_held(group: GroupApply, held: HeldApply, first: tuple, queued: list[tuple]) -> dict[str, object]:
     """`first` applies (and is held); once it is in, each of `queued` applies from its own thread and
     is seen waiting; then the hold is released. Returns what each request got, by its first receipt's id."""
-    got: dict[str, object] = {}
-
-    def call(view: ProviderView, rs: list[Receipt]) -> None:
-        try:
-            got[rs[0].notification_id] = group.apply(view, rs)
-        except Exception as exc:  # noqa: BLE001 - the test looks at it
-            got[rs[0].notification_id] = exc
-
-    threads = [threading.Thread(target=call, args=first)]
-    threads[0].start()
-    assert held.entered.wait(10)
-    for i, args in enumerate(queued, 1):
-        threads.append(threading.Thread(target=call, args=args))
-        threads[-1].start()
-        deadline = time.monotonic() + 10
-        while len(group._waiting) < i and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert len(group._waiting) == i
-    held.release.set()
-    for t in threads:
-        t.join(20)
-    assert not any(t.is_alive() for t in threads)
-    return got
+    requests = [first, *queued]
+    got = run_in_turn(group, held.entered, held.release, [lambda a=args: group.apply(*a) for args in requests])
+    return {rs[0].notification_id: outcome for (_, rs), outcome in zip(requests, got, strict=True)}
 
 
 def test_a_request_alone_is_applied_at_once_by_itself():
@@ -174,25 +153,9 @@ def test_eight_threads_share_the_real_statement_and_every_receipt_lands_once(ten
     queued = [(loaded, [receipt(n, "bounced", bounce_type="hard", event_id="same-event" if n is notes[1] else None)])
               for n in notes[1:]] + [(loaded, [again])]  # fmt: skip
 
-    def closing(view, rs):  # noqa: ANN001, ANN202
-        try:
-            return grouping.apply_grouped(view, rs)
-        finally:
-            connection.close()
-
-    got: list[object] = []
-    threads = [threading.Thread(target=lambda: got.append(closing(loaded, [receipt(notes[0], "delivered")])))]
-    threads[0].start()
-    assert held.entered.wait(10)
-    for i, args in enumerate(queued, 1):
-        threads.append(threading.Thread(target=lambda a=args: got.append(closing(*a))))
-        threads[-1].start()
-        deadline = time.monotonic() + 10
-        while len(group._waiting) < i and time.monotonic() < deadline:
-            time.sleep(0.001)
-    held.release.set()
-    for t in threads:
-        t.join(20)
+    requests = [(loaded, [receipt(notes[0], "delivered")]), *queued]
+    got = run_in_turn(group, held.entered, held.release,
+                      [lambda a=args: grouping.apply_grouped(*a) for args in requests])  # fmt: skip
     assert len(got) == 9 and not any(r.stale for r in got)
     assert len(held.calls) == 2, "the first request alone, then the other eight together"
     receipts_now = dict(Notification.objects.filter(pk__in=[n.pk for n in notes]).values_list("id", "receipt"))
