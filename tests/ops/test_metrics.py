@@ -79,8 +79,12 @@ def populated(tenant_a, tenant_b):
     failed = factories.queued(tenant_b, mail, 2, recipient=EMAIL, queue_name="mail")
     scheduled = factories.queued(tenant_a, hook, 1, recipient=EMAIL)[0]
     # Latency, due → delivered: 0.2 s, 3 s, 120 s, two days (beyond the last bound); one scheduled (due
-    # at scheduled_for, 1 s); the other four ≈ 0 s.
-    now = timezone.now()
+    # at scheduled_for, 1 s); the other four ≈ 0 s. Relative to the database's clock: the record
+    # statement's delivered_at is its now(), which in this test's transaction is the transaction's
+    # start, before this line (Python's clock here made the 0.2 s one ≈ 0 s after a slow setup).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        [(now,)] = cursor.fetchall()
     for n, seconds in zip(sent[:4], (0.2, 3, 120, 2 * 86400), strict=True):
         Notification.objects.filter(pk=n.pk).update(created_at=now - timedelta(seconds=seconds))
     Notification.objects.filter(pk=scheduled.pk).update(scheduled_for=now - timedelta(seconds=1),
