@@ -150,7 +150,7 @@ class Outcome:
 class Recorded:
     ours: set[int] = field(default_factory=set)
     lost: list[Outcome] = field(default_factory=list)
-    event_deliveries: int = 0  # event deliveries the statement queued (the event lane is nudged only then)
+    events: int = 0  # events the statement made (the event lane is nudged only then)
 
 
 ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped", "suppressed")
@@ -367,9 +367,9 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     if not outcomes:
         return Recorded()
     record = _record_pg if queue.is_pg(using) else _record_portable
-    ours, event_deliveries = record(outcomes, using)
+    ours, events = record(outcomes, using)
     lost = [o for o in outcomes if o.lease.item_id not in ours]
-    return Recorded(ours=ours, lost=lost, event_deliveries=event_deliveries)
+    return Recorded(ours=ours, lost=lost, events=events)
 
 
 # Placeholders are %(…)b: the long arrays travel in binary (psycopg's own list dumpers), not as array text.
@@ -447,7 +447,7 @@ _RECORD_SQL = """
                d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), ''
         FROM ours d WHERE d.d_class IS NOT NULL
     ), {circuit}
-    SELECT item_id, (SELECT count(*) FROM ev_fanout)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
+    SELECT item_id, (SELECT count(*) FROM ev_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
 """.format(
     arrays=", ".join(f"%({name})b::{kind}[]" for name, kind in _OUTCOME_COLUMNS),
     names=", ".join(name for name, _ in _OUTCOME_COLUMNS),

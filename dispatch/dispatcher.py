@@ -233,7 +233,7 @@ class Dispatcher:
                 or time.monotonic() - self._full_claim_at < 0.2)  # fmt: skip
 
     def _nudge_events(self, recorded: Recorded) -> None:
-        if recorded.event_deliveries:  # the record statement queued event deliveries: send them soon
+        if recorded.events:  # the record statement made events: fan them out and send them soon
             self.events.nudge()  # type: ignore[union-attr]
 
     def _recording_broke(self) -> None:

@@ -21,8 +21,10 @@ class EventsConfig(AppConfig):
             ),
             retention.RetainedTable(
                 "events",
-                # no delivery left that the row above keeps: pending, or newer than the cutoff (a recover)
-                "created_at < %(cutoff)s AND NOT EXISTS (SELECT 1 FROM event_deliveries d WHERE d.event_id = events.id"
+                # fanned out, and no delivery left that the row above keeps: pending, or newer than the
+                # cutoff (a recover)
+                "created_at < %(cutoff)s AND NOT fanout_pending"
+                " AND NOT EXISTS (SELECT 1 FROM event_deliveries d WHERE d.event_id = events.id"
                 " AND d.endpoint_id IN (SELECT ep.id FROM event_endpoints ep WHERE ep.tenant_id = events.tenant_id)"
                 " AND (d.status = 'pending' OR d.created_at >= %(cutoff)s))",
                 "event(s)",

@@ -6,7 +6,11 @@ per batch each, never inside a transaction that spans a send:
 - `claim_due(n, lease_seconds, token)`: pending deliveries due now and not leased (or whose lease
   ran out: a lane that dies leaves rows that fall due again by themselves), of enabled endpoints,
   oldest first, `FOR UPDATE SKIP LOCKED`; it writes only the lease and the attempt count, no
-  indexed column, so the claim is a HOT update.
+  indexed column, so the claim is a HOT update. With room left, the same statement fans out the
+  outbox (events marked `fanout_pending`, oldest first, `SKIP LOCKED`): their deliveries are
+  inserted already leased to this claim. So the statement that records outcomes writes one row
+  per event and no delivery; the fan-out happens on the lane, which holds back while the
+  dispatcher has a backlog of notifications (dispatch.events).
 - `record(results)`: settles the batch fenced by each row's lock token (delivered, failed, retry
   after a delay, or given back untried), writes one attempt row per try, keeps each endpoint's
   `failing_since` (the start of its unbroken run of failures, on the database's clock) and
@@ -80,10 +84,35 @@ _CLAIM_SQL = """
         -- join over a sequential scan of the whole table (357 ms a claim at 20,000 deliveries)
         WHERE d.id = ANY(ARRAY(SELECT id FROM due))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.attempts, d.next_attempt_at
+    ), unspread AS (
+        -- the outbox: events not fanned out yet, oldest first, as many as the due deliveries left room for
+        SELECT ev.id FROM events ev
+        WHERE ev.fanout_pending
+        ORDER BY ev.id
+        LIMIT greatest(%(n)s - (SELECT count(*) FROM claimed), 0)
+        FOR UPDATE SKIP LOCKED
+    ), spread AS (
+        UPDATE events ev SET fanout_pending = false
+        WHERE ev.id = ANY(ARRAY(SELECT id FROM unspread))
+        RETURNING ev.id, ev.tenant_id, ev.type
+    ), fanned AS (
+        -- one delivery per endpoint enabled and subscribed to the event now, leased to this claim;
+        -- one that `recover` made meanwhile is left as it is
+        INSERT INTO event_deliveries (tenant_id, event_id, endpoint_id, status, attempts, next_attempt_at, lock_token,
+                                      locked_until, last_error_code, created_at)
+        SELECT s.tenant_id, s.id, e.id, 'pending', 1, now(), %(token)s, now() + make_interval(secs => %(lease)s),
+               '', now()
+        FROM spread s
+        JOIN event_endpoints e ON e.tenant_id = s.tenant_id AND e.enabled
+                              AND (e.event_types ? s.type OR e.event_types ? '*')
+        ON CONFLICT (endpoint_id, event_id) DO NOTHING
+        RETURNING id, event_id, endpoint_id, tenant_id, attempts, next_attempt_at
+    ), taken AS (
+        SELECT * FROM claimed UNION ALL SELECT * FROM fanned
     )
     SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text, c.attempts,
            ev.payload::text, e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
-    FROM claimed c
+    FROM taken c
     JOIN events ev ON ev.id = c.event_id
     JOIN event_endpoints e ON e.id = c.endpoint_id
     ORDER BY c.next_attempt_at, c.id

@@ -1,10 +1,12 @@
 """Emitting events: in the transaction of what caused them, one statement per batch.
 
-Two ways in, one SQL shape (`_insert_ctes`): the events of a source CTE are inserted into `events`
-and fanned out to `event_deliveries`, one row per enabled endpoint of the tenant subscribed to the
-type (`event_types` holds the type or "*"). An event is written when the tenant has an endpoint
-subscribed to its type, enabled or not: a disabled endpoint gets no delivery, but `recover` sends
-it the events made while it was disabled.
+Two ways in, one SQL shape (`_insert_ctes`): the events of a source CTE are inserted into `events`,
+marked `fanout_pending` — an outbox: one row per event in the statement that caused it. The
+event lane's claim (events.deliveries) later fans each out to `event_deliveries`, one row per
+endpoint of the tenant enabled and subscribed to the type then (`event_types` holds the type or
+"*"). An event is written when the tenant has an endpoint subscribed to
+its type, enabled or not: a disabled endpoint gets no delivery, but `recover` sends it the events
+made while it was disabled.
 
 - `outcome_events_cte(source)`: CTEs that the dispatcher's record statement (dispatch.delivery)
   appends to its chain, turning the notifications that became delivered / failed / dead_lettered
@@ -55,23 +57,16 @@ _SUBSCRIBED = "(e.event_types ? {type} OR e.event_types ? '*')"
 
 
 def _insert_ctes(source: str, prefix: str) -> str:
-    """`{prefix}_new` inserts the events of `source` (columns tenant_id, type, data) and
-    `{prefix}_fanout` their deliveries. The caller has already filtered `source` to tenants with a
-    subscribed endpoint; the fan-out checks each endpoint."""
-    subscribed = _SUBSCRIBED.format(type="ev.type")
+    """`{prefix}_new` inserts the events of `source` (columns tenant_id, type, data), marked
+    `fanout_pending`: the event lane's claim makes their deliveries (events.deliveries). The caller
+    has already filtered `source` to tenants with a subscribed endpoint."""
     return f"""{prefix}_new AS (
-        INSERT INTO events (id, tenant_id, type, payload, created_at)
+        INSERT INTO events (id, tenant_id, type, payload, created_at, fanout_pending)
         SELECT {_EVENT_ID_SQL}, s.tenant_id, s.type,
-               jsonb_build_object('type', s.type, 'timestamp', (SELECT {_TIMESTAMP_SQL}), 'data', s.data), now()
+               jsonb_build_object('type', s.type, 'timestamp', (SELECT {_TIMESTAMP_SQL}), 'data', s.data), now(),
+               true
         FROM {source} s
         RETURNING id, tenant_id, type
-    ), {prefix}_fanout AS (
-        INSERT INTO event_deliveries (tenant_id, event_id, endpoint_id, status, attempts, next_attempt_at,
-                                      last_error_code, created_at)
-        SELECT ev.tenant_id, ev.id, e.id, 'pending', 0, now(), '', now()
-        FROM {prefix}_new ev
-        JOIN event_endpoints e ON e.tenant_id = ev.tenant_id AND e.enabled AND {subscribed}
-        RETURNING event_id
     )"""  # noqa: S608 - this module's fragments and the caller's CTE names only; values are parameters
 
 
@@ -129,7 +124,7 @@ def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapp
       is a ValueError. UUIDs and datetimes are written as strings.
 
     Nothing is written when the tenant has no endpoint subscribed to `type` (returns []); an event
-    gets a delivery per enabled endpoint subscribed to it.
+    gets a delivery per enabled endpoint subscribed to it when the event lane claims it.
     """
     if type not in EventType.values:
         raise ValueError(f"unknown event type {type!r}; expected one of {', '.join(EventType.values)}")

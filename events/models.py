@@ -1,8 +1,9 @@
 """Event webhooks to tenants (CONTRACT.md §13): endpoints, events, their deliveries and attempts.
 
 An `Event` is written once, in the transaction of what caused it (a delivery outcome recorded by
-the dispatcher, a receipt, a suppression), with one `EventDelivery` per enabled endpoint
-subscribed to its type. The dispatcher's event lane (dispatch.events) claims due deliveries,
+the dispatcher, a receipt, a suppression), marked `fanout_pending` (the outbox). The dispatcher's
+event lane (dispatch.events) gives each such event one `EventDelivery` per enabled endpoint
+subscribed to its type, in the statement that claims them, and claims due deliveries,
 POSTs them signed per Standard Webhooks with `webhook-id` = the event id, and records each try as
 an `EventAttempt`. Events carry no recipient in clear: only `recipient_masked`.
 """
@@ -90,12 +91,18 @@ class Event(TenantOwned):
     # {"type", "timestamp", "data": {...}}: exactly the body POSTed to the endpoints
     payload = models.JSONField()
     created_at = models.DateTimeField(db_default=models.functions.Now())
+    # The outbox flag: written true with the event, in the transaction that caused it; the event
+    # lane's claim turns it false as it makes the event's deliveries (one per enabled endpoint
+    # subscribed to it), so the statement that records outcomes writes one narrow row per event.
+    fanout_pending = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "events"
         indexes = [
             # recover: the tenant's events since a time
             models.Index(fields=["tenant", "created_at"], name="event_tenant_created_idx"),
+            # the lane's claim: events not fanned out yet, oldest first
+            models.Index(fields=["id"], condition=Q(fanout_pending=True), name="event_fanout_pending_idx"),
         ]
 
     def __str__(self) -> str:

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from core.models import AuditEvent
 from events import emit
-from events.models import DeliveryStatus, EventAttempt, EventDelivery, EventEndpoint, public_event_id
+from events.models import DeliveryStatus, Event, EventAttempt, EventDelivery, EventEndpoint, public_event_id
+from tests.support.outbox import fan_out
 from tests.support.receivers import TEST_SIGNING_SECRET
 
 pytestmark = pytest.mark.django_db
@@ -113,6 +114,7 @@ def test_delete_is_204_and_audited(api_a):
 def _deliveries(tenant, count=2):
     ids = emit.emit(None, tenant.pk, "notification.delivered",
                     [{"notification_id": f"n{i}", "status": "delivered"} for i in range(count)])  # fmt: skip
+    assert fan_out() == count  # as the event lane does: the events are in the endpoints' queues
     return ids
 
 
@@ -176,9 +178,10 @@ def test_emit_writes_nothing_for_unsubscribed_types_and_refuses_plain_recipients
     with pytest.raises(ValueError, match="recipient"):
         emit.emit(None, tenant_a.pk, "notification.delivered", [{"recipient": "a@example.com"}])
     (event_id,) = emit.emit(None, tenant_a.pk, "notification.delivered", [{"notification_id": "x", "channel": "sms"}])
-    delivery = EventDelivery.objects.select_related("event").get()
-    payload = delivery.event.payload
-    assert event_id.startswith("evt_") and public_event_id(delivery.event_id) == event_id
+    event = Event.objects.get()
+    assert event.fanout_pending and not EventDelivery.objects.exists()  # the outbox: the lane fans it out
+    payload = event.payload
+    assert event_id.startswith("evt_") and event.public_id == event_id
     assert payload["type"] == "notification.delivered" and payload["timestamp"].endswith("Z")
     assert payload["data"]["channel"] == "sms" and payload["data"]["receipt"] is None
     assert set(payload["data"]) == set(emit.NOTIFICATION_FIELDS)

@@ -108,10 +108,21 @@ def test_the_record_statement_stays_one_per_batch_with_events(tenant_a, monkeypa
     ]  # fmt: skip
     sent = _counting_executes(monkeypatch)
     recorded = record_outcomes(outcomes)
-    assert len(sent) == 1 and len(recorded.ours) == size
+    assert len(sent) == 1 and len(recorded.ours) == size and recorded.events == size
     monkeypatch.undo()
-    assert Event.objects.count() == size == EventDelivery.objects.filter(status="pending").count()
+    # the outbox: one row per event, no delivery yet
+    assert Event.objects.count() == size == Event.objects.filter(fanout_pending=True).count()
+    assert not EventDelivery.objects.exists()
     assert Event.objects.filter(type="notification.failed").count() == len(range(0, size, 3))
+    # the lane's claim fans them out, leased to it, in the same one statement
+    token = uuid.uuid4()
+    sent = _counting_executes(monkeypatch)
+    claimed = deliveries.claim_due(100, 30, token)
+    assert len(sent) == 1
+    monkeypatch.undo()
+    assert len(claimed) == size and {c.attempt for c in claimed} == {1}
+    assert EventDelivery.objects.filter(status="pending", lock_token=token).count() == size
+    assert not Event.objects.filter(fanout_pending=True).exists()
 
 
 def factories_now():
@@ -165,9 +176,11 @@ def test_an_unbroken_run_of_failures_disables_the_endpoint_and_keeps_its_events(
     fail_one()
     ep.refresh_from_db()
     assert not ep.enabled and ep.disabled_reason == "failing without a break for 120 hours"
+    # one event was fanned out (each claim of one took the failing delivery first)
     assert set(EventDelivery.objects.values_list("status", flat=True)) <= {"pending", "failed"}
-    assert EventDelivery.objects.count() == 3  # kept
     assert deliveries.claim_due(10, 30, uuid.uuid4()) == []  # never attempted while disabled
+    assert Event.objects.count() == 3 and EventDelivery.objects.count() == 1  # kept, for `recover`
+    assert not Event.objects.filter(fanout_pending=True).exists()
 
 
 def test_a_success_ends_the_run(tenant_a):

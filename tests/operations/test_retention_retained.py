@@ -16,6 +16,7 @@ from events.emit import emit
 from events.models import Event, EventAttempt, EventDelivery
 from events.services import create_endpoint
 from receipts.models import ReceiptDedup
+from tests.support.outbox import fan_out
 
 pytestmark = pytest.mark.django_db
 
@@ -26,6 +27,7 @@ def delivered_event(tenant, endpoint, *, old: bool, status: str = "delivered") -
     """One event with its delivery to `endpoint` (`status`) and one attempt, 40 days old or new."""
     (public_id,) = emit(None, tenant.pk, "recipient.suppressed", [{"recipient_masked": "j***@example.com"}])
     event = Event.objects.get(pk=uuid.UUID(public_id.removeprefix("evt_")))
+    fan_out()  # as the event lane does
     delivery = EventDelivery.objects.get(event=event, endpoint=endpoint)
     at = OLD if old else timezone.now()
     EventDelivery.objects.filter(pk=delivery.pk).update(status=status, created_at=at)
@@ -41,6 +43,10 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     old_done = [delivered_event(tenant_a, ep_a, old=True), delivered_event(tenant_b, ep_b, old=True, status="failed")]
     old_pending = delivered_event(tenant_a, ep_a, old=True, status="pending")  # its endpoint may `recover` it
     new_done = delivered_event(tenant_a, ep_a, old=False)
+    # still in the outbox (the lane has not fanned it out): it stays however old
+    (unspread,) = emit(None, tenant_a.pk, "recipient.suppressed", [{"recipient_masked": "k***@example.com"}])
+    old_unspread = uuid.UUID(unspread.removeprefix("evt_"))
+    Event.objects.filter(pk=old_unspread).update(created_at=OLD)
     ReceiptDedup.objects.bulk_create([
         ReceiptDedup(provider_id=1, dedup_key="old-1", created_at=OLD),
         ReceiptDedup(provider_id=2, dedup_key="old-2", created_at=OLD),
@@ -52,13 +58,13 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     call_command("prune", "--older-than", "30", "--dry-run", stdout=dry)
     assert ("dry run: would delete 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
             "2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
-    assert Event.objects.count() == 4 and ReceiptDedup.objects.count() == 3  # a dry run deletes nothing
+    assert Event.objects.count() == 5 and ReceiptDedup.objects.count() == 3  # a dry run deletes nothing
 
     out = io.StringIO()
     call_command("prune", "--older-than", "30", "--batch-size", "100", stdout=out, stderr=io.StringIO())
     assert ("deleted 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
             "2 receipt de-duplication key(s);") in out.getvalue()  # fmt: skip
-    assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done}
+    assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done, old_unspread}
     assert not Event.objects.filter(pk__in=old_done).exists()
     kept = set(EventDelivery.objects.values_list("event_id", "status"))
     assert kept == {(old_pending, "pending"), (new_done, "delivered")}

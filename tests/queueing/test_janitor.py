@@ -231,6 +231,7 @@ def test_a_tables_stale_statistics_are_analyzed_and_a_generic_plan_made_on_it_em
 
     from events import deliveries, emit
     from events.services import create_endpoint
+    from tests.support.outbox import fan_out
 
     create_endpoint(tenant_a, name="ops", url="https://hooks.example.com/e", event_types=["*"], actor="test")
     with autocommit_connection() as conn:
@@ -251,6 +252,7 @@ def test_a_tables_stale_statistics_are_analyzed_and_a_generic_plan_made_on_it_em
         assert seq_scanned()  # planned for an empty table
         emit.emit(None, tenant_a.pk, "notification.delivered",
                   [{"notification_id": str(uuid.uuid4()), "status": "delivered"} for _ in range(3000)])  # fmt: skip
+        assert fan_out() == 3000  # as the lane does (its own connection: no plan of `conn` changes)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_stat_force_next_flush()")
         connection.close()  # the backend's statistics reach the collector as it exits
