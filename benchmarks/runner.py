@@ -291,7 +291,8 @@ def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.
                 continue
             if events:  # and every event delivered (or given up)
                 cursor.execute("SELECT EXISTS (SELECT 1 FROM event_deliveries WHERE tenant_id = %s AND status = "
-                               "'pending') OR EXISTS (SELECT 1 FROM events WHERE fanout_pending AND tenant_id = %s)",
+                               "'pending') OR EXISTS (SELECT 1 FROM events WHERE fanout_pending AND tenant_id = %s)"
+                               " OR EXISTS (SELECT 1 FROM event_outcome_batches)",
                                [tenant.pk, tenant.pk])  # fmt: skip
                 if cursor.fetchone()[0]:
                     time.sleep(poll)

@@ -447,7 +447,7 @@ _RECORD_SQL = """
                d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), ''
         FROM ours d WHERE d.d_class IS NOT NULL
     ), {circuit}
-    SELECT item_id, (SELECT count(*) FROM ev_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
+    SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ev_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
 """.format(
     arrays=", ".join(f"%({name})b::{kind}[]" for name, kind in _OUTCOME_COLUMNS),
     names=", ".join(name for name, _ in _OUTCOME_COLUMNS),

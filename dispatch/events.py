@@ -130,7 +130,7 @@ class EventLane:
                 return
             for item in claimed:
                 self._start(item)
-            if claimed:
+            if claimed or claimed.opened:  # opened: events made, the next claim fans them out
                 poll = MIN_POLL
                 continue
             if once_after is not None and once_after.is_set() and not self.inflight and not self.results:
@@ -259,7 +259,7 @@ class EventLane:
             self._give_back(items)
 
 
-def _claim(n: int, lease_seconds: float, token: uuid.UUID) -> list[Claimed]:
+def _claim(n: int, lease_seconds: float, token: uuid.UUID) -> deliveries.ClaimedBatch:
     """On the DB thread: the claim, through the hot path's prepared, server-side bound cursor."""
     if connection.vendor != "postgresql":
         return deliveries.claim_due(n, lease_seconds, token)

@@ -8,9 +8,11 @@ per batch each, never inside a transaction that spans a send:
   oldest first, `FOR UPDATE SKIP LOCKED`; it writes only the lease and the attempt count, no
   indexed column, so the claim is a HOT update. With room left, the same statement fans out the
   outbox (events marked `fanout_pending`, oldest first, `SKIP LOCKED`): their deliveries are
-  inserted already leased to this claim. So the statement that records outcomes writes one row
-  per event and no delivery; the fan-out happens on the lane, which holds back while the
-  dispatcher has a backlog of notifications (dispatch.events).
+  inserted already leased to this claim. With room left after that, it opens the oldest batch of
+  delivery outcomes (`event_outcome_batches`, written by the dispatcher's record statement,
+  events.emit) into events, which the next claim fans out. So the statement that records
+  outcomes writes one row per batch, and events and deliveries are made on the lane, which holds
+  back while the dispatcher has a backlog of notifications (dispatch.events).
 - `record(results)`: settles the batch fenced by each row's lock token (delivered, failed, retry
   after a delay, or given back untried), writes one attempt row per try, keeps each endpoint's
   `failing_since` (the start of its unbroken run of failures, on the database's clock) and
@@ -34,6 +36,7 @@ from django.conf import settings
 from django.db import connection
 
 from core import pooling
+from events.emit import open_outcomes_ctes
 
 DELIVERED, RETRY, FAILED, DEFERRED = "delivered", "retry", "failed", "deferred"
 
@@ -107,30 +110,57 @@ _CLAIM_SQL = """
                               AND (e.event_types ? s.type OR e.event_types ? '*')
         ON CONFLICT (endpoint_id, event_id) DO NOTHING
         RETURNING id, event_id, endpoint_id, tenant_id, attempts, next_attempt_at
-    ), taken AS (
+    ), boxed AS (
+        -- room left still: the oldest batch of outcomes becomes events (fanned out by the next claim)
+        SELECT b.id FROM event_outcome_batches b
+        WHERE (SELECT count(*) FROM claimed) + (SELECT count(*) FROM unspread) < %(n)s
+        ORDER BY b.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ), opened AS (
+        DELETE FROM event_outcome_batches b WHERE b.id = ANY(ARRAY(SELECT id FROM boxed))
+        RETURNING b.*
+    ), {OPEN}, taken AS (
         SELECT * FROM claimed UNION ALL SELECT * FROM fanned
     )
-    SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text, c.attempts,
-           ev.payload::text, e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
-    FROM taken c
-    JOIN events ev ON ev.id = c.event_id
-    JOIN event_endpoints e ON e.id = c.endpoint_id
-    ORDER BY c.next_attempt_at, c.id
-"""
+    SELECT * FROM (
+        SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text,
+               c.attempts, ev.payload::text, e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
+        FROM taken c
+        JOIN events ev ON ev.id = c.event_id
+        JOIN event_endpoints e ON e.id = c.endpoint_id
+        ORDER BY c.next_attempt_at, c.id
+    ) claims
+    UNION ALL  -- a row without a delivery: how many events the opened batch made
+    SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM oc_made)::int, NULL, NULL, NULL, NULL, NULL, NULL
+    WHERE EXISTS (SELECT FROM opened)
+""".replace("{OPEN}", open_outcomes_ctes("opened", prefix="oc"))
 
 
-def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = None) -> list[Claimed]:  # noqa: ANN401
+class ClaimedBatch(list):
+    """A claim's deliveries (`Claimed`), and `opened`: the events it made from a batch of outcomes,
+    which the next claim fans out (so the lane claims again at once)."""
+
+    opened: int = 0
+
+
+def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = None) -> ClaimedBatch:  # noqa: ANN401
     """Lease up to `n` due deliveries with `token` (one statement). `cursor`: a psycopg cursor to
     run it on, prepared (the dispatcher's server-side binding one); None: Django's."""
     if n <= 0:
-        return []
+        return ClaimedBatch()
     if connection.vendor != "postgresql":
-        return _claim_portable(n, lease_seconds, token)
-    rows = _run(cursor, *claim_statement(n, lease_seconds, token), fetch=True)
-    return [
-        Claimed(did, token, eid, etype, epid, tkey, attempt, payload.encode(), url, secret, previous, rotated, version)
-        for did, eid, etype, epid, tkey, attempt, payload, url, secret, previous, rotated, version in rows
-    ]
+        return ClaimedBatch(_claim_portable(n, lease_seconds, token))
+    batch = ClaimedBatch()
+    for did, eid, etype, epid, tkey, attempt, payload, url, secret, previous, rotated, version in _run(
+        cursor, *claim_statement(n, lease_seconds, token), fetch=True
+    ):
+        if did is None:
+            batch.opened = attempt
+        else:
+            batch.append(Claimed(did, token, eid, etype, epid, tkey, attempt, payload.encode(), url, secret, previous,
+                                 rotated, version))  # fmt: skip
+    return batch
 
 
 def claim_statement(n: int, lease_seconds: float, token: uuid.UUID) -> tuple[str, dict[str, Any]]:

@@ -61,7 +61,8 @@ def test_the_record_statements_generic_plan_is_linear_in_the_batch(tenant_a):
 
     def written(cursor):  # noqa: ANN001, ANN202
         cursor.execute("SELECT (SELECT count(*) FROM delivery_attempts), (SELECT count(*) FROM dead_letter_queue), "
-                       "(SELECT count(*) FROM events), (SELECT count(*) FROM queue_state)")  # fmt: skip
+                       "(SELECT coalesce(sum(cardinality(notification_ids)), 0) FROM event_outcome_batches), "
+                       "(SELECT count(*) FROM queue_state)")  # fmt: skip
         return cursor.fetchone()
 
     explained = plans.explain_generic(connection.connection, sql, params, inside=written)
@@ -74,34 +75,49 @@ def test_the_record_statements_generic_plan_is_linear_in_the_batch(tenant_a):
     assert not {("Seq Scan", table) for table in _LARGE} & plans.scans(explained.plan["Plan"])
 
 
-@pytest.mark.parametrize("due", [True, False], ids=["due-deliveries", "outbox"])
-def test_the_event_lanes_claim_reads_deliveries_and_the_outbox_by_index_under_a_generic_plan(tenant_a, due):
-    """5,000 deliveries (due, or already delivered) and 5,000 events not fanned out yet: a claim of
-    100 takes the due deliveries first, else fans out 100 events, reading either by index."""
+@pytest.mark.parametrize("stage", ["due-deliveries", "fan-out", "outcomes"])
+def test_the_event_lanes_claim_reads_deliveries_and_the_outbox_by_index_under_a_generic_plan(tenant_a, stage):
+    """20,000 notifications, 5,000 deliveries (due, or already delivered), 5,000 events not fanned
+    out yet (or none) and a batch of 1,000 outcomes: a claim of 100 takes the due deliveries first,
+    else fans out 100 events, else opens the batch into 1,000 events, reading every table by index."""
     _endpoint(tenant_a)
 
     def made(count):  # noqa: ANN001, ANN202
         emit.emit(None, tenant_a.pk, "notification.delivered",
                   [{"notification_id": str(uuid.uuid4()), "status": "delivered"} for _ in range(count)])  # fmt: skip
 
+    factories.bulk_queued_sql(tenant_a, factories.provider(tenant_a), 20_000)
     made(5000)
     assert fan_out() == 5000
-    if not due:
+    if stage != "due-deliveries":
         EventDelivery.objects.update(status="delivered")
-    made(5000)
-    with connection.cursor() as cursor:  # as the janitor keeps them: the rows updated above leave dead
-        cursor.execute("VACUUM ANALYZE")  # index entries that only the first scan after would visit
+    if stage != "outcomes":
+        made(5000)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO event_outcome_batches (tenant_ids, notification_ids, statuses, attempt_counts, provider_ids,"
+            " error_codes) SELECT array_agg(tenant_id), array_agg(id), array_agg('delivered'::text), array_agg(1),"
+            " array_agg(provider_id), array_agg(''::text) FROM (SELECT * FROM notifications LIMIT 1000) n"
+        )  # fmt: skip
+        # as the janitor keeps them: rows updated above leave dead index entries that only the first
+        # scan after them would step over
+        cursor.execute("VACUUM ANALYZE")
     connection.ensure_connection()
 
     def leased(cursor):  # noqa: ANN001, ANN202
-        cursor.execute("SELECT count(*) FILTER (WHERE lock_token IS NOT NULL), count(*) FROM event_deliveries")
+        cursor.execute("SELECT count(*) FILTER (WHERE lock_token IS NOT NULL), count(*), (SELECT count(*) FROM events)"
+                       " FROM event_deliveries")  # fmt: skip
         return cursor.fetchone()
 
     sql, params = deliveries.claim_statement(100, 30, uuid.uuid4())
     explained = plans.explain_generic(connection.connection, sql, params, inside=leased)
-    assert explained.generic_plans == 1 and explained.seen == (100, 5000 if due else 5100)
+    assert explained.generic_plans == 1
+    assert explained.seen == {"due-deliveries": (100, 5000, 10_000), "fan-out": (100, 5100, 10_000),
+                              "outcomes": (0, 5000, 6000)}[stage]  # fmt: skip
     scans = plans.scans(explained.plan["Plan"])
-    assert not {("Seq Scan", "event_deliveries"), ("Seq Scan", "events")} & scans, sorted(map(str, scans))
+    assert not {("Seq Scan", table) for table in _LARGE} & scans, sorted(map(str, scans))
     # pages touched grow with the claim, not the tables: ≈ 12 a claimed delivery, ≈ 30 a fanned-out
-    # event (the event's new row version and the delivery's, with their index entries)
-    assert explained.plan["Plan"]["Shared Hit Blocks"] + explained.plan["Plan"].get("Shared Read Blocks", 0) < 4000
+    # event (the event's new row version and the delivery's, with their index entries), ≈ 10 an
+    # event made from outcomes
+    budget = {"due-deliveries": 4000, "fan-out": 4000, "outcomes": 12_000}[stage]
+    assert explained.plan["Plan"]["Shared Hit Blocks"] + explained.plan["Plan"].get("Shared Read Blocks", 0) < budget

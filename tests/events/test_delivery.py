@@ -4,6 +4,7 @@ receiver that verifies each request with the `standardwebhooks` package."""
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from events import deliveries, emit
 from events.deliveries import Result
 from events.models import DeliveryStatus, Event, EventAttempt, EventDelivery, EventEndpoint
 from events.services import create_endpoint, update_endpoint
+from notifications.models import Notification
 from tests import factories
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
@@ -110,19 +112,49 @@ def test_the_record_statement_stays_one_per_batch_with_events(tenant_a, monkeypa
     recorded = record_outcomes(outcomes)
     assert len(sent) == 1 and len(recorded.ours) == size and recorded.events == size
     monkeypatch.undo()
-    # the outbox: one row per event, no delivery yet
-    assert Event.objects.count() == size == Event.objects.filter(fanout_pending=True).count()
-    assert not EventDelivery.objects.exists()
-    assert Event.objects.filter(type="notification.failed").count() == len(range(0, size, 3))
-    # the lane's claim fans them out, leased to it, in the same one statement
-    token = uuid.uuid4()
+    # the outbox: one row for the batch, its facts in arrays; no event or delivery yet
+    assert _outcome_batches() == [size] and not Event.objects.exists() and not EventDelivery.objects.exists()
+    # the lane's first claim (one statement) opens it into events, the next fans them out, leased to it
     sent = _counting_executes(monkeypatch)
+    opening = deliveries.claim_due(100, 30, uuid.uuid4())
+    token = uuid.uuid4()
     claimed = deliveries.claim_due(100, 30, token)
-    assert len(sent) == 1
+    assert len(sent) == 2
     monkeypatch.undo()
-    assert len(claimed) == size and {c.attempt for c in claimed} == {1}
+    assert (len(opening), opening.opened, _outcome_batches()) == (0, size, [])
+    assert Event.objects.filter(type="notification.failed").count() == len(range(0, size, 3))
+    assert len(claimed) == size == Event.objects.count() and {c.attempt for c in claimed} == {1}
     assert EventDelivery.objects.filter(status="pending", lock_token=token).count() == size
     assert not Event.objects.filter(fanout_pending=True).exists()
+    for c in claimed:  # what is POSTed: read from the notification and the batch (its timestamp)
+        payload = json.loads(c.body)
+        event = Event.objects.get(pk=uuid.UUID(c.event_id.removeprefix("evt_")))
+        note = Notification.objects.get(pk=payload["data"]["notification_id"])
+        assert payload == event.payload and payload["type"] == c.event_type == f"notification.{note.status}"
+        assert payload["data"] == {
+            "notification_id": str(note.pk), "status": note.status, "receipt": None, "bounce_type": None,
+            "channel": note.channel, "recipient_masked": note.recipient_masked, "provider": prov.name,
+            "attempt_count": note.attempt_count, "error_code": note.last_error_code or None,
+        }  # fmt: skip
+        assert payload["timestamp"] == event.created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _outcome_batches() -> list[int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT cardinality(notification_ids) FROM event_outcome_batches ORDER BY id")
+        return [n for (n,) in cursor.fetchall()]
+
+
+def test_outcomes_of_tenants_without_an_endpoint_make_no_batch(tenant_a, tenant_b):
+    endpoint(tenant_b, HttpReceiver(), ["*"])  # an endpoint somewhere: the one-time gate is open
+    prov = factories.provider(tenant_a)
+    factories.queued(tenant_a, prov, 4)
+    prepared, _ = claim_and_start(4, lease_seconds=30)
+    now = factories_now()
+    recorded = record_outcomes([Outcome(p.lease, "delivered", Attempt(1, now, now, "delivered")) for p in prepared])
+    assert len(recorded.ours) == 4 and recorded.events == 0 and _outcome_batches() == []
 
 
 def factories_now():
