@@ -1,14 +1,16 @@
 """The hot path's CPU a request, in process: the WSGI application called directly, no server.
 
-    .venv/bin/python bench/inprocess_api.py [--database-url URL] [--mode create|read] [-n 2000] [--repeat 3]
+    .venv/bin/python bench/inprocess_api.py [--database-url URL] [--mode create|read|batch] [-n 2000] [--repeat 3]
 
 Prepares the database as `bench/ingest_bench.py` does (its throwaway `omnipost_bench_ingest` by
 default: migrated, notification tables emptied, a tenant with a console email provider and a key),
 then calls `omnipost_site.wsgi.application` with a plain single create (`POST /api/v1/notifications`,
-bench/ingest_bench.py's item) or a detail read of one notification, `-n` times per run, after 200
-warm-up calls. Prints CPU (`time.process_time`: this process's threads, the ringer's included, not
-PostgreSQL's) and wall time a call, per run and their median. One thread, so no statement is
-shared: this measures the code path, not concurrency (bench/ingest_bench.py does that).
+bench/ingest_bench.py's item), a detail read of one notification or a batch of `--batch-size` of
+those items (`POST /api/v1/notifications/batch`: the figures are then a request's, not an item's),
+`-n` times per run, after 200 warm-up calls (5 for batches). Prints CPU (`time.process_time`:
+this process's threads, the ringer's included, not PostgreSQL's) and wall time a call, per run and
+their median. One thread, so no statement is shared: this measures the code path, not concurrency
+(bench/ingest_bench.py does that).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgres://postgres:postgres@127.0.0.1:5432/omnipost_bench_ingest")
-    parser.add_argument("--mode", choices=["create", "read"], default="create")
+    parser.add_argument("--mode", choices=["create", "read", "batch"], default="create")
+    parser.add_argument("--batch-size", type=int, default=1000, help="--mode batch: items a request")
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
@@ -58,6 +61,7 @@ def main() -> None:
             response.close()  # request_finished, as a server sends it
 
     create_body = orjson.dumps(ingest_bench.EMAIL_ITEM)
+    batch_body = orjson.dumps({"notifications": [ingest_bench.EMAIL_ITEM] * args.batch_size})
     first = call("POST", "/api/v1/notifications", create_body)
     if not status[-1].startswith("201"):
         sys.exit(f"inprocess_api: the create was answered {status[-1]}: {first[:200]!r}")
@@ -66,10 +70,12 @@ def main() -> None:
     def one() -> None:
         if args.mode == "create":
             call("POST", "/api/v1/notifications", create_body)
+        elif args.mode == "batch":
+            call("POST", "/api/v1/notifications/batch", batch_body)
         else:
             call("GET", detail)
 
-    for _ in range(200):
+    for _ in range(200 if args.mode != "batch" else 5):
         one()
     cpu, wall = [], []
     for run in range(args.repeat):

@@ -10,7 +10,8 @@ The statement stays visible to Django: it runs inside `wrap_database_errors` (ps
 django.db errors and mark the connection for Django's health rule) and is logged where Django logs
 queries (DEBUG, CaptureQueriesContext), so statement counts in tests include it. Texts longer
 than psycopg caches the placeholder conversion of (4 KiB: the receipts statement) are converted
-here once (`_numbered`) and run through a `RawCursor`.
+here once (`_numbered`) and run through a `RawCursor`, unless they bind something in binary
+(`%b`: a batch create's arrays), which only psycopg's own conversion can say.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def fetchone(
     if prepare and raw.prepare_threshold is None:
         keep_generic_plans(raw, _ONLY_WHEN_ASKED)
     started = time.monotonic()
-    if len(sql) > _PSYCOPG_CACHES_UP_TO:
+    if len(sql) > _PSYCOPG_CACHES_UP_TO and not _binary(sql):
         text, names = _numbered(sql)
         values = [params[name] for name in names] if names is not None else params
         with connection.wrap_database_errors:
@@ -83,9 +84,17 @@ def _cursor(connection: Any, raw: Any, kind: type) -> Any:  # noqa: ANN401 - Dja
 
 
 _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)s|%s")
+_BINARY = re.compile(r"(?<!%)%(\(\w+\))?b")
 # psycopg converts its placeholders once per text up to this length (psycopg._queries'
 # MAX_CACHED_STATEMENT_LENGTH, 4096 bytes in 3.3) and on every execute beyond it
 _PSYCOPG_CACHES_UP_TO = 4096
+
+
+@functools.lru_cache(maxsize=64)
+def _binary(sql: str) -> bool:
+    """Does `sql` bind a parameter in binary (`%b`, `%(name)b`)? Then psycopg converts it (on every
+    execute if it is long): a raw `$n` carries no format, and psycopg would dump it as text."""
+    return _BINARY.search(sql) is not None
 
 
 @functools.lru_cache(maxsize=64)

@@ -8,7 +8,8 @@ translations, non-string keys, integers beyond 64 bits) is not plain: the caller
 Two differences remain, neither in a value: a float with an exponent is written 1e16 where
 `json.dumps` writes 1e+16, and NaN or an infinity would be null where a strict encoder raises; the
 API's parser refuses both in input. U+2028 and U+2029 are escaped, as DRF escapes them.
-Used by the API's renderer (core.api.renderers) and for JSON columns (notifications.services).
+Used by the API's renderer (core.api.renderers), for JSON columns (notifications.services) and to
+measure the API's JSON fields (notifications.validation).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ _PLAIN = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS | orj
 
 def _not_plain(value: Any) -> Any:  # noqa: ANN401
     raise TypeError(type(value).__name__)
+
+
+def plain_size(data: Any) -> int | None:  # noqa: ANN401
+    """The length of `data` as compact UTF-8 JSON (`json.dumps(data, separators=(",", ":"),
+    ensure_ascii=False)`, encoded), or None when it holds a value that is not plain. A float
+    with an exponent counts one byte fewer (1e16, not 1e+16)."""
+    try:
+        return len(orjson.dumps(data, option=_PLAIN, default=_not_plain))
+    except (orjson.JSONEncodeError, TypeError):
+        return None
 
 
 def plain_json(data: Any) -> bytes | None:  # noqa: ANN401

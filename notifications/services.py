@@ -641,7 +641,8 @@ _ITEMS_PG = "items AS (" + insert_items_sql(  # noqa: S608 - fixed fragments, va
 ) + " RETURNING 1)"  # noqa: S608 - fixed fragments, values are parameters
 _JOBS_PG = "jobs AS (" + insert_jobs_sql(  # noqa: S608
     """(SELECT u.job_id, n.tenant_id, n.id AS notification_id, n.scheduled_for AS run_at, %s::timestamptz AS created_at
-        FROM n JOIN unnest(%s::uuid[], %s::uuid[]) AS u(notification_id, job_id) ON u.notification_id = n.id) s"""
+        FROM n JOIN unnest({array}::uuid[], {array}::uuid[]) AS u(notification_id, job_id)
+               ON u.notification_id = n.id) s"""
 ) + " RETURNING 1)"
 
 
@@ -681,7 +682,7 @@ def _store_pg(
     if jobs:
         params += [now, [job.notification_id for job in jobs], [job.job_id for job in jobs]]
     sql = _create_statement(keys, version is not None, idempotency is not None, bool(new_queues), insert_sql,
-                            bool(queued), bool(jobs))  # fmt: skip
+                            bool(queued), bool(jobs), len(rows) > 1)  # fmt: skip
     version_ok, key_free, check_ok, stored, positions = hot_sql.fetchone(sql, params, using=connection.alias)
     if not version_ok:
         tenant_config.forget(tenant.pk)
@@ -705,16 +706,19 @@ _GATED = "(SELECT version_ok AND key_free AND check_ok FROM gate)"
 
 @lru_cache(maxsize=64)
 def _create_statement(
-    keys: int | None, versioned: bool, idempotent: bool, queues: bool, insert_sql: str, queued: bool, jobs: bool
-) -> str:
+    keys: int | None, versioned: bool, idempotent: bool, queues: bool, insert_sql: str, queued: bool, jobs: bool,
+    many: bool,
+) -> str:  # fmt: skip
     """`_store_pg`'s text for its shape, composed once (its parameters follow the same order): the
     suppression check of `keys` blind indexes (None: none), the tenant's config version, the
     Idempotency-Key's lock and record, new queue names, the notifications' INSERT, their queue items,
-    their scheduled jobs."""
+    their scheduled jobs. `many` (a batch): the arrays travel in binary, as `_insert_sql`'s do; one
+    create's stay text, so its long statement keeps `core.hot_sql`'s converted-once placeholders."""
     ctes: list[str] = []
+    array = "%b" if many else "%s"
     check_sql, positions_sql = "true", "NULL::int[]"
     if keys is not None:
-        arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
+        arrays = ", ".join(f"{array}::{kind}[]" for kind in ["int", "varchar", "varchar", *["varchar"] * keys])
         names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
         found = suppressions.check_sql("%s::uuid", "u.channel", [f"u.b{k}" for k in range(keys)], "u.scope")
         ctes.append(f"blocked AS (SELECT coalesce(array_agg(u.i ORDER BY u.i), '{{}}') AS positions "  # noqa: S608
@@ -733,7 +737,7 @@ def _create_statement(
     if queued:
         ctes.append(_ITEMS_PG)
     if jobs:
-        ctes.append(_JOBS_PG)
+        ctes.append(_JOBS_PG.replace("{array}", array))
     return (f"WITH {', '.join(ctes)} SELECT version_ok, key_free, check_ok, (SELECT count(*) FROM n), "  # noqa: S608
             f"{positions_sql} FROM gate")  # fmt: skip
 
@@ -828,23 +832,20 @@ def _columns(alias: str) -> tuple[tuple[Any, str, str], ...]:
 
 
 def _insert(rows: list[Notification]) -> None:
-    """One INSERT for all rows (see `_insert_sql`; bulk_create elsewhere than PostgreSQL)."""
+    """Elsewhere than PostgreSQL: one bulk_create (PostgreSQL stores through `_store_pg`'s statement)."""
     connection = connections[Notification.objects.db]
-    if connection.vendor != "postgresql":
-        Notification.objects.bulk_create(rows)
-    else:
-        sql, params = _insert_sql(connection, rows)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+    Notification.objects.bulk_create(rows)
     for row in rows:
         row._state.adding, row._state.db = False, connection.alias
 
 
 def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -> tuple[str, list[Any]]:
     """PostgreSQL: `INSERT INTO notifications … SELECT` of `rows` (only `where` the condition holds).
-    The rows travel as one array per column (`… FROM unnest(…)`), and a column whose value is the
-    same in every row (tenant, status, timestamps, counters…) travels once; several times faster
-    than bulk_create. One row (the API's single create) has one fixed text, built once."""
+    The rows travel as one array per column (`… FROM unnest(…)`), in binary (`%b`: psycopg's text
+    array dumper was a quarter of a 1,000-item batch's Python, binary ≈ 10 % less CPU a batch), and a
+    column whose value is the same in every row (tenant, status, timestamps, counters…) travels
+    once; several times faster than bulk_create. One row (the API's single create) has one fixed
+    text, built once. For `core.hot_sql` (psycopg's own cursor: Django's binds on the client)."""
     if len(rows) == 1:
         values = rows[0].__dict__
         params = []
@@ -870,7 +871,7 @@ def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -
             params.append(first)
         else:
             selects.append(f"u.c{index}")
-            arrays.append((f"%s::{cast}[]", values))
+            arrays.append((f"%b::{cast}[]", values))
             aliases.append(f"c{index}")
     source = ""
     if arrays:

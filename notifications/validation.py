@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import EmailValidator
 from django.utils import timezone
 
+from core.plain_json import plain_size
 from notifications.models import Channel
 
 CHANNELS = tuple(Channel.values)
@@ -157,7 +158,9 @@ def check_scheduled_for(value: Any, now: datetime | None = None) -> datetime | N
 
 
 def json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    """Bytes of `value` as compact UTF-8 JSON (orjson's count where it writes alike, core.plain_json)."""
+    size = plain_size(value)
+    return size if size is not None else len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def check_object(value: Any, limit: int) -> dict[str, Any]:

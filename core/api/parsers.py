@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
+import orjson
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 MAX_DEPTH = 32
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 def _no_constants(name: str) -> Any:
@@ -24,13 +27,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
+class _NotFinite(Exception):
+    """orjson read a number as an infinity: the standard library's parse says which."""
+
+
 def _check(value: Any, level: int = 0) -> None:
-    """Depth limit, and no NUL in any string or key (PostgreSQL text cannot hold one)."""
+    """Depth limit, no NUL in any string or key (PostgreSQL text cannot hold one), finite numbers."""
     if level > MAX_DEPTH:
         raise ParseError(f"JSON is nested more than {MAX_DEPTH} levels deep.")
     if isinstance(value, str):
         if "\x00" in value:
             raise ParseError("Request body contains a NUL character (\\u0000).")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NotFinite()
     elif isinstance(value, dict):
         for key, item in value.items():
             _check(key, level)
@@ -49,8 +59,21 @@ class StrictJSONParser(JSONParser):
             raise ParseError(f"Request body is not valid UTF-8 (byte {exc.start}).") from None
         if "\x00" in text:
             raise ParseError("Request body contains a NUL character.")
+        if not text.strip():
+            return {}
+        # orjson reads most bodies (several times faster). The standard library reads again what
+        # orjson refuses (lone surrogates, NaN, 1e999, deep nesting, bad syntax) and any body with a
+        # run of 19 digits or more (orjson turns an integer beyond 64 bits into a float), so it
+        # accepts or refuses as it always has, with its error message.
+        if not _LONG_DIGITS.search(raw):
+            try:
+                data = orjson.loads(raw)
+                _check(data)
+                return data
+            except (orjson.JSONDecodeError, _NotFinite):
+                pass
         try:
-            data = json.loads(text, parse_constant=_no_constants, parse_float=_finite_float) if text.strip() else {}
+            data = json.loads(text, parse_constant=_no_constants, parse_float=_finite_float)
         except RecursionError:
             raise ParseError(f"JSON is nested more than {MAX_DEPTH} levels deep.") from None
         except ValueError as exc:

@@ -129,6 +129,32 @@ def test_reasonable_json_parses():
     assert parse(b"") == {}
 
 
+def _typed(value):  # noqa: ANN001, ANN202 - a parsed value with every leaf's type beside it
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1, "a": 2}',
+        b"[1.0, -0.0, 1e16, 2.5e-3, 0.1, 123456789.123456789]",
+        b'{"n": 9223372036854775807, "m": -9223372036854775808, "u": 18446744073709551615}',
+        b'{"n": 18446744073709551616, "big": 123456789012345678901234567890}',
+        b'{"s": "\\ud83d\\ude00 \\u2028 caf\xc3\xa9"}',
+        b'{"s": "\\ud800"}',
+        b"  [true, false, null, {}, []]  ",
+        b'{"phone": "+14155550123", "order": "1234567890123456789012"}',
+    ],
+)
+def test_bodies_parse_as_the_standard_library_parses_them(raw):
+    """orjson reads them where it reads alike, the standard library the rest: same values, same types."""
+    assert _typed(parse(raw)) == _typed(json.loads(raw))
+
+
 # --- throttling ----------------------------------------------------------------------------------
 
 

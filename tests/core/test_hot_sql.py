@@ -33,6 +33,20 @@ def test_named_and_positional_statements_answer_alike_short_or_long(pad):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("pad", ["", PAD], ids=["short", "long"])
+def test_binary_parameters_short_or_long(pad):
+    """`%b` (a batch create's arrays): psycopg's conversion, which alone knows a parameter's format."""
+    import uuid
+
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    sql = f"SELECT array_length(%b::uuid[], 1), (%b::uuid[])[2], %(t)s::text, %(n)b::int[] {pad}"
+    assert hot_sql._binary(sql) and not hot_sql._binary(f"SELECT '%%b', %s {pad}")
+    named = sql.replace("%b::uuid[], 1", "%(ids)b::uuid[], 1").replace("(%b::uuid[])[2]", "(%(ids)b::uuid[])[2]")
+    assert hot_sql.fetchone(named, {"ids": ids, "t": "x", "n": [1, None]}) == (2, ids[1], "x", [1, None])
+    assert hot_sql.fetchone(f"SELECT %b::text[] {pad}", [["a", None, "ü"]]) == (["a", None, "ü"],)
+
+
+@pytest.mark.django_db
 def test_a_long_statements_errors_are_djangos():
     from django.db import DataError
 
