@@ -132,7 +132,7 @@ _CLAIM_SQL = """
         ORDER BY c.next_attempt_at, c.id
     ) claims
     UNION ALL  -- a row without a delivery: how many events the opened batch made
-    SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM oc_made)::int, NULL, NULL, NULL, NULL, NULL, NULL
+    SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM oc_new)::int, NULL, NULL, NULL, NULL, NULL, NULL
     WHERE EXISTS (SELECT FROM opened)
 """.replace("{OPEN}", open_outcomes_ctes("opened", prefix="oc"))
 

@@ -47,8 +47,22 @@ OUTCOME_TYPES = {
     "dead_lettered": EventType.DEAD_LETTERED.value,
 }
 
-# RFC 3339 in UTC with microseconds, from the database's clock
-_TIMESTAMP_SQL = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+def _rfc3339(at: str) -> str:
+    """SQL: the timestamptz `at` as RFC 3339 text in UTC with microseconds (a payload's `timestamp`)."""
+    return f"""to_char({at} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+
+def _notification_data(n: str, *, status: str, receipt: str, bounce_type: str, provider_id: str, attempt_count: str,
+                       error_code: str) -> str:  # fmt: skip
+    """SQL: a `notification.*` event's data (NOTIFICATION_FIELDS) for the notification row `n`
+    (its id, channel and recipient_masked), the other fields given as SQL expressions."""
+    return f"""jsonb_build_object(
+        'notification_id', {n}.id, 'status', {status}, 'receipt', {receipt}, 'bounce_type', {bounce_type},
+        'channel', {n}.channel, 'recipient_masked', {n}.recipient_masked,
+        'provider', (SELECT p.name FROM providers p WHERE p.id = {provider_id}),
+        'attempt_count', {attempt_count}, 'error_code', nullif({error_code}, ''))"""  # noqa: S608 - callers' SQL
+
+
 # Time-ordered ids (shown as evt_<hex>, events.models.public_event_id): the statement's millisecond
 # (computed once) then random digits, so a batch's events sit side by side in the primary key and
 # the lane's lookups of them, in creation order, touch few pages (random UUIDs cost it a page each).
@@ -59,15 +73,15 @@ _EVENT_ID_SQL = (
 _SUBSCRIBED = "(e.event_types ? {type} OR e.event_types ? '*')"
 
 
-def _insert_ctes(source: str, prefix: str) -> str:
-    """`{prefix}_new` inserts the events of `source` (columns tenant_id, type, data), marked
+def _insert_ctes(source: str, prefix: str, *, at: str = "now()") -> str:
+    """`{prefix}_new` inserts the events of `source` (columns tenant_id, type, data), made `at` (an
+    SQL expression over `s`, the source's row; default the statement's now()), marked
     `fanout_pending`: the event lane's claim makes their deliveries (events.deliveries). The caller
     has already filtered `source` to tenants with a subscribed endpoint."""
     return f"""{prefix}_new AS (
         INSERT INTO events (id, tenant_id, type, payload, created_at, fanout_pending)
         SELECT {_EVENT_ID_SQL}, s.tenant_id, s.type,
-               jsonb_build_object('type', s.type, 'timestamp', (SELECT {_TIMESTAMP_SQL}), 'data', s.data), now(),
-               true
+               jsonb_build_object('type', s.type, 'timestamp', {_rfc3339(at)}, 'data', s.data), {at}, true
         FROM {source} s
         RETURNING id, tenant_id, type
     )"""  # noqa: S608 - this module's fragments and the caller's CTE names only; values are parameters
@@ -102,30 +116,18 @@ def open_outcomes_ctes(batches: str, *, prefix: str = "oc") -> str:
     columns) into events marked `fanout_pending`, of the types the tenant's endpoints subscribe to
     (enabled or not, as `emit`): `notification.<status>` with the data of NOTIFICATION_FIELDS, the
     channel and recipient_masked read from the notification, the provider's name from its row, the
-    `timestamp` the batch's. `{prefix}_made` returns each event's id."""
+    `timestamp` the batch's. `{prefix}_new` returns each event's id."""
     subscribed = _SUBSCRIBED.format(type="('notification.' || u.status)")
-    return f"""{prefix}_facts AS (
-        SELECT u.*, b.created_at
+    data = _notification_data("n", status="u.status", receipt="NULL", bounce_type="NULL", provider_id="u.provider_id",
+                              attempt_count="u.attempt_count", error_code="u.error_code")  # fmt: skip
+    return f"""{prefix}_src AS (
+        SELECT u.tenant_id, 'notification.' || u.status AS type, {data} AS data, b.created_at AS at
         FROM {batches} b,
              unnest(b.tenant_ids, b.notification_ids, b.statuses, b.attempt_counts, b.provider_ids, b.error_codes)
                  AS u(tenant_id, notification_id, status, attempt_count, provider_id, error_code)
-    ), {prefix}_made AS (
-        INSERT INTO events (id, tenant_id, type, payload, created_at, fanout_pending)
-        SELECT {_EVENT_ID_SQL}, u.tenant_id, 'notification.' || u.status,
-               jsonb_build_object(
-                   'type', 'notification.' || u.status,
-                   'timestamp', to_char(u.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                   'data', jsonb_build_object(
-                       'notification_id', u.notification_id, 'status', u.status, 'receipt', NULL,
-                       'bounce_type', NULL, 'channel', n.channel, 'recipient_masked', n.recipient_masked,
-                       'provider', (SELECT p.name FROM providers p WHERE p.id = u.provider_id),
-                       'attempt_count', u.attempt_count, 'error_code', nullif(u.error_code, ''))),
-               u.created_at, true
-        FROM {prefix}_facts u
         JOIN notifications n ON n.id = u.notification_id
         WHERE EXISTS (SELECT FROM event_endpoints e WHERE e.tenant_id = u.tenant_id AND {subscribed})
-        RETURNING id
-    )"""  # noqa: S608 - constant fragments and CTE names
+    ), {_insert_ctes(f"{prefix}_src", prefix, at="s.at")}"""  # noqa: S608 - constant fragments and CTE names
 
 
 _EMIT_SUBSCRIBED = _SUBSCRIBED.format(type="%(type)s::text")
@@ -190,12 +192,9 @@ _NOTIFICATION_EVENTS_SQL = f"""
         FROM jsonb_array_elements(%(items)s::jsonb) AS r(item)
     ), notification_src AS (
         SELECT n.tenant_id, w.type,
-               jsonb_build_object(
-                   'notification_id', n.id, 'status', n.status, 'receipt', w.receipt,
-                   'bounce_type', w.bounce_type, 'channel', n.channel, 'recipient_masked', n.recipient_masked,
-                   'provider', (SELECT p.name FROM providers p WHERE p.id = n.provider_id),
-                   'attempt_count', n.attempt_count, 'error_code', nullif(n.last_error_code, '')
-               ) AS data
+               {_notification_data("n", status="n.status", receipt="w.receipt", bounce_type="w.bounce_type",
+                                   provider_id="n.provider_id", attempt_count="n.attempt_count",
+                                   error_code="n.last_error_code")} AS data
         FROM wanted w
         JOIN notifications n ON n.id = w.notification_id
         WHERE EXISTS (SELECT FROM event_endpoints e
