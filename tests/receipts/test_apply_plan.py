@@ -41,7 +41,7 @@ def test_a_delivered_receipt_unqueues_a_promoted_fallback_through_the_queues_ind
 
     def capture(sql, params, using="default"):  # noqa: ANN001, ANN202
         captured.update(sql=sql, params=params)
-        return (True, 0, 0, 0, [], 0)
+        return (True, 0, 0, 0, [], 0, False)  # not ok: the statement with the fallback's CTEs follows
 
     monkeypatch.setattr(hot_sql, "fetchone", capture)
     apply_receipts(provider_views.load(setup.push.pk), [receipt(Notification.objects.get(pk=original), "delivered")])

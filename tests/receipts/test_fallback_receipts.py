@@ -12,12 +12,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from notifications import fallback
 from notifications.models import Notification, Status
 from queueing.models import ScheduledJob
 from receipts import providers as provider_views
+from receipts.models import NotificationEvent, ReceiptCounter, ReceiptDedup
 from receipts.services import apply_receipts
 from tests.notifications.conftest import PHONE, TOKEN, make_setup
 from tests.receipts.conftest import receipt
@@ -60,6 +62,29 @@ def test_a_bad_receipt_makes_the_fallback_due_at_once(created, kind):
     apply_receipts(created.view, [receipt(original, "delivered")])
     assert ScheduledJob.objects.get(notification_id=linked.pk).status == "pending"
     assert Notification.objects.get(pk=linked.pk).status == "scheduled"
+
+
+def test_a_batch_naming_a_notification_with_a_fallback_is_applied_once_by_the_statement_that_follows_it(created):
+    """Receipts of notifications without a fallback take the statement without the fallback's CTEs;
+    one with a fallback in the batch makes that statement store nothing and the full one apply all."""
+    original, linked = created()
+    _, plain = created()  # a fallback has no fallback of its own
+    with CaptureQueriesContext(connection) as ctx:
+        result = apply_receipts(created.view, [receipt(plain, "delivered")])
+    assert len(ctx.captured_queries) == 1 and "scheduled_jobs" not in ctx.captured_queries[0]["sql"]
+    assert result.applied == 1
+
+    batch = [receipt(original, "undelivered"), receipt(linked, "delivered"), receipt("unknown", "delivered")]
+    with CaptureQueriesContext(connection) as ctx:
+        result = apply_receipts(created.view, batch)
+    applies = [q["sql"] for q in ctx.captured_queries if "receipt_dedup" in q["sql"]]  # then the follow-ups'
+    assert len(applies) == 2 and "scheduled_jobs" not in applies[0] and "scheduled_jobs" in applies[1]
+    assert (result.applied, result.duplicate, result.ignored) == (2, 0, 1)
+    assert {row.notification_id for row in result.changed} == {original.pk, linked.pk}
+    assert NotificationEvent.objects.filter(notification_id__in=[original.pk, linked.pk]).count() == 2
+    assert ReceiptDedup.objects.count() == 3  # the plain one's and this batch's two, once each
+    assert sum(ReceiptCounter.objects.values_list("count", flat=True)) == 1  # the unknown id, counted once
+    assert ScheduledJob.objects.get(notification_id=linked.pk).status == "pending"  # made due by `undelivered`
 
 
 @pytest.mark.parametrize("kind", ["delivered", "complained"])
