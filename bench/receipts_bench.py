@@ -1,10 +1,12 @@
 """Receipt ingestion: signed receipts accepted per second through `POST /hooks/providers/{id}`.
 
     .venv/bin/python bench/receipts_bench.py [--kind webhook|twilio] [--database-url URL] [--seconds 10]
-        [--repeat 3] [--server gunicorn|granian] [--workers 2] [--threads 4] [--clients 8] [--notifications 20000]
+        [--repeat 3] [--server gunicorn|granian] [--worker-class gthread|asgi] [--workers 2] [--threads 4]
+        [--clients 8] [--notifications 20000]
 
-Runs the web server (gunicorn: `--workers` gthread processes with `--threads` each; or granian's WSGI
-interface, `--workers` processes with `--threads` blocking threads each; DEBUG off) on a throwaway
+Runs the web server (gunicorn: `--workers` gthread processes with `--threads` each, or with
+`--worker-class asgi` its asgi worker serving omnipost_site.asgi, receipts.asgi's 2 threads each; or
+granian's WSGI interface, `--workers` processes with `--threads` blocking threads each; DEBUG off) on a throwaway
 database (`omnipost_bench_receipts`, its notification and receipt tables emptied at start) holding
 `--notifications` delivered notifications of one tenant's provider of `--kind`. Before each run it
 signs one distinct event per request it may send (a `delivered` receipt for a notification, in turn;
@@ -287,6 +289,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--server", choices=["gunicorn", "granian"], default="gunicorn")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker-class", choices=["gthread", "asgi"], default="gthread", help="gunicorn's")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--notifications", type=int, default=20_000)
@@ -303,9 +306,12 @@ def main() -> None:
                    "--blocking-threads", str(args.threads), "--host", "127.0.0.1", "--port", str(port),
                    "--log-level", "warning", "--no-ws", "omnipost_site.wsgi:application"]  # fmt: skip
     else:
-        command = [str(Path(sys.executable).with_name("gunicorn")), "omnipost_site.wsgi:application", "--workers",
-                   str(args.workers), "--worker-class", "gthread", "--threads", str(args.threads), "--bind",
+        command = [str(Path(sys.executable).with_name("gunicorn")), "--workers", str(args.workers), "--bind",
                    f"127.0.0.1:{port}", "--timeout", "120", "--log-level", "warning"]  # fmt: skip
+        if args.worker_class == "asgi":  # receipts.asgi's pool: 4 threads a worker
+            command += ["--worker-class", "asgi", "omnipost_site.asgi:application"]
+        else:
+            command += ["--worker-class", "gthread", "--threads", str(args.threads), "omnipost_site.wsgi:application"]
     server = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: S603
     deadline = time.monotonic() + 30
     while True:
@@ -343,8 +349,9 @@ def main() -> None:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     med = {k: statistics.median(r[k] for r in runs) for k in ("per_s", "p50_ms", "p99_ms", "web_ms", "db_ms")}
-    server_name = "gunicorn gthread" if args.server == "gunicorn" else "granian wsgi"
-    print(f"\n{server_name}: {args.workers} workers x {args.threads} threads, {os.cpu_count()} CPUs, "
+    server_name = f"gunicorn {args.worker_class}" if args.server == "gunicorn" else "granian wsgi"
+    threads = "2 receipts threads (receipts.asgi)" if server_name == "gunicorn asgi" else f"{args.threads} threads"
+    print(f"\n{server_name}: {args.workers} workers x {threads}, {os.cpu_count()} CPUs, "
           f"{args.clients} clients, {args.seconds:g} s per run, median of {args.repeat}:")
     scheme = {"webhook": "Standard Webhooks", "twilio": "X-Twilio-Signature"}[args.kind]
     print(f"  POST /hooks/providers/{{id}} ({args.kind} kind, {scheme} verified)  {med['per_s']:7.0f} receipts/s"

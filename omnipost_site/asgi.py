@@ -1,10 +1,8 @@
-"""
-ASGI config for omnipost_site project.
+"""ASGI entry point (gunicorn's asgi worker, uvicorn, granian's asgi interface). The Procfile serves
+the WSGI one (omnipost_site.wsgi); this one is for an ASGI server, and is the faster way to take
+vendors' receipts under gunicorn (receipts.asgi, README "Serving").
 
-It exposes the ASGI callable as a module-level variable named ``application``.
-
-For more information on this file, see
-https://docs.djangoproject.com/en/5.2/howto/deployment/asgi/
+Vendors' receipts (POST /hooks/providers/{id}) skip Django's handler: see receipts.asgi.
 """
 
 import os
@@ -14,3 +12,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
 
 application = get_asgi_application()
+
+from receipts.asgi import ReceiptsFastPathASGI  # noqa: E402 - needs the app registry get_asgi_application set up
+
+application = ReceiptsFastPathASGI(application)

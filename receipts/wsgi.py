@@ -35,7 +35,7 @@ from receipts.views import MAX_BODY_BYTES, TOO_LARGE, Answer, error_answer, form
 
 logger = logging.getLogger("omnipost.receipts")
 
-_PATH = re.compile(r"/hooks/providers/([0-9]{1,18})")
+PATH = re.compile(r"/hooks/providers/([0-9]{1,18})")
 _REASONS = {200: "OK", 401: "Unauthorized", 404: "Not Found", 413: "Request Entity Too Large",
             429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
 
@@ -47,19 +47,24 @@ class ReceiptsFastPath:
         self.app = app
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        match = _PATH.fullmatch(environ.get("PATH_INFO", ""))
+        match = PATH.fullmatch(environ.get("PATH_INFO", ""))
         if match is None or environ.get("REQUEST_METHOD") != "POST" or not settings.OMNIPOST_PUBLIC_URL:
             return self.app(environ, start_response)
-        _begin()
-        try:
-            status, body, headers = _answer(int(match[1]), environ)
-        finally:
-            _end()
+        status, body, headers = answer(int(match[1]), environ)
         content = orjson.dumps(body)
         start_response(f"{status} {_REASONS.get(status, '')}".rstrip(), [
             ("Content-Type", "application/json"), ("Content-Length", str(len(content))), *headers.items(),
         ])  # fmt: skip
         return [content]
+
+
+def answer(provider_id: int, environ: dict[str, Any]) -> Answer:
+    """The answer to one receipts request, in the thread that calls it (it may use the database)."""
+    _begin()
+    try:
+        return _answer(provider_id, environ)
+    finally:
+        _end()
 
 
 def _begin() -> None:

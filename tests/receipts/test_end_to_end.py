@@ -5,14 +5,9 @@ tenant's event endpoint (verified with `standardwebhooks`); a webhook address is
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,42 +19,16 @@ from receipts.models import NotificationEvent
 from tests import factories
 from tests.receipts.conftest import signed
 from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
+from tests.support import web
 from tests.support.fixtures import signing_secret, webhook_receiver  # noqa: F401
-from tests.support.pgserver import free_port
 from tests.support.receivers import TEST_SIGNING_SECRET
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
-
-
 @pytest.fixture
 def server(subprocess_env: dict[str, str]) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**subprocess_env, "OMNIPOST_PUBLIC_URL": url, "OMNIPOST_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(  # noqa: S603
-        [GUNICORN, "omnipost_site.wsgi:application", "--workers", "1", "--worker-class", "gthread", "--threads", "4",
-         "--bind", f"127.0.0.1:{port}", "--log-level", "warning"], env=env, cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "gunicorn did not come up"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    with web.gunicorn(subprocess_env) as served:
+        yield served.url
 
 
 def test_webhook_receipts_end_to_end(  # noqa: PLR0913

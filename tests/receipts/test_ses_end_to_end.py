@@ -7,13 +7,8 @@ Permanent bounce and a Complaint each suppress their address, and the next email
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,12 +18,11 @@ from notifications.models import Notification
 from receipts.models import NotificationEvent
 from tests import factories
 from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
+from tests.support import web
 from tests.support.aws import SesStandIn, SnsStandIn, self_signed, ses_event
-from tests.support.pgserver import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 KEY_ID, SECRET, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "eu-west-1"
 ADDRESS = "jane.doe@example.com"
 COMPLAINER = "john.roe@example.com"
@@ -48,37 +42,10 @@ def sns() -> Iterator[SnsStandIn]:
 
 @pytest.fixture
 def server(subprocess_env: dict[str, str], sns: SnsStandIn) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **subprocess_env,
-        "OMNIPOST_PUBLIC_URL": url,
-        "OMNIPOST_LOG_LEVEL": "WARNING",
-        "OMNIPOST_SNS_CERT_URL_PATTERN": sns.cert_url_pattern,
-        "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true",
-    }
-    proc = subprocess.Popen(  # noqa: S603
-        [GUNICORN, "omnipost_site.wsgi:application", "--workers", "1", "--worker-class", "gthread", "--threads", "4",
-         "--bind", f"127.0.0.1:{port}", "--log-level", "warning"], env=env, cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "gunicorn did not come up"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    env = {**subprocess_env, "OMNIPOST_SNS_CERT_URL_PATTERN": sns.cert_url_pattern,
+           "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}  # fmt: skip
+    with web.gunicorn(env) as served:
+        yield served.url
 
 
 def sns_post(url: str, message: dict) -> httpx.Response:

@@ -1,0 +1,150 @@
+"""Receipts under gunicorn's asgi worker (omnipost_site.asgi, receipts.asgi) answer exactly as under
+its gthread worker (omnipost_site.wsgi, receipts.wsgi): the same requests, the same statuses and
+bodies, the same rows stored; everything else reaches Django; sessions the database terminates are
+reconnected, never a 500 or a lost receipt; SIGTERM stops the worker cleanly."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from django.db import connection
+
+from notifications.models import Notification
+from receipts.asgi import _environ
+from receipts.models import NotificationEvent, ReceiptDedup
+from receipts.views import MAX_BODY_BYTES
+from receipts.wsgi import EnvironHeaders
+from tests import factories
+from tests.receipts.conftest import signed
+from tests.support import web
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+SECRET = "whsec_" + "QUFB" * 8
+
+
+def _requests(provider: int, other: int, notes: list[str], theirs: str) -> list[tuple[str, str, dict, bytes | None]]:
+    """(name, path, headers, body): what a vendor (and a stranger) may send."""
+
+    def event(note: str, kind: str, msg_id: str, secret: str = SECRET) -> tuple[dict, bytes]:
+        body, headers = signed(secret, {"type": kind, "notification_id": note}, msg_id=msg_id)
+        return {**headers, "Content-Type": "application/json"}, body
+
+    path = f"/hooks/providers/{provider}"
+    run = uuid.uuid4().hex  # each server gets its own vendor event ids
+    delivered = event(notes[0], "delivered", f"msg_{run}_1")
+    return [
+        ("delivered", path, *delivered),
+        ("the same again", path, *delivered),
+        ("bounced", path, *event(notes[1], "bounced", f"msg_{run}_2")),
+        ("bad signature", path, *event(notes[2], "delivered", f"msg_{run}_3", "whsec_" + "QkJC" * 8)),
+        ("another provider's URL", f"/hooks/providers/{other}", *event(notes[2], "delivered", f"msg_{run}_4")),
+        ("another tenant's notification", path, *event(theirs, "complained", f"msg_{run}_5")),
+        ("no such provider", "/hooks/providers/999999999", *event(notes[2], "delivered", f"msg_{run}_6")),
+        ("over the size limit", path, {"Content-Type": "application/json"}, b"[" + b" " * MAX_BODY_BYTES + b"]"),
+    ]
+
+
+def _answers(url: str, requests: list[tuple[str, str, dict, bytes | None]]) -> dict[str, tuple[int, object]]:
+    out = {}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for name, path, headers, body in requests:
+            response = client.post(path, content=body, headers=headers)
+            out[name] = (response.status_code, response.json())
+        _, path, headers, body = requests[2]  # sent again in pieces, with no Content-Length (chunked)
+        response = client.post(path, content=(body[i : i + 7] for i in range(0, len(body), 7)), headers=headers)
+        out["the bounce again, chunked"] = (response.status_code, response.json())
+        response = client.get(requests[0][1])
+        out["GET (Django's view)"] = (response.status_code, response.json())
+        out["/healthz (Django)"] = (client.get("/healthz").status_code, None)
+    return out
+
+
+@pytest.fixture
+def providers(tenant_a, tenant_b):  # noqa: ANN001, ANN201
+    mine = factories.provider(tenant_a, "hook", secrets={"signing_secret": SECRET}, is_default=True)
+    other = factories.provider(tenant_a, "hook2", secrets={"signing_secret": "whsec_" + "Q0ND" * 8})
+    theirs = factories.provider(tenant_b, "hook", secrets={"signing_secret": SECRET})
+    return mine, other, factories.notifications(tenant_b, theirs, 1, status="delivered")[0]
+
+
+def test_the_asgi_worker_answers_receipts_as_the_wsgi_one_does(subprocess_env, tenant_a, providers):
+    mine, other, theirs = providers
+    answers, stored, codes = {}, {}, {}
+    for name, app in (("gthread", web.GTHREAD), ("asgi", web.ASGI)):
+        notes = [str(n.pk) for n in factories.notifications(tenant_a, mine, 3, status="delivered")]
+        with web.gunicorn(subprocess_env, app) as served:
+            answers[name] = _answers(served.url, _requests(mine.pk, other.pk, notes, str(theirs.pk)))
+        codes[name] = served.process.returncode
+        stored[name] = (
+            sorted(NotificationEvent.objects.filter(notification_id__in=notes).values_list("type", flat=True)),
+            sorted(r or "" for r in Notification.objects.filter(pk__in=notes).values_list("receipt", flat=True)),
+        )
+    assert answers["asgi"] == answers["gthread"]
+    statuses = {name: status for name, (status, _) in answers["asgi"].items()}
+    assert statuses == {
+        "delivered": 200, "the same again": 200, "bounced": 200, "bad signature": 401,
+        "another provider's URL": 401, "another tenant's notification": 200, "no such provider": 404,
+        "over the size limit": 413, "the bounce again, chunked": 200, "GET (Django's view)": 405,
+        "/healthz (Django)": 200,
+    }  # fmt: skip
+    assert stored["asgi"] == stored["gthread"] == (["bounced", "delivered"], ["", "bounced", "delivered"])
+    assert NotificationEvent.objects.filter(notification=theirs).count() == 0
+    assert codes == {"gthread": 0, "asgi": 0}, "SIGTERM stops either worker cleanly"
+
+
+def _terminate(app_name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid()",
+            [app_name],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def asgi_server(subprocess_env) -> Iterator[tuple[str, str]]:  # noqa: ANN001
+    app_name = f"receipts-asgi-{uuid.uuid4().hex[:8]}"
+    env = {**subprocess_env, "OMNIPOST_APP_NAME": app_name, "CONN_MAX_AGE": "600"}  # sessions kept between requests
+    with web.gunicorn(env, web.ASGI) as served:
+        yield served.url, app_name
+
+
+def test_terminated_sessions_are_reconnected_and_no_receipt_is_lost(asgi_server, tenant_a, providers):
+    url, app_name = asgi_server
+    mine = providers[0]
+    notes = [str(n.pk) for n in factories.notifications(tenant_a, mine, 12, status="delivered")]
+    statuses: list[int] = []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for round_ in range(3):
+            for i, note in enumerate(notes[round_ * 4 : (round_ + 1) * 4]):
+                body, headers = signed(SECRET, {"type": "delivered", "notification_id": note}, msg_id=f"m{round_}{i}")
+                for _attempt in range(5):  # as a vendor retries a 503
+                    response = client.post(f"/hooks/providers/{mine.pk}", content=body, headers=headers)
+                    statuses.append(response.status_code)
+                    if response.status_code != 503:
+                        break
+                    assert response.headers["Retry-After"]
+                assert response.status_code == 200, response.text
+            assert _terminate(app_name) >= 1, "the worker's sessions were there to terminate"
+    assert set(statuses) <= {200, 503}
+    assert NotificationEvent.objects.filter(notification_id__in=notes).count() == 12
+    assert ReceiptDedup.objects.filter(provider_id=mine.pk).count() == 12
+
+
+def test_the_asgi_environ_reads_as_the_wsgi_one():
+    scope = {
+        "type": "http", "method": "POST", "path": "/hooks/providers/7", "query_string": b"n=1&x=%20",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"12"), (b"webhook-id", b"msg_1"),
+                    (b"x-twilio-signature", b"sig="), (b"x-forwarded-for", b"a"), (b"x-forwarded-for", b"b")],
+    }  # fmt: skip
+    environ = _environ(scope)
+    assert environ["PATH_INFO"] == "/hooks/providers/7" and environ["QUERY_STRING"] == "n=1&x=%20"
+    assert (environ["CONTENT_TYPE"], environ["CONTENT_LENGTH"]) == ("application/json", "12")
+    headers = EnvironHeaders(environ)
+    assert headers["Webhook-Id"] == "msg_1" and headers.get("x-twilio-signature") == "sig="
+    assert headers["X-Forwarded-For"] == "a,b"  # repeated headers joined, as a WSGI server joins them
