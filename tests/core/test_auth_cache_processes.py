@@ -3,12 +3,9 @@ served from each process's cache (core.auth_cache): two real gunicorn processes 
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -16,45 +13,16 @@ from django.core.management import call_command
 from django.db import connection
 
 from core.models import ApiKey
-from tests.support.pgserver import free_port
+from tests.support import web
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 
 
 @pytest.fixture
 def two_servers(subprocess_env: dict[str, str]) -> Iterator[list[str]]:
-    env = {**subprocess_env, "OMNIPOST_AUTH_LISTEN": "true", "CONN_MAX_AGE": "60", "OMNIPOST_LOG_LEVEL": "WARNING"}
-    servers, urls = [], []
-    for _ in range(2):
-        port = free_port()
-        servers.append(subprocess.Popen(  # noqa: S603
-            [GUNICORN, "omnipost_site.wsgi:application", "--workers", "1", "--bind", f"127.0.0.1:{port}",
-             "--log-level", "warning"], env=env, cwd=Path(__file__).resolve().parents[2],
-        ))  # fmt: skip
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        for url in urls:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, f"{url} did not come up"
-                time.sleep(0.1)
-        yield urls
-    finally:
-        for server in servers:
-            server.send_signal(signal.SIGTERM)
-        for server in servers:
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=5)
+    env = {**subprocess_env, "OMNIPOST_AUTH_LISTEN": "true", "CONN_MAX_AGE": "60"}
+    with ExitStack() as stack:
+        yield [stack.enter_context(web.gunicorn(env, web.SYNC)).url for _ in range(2)]
 
 
 def status(url: str, raw_key: str) -> int:

@@ -17,6 +17,7 @@ from tests.support.pgserver import free_port
 
 GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
 ROOT = Path(__file__).resolve().parents[2]
+SYNC = ("omnipost_site.wsgi:application",)
 GTHREAD = ("omnipost_site.wsgi:application", "--worker-class", "gthread", "--threads", "4")
 ASGI = ("omnipost_site.asgi:application", "--worker-class", "asgi")
 
