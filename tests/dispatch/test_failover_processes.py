@@ -49,7 +49,9 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120, status=503) as first_rx,
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as second_rx,
     ):
-        circuit = {"failure_threshold": 0.5, "min_requests": 10, "window_seconds": 30, "open_seconds": 4}
+        # open long enough that steps 1 and 2 (checked while it is open) fit in the window on a loaded
+        # machine: with 4 s, a slow wave 1 let it turn half-open before the first check (seen in CI)
+        circuit = {"failure_threshold": 0.5, "min_requests": 10, "window_seconds": 30, "open_seconds": 12}
         first = _hook(tenant_a, "first", first_rx, 0, circuit=circuit)
         second = _hook(tenant_a, "second", second_rx, 1)
         procs = start_dispatchers(3, fast_retries, "--batch-size", "5", "--concurrency", "10", log_dir=tmp_path)
@@ -77,7 +79,7 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             #    and traffic returns to the first provider.
             first_rx.behaviour.status = 200
             trickle: list[Notification] = []
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 40
             while circuits.states([first.pk])[first.pk] != circuits.CLOSED and time.monotonic() < deadline:
                 trickle += _send(tenant_a, first, 1)
                 time.sleep(0.2)
