@@ -4,7 +4,8 @@ Twilio signs each callback with HMAC-SHA1, keyed with the account's auth token, 
 it was told (the provider's events URL with `?n=<notification id>`, see
 notifications.providers.twilio) followed by the form fields sorted by name. The check is the
 `twilio` package's own `RequestValidator`, which also tries the URL with and without the default
-port, as Twilio's signers differ there.
+port, as Twilio's signers differ there (the URL exactly as received is tried first, with the same
+package's `compute_signature` and `compare`: one HMAC instead of two for the callbacks that match it).
 
 A callback carries no event id and no timestamp of its own: the event id is `MessageSid:MessageStatus`
 (one event per state of a message, so a retried callback changes nothing), and `occurred_at` is the
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
-from twilio.request_validator import RequestValidator
+from twilio.request_validator import RequestValidator, compare
 
 from receipts.inbound import InboundRequest, ProviderView, Receipt, Rejected, adapter
 
@@ -59,7 +60,14 @@ def _verified(request: InboundRequest, provider: ProviderView) -> bool:
     params = dict(request.form)
     for secrets in (provider.secrets, *provider.previous_secrets):
         token = secrets.get("auth_token") if secrets else None
-        if isinstance(token, str) and token and RequestValidator(token).validate(request.url, params, signature):
+        if not (isinstance(token, str) and token):
+            continue
+        validator = RequestValidator(token)
+        # The URL as received first: it is one of the two forms `validate` signs (with and without
+        # the port), and the one callbacks match, so one HMAC instead of two for them.
+        if compare(validator.compute_signature(request.url, params), signature):
+            return True
+        if validator.validate(request.url, params, signature):
             return True
     return False
 
