@@ -65,8 +65,9 @@ class ReceiptsFastPathASGI:
             await self.app(scope, receive, send)
             return
         environ = _environ(scope)
-        body = await _body(environ, receive)
-        if body is _GONE:  # the vendor hung up before its body was whole: nothing to verify, nobody to answer
+        try:
+            body = await _body(environ, receive)
+        except _HungUp:  # before its body was whole: nothing to verify, nobody to answer
             return
         if body is None:
             status, content, headers = TOO_LARGE
@@ -103,12 +104,13 @@ def _environ(scope: Scope) -> dict[str, Any]:
     return environ
 
 
-_GONE = b"\0gone"  # a marker, never a body: compared by identity
+class _HungUp(Exception):  # noqa: N818 - an event, not an error
+    """The client disconnected before its body was whole."""
 
 
 async def _body(environ: dict[str, Any], receive: Receive) -> bytes | None:
-    """The request's body; None when it is (or says it will be) over MAX_BODY_BYTES; _GONE when the
-    client disconnected first."""
+    """The request's body, or None when it is (or says it will be) over MAX_BODY_BYTES; _HungUp
+    when the client disconnects first."""
     try:
         declared = int(environ.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -119,7 +121,7 @@ async def _body(environ: dict[str, Any], receive: Receive) -> bytes | None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return _GONE
+            raise _HungUp
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:

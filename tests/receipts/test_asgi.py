@@ -5,6 +5,7 @@ reconnected, never a 500 or a lost receipt; SIGTERM stops the worker cleanly."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import uuid
@@ -16,6 +17,7 @@ import pytest
 from django.db import connection
 
 from notifications.models import Notification
+from receipts import asgi as receipts_asgi
 from receipts.asgi import _environ
 from receipts.models import NotificationEvent, ReceiptDedup
 from receipts.views import MAX_BODY_BYTES
@@ -166,3 +168,63 @@ def test_the_asgi_environ_reads_as_the_wsgi_one():
     headers = EnvironHeaders(environ)
     assert headers["Webhook-Id"] == "msg_1" and headers.get("x-twilio-signature") == "sig="
     assert headers["X-Forwarded-For"] == "a,b"  # repeated headers joined, as a WSGI server joins them
+
+
+def _run_asgi(app, scope: dict, messages: list[dict]) -> list[dict]:  # noqa: ANN001
+    """Call an ASGI app with `messages` as what the client sends; what it sends back."""
+    incoming, sent = list(messages), []
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+@pytest.fixture
+def fast_path(settings, monkeypatch):  # noqa: ANN001, ANN201
+    """receipts.asgi in front of an app that must not be reached, its `answer` recorded."""
+    settings.OMNIPOST_PUBLIC_URL = "http://testserver"
+    answered = []
+    monkeypatch.setattr(receipts_asgi, "answer", lambda provider_id, environ: answered.append(provider_id) or
+                        (200, {"received": 1}, {}))  # fmt: skip
+
+    async def django(scope, receive, send):  # noqa: ANN001, ANN202
+        raise AssertionError(f"reached Django: {scope['type']}")
+
+    app = receipts_asgi.ReceiptsFastPathASGI(django)
+    app.answered = answered
+    return app
+
+
+SCOPE = {"type": "http", "method": "POST", "path": "/hooks/providers/5", "query_string": b"",
+         "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_vendor_that_hangs_up_mid_body_is_neither_answered_nor_applied(fast_path):
+    sent = _run_asgi(fast_path, SCOPE, [{"type": "http.request", "body": b'{"type": "deli', "more_body": True},
+                                        {"type": "http.disconnect"}])  # fmt: skip
+    assert sent == [] and fast_path.answered == []
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_body_over_the_limit_in_pieces_is_413_without_being_applied(fast_path):
+    piece = {"type": "http.request", "body": b" " * 65536, "more_body": True}
+    sent = _run_asgi(fast_path, SCOPE, [piece] * (MAX_BODY_BYTES // 65536 + 1))
+    assert sent[0]["status"] == 413 and json.loads(sent[1]["body"])["error"]["code"] == "request_too_large"
+    assert fast_path.answered == []
+    whole = _run_asgi(fast_path, SCOPE, [{"type": "http.request", "body": b"{}", "more_body": False}])
+    assert whole[0]["status"] == 200 and fast_path.answered == [5]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_lifespan_is_answered_here_and_the_pool_stops_at_shutdown(fast_path):
+    pool = fast_path.pool()
+    sent = _run_asgi(fast_path, {"type": "lifespan"}, [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    with pytest.raises(RuntimeError):
+        pool.submit(print)  # shut down
