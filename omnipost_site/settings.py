@@ -153,6 +153,8 @@ OMNIPOST_MAX_ATTEMPTS = number(env, "OMNIPOST_MAX_ATTEMPTS", 8, minimum=1, integ
 OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=True)
 # Receipt requests a second one provider's inbound URL accepts (all web processes together; 0: no limit).
 OMNIPOST_RATE_LIMIT_RECEIPTS = number(env, "OMNIPOST_RATE_LIMIT_RECEIPTS", 5000.0)
+# Threads a worker gives receipts under an ASGI server (receipts.asgi: 2 measured best on 2 cores).
+OMNIPOST_RECEIPTS_THREADS = int(number(env, "OMNIPOST_RECEIPTS_THREADS", 2, minimum=1, integer=True))
 # Web processes cache verified API keys and LISTEN for revocations (core.auth_cache); off, entries live 1 s.
 OMNIPOST_AUTH_LISTEN = env.bool("OMNIPOST_AUTH_LISTEN", default=True)
 # CONN_HEALTH_CHECKS' `SELECT 1` only for a connection idle this long (core.conn_checks); 0: before every request.

@@ -4,8 +4,9 @@ The same requests as receipts.wsgi takes (a POST to that path with OMNIPOST_PUBL
 same answers, computed by the same function (`receipts.wsgi.answer`, which calls
 `receipts.views.receive`): the event loop reads the body (refusing more than MAX_BODY_BYTES with
 `413` as soon as the Content-Length or the bytes read say so), hands the request to a pool of
-THREADS threads, where the signature is checked and the receipts applied (one database connection
-per thread; concurrent requests share apply statements, receipts.grouping), and writes the answer.
+OMNIPOST_RECEIPTS_THREADS threads, where the signature is checked and the receipts applied (one
+database connection per thread; concurrent requests share apply statements, receipts.grouping),
+and writes the answer.
 Everything else, and every request while OMNIPOST_PUBLIC_URL is unset, goes to Django.
 
 Why an ASGI path at all: a vendor posts at its traffic's rate, one small request each, and under
@@ -31,11 +32,10 @@ from django.conf import settings
 from receipts.views import MAX_BODY_BYTES, TOO_LARGE, Answer
 from receipts.wsgi import PATH, answer
 
-# Threads a worker gives receipts. Two beat four on this 2-core machine (same sitting, 2 workers,
-# 8 clients: 2,532 receipts/s against 1,960 for gthread's 4 threads; 4 threads of this pool gave
-# ≈ 1,900): one thread runs a statement while the other verifies the next request, and fewer
-# threads contend less for the GIL.
-THREADS = 2
+# The pool's size is OMNIPOST_RECEIPTS_THREADS (default 2). Two beat four on this 2-core machine
+# (same sitting, 2 workers, 8 clients: 2,532 receipts/s against 1,960 for gthread's 4 threads; 4
+# threads of this pool gave ≈ 1,900): one thread runs a statement while the other verifies the next
+# request, and fewer threads contend less for the GIL.
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -44,7 +44,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class ReceiptsFastPathASGI:
-    def __init__(self, app: ASGIApp, *, threads: int = THREADS) -> None:
+    def __init__(self, app: ASGIApp, *, threads: int | None = None) -> None:
         self.app = app
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
@@ -53,7 +53,8 @@ class ReceiptsFastPathASGI:
     def pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:  # made in the serving process (after a pre-fork server's fork)
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="receipts")
+                size = self.threads or settings.OMNIPOST_RECEIPTS_THREADS
+                self._pool = ThreadPoolExecutor(size, thread_name_prefix="receipts")
             return self._pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

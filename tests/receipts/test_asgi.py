@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -228,3 +231,24 @@ def test_lifespan_is_answered_here_and_the_pool_stops_at_shutdown(fast_path):
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     with pytest.raises(RuntimeError):
         pool.submit(print)  # shut down
+
+
+def test_the_pool_takes_its_size_from_the_setting(settings):
+    settings.OMNIPOST_RECEIPTS_THREADS = 3
+    app = receipts_asgi.ReceiptsFastPathASGI(None)  # type: ignore[arg-type]
+    try:
+        assert app.pool()._max_workers == 3
+    finally:
+        app.pool().shutdown()
+
+
+@pytest.mark.parametrize(("raw", "message"), [("0", "an integer >= 1, got '0'"), ("two", "an integer, got 'two'")])
+def test_a_bad_thread_count_stops_start_up_with_one_line(raw, message):
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", "check"], cwd=web.ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings", "DEBUG": "true",
+             "OMNIPOST_RECEIPTS_THREADS": raw},
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert lines[0] == f"OmniPost configuration error: OMNIPOST_RECEIPTS_THREADS must be {message}"
