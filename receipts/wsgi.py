@@ -50,12 +50,17 @@ class ReceiptsFastPath:
         match = PATH.fullmatch(environ.get("PATH_INFO", ""))
         if match is None or environ.get("REQUEST_METHOD") != "POST" or not settings.OMNIPOST_PUBLIC_URL:
             return self.app(environ, start_response)
-        status, body, headers = answer(int(match[1]), environ)
-        content = orjson.dumps(body)
-        start_response(f"{status} {_REASONS.get(status, '')}".rstrip(), [
-            ("Content-Type", "application/json"), ("Content-Length", str(len(content))), *headers.items(),
-        ])  # fmt: skip
+        status, content, headers = encoded(answer(int(match[1]), environ))
+        start_response(f"{status} {_REASONS.get(status, '')}".rstrip(), headers)
         return [content]
+
+
+def encoded(answer_: Answer) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """An answer as it goes on the wire (this module's and receipts.asgi's): status, JSON body, headers."""
+    status, body, headers = answer_
+    content = orjson.dumps(body)
+    return status, content, [("Content-Type", "application/json"), ("Content-Length", str(len(content))),
+                             *headers.items()]  # fmt: skip
 
 
 def answer(provider_id: int, environ: dict[str, Any]) -> Answer:

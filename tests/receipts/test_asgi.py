@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -227,8 +228,10 @@ def test_a_body_over_the_limit_in_pieces_is_413_without_being_applied(fast_path)
 @pytest.mark.django_db(transaction=False)
 def test_lifespan_is_answered_here_and_the_pool_stops_at_shutdown(fast_path):
     pool = fast_path.pool()
+    held = pool.submit(time.sleep, 0.2)  # a request still being answered when shutdown comes
     sent = _run_asgi(fast_path, {"type": "lifespan"}, [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert held.done(), "the pool finished what it held before shutdown was complete"
     with pytest.raises(RuntimeError):
         pool.submit(print)  # shut down
 
