@@ -176,7 +176,7 @@ def analyze_hot_tables() -> None:
 
 def bench_tenant_and_provider(url: str, *, failover: bool = False):  # noqa: ANN201
     """`failover`: a second provider to the same receiver follows the first in `failover_order`, and
-    the notifications name neither (they go through the order, breakers and all: CONTRACT §15)."""
+    the notifications name neither (they go through the order, breakers and all)."""
     from core.models import Tenant
     from notifications.models import Provider
 

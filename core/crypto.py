@@ -9,11 +9,9 @@ accepts exactly the tokens MultiFernet accepts (version 0x80, HMAC-SHA256 over v
 IV and ciphertext, PKCS7 padding, every configured key tried in full; no TTL) — held to Fernet by
 tests/core/test_crypto_open.py.
 
-Why it stays hand-written, measured side by side on 2026-12-01: 1.8 against 5.7 µs a token
-(`MultiFernet.decrypt`); the dispatcher's send path 24.2 against 30.1 µs CPU a delivery
-(`bench/send_path_bench.py`); and end to end, with MultiFernet (and psycopg's list dumpers for the
-record) OmniPost went from ahead of graphile-worker (median ratio 1.14, 5 rounds at 120,000) to
-level (0.99) in the same sitting (docs/PERFORMANCE.md).
+Why it stays hand-written: it costs a fraction of `MultiFernet.decrypt` a token, a visible share of
+the dispatcher's send path, and it wins end to end against graphile-worker by more than the noise
+(measured side by side: docs/PERFORMANCE.md, "Hand-written parts").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Django's psycopg cursors bind on the client (every parameter quoted into the SQL
 prepare. For the API's create statement (about thirty parameters, several CTEs) that is ≈ 0.3 ms of
 Python quoting and ≈ 0.25 ms of PostgreSQL planning per request. Here parameters travel as typed
 values and the statement is prepared the first time a connection runs it (Django's own queries
-are still never prepared). With OMNIPOST_DATABASE_POOLER=pgbouncer nothing is prepared (§17).
+are still never prepared). With OMNIPOST_DATABASE_POOLER=pgbouncer nothing is prepared.
 
 The statement stays visible to Django: it runs inside `wrap_database_errors` (psycopg errors become
 django.db errors and mark the connection for Django's health rule) and is logged where Django logs

@@ -6,7 +6,7 @@ the status update, the attempt row's unique key, the queue's one-live-item key).
 time, the rows a batch touches sit side by side in every index, and inserts land on the
 right-most leaf instead of splitting pages all over the index.
 
-Layout (RFC 9562 §5.7, with §6.2 method 3 for the 12 bits after the milliseconds):
+Layout (RFC 9562 section 5.7, with section 6.2 method 3 for the 12 bits after the milliseconds):
 48 bits of Unix milliseconds, the version (7), 12 bits of sub-millisecond time, the variant, and
 62 random bits. Ids made one after another in a process sort in the order they were made, to
 the clock's resolution; across processes, to the millisecond.

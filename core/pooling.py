@@ -1,4 +1,4 @@
-"""Behind a transaction pooler (CONTRACT §16–17): what a process may keep on its connection.
+"""Behind a transaction pooler: what a process may keep on its connection.
 
 With `OMNIPOST_DATABASE_POOLER=pgbouncer` consecutive transactions of one Django connection may run
 on different server connections (PgBouncer's transaction pooling; Debian 12's 1.18 has no

@@ -10,7 +10,7 @@ outcomes that may have made events.
 Each endpoint gets a `WebhookProvider` (notifications.providers.webhook): the same Standard
 Webhooks signing (with the previous secret beside the new one during a rotation's grace), result
 classification and SSRF-guarded HTTP client as webhook providers; `webhook-id` is the event id,
-the same on every retry. Retries follow §8's backoff (dispatch.policy.decide_event).
+the same on every retry. Retries follow the notifications' backoff (dispatch.policy.decide_event).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def decide_event(
     result: DeliveryResult, attempt: int, retry: RetryPolicy, rng: Callable[[], float] = random.random
 ) -> Decision:
     """An event delivery to a tenant's endpoint: delivered; a permanent failure (3xx, other 4xx,
-    destination_forbidden) fails; a transient one retries after §8's backoff (Retry-After
+    destination_forbidden) fails; a transient one retries after the notifications' backoff (Retry-After
     honoured) with no attempt budget: the endpoint's failing time ends the retries, by disabling
     it (events.deliveries)."""
     verdict = classify(result)

@@ -1,4 +1,4 @@
-"""Which provider each claimed item goes through: failover order and circuit breakers (CONTRACT §15, §17).
+"""Which provider each claimed item goes through: failover order and circuit breakers.
 
 A notification that names its provider (`provider_named`) always goes through it. One that does not
 moves along its channel's `failover_order` (the tenant's providers of that channel that have one):

@@ -1,6 +1,6 @@
 """The one classifier: a DeliveryResult becomes delivered / transient_error / permanent_error.
 
-Rules (CONTRACT §8), first match wins:
+Rules, first match wins:
 1. delivered -> delivered.
 2. the provider's `permanent` hint, when not None, decides the failure class.
 3. codes that are permanent whatever the status: destination_forbidden, redirect, invalid_recipient,

@@ -1,1 +1,1 @@
-"""Event webhooks to tenants (CONTRACT.md §13): endpoints, the events they subscribe to, and their delivery."""
+"""Event webhooks to tenants: endpoints, the events they subscribe to, and their delivery."""

@@ -1,4 +1,4 @@
-"""Event webhooks to tenants (CONTRACT.md §13): endpoints, events, their deliveries and attempts.
+"""Event webhooks to tenants: endpoints, events, their deliveries and attempts.
 
 An `Event` is written once, in the transaction of what caused it (a delivery outcome recorded by
 the dispatcher, a receipt, a suppression), marked `fanout_pending` (the outbox). The dispatcher's

@@ -1,4 +1,4 @@
-"""Circuit breakers per provider, shared by every dispatcher through PostgreSQL (CONTRACT §15, §17).
+"""Circuit breakers per provider, shared by every dispatcher through PostgreSQL.
 
 A provider's `circuit` settings say when its breaker opens: at least `min_requests` sends in the
 rolling `window_seconds`, of which a `failure_threshold` fraction (0–1) ended in a transient failure

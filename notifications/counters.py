@@ -1,6 +1,6 @@
 """Delivery counters for `/metrics`, kept up to date by the record statement, batch by batch.
 
-A scrape must not cost more as history grows (CONTRACT §11), so it never reads `delivery_attempts`:
+A scrape must not cost more as history grows, so it never reads `delivery_attempts`:
 the dispatcher's one record statement per batch (`dispatch.delivery._RECORD_SQL`) adds what
 the batch did to this small table, and a scrape sums it (`totals()`).
 

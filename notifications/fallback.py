@@ -1,4 +1,4 @@
-"""Channel fallback (CONTRACT §15, §17): when a notification does not get through, one linked
+"""Channel fallback: when a notification does not get through, one linked
 notification on the next channel.
 
 A notification created with `fallback: [{"channel", "after_seconds"}]` (to a subscriber) is stored

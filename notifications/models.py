@@ -55,7 +55,7 @@ FINISHED = (Status.DELIVERED, Status.FAILED, Status.DEAD_LETTERED, Status.CANCEL
 
 
 class ReceiptStatus(models.TextChoices):
-    """What a provider reported after it accepted the message (CONTRACT §12); beside `status`."""
+    """What a provider reported after it accepted the message; beside `status`."""
 
     DELIVERED = "delivered"
     UNDELIVERED = "undelivered"
@@ -113,7 +113,7 @@ class Provider(TenantOwned):
     burst = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
     is_default = models.BooleanField(default=False)
-    # Routing (CONTRACT §15): a notification that names no provider starts at the lowest failover_order of
+    # Routing: a notification that names no provider starts at the lowest failover_order of
     # its channel (else the default) and moves along that order (dispatch.routing); null: not in the order.
     failover_order = models.PositiveSmallIntegerField(null=True, blank=True)
     # The circuit breaker's settings (notifications.circuits.CIRCUIT_DEFAULTS for what is left out); its
@@ -200,7 +200,7 @@ class Notification(TenantOwned):
     recipient = EncryptedTextField()
     recipient_masked = models.CharField(max_length=200)
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="notifications", **HOT_FK)
-    # The client named the provider: the notification never fails over (CONTRACT §17). False: it came from
+    # The client named the provider: the notification never fails over. False: it came from
     # the channel's failover order (or default) and moves along that order.
     provider_named = models.BooleanField(db_default=True)
     # Template and enrollment are indexed only where set (partial indexes below): most rows have
@@ -234,7 +234,7 @@ class Notification(TenantOwned):
     # Written by receipts.services.apply_receipts only, by its precedence rule (receipts.precedence).
     receipt = models.CharField(max_length=12, choices=ReceiptStatus.choices, null=True, blank=True)
     bounce_type = models.CharField(max_length=4, choices=BounceType.choices, null=True, blank=True)
-    # Channel fallback (CONTRACT §15, §17; notifications.fallback): `fallback` is the chain asked for
+    # Channel fallback (notifications.fallback): `fallback` is the chain asked for
     # (`[{"channel", "after_seconds"}]`, at most one step); the linked notification on the next channel is
     # created with this one, `scheduled` without a job until its time is known, and the two point at each
     # other. Written once at creation (never by the record statement), so no index and the rows stay HOT.
@@ -427,7 +427,7 @@ class SuppressionReason(models.TextChoices):
 
 
 class Suppression(TenantOwned):
-    """An address a tenant's notifications on one channel must not reach (CONTRACT §14, §17).
+    """An address a tenant's notifications on one channel must not reach.
 
     The address is stored encrypted; `recipient_index` is its keyed blind index (`core.crypto.blind_index`
     of the normalised address, `notifications.suppressions.normalise`), which every lookup matches, so the

@@ -1,4 +1,4 @@
-"""Quiet hours (CONTRACT §15, §17): when a non-critical notification created now waits until.
+"""Quiet hours: when a non-critical notification created now waits until.
 
 Pure functions of a category's window, a time zone and a clock reading; `services.build_specs`
 calls `hold_until` for every draft from the cached categories and the subscriber row it reads anyway,

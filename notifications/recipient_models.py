@@ -1,4 +1,4 @@
-"""Who a tenant's notifications go to: categories of notification and subscribers (CONTRACT §14).
+"""Who a tenant's notifications go to: categories of notification and subscribers.
 
 A subscriber is the tenant's user, named by the tenant's own `external_id`; its addresses are stored
 encrypted (and masked beside them, for lists that must not decrypt), its `preferences` say which
@@ -22,7 +22,7 @@ class Category(TenantOwned):
     key = models.SlugField(max_length=100)
     critical = models.BooleanField(default=False)
     description = models.TextField(blank=True, default="")
-    # {"start": "HH:MM", "end": "HH:MM"} or null (inherits general's); used by quiet hours (§15).
+    # {"start": "HH:MM", "end": "HH:MM"} or null (inherits general's); used by quiet hours.
     quiet_hours = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(auto_now=True)

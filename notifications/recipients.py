@@ -1,4 +1,4 @@
-"""Categories and subscribers: the workflows the API and the admin call (CONTRACT §14, §17).
+"""Categories and subscribers: the workflows the API and the admin call.
 
 - Categories: `general` always exists (`ensure_general`; not critical, patchable, never deleted);
   saves and deletes are audited and bump the tenant's configuration version (tenant_config), so
@@ -52,7 +52,7 @@ def ensure_general(tenant: Tenant | Any) -> Category:
 
 
 def check_quiet_hours(value: Any) -> dict[str, str] | None:
-    """A category's `quiet_hours` (§17): null (inherits general's), or start and end as HH:MM in the
+    """A category's `quiet_hours`: null (inherits general's), or start and end as HH:MM in the
     recipient's local time, `end` exclusive, crossing midnight allowed; 00:00–00:00 means none."""
     if value is None:
         return None

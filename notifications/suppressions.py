@@ -1,4 +1,4 @@
-"""The suppression list: addresses a tenant's notifications must not reach (CONTRACT §14, §17).
+"""The suppression list: addresses a tenant's notifications must not reach.
 
 - `suppress()` adds one entry (idempotent: one entry per tenant, channel, address and category),
   `suppress_many()` a batch in one statement, `suppress_notifications()` the addresses of a batch of
@@ -37,7 +37,7 @@ from notifications.models import Channel, Suppression, SuppressionReason
 logger = logging.getLogger(__name__)
 
 MASKED_MAX = 200
-# Hard bounces and complaints are about mailboxes and phone numbers (§17), never push tokens or URLs.
+# Hard bounces and complaints are about mailboxes and phone numbers, never push tokens or URLs.
 ADDRESS_REASONS = (SuppressionReason.HARD_BOUNCE, SuppressionReason.COMPLAINT)
 ADDRESS_CHANNELS = (Channel.EMAIL, Channel.SMS)
 _PHONE_NOISE = re.compile(r"[\s().-]")

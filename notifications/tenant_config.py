@@ -44,7 +44,7 @@ _lock = threading.Lock()
 
 def first_choices(providers: Iterable[Provider]) -> dict[str, Provider]:
     """Channel → the provider a notification that names none starts at: the lowest `failover_order`
-    of the channel (CONTRACT §15; ties by name), else the channel's default."""
+    of the channel (ties by name), else the channel's default."""
     chosen: dict[str, Provider] = {}
     for p in providers:
         current = chosen.get(p.channel)

@@ -1,4 +1,4 @@
-"""One-click unsubscribe (RFC 8058, CONTRACT §14): the token in an email's `List-Unsubscribe` URL and
+"""One-click unsubscribe (RFC 8058): the token in an email's `List-Unsubscribe` URL and
 what a `POST` of `List-Unsubscribe=One-Click` to it does.
 
 The token is a Fernet token (AES-128-CBC + HMAC-SHA256, authenticated) of `[tenant id, category,

@@ -1,6 +1,6 @@
 """ASGI entry point (gunicorn's asgi worker, uvicorn, granian's asgi interface). The Procfile serves
 the WSGI one (omnipost_site.wsgi); this one is for an ASGI server, and is the faster way to take
-vendors' receipts under gunicorn (receipts.asgi, README "Serving").
+vendors' receipts under gunicorn (receipts.asgi, docs/DECISIONS.md "Serving").
 
 Vendors' receipts (POST /hooks/providers/{id}) skip Django's handler: see receipts.asgi.
 """

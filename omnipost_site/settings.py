@@ -107,7 +107,7 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql", "django.contrib.gis.db.b
     _db.setdefault("CONN_MAX_AGE", number(env, "CONN_MAX_AGE", 60, integer=True))
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {}).setdefault("application_name", env.str("OMNIPOST_APP_NAME", default="omnipost-web"))
-# Behind PgBouncer in transaction pooling mode (CONTRACT §16-17, core.pooling): nothing prepared
+# Behind PgBouncer in transaction pooling mode (core.pooling): nothing prepared
 # server-side, no session state, no server-side cursors (Django's are WITH HOLD outside a
 # transaction); LISTEN only on the direct OMNIPOST_LISTEN_DATABASE_URL, else polling.
 OMNIPOST_DATABASE_POOLER = choice(env, "OMNIPOST_DATABASE_POOLER", "none", ["none", "pgbouncer"])
@@ -181,7 +181,7 @@ OMNIPOST_SMTP_THREADS_PER_PROVIDER = number(env, "OMNIPOST_SMTP_THREADS_PER_PROV
 # After a webhook signing secret is rotated, sends carry the old signature beside the new one this long.
 OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_GRACE_SECONDS", 86400.0)
 
-# Wave 2 (CONTRACT.md §12–§17). The public base of every URL OmniPost hands out (events_url, Twilio
+# The public base of every URL OmniPost hands out (events_url, Twilio
 # StatusCallback, List-Unsubscribe); `make run` sets http://127.0.0.1:8000.
 OMNIPOST_PUBLIC_URL = env.str("OMNIPOST_PUBLIC_URL", default="").rstrip("/")
 OMNIPOST_BOUNCE_DOMAIN = env.str("OMNIPOST_BOUNCE_DOMAIN", default="")  # VERP return paths for SMTP bounces

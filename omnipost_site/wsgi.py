@@ -1,4 +1,4 @@
-"""WSGI entry point, served by granian in the Procfile and `make run` (README "Serving"); gunicorn
+"""WSGI entry point, served by granian in the Procfile and `make run` (docs/DECISIONS.md "Serving"); gunicorn
 gthread serves it as well. Under granian, stop signals are relayed to the worker's main thread
 (omnipost_site.signal_relay).
 

@@ -441,7 +441,7 @@ def _fair_claim_ctes_pg(
     n: int, lease: float, starve: float | None, lanes: dict[int, int], token: uuid.UUID, *, returning: str,
     leave_out: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
-    """`claim_ctes_pg` over all queues: fair between tenants (CONTRACT §15), still one statement.
+    """`claim_ctes_pg` over all queues: weighted-fair between tenants, still one statement.
 
     - `active`: the tenants with ready unlimited items, by a recursive skip-scan of
       queue_state_tenant_idx (one index descent per tenant, whatever their depth), joined to

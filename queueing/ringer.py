@@ -33,8 +33,8 @@ logger = logging.getLogger("omnipost.ringer")
 
 # Seconds between two statements of one ringer, at least: a process ringing more often than this sends
 # one statement per LINGER, each ring waiting at most that long (and a listener that is busy does not
-# need it); under 8 clients of single creates, 10 ms against 2 ms took server CPU a create from
-# 729-959 to 656-720 µs and the rate from 1,204-1,585 to 1,557-1,735 a second (alternated, 2026-12-05).
+# need it). Fewer statements free the web process's CPU for requests: 10 ms costs less server CPU a
+# create than 2 ms did (docs/PERFORMANCE.md).
 LINGER = 0.010
 EXIT_WAIT = 2.0
 

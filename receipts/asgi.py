@@ -31,10 +31,9 @@ from django.conf import settings
 from receipts.views import MAX_BODY_BYTES, TOO_LARGE, Answer
 from receipts.wsgi import PATH, answer, encoded
 
-# The pool's size is OMNIPOST_RECEIPTS_THREADS (default 2). Two beat four on this 2-core machine
-# (same sitting, 2 workers, 8 clients: 2,532 receipts/s against 1,960 for gthread's 4 threads; 4
-# threads of this pool gave ≈ 1,900): one thread runs a statement while the other verifies the next
-# request, and fewer threads contend less for the GIL.
+# The pool's size is OMNIPOST_RECEIPTS_THREADS (default 2). Two beat four on a 2-core machine
+# (docs/PERFORMANCE.md): one thread runs a statement while the other verifies the next request, and
+# fewer threads contend less for the GIL.
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -1,6 +1,6 @@
 """What follows an applied receipt, in the apply's transaction (an `AFTER_APPLY` hook, receipts.apps).
 
-- A hard bounce or a complaint suppresses the address on its channel (email and SMS only, CONTRACT §17),
+- A hard bounce or a complaint suppresses the address on its channel (email and SMS only),
   for every category (`category` null), naming the notification as its source
   (`notifications.suppressions.suppress_notifications`: two statements per batch; its `on_suppressed`
   callbacks emit `recipient.suppressed`).

@@ -1,4 +1,4 @@
-"""Which receipt a notification shows when several arrive (CONTRACT §12): a pure function.
+"""Which receipt a notification shows when several arrive: a pure function.
 
 Receipts arrive in any order and more than once, so the notification shows the *highest-ranked*
 receipt reported so far, never simply the latest:

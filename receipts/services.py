@@ -77,7 +77,7 @@ AfterApply = Callable[[ProviderView, ApplyResult], None]
 # The seam for what follows a receipt, called (in order) once per apply that changed at least one
 # notification's receipt, inside the transaction of the apply statement: (a) suppress the address of
 # `changed` rows whose receipt is `complained` or `bounced` with bounce_type `hard` (email and sms
-# only, CONTRACT §17); (b) emit `notification.bounced` / `notification.complained` (and the rest) to
+# only); (b) emit `notification.bounced` / `notification.complained` (and the rest) to
 # the tenant's event endpoints. Each should cost a fixed number of statements per call.
 # A hook may name the receipts it acts on (`hook.receipts`, a set of receipt values): an apply whose
 # receipts hold none of them skips it, and with no hook left runs alone, in autocommit.

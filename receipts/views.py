@@ -1,6 +1,6 @@
 """`POST /hooks/providers/{provider_id}`: a vendor's receipts, authenticated by the vendor's signature.
 
-No bearer key, no session, no CSRF: the signature is the authentication (CONTRACT §12). In the
+No bearer key, no session, no CSRF: the signature is the authentication. In the
 WSGI server these requests reach `receive()` through `receipts.wsgi` without Django's handler and
 middleware; the Django view below answers them the same way (the test client, development without
 OMNIPOST_PUBLIC_URL).

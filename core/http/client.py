@@ -428,7 +428,7 @@ class _Connection(asyncio.Protocol):
         return False
 
 
-# RFC 9112 §4, §5 (h11's _abnf.py says the same): a 3-digit status, an optional reason; a header is a
+# RFC 9112 sections 4 and 5 (h11's _abnf.py says the same): a 3-digit status, an optional reason; a header is a
 # token, a colon, optional whitespace and a value of visible characters (obs-text allowed) with
 # inner spaces.
 _REASON = r"[^\x00\n\r\x0b\x0c]*"

@@ -17,7 +17,7 @@ class Tenant(models.Model):
     # Optional shared token bucket over all of the tenant's deliveries (None: unlimited).
     rate_per_second = models.FloatField(null=True, blank=True)
     rate_burst = models.PositiveIntegerField(null=True, blank=True)
-    # Share of the dispatchers when tenants compete (CONTRACT §15): a claim gives each tenant with
+    # Share of the dispatchers when tenants compete: a claim gives each tenant with
     # ready work weight/Σweights of the batch, interleaved (queueing.queue.claim_ctes_pg).
     weight = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)],

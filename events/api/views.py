@@ -1,4 +1,4 @@
-"""`event-endpoints`: the tenant's event webhook endpoints, addressed by name (CONTRACT.md §13).
+"""`event-endpoints`: the tenant's event webhook endpoints, addressed by name.
 
 Every queryset starts with for_tenant(): another tenant's endpoint is a 404. Changes go through
 events.services, which audits them in their transaction.

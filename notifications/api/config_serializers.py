@@ -25,7 +25,7 @@ from notifications.api.schema import (
 from notifications.models import Channel, Provider, ProviderKind, Template
 from queueing.models import RateBucket
 
-# Which channels each kind of provider can deliver (CONTRACT §8).
+# Which channels each kind of provider can deliver.
 KIND_CHANNELS = {
     ProviderKind.WEBHOOK: (Channel.PUSH, Channel.WEBHOOK),
     ProviderKind.SMTP: (Channel.EMAIL,),
@@ -71,7 +71,7 @@ class ProviderSerializer(StrictSerializer):
     name = StrictRegexField(validation.NAME.pattern, max_length=100)
     channel = serializers.ChoiceField(choices=Channel.choices)
     kind = serializers.ChoiceField(choices=ProviderKind.choices)
-    config = serializers.DictField(required=False, help_text="Settings for the kind (CONTRACT §8).")
+    config = serializers.DictField(required=False, help_text="Settings for the kind.")
     secrets = SecretsField(required=False)
     rate_limit = RateLimitSerializer(required=False, allow_null=True, help_text="null: unlimited.")
     max_attempts = StrictIntegerField(

@@ -5,7 +5,7 @@ personalization; `custom_args: {"notification_id": …}` rides along so that eve
 event SendGrid posts back names the notification (receipts.vendors.sendgrid). SendGrid answers
 `202 Accepted` with the message's id in `X-Message-Id`.
 
-Config `{base_url, from_email, public_key}` / secrets `{api_key}` (CONTRACT §17). `public_key` is the
+Config `{base_url, from_email, public_key}` / secrets `{api_key}`. `public_key` is the
 Event Webhook verification key as SendGrid shows it (base64 of the DER SubjectPublicKeyInfo of a
 P-256 key); it is optional for sending, and without it no event is accepted.
 

@@ -1,6 +1,6 @@
 """Twilio provider: SMS through the Messages REST API (base URL configurable for tests).
 
-Every send sets `StatusCallback` to the provider's events URL (CONTRACT §12) with the notification
+Every send sets `StatusCallback` to the provider's events URL with the notification
 id in its query (`?n=<id>`): Twilio signs the whole URL, so the id it echoes back is covered by the
 `X-Twilio-Signature` that receipts.vendors.twilio checks. No StatusCallback when
 OMNIPOST_PUBLIC_URL is empty or the instance was built without its `provider_id`.

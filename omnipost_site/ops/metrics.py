@@ -3,7 +3,7 @@
 Every figure lives in the database, so one scrape of any web process describes the whole system
 (every dispatcher and scheduler, on any machine) and nothing is lost when a process restarts. A
 scrape is a fixed number of queries (about a dozen), none of which reads `delivery_attempts`: its cost
-does not grow with history (CONTRACT §11).
+does not grow with history.
 
 - queue depth by queue/priority, ready/leased/delayed, oldest ready age: `queueing.stats.queue_figures()`,
   one grouped scan of `queue_state` (live items only, so it stays small); the OMNIPOST_METRICS_MAX_QUEUES
@@ -336,7 +336,7 @@ class OmniPostCollector(Collector):
 
 def fold_queues(figures: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
     """The `cap` deepest queues (ties by name) as they are, the rest added up as one queue `other`:
-    queue names are the tenants' choice, label values must stay few (CONTRACT §11)."""
+    queue names are the tenants' choice, label values must stay few."""
     if len(figures) <= cap:
         return figures
     deepest = sorted(figures, key=lambda q: (-q["depth"], q["queue"]))

@@ -5,7 +5,7 @@ base64-encoded in `X-Twilio-Email-Event-Webhook-Signature`, the timestamp (epoch
 `X-Twilio-Email-Event-Webhook-Timestamp`; the verification key is the provider's
 `config.public_key` (base64 SPKI, as SendGrid shows it). This is what the `sendgrid` package's
 `EventWebhook.verify_signature` checks (tests hold the two to the same verdicts). A timestamp more
-than 5 minutes from now, either way, is stale (CONTRACT §12).
+than 5 minutes from now, either way, is stale.
 
 Every event of the array becomes one `Receipt`; its notification is the `notification_id` custom
 arg the send put in (notifications.providers.sendgrid), its event id SendGrid's `sg_event_id`.

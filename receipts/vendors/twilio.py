@@ -9,7 +9,7 @@ package's `compute_signature` and `compare`: one HMAC instead of two for the cal
 
 A callback carries no event id and no timestamp of its own: the event id is `MessageSid:MessageStatus`
 (one event per state of a message, so a retried callback changes nothing), and `occurred_at` is the
-time it arrived. Twilio's signature covers no time, so staleness does not apply (CONTRACT §17).
+time it arrived. Twilio's signature covers no time, so staleness does not apply.
 
 | MessageStatus | receipt |
 |---|---|

@@ -1,4 +1,4 @@
-"""Management commands per CONTRACT §9: create_tenant, create_api_key, revoke_api_key, create_staff_user."""
+"""Management commands: create_tenant, create_api_key, revoke_api_key, create_staff_user."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OMNIPOST_DATABASE_POOLER=pgbouncer (core.pooling, CONTRACT §16–17): nothing prepared
+"""OMNIPOST_DATABASE_POOLER=pgbouncer (core.pooling): nothing prepared
 server-side, no session state left behind by the hot path or the janitor, LISTEN only on the direct
 OMNIPOST_LISTEN_DATABASE_URL. The same paths with the pooler off do prepare, so the zero counts are
 the switch's doing. Real processes through a real PgBouncer: tests/dispatch/test_many_hosts.py."""

@@ -1,5 +1,5 @@
 """A receiver whose error bodies echo the recipient and the signing secret: a canary scan of every text
-column, the API, the admin and the dispatcher's log finds neither in clear (CONTRACT §11, issue 19)."""
+column, the API, the admin and the dispatcher's log finds neither in clear (issue 19)."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def test_sigkill_loses_nothing(tenant_a, subprocess_env):
 
 
 def test_a_dispatcher_holds_at_most_two_database_connections(tenant_a, subprocess_env, tmp_path):
-    """CONTRACT §9: one connection for claims and outcomes, one that LISTENs."""
+    """At most two per dispatcher: one connection for claims and outcomes, one that LISTENs."""
 
     env = {**subprocess_env, "OMNIPOST_APP_NAME": "omnipost-dispatcher-conn-test"}
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=60, delay_ms=50) as receiver:

@@ -1,4 +1,4 @@
-"""Failover order and shared circuit breakers with real dispatcher processes (CONTRACT §15, §17)."""
+"""Failover order and shared circuit breakers with real dispatcher processes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tenant fairness with real dispatcher processes: one tenant's deep priority-9 backlog does not hold
-back another tenant's notifications (CONTRACT §15)."""
+back another tenant's notifications."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Channel fallback with real processes (CONTRACT §15, §17): a dispatcher process sends pushes to
+"""Channel fallback with real processes: a dispatcher process sends pushes to
 loopback receivers and SMS to the Twilio stand-in, a scheduler process promotes the fallbacks' jobs,
 receipts arrive at the provider's events URL signed per Standard Webhooks.
 

@@ -1,4 +1,4 @@
-"""Past one machine (CONTRACT §16–17, issue 25): three dispatchers on three "hosts" (network
+"""Past one machine (issue 25): three dispatchers on three "hosts" (network
 namespaces, each with its own hostname) and the API with a scheduler on a fourth, every process
 through one PgBouncer in transaction pooling mode (`OMNIPOST_DATABASE_POOLER=pgbouncer`, no LISTEN
 URL: they poll alone). The test posts 2,000 notifications over the veth to gunicorn; the receiver

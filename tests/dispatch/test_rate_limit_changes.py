@@ -1,5 +1,5 @@
 """A provider's rate limit changed over the API while its notifications wait: queued items follow
-the limit as it is at claim time, in both directions (CONTRACT §11), with a real dispatcher process
+the limit as it is at claim time, in both directions, with a real dispatcher process
 and a loopback receiver whose ledger of request times is checked."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`fallback` on a notification create (CONTRACT §15, §17): validation with field-level 400s (single
+"""`fallback` on a notification create: validation with field-level 400s (single
 and batch), the linked notification stored with the original in the create's statement (the
 subscriber's address on the next channel, the same subject/body/template, `scheduled` without a job),
 the detail's `fallback`, `fallback_of` and `fallback_notification_id`, and what cancels it at creation."""

@@ -1,4 +1,4 @@
-"""Quiet hours (CONTRACT §15, §17): a non-critical notification created inside its category's
+"""Quiet hours: a non-critical notification created inside its category's
 window (or general's, the tenant default), in the subscriber's time zone (UTC without one), is
 created `scheduled` for the window's end, DST-correct; the policy's table, then the API (single,
 batch, the hot path; statements counted), then one end-to-end run with real scheduler and

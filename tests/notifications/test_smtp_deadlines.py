@@ -205,7 +205,7 @@ def test_one_providers_slow_server_cannot_take_every_smtp_thread(monkeypatch, se
 def test_tarpit_send_fails_at_deadline_others_go_out_and_sigterm_aborts_the_rest(
     tenant_a, tenant_b, subprocess_env, tmp_path
 ):
-    """CONTRACT §11: the tarpit's send fails at its deadline as transient while another tenant's
+    """One overall deadline per send: the tarpit's send fails at its deadline as transient while another tenant's
     sends go out; after SIGTERM the send still in flight is aborted and delivers nothing later."""
     env = {**subprocess_env, "OMNIPOST_RETRY_BASE_SECONDS": "600"}
     with Tarpit(line_delay=20) as tarpit, Tarpit(line_delay=0.7) as slowpoke, SmtpSink(max_seconds=60) as sink:

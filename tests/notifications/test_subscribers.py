@@ -1,4 +1,4 @@
-"""Categories and subscribers (CONTRACT §14, §17): `general` always exists, any other category must;
+"""Categories and subscribers: `general` always exists, any other category must;
 subscribers by the tenant's external id, addresses encrypted and masked; notifications by subscriber
 resolved at creation; opt-outs stored `suppressed` unless the category is critical; BOLA is 404."""
 

@@ -1,4 +1,4 @@
-"""One-click unsubscribe (RFC 8058, CONTRACT §14): emails carry List-Unsubscribe (an https URL with a
+"""One-click unsubscribe (RFC 8058): emails carry List-Unsubscribe (an https URL with a
 signed token, and a mailto: with a bounce domain) and List-Unsubscribe-Post, except for critical
 categories; a POST of List-Unsubscribe=One-Click with no cookie opts out of that category on email; a
 GET changes nothing; a forged or altered token is 400 and changes nothing; the page's button works in a

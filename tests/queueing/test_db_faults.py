@@ -1,5 +1,5 @@
 """Lost database sessions under load: terminated backends never end a dispatcher, lose a
-notification or send one twice (CONTRACT §11)."""
+notification or send one twice."""
 
 from __future__ import annotations
 

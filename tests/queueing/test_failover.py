@@ -1,4 +1,4 @@
-"""Failover to a promoted replica (CONTRACT §16, §17 "Many hosts"): a primary and a synchronous
+"""Failover to a promoted replica: a primary and a synchronous
 standby started by the test (`initdb`, `pg_basebackup -R`), every process given the multi-host URL
 `postgres://…@primary,standby/db?target_session_attrs=read-write`; the primary is stopped with
 `-m immediate` and the standby promoted while the API takes creates and two dispatchers and the

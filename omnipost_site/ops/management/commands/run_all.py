@@ -37,8 +37,8 @@ WEB_THREADS = 4
 
 
 def web_server(bind: str, manage: list[str]) -> list[str]:
-    """The production server, as the Procfile runs it: granian's WSGI interface (README "Serving": the
-    fastest measured; its workers' stop is made reliable by omnipost_site.signal_relay, and bounded
+    """The production server, as the Procfile runs it: granian's WSGI interface (docs/DECISIONS.md,
+    "Serving": the fastest measured; its workers' stop is made reliable by omnipost_site.signal_relay, and bounded
     like gunicorn's graceful timeout), else gunicorn gthread, else runserver."""
     host, _, port = bind.rpartition(":")
     if importlib.util.find_spec("granian") is not None:
