@@ -125,7 +125,7 @@ class EmbeddedPostgres:
         if len(str(self.data_dir / f".s.PGSQL.{PORT}")) <= _SOCKET_PATH_MAX:
             return self.data_dir
         digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"omnipost-pg-{digest}"
+        return Path(tempfile.gettempdir()) / f"omnipost-socket-{digest}"
 
     def database(self) -> dict[str, Any]:
         """Django's DATABASES entry for this server."""
@@ -140,14 +140,8 @@ class EmbeddedPostgres:
             pid = int(lines[0])
         except (OSError, ValueError, IndexError):
             return None
-        if len(lines) < 8 or lines[7].strip() != "ready":
+        if len(lines) < 8 or lines[7].strip() != "ready" or not _alive(pid):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass  # alive, and another user's (the server user's, seen from a non-root caller)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             probe.settimeout(2.0)
             try:
@@ -173,6 +167,7 @@ class EmbeddedPostgres:
             if self.pid() is None:
                 user = server_user()
                 self._prepare(user)
+                self._remove_stale_lock_files()
                 if not (self.data_dir / "PG_VERSION").exists():
                     self._initdb(user)
                 self._start(user, timeout)
@@ -202,6 +197,17 @@ class EmbeddedPostgres:
                     os.chown(directory, user.pw_uid, user.pw_gid)
             reachable_by_others(self.var_dir)
             reachable_by_others(bindir() or self.var_dir)
+
+    def _remove_stale_lock_files(self) -> None:
+        """The lock files of a postmaster that was killed: PostgreSQL refuses to start while the pid
+        they name exists, and a killed postmaster's parent is init, which may leave it a zombie."""
+        for lock_file in (self.data_dir / "postmaster.pid", self.socket_dir / f".s.PGSQL.{PORT}.lock"):
+            try:
+                pid = int(lock_file.read_text().splitlines()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if not _alive(pid):
+                lock_file.unlink(missing_ok=True)
 
     def _initdb(self, user: pwd.struct_passwd | None) -> None:
         try:
@@ -238,6 +244,25 @@ class EmbeddedPostgres:
             return ""
 
 
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state not in ("Z", "X")
+
+
 def _last_line(text: str | None) -> str:
+    """The last FATAL or ERROR line of a command's output or the server's log, else its last line."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    errors = [line for line in lines if "FATAL:" in line or "ERROR:" in line or "error:" in line]
+    return (errors or lines or ["no output"])[-1]
