@@ -13,7 +13,7 @@ django-environ, from the same URL with one placeholder host.
 environment of their own: the benchmarks' dispatchers, the tests' workers), a unix-socket directory
 (the embedded server's) as libpq's `?host=/dir` query parameter.
 
-PostgreSQL is the only database: any other scheme is refused, SQLite by name.
+PostgreSQL is the only database: a URL of any other scheme stops start-up, in one line.
 """
 
 from __future__ import annotations
@@ -39,12 +39,9 @@ def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any
     """The DATABASES entry a URL describes; ImproperlyConfigured (naming `name`, password masked)
     for a URL that is not PostgreSQL, or a multi-host one with an empty host or a bad port."""
     match = _URL.fullmatch(url.strip())
-    scheme = match["scheme"].lower() if match else ""
-    if scheme.startswith("sqlite"):
-        raise ImproperlyConfigured(f"{name}: SQLite is not supported; PostgreSQL is the only database "
-                                   "(a postgres:// URL, or unset for the embedded server)")  # fmt: skip
-    if match is None or scheme not in _POSTGRES_SCHEMES:
-        raise ImproperlyConfigured(f"{name}: PostgreSQL is the only database; not a postgres:// URL: {_masked(url)}")
+    if match is None or match["scheme"].lower() not in _POSTGRES_SCHEMES:
+        raise ImproperlyConfigured(f"{name}: PostgreSQL is the only database, and {_masked(url)} is not a "
+                                   "postgres:// URL (unset, the embedded server is used)")  # fmt: skip
     if "," not in match["netloc"]:
         return environ.Env.db_url_config(url)
     netloc, tail = match["netloc"], match["tail"]
