@@ -178,7 +178,9 @@ class EmbeddedPostgres:
         """Stop the server (fast: sessions are ended, then a clean shutdown), `immediate` if that
         takes longer than `timeout`; True if it was running."""
         with self._locked():
-            if not (self.data_dir / "postmaster.pid").exists():
+            pid = _pid_in(self.data_dir / "postmaster.pid")
+            if pid is None or not _alive(pid):
+                self._remove_stale_lock_files()
                 return False
             user, pg_ctl = server_user(), ["pg_ctl", "-D", str(self.data_dir), "-w"]
             seconds = str(max(1, int(timeout)))
@@ -202,11 +204,8 @@ class EmbeddedPostgres:
         """The lock files of a postmaster that was killed: PostgreSQL refuses to start while the pid
         they name exists, and a killed postmaster's parent is init, which may leave it a zombie."""
         for lock_file in (self.data_dir / "postmaster.pid", self.socket_dir / f".s.PGSQL.{PORT}.lock"):
-            try:
-                pid = int(lock_file.read_text().splitlines()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-            if not _alive(pid):
+            pid = _pid_in(lock_file)
+            if pid is not None and not _alive(pid):
                 lock_file.unlink(missing_ok=True)
 
     def _initdb(self, user: pwd.struct_passwd | None) -> None:
@@ -232,16 +231,27 @@ class EmbeddedPostgres:
         import psycopg
         from psycopg import sql
 
-        with psycopg.connect(host=str(self.socket_dir), port=PORT, user=SUPERUSER, dbname="postgres",
-                             autocommit=True) as conn:  # fmt: skip
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone():
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+        try:
+            with psycopg.connect(host=str(self.socket_dir), port=PORT, user=SUPERUSER, dbname="postgres",
+                                 autocommit=True, connect_timeout=10) as conn:  # fmt: skip
+                if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone():
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+        except psycopg.Error as exc:
+            raise ImproperlyConfigured(f"the embedded PostgreSQL server: {_last_line(str(exc))}") from None
 
     def _log_tail(self) -> str:
         try:
             return self.log_file.read_text(errors="replace")[-4000:]
         except OSError:
             return ""
+
+
+def _pid_in(lock_file: Path) -> int | None:
+    """The pid on the first line of a PostgreSQL lock file, if there is one."""
+    try:
+        return int(lock_file.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _alive(pid: int) -> bool:

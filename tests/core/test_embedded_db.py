@@ -16,7 +16,7 @@ import pytest
 
 from core.embedded_db import DATABASE, EmbeddedPostgres
 from tests.core.conftest import REPO
-from tests.support.embedded import embedded_env, postmasters, temporary_var
+from tests.support.embedded import alive, embedded_env, postmasters, temporary_var
 
 pytestmark = pytest.mark.slow
 
@@ -117,17 +117,28 @@ def test_two_processes_starting_at_once_start_one_server_and_share_it():
         assert postmasters(server.data_dir) == [server.pid()]
 
 
+def kill_postmaster(server: EmbeddedPostgres) -> int:
+    """SIGKILL, as a crash would; returns once the process has exited (it stays a zombie of init)."""
+    pid = server.pid()
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pid
+
+
 def test_a_server_killed_without_a_clean_stop_is_started_again():
     """A postmaster.pid left behind (kill -9, a reboot) does not pass for a running server."""
     with temporary_var() as var:
         server = EmbeddedPostgres(var)
         server.start()
-        pid = server.pid()
-        os.kill(pid, 9)
-        deadline = time.monotonic() + 10
-        while postmasters(server.data_dir) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        pid = kill_postmaster(server)
         assert (server.data_dir / "postmaster.pid").exists() and server.pid() is None
 
         assert server.start()["HOST"] == str(server.socket_dir)
         assert server.pid() not in (None, pid)
+
+        kill_postmaster(server)
+        assert server.stop() is False  # nothing ran; the stale lock files go
+        assert not (server.data_dir / "postmaster.pid").exists()
+        assert not (server.socket_dir / ".s.PGSQL.5432.lock").exists()

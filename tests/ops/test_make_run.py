@@ -21,8 +21,8 @@ import pytest
 from core.embedded_db import EmbeddedPostgres
 from tests.core.conftest import REPO
 from tests.ops.test_metrics import metric_value
-from tests.ops.test_run_all import alive, children_of, ctrl_c, fetch, free_port, start_run_all, wait_for
-from tests.support.embedded import postmasters, temporary_var
+from tests.ops.test_run_all import children_of, ctrl_c, fetch, free_port, start_run_all, wait_for
+from tests.support.embedded import alive, postmasters, temporary_var
 
 
 def banner_request(banner: str) -> urllib.request.Request:

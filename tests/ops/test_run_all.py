@@ -19,7 +19,7 @@ import pytest
 
 from core.embedded_db import EmbeddedPostgres
 from tests.core.conftest import REPO
-from tests.support.embedded import embedded_env, postmasters, temporary_var
+from tests.support.embedded import alive, embedded_env, postmasters, temporary_var
 
 
 def free_port() -> int:
@@ -148,11 +148,3 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    """Running, not exited (a zombie has exited)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False

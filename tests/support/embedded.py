@@ -42,3 +42,11 @@ def postmasters(data_dir: Path) -> list[int]:
         if argv[0].endswith(b"/postgres") and str(data_dir).encode() in argv:
             found.append(int(cmdline.parent.name))
     return found
+
+
+def alive(pid: int) -> bool:
+    """Running, not exited (a zombie, exited but not yet reaped by its parent, has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
