@@ -20,7 +20,8 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-## make run: venv, install, migrate (SQLite by default), demo tenant + admin login, serve on :8000
+## make run: venv, install, migrate (the embedded PostgreSQL under var/ unless DATABASE_URL is set),
+## demo tenant + admin login, serve on :8000 with a scheduler and a dispatcher until Ctrl-C
 run: $(VENV)/.installed
 	DEBUG=$${DEBUG:-true} $(PY) manage.py run_all
 

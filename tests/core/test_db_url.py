@@ -1,11 +1,16 @@
-"""core.db_url: DATABASE_URL with one host or several (libpq's multi-host form) → DATABASES."""
+"""core.db_url: DATABASE_URL with one host or several (libpq's multi-host form) → DATABASES;
+PostgreSQL only, so a SQLite URL stops start-up in one line."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from core.db_url import database_url, parse_database_url
+from tests.core.conftest import REPO, clean_env
 
 
 @pytest.mark.parametrize(
@@ -40,7 +45,32 @@ def test_one_host_is_django_environs_reading_unchanged():
     import environ
 
     assert parse_database_url(url) == environ.Env.db_url_config(url)
-    assert parse_database_url("sqlite:////tmp/x.sqlite3")["ENGINE"] == "django.db.backends.sqlite3"
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:////tmp/x.sqlite3", "sqlite:///:memory:", "SQLITE:///x", "mysql://u:secret@db/x", "db.example/x"]
+)
+def test_only_postgresql_urls_are_accepted(url):
+    with pytest.raises(ImproperlyConfigured) as raised:
+        parse_database_url(url)
+    shown = url.replace(":secret@", ":***@")
+    assert str(raised.value) == (f"DATABASE_URL: PostgreSQL is the only database, and {shown} is not a postgres:// "
+                                 "URL (unset, the embedded server is used)")  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["check", "migrate"])
+def test_a_sqlite_url_stops_manage_py_with_exactly_one_line(tmp_path, command):
+    url = f"sqlite:///{tmp_path / 'omnipost.sqlite3'}"
+    env = clean_env(DEBUG="true", DJANGO_SETTINGS_MODULE="omnipost_site.settings", DATABASE_URL=url,
+                    OMNIPOST_VAR_DIR=str(tmp_path / "var"))  # fmt: skip
+    result = subprocess.run([sys.executable, str(REPO / "manage.py"), command], cwd=tmp_path, env=env,  # noqa: S603
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"OmniPost configuration error: DATABASE_URL: PostgreSQL is the only database, and {url} is not a "
+        "postgres:// URL (unset, the embedded server is used)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # neither a database file nor an embedded server was made
 
 
 @pytest.mark.parametrize(
@@ -49,7 +79,7 @@ def test_one_host_is_django_environs_reading_unchanged():
         ("postgres://u:secret@h1,,h2/db", "empty or malformed host ''"),
         ("postgres://u:secret@h1:5432,h2:54x2/db", "port '54x2'"),
         ("postgres://u:secret@h1:5432,h2:70000/db", "port '70000'"),
-        ("mysql://u:secret@h1,h2/db", "PostgreSQL only"),
+        ("mysql://u:secret@h1,h2/db", "PostgreSQL is the only database"),
     ],
 )
 def test_bad_multi_host_urls_say_what_is_wrong_without_the_password(url, message):
@@ -71,6 +101,18 @@ def test_bad_multi_host_urls_say_what_is_wrong_without_the_password(url, message
 def test_an_entry_written_back_as_a_url_reads_the_same(url):
     config = parse_database_url(url)
     assert parse_database_url(database_url(config)) == config
+
+
+def test_a_unix_socket_directory_is_written_as_libpqs_host_parameter():
+    """The embedded server's entry (HOST a socket directory) as a URL a worker process reads back."""
+    embedded = {"ENGINE": "django.db.backends.postgresql", "NAME": "omnipost", "USER": "postgres", "PASSWORD": "",
+                "HOST": "/srv/omni post/var/postgres", "PORT": "5432"}  # fmt: skip
+    url = database_url(embedded)
+    assert url == "postgres://postgres@/omnipost?host=%2Fsrv%2Fomni+post%2Fvar%2Fpostgres&port=5432"
+    config = parse_database_url(url)
+    assert config["OPTIONS"] == {"host": "/srv/omni post/var/postgres", "port": 5432}
+    assert (config["HOST"], config["NAME"], config["USER"]) == ("", "omnipost", "postgres")
+    assert database_url(config) == url
 
 
 def test_the_written_url_leaves_out_the_processes_own_application_name():

@@ -157,7 +157,7 @@ def test_a_doorbell_behind_a_pooler_listens_on_the_direct_url(tenant_a):
     [
         ({"OMNIPOST_DATABASE_POOLER": "pgpool"}, "OMNIPOST_DATABASE_POOLER must be one of none, pgbouncer"),
         ({"OMNIPOST_DATABASE_POOLER": "pgbouncer", "DATABASE_URL": "sqlite:///:memory:"},
-         "OMNIPOST_DATABASE_POOLER=pgbouncer needs a PostgreSQL DATABASE_URL"),
+         "DATABASE_URL: PostgreSQL is the only database, and sqlite:///:memory: is not a postgres:// URL"),
         ({"OMNIPOST_LISTEN_DATABASE_URL": "mysql://db/x"}, "OMNIPOST_LISTEN_DATABASE_URL must be a postgres:// URL"),
     ],
 )  # fmt: skip

