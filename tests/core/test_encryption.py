@@ -117,7 +117,7 @@ def _check(**env: str):  # noqa: ANN202
         "DJANGO_SETTINGS_MODULE": "omnipost_site.settings",
         "DEBUG": "false",
         "SECRET_KEY": "a-production-like-secret",
-        "DATABASE_URL": "sqlite:///:memory:",
+        "DATABASE_URL": "postgres://postgres:postgres@127.0.0.1:1/nowhere",  # never connected to
     }
     return run_manage("check", env=clean_env(**{**base, **env}))
 

@@ -26,8 +26,9 @@ PLAIN_APP = "def application(environ, start_response):\n    start_response('200 
 
 def start_granian(app: str, tmp_path: Path, pythonpath: str = "") -> tuple[subprocess.Popen, int]:
     port = free_port()
+    # /healthz answers without the database: the URL is never connected to
     env = clean_env(DEBUG="true", DJANGO_SETTINGS_MODULE="omnipost_site.settings",
-                    DATABASE_URL=f"sqlite:///{tmp_path / 'omnipost.sqlite3'}")  # fmt: skip
+                    DATABASE_URL="postgres://postgres:postgres@127.0.0.1:1/nowhere")  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, str(REPO)]))
     server = subprocess.Popen(  # noqa: S603
         [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", "1", "--blocking-threads", "2",
