@@ -1,4 +1,4 @@
-"""Exactly-once draining by real worker processes (PostgreSQL and SQLite), and crash recovery."""
+"""Exactly-once draining by real worker processes, and crash recovery."""
 
 from __future__ import annotations
 
@@ -112,23 +112,3 @@ def test_killed_worker_leases_are_reclaimed_and_zombie_ack_refused(tenant_a, sub
         for _, i, t in held
     ]
     assert queue.ack(zombie) == set()
-
-
-def test_sqlite_four_processes_drain_exactly_once(tmp_path):
-    db = tmp_path / "queue.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test", "DATABASE_URL": f"sqlite:///{db}",
-           "PYTHONUNBUFFERED": "1"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)  # noqa: S603
-    subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "tests.queueing.drain_worker", "--seed", "400"], cwd=ROOT, env=env, check=True
-    )
-    import sqlite3
-
-    with sqlite3.connect(db) as conn:
-        expected = {str(__import__("uuid").UUID(row[0])) for row in conn.execute("SELECT id FROM notifications")}
-    assert len(expected) == 400
-    procs = start_workers(4, tmp_path, env, "--batch", "7")
-    wait_all(procs, 120)
-    assert_exactly_once(tmp_path, expected)
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM queue_state").fetchone()[0] == 0

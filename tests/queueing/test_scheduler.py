@@ -1,11 +1,7 @@
-"""The scheduler's single step (run_once), its waits, and its loop in-process; SQLite in a subprocess."""
+"""The scheduler's single step (run_once), its waits, and its loop in-process."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -20,7 +16,7 @@ from queueing.models import QueueItem, ScheduledJob, Worker
 from queueing.scheduler import PEER_BACKOFF, Scheduler, next_due, promote_due
 from queueing.wakeup import Doorbell
 from tests import factories
-from tests.queueing.scheduler_support import ROOT, bulk_scheduled_sql, scheduled, wait_until
+from tests.queueing.scheduler_support import bulk_scheduled_sql, scheduled, wait_until
 
 
 def job_of(note: Notification) -> ScheduledJob:
@@ -216,44 +212,3 @@ def test_once_command_drains_everything_due_and_exits(tenant_a):
 def test_command_rejects_nonsense(args):
     with pytest.raises(CommandError, match="must be a positive"):
         call_command("run_scheduler", "--once", *args)
-
-
-def test_sqlite_promotion_in_one_transaction_and_the_command(tmp_path):
-    db = tmp_path / "sched.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test", "DATABASE_URL": f"sqlite:///{db}"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=120)
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.queueing.scheduler_support", "sqlite-scenario"],
-        cwd=ROOT, env=env, check=True, timeout=120, capture_output=True, text=True,
-    )
-    facts = json.loads(out.stdout.strip().splitlines()[-1])
-    assert facts["batches"] == [3, 2, 0, 0]  # 5 live + 1 raced cancel among the due; batch size 3
-    assert len(set(facts["queries"])) == 1, facts["queries"]  # a fixed number of statements per batch
-    assert facts["item_order"] == facts["expected_order"]  # oldest run_at first
-    items = facts["items"]
-    assert set(items) == set(facts["expected_order"])
-    assert all(i["payload_json"] == {"channel": "webhook"} for i in items.values())
-    flags = {i["provider_id"]: i["rate_limited"] for i in items.values()}
-    assert flags == {facts["providers"]["hook"]: False, facts["providers"]["capped"]: True,
-                     facts["providers"]["other"]: True}
-    assert sorted((i["queue_name"], i["priority"]) for i in items.values()) == [
-        ("q0", 0), ("q0", 2), ("q0", 4), ("q1", 1), ("q1", 3)]
-    for note in facts["expected_order"]:
-        assert facts["statuses"][note] == "queued" and facts["jobs"][note] == ["executed", True]
-    assert facts["statuses"][facts["cancelled"]] == "cancelled"
-    assert facts["jobs"][facts["cancelled"]] == ["cancelled", False]
-    assert facts["jobs"][facts["dead_job"]] == ["cancelled", False]
-    assert facts["jobs"][facts["future"]] == ["pending", False]
-    assert facts["next_due_is_future"] and 3590 < facts["next_due_in"] <= 3600
-
-    import sqlite3
-
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE scheduled_jobs SET run_at = '2000-01-01 00:00:00' WHERE status = 'pending'")
-    subprocess.run([sys.executable, "manage.py", "run_scheduler", "--once", "--no-jitter"], cwd=ROOT, env=env,
-                   check=True, timeout=120)
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM scheduled_jobs WHERE status = 'pending'").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM queue_state").fetchone()[0] == 6
-        assert conn.execute("SELECT count(*) FROM workers WHERE kind = 'scheduler' AND stopped_at IS NOT NULL"
-                            ).fetchone()[0] == 1
