@@ -153,8 +153,6 @@ def vacuum_hot_tables() -> None:
     shared_buffers, and every run paid for the last one's. graphile-worker, beside which the
     bench is compared, starts each run from a new schema. A table holding other rows is left as it
     is (REINDEX would lock a database in use)."""
-    if connection.vendor != "postgresql":
-        return
     with connection.cursor() as cursor:
         for table in HOT_TABLES:
             cursor.execute(f"VACUUM (ANALYZE) {table}")
@@ -167,8 +165,6 @@ def analyze_hot_tables() -> None:
     """ANALYZE after filling, as autovacuum would after 120,000 inserts: the statistics the round
     started with describe the emptied tables, and a plan made from them (a generic plan of a prepared
     statement lives on) mistakes 120,000 queued rows for none."""
-    if connection.vendor != "postgresql":
-        return
     with connection.cursor() as cursor:
         for table in HOT_TABLES:
             cursor.execute(f"ANALYZE {table}")
@@ -223,9 +219,8 @@ def enqueue(tenant, provider, count: int, *, batch: int = 1000, named: bool = Tr
 
 def dispatcher_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true", "DEBUG": "false"}
-    db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("postgresql"):
-        env["DATABASE_URL"] = database_url(db)  # every host of a multi-host URL, target_session_attrs too
+    # every host of a multi-host URL, target_session_attrs too
+    env["DATABASE_URL"] = database_url(settings.DATABASES["default"])
     env.setdefault("SECRET_KEY", "omnipost-bench-only")
     env["OMNIPOST_ENCRYPTION_KEYS"] = ",".join(settings.OMNIPOST_ENCRYPTION_KEYS)
     env["ALLOWED_HOSTS"] = "127.0.0.1"

@@ -6,9 +6,10 @@ Revocation reaches every process within a second: `ApiKey.revoke()` (which
 here and, after commit, `NOTIFY omnipost_auth` with the key's prefix or the tenant's id; each web
 process LISTENs on a dedicated autocommit connection (one daemon thread, started on first use in
 each process, so after gunicorn's fork) and drops what the notification names. While that listener
-is not connected (starting, reconnecting after an error, SQLite, or OMNIPOST_AUTH_LISTEN off),
-entries live `FALLBACK_TTL` (1 s) only, so a missed notification still cannot outlive a second; on
-every (re)connect the whole cache is dropped, since notifications sent meanwhile were missed.
+is not connected (starting, reconnecting after an error, behind a pooler without a direct URL, or
+OMNIPOST_AUTH_LISTEN off), entries live `FALLBACK_TTL` (1 s) only, so a missed notification still
+cannot outlive a second; on every (re)connect the whole cache is dropped, since notifications sent
+meanwhile were missed.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def listener() -> Listener | None:
     """This process's listener, started on first use (None where it cannot run)."""
     global _listener
     if not getattr(settings, "OMNIPOST_AUTH_LISTEN", True) or not pooling.can_listen("default"):
-        return None  # no LISTEN here (SQLite, or behind a pooler without a direct URL): entries live 1 s
+        return None  # no LISTEN here (behind a pooler without a direct URL): entries live 1 s
     current = _listener
     if current is not None and current.pid == os.getpid():
         return current
@@ -160,8 +161,6 @@ def ttl() -> float:
 def announce(payload: str, using: str = "default") -> None:
     """Drop `payload`'s entries here now and, after commit, in every process (NOTIFY)."""
     cache.drop(payload)
-    if connections[using].vendor != "postgresql":
-        return
 
     def ring() -> None:
         cache.drop(payload)  # a request in between may have cached the old row again

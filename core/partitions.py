@@ -1,4 +1,4 @@
-"""Day partitions of history tables (PostgreSQL declarative RANGE partitioning; SQLite keeps plain tables).
+"""Day partitions of history tables (PostgreSQL declarative RANGE partitioning).
 
 A partitioned table `T` partitioned by a timestamp column has one partition a UTC day, `T_pYYYYMMDD`
 covering [day, day + 1), and a DEFAULT partition `T_default` that takes whatever no day partition
@@ -51,10 +51,6 @@ class Partition:
         return self.lower is None and self.upper is None
 
 
-def is_pg(using: str = "default") -> bool:
-    return connections[using].vendor == "postgresql"
-
-
 def day_name(table: str, day: date) -> str:
     return f"{table}_p{day:%Y%m%d}"
 
@@ -77,8 +73,6 @@ def quote(name: str) -> str:
 # --- the catalog ---------------------------------------------------------------------------------------
 def partitioned_tables(*, using: str = "default") -> dict[str, str]:
     """{table: partition key column} of every range-partitioned table on a single column in this schema."""
-    if not is_pg(using):
-        return {}
     with connections[using].cursor() as cursor:
         cursor.execute(
             """
@@ -198,8 +192,6 @@ def ensure(
     """Create the missing day partitions from `start` (default: today) through today + `days_ahead`,
     and the default partition if missing; returns the names created. Safe to run from several
     processes at once (a transaction-scoped advisory lock per table; nothing outlives the transaction)."""
-    if not is_pg(using):
-        return []
     today = today or datetime.now(UTC).date()
     first = min(start or today, today)
     wanted = [first + timedelta(days=i) for i in range((today - first).days + days_ahead + 1)]
@@ -250,7 +242,7 @@ class KeepAhead:
         self._next = 0.0
 
     def __call__(self, using: str = "default") -> list[str]:
-        if not is_pg(using) or self.clock() < self._next:
+        if self.clock() < self._next:
             return []
         self._next = self.clock() + self.every
         return ensure_all(using=using)
@@ -284,13 +276,11 @@ def convert(
     schema_editor, table: str, column: str, *, primary_key: Sequence[str], indexes: Sequence[str],
     days_ahead: int = DAYS_AHEAD,
 ) -> None:  # fmt: skip
-    """Replace the plain `table` by one partitioned by day of `column`, rows included (PostgreSQL only).
+    """Replace the plain `table` by one partitioned by day of `column`, rows included.
 
     `primary_key` must include `column`; `indexes` are the statements that build the partitioned
     table's other indexes (they replace the plain table's, whose names are freed first). Runs in the
     migration's transaction: the table is locked for the copy."""
-    if schema_editor.connection.vendor != "postgresql":
-        return
     old = f"{table}_unpartitioned"
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {quote(table)} IN ACCESS EXCLUSIVE MODE")
@@ -314,8 +304,6 @@ def convert(
 
 def unconvert(schema_editor, table: str, *, primary_key: Sequence[str], indexes: Sequence[str]) -> None:
     """The reverse of `convert`: one plain table again, rows included."""
-    if schema_editor.connection.vendor != "postgresql":
-        return
     old = f"{table}_partitioned"
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {quote(table)} IN ACCESS EXCLUSIVE MODE")

@@ -31,14 +31,12 @@ def prepare() -> bool:
 
 def can_listen(alias: str) -> bool:
     """Whether `listen_params` gives a connection (cheap: asked on every request by core.auth_cache)."""
-    if connections[alias].vendor != "postgresql":
-        return False
     return bool(getattr(settings, "OMNIPOST_LISTEN_DATABASE_URL", "")) or not pooled()
 
 
 def listen_params(alias: str, application_name: str) -> dict[str, Any] | None:
     """psycopg connection parameters for a LISTEN connection, or None where LISTEN cannot work
-    (not PostgreSQL; or pooled without `OMNIPOST_LISTEN_DATABASE_URL`): the caller polls instead."""
+    (pooled without `OMNIPOST_LISTEN_DATABASE_URL`): the caller polls instead."""
     if not can_listen(alias):
         return None
     direct = getattr(settings, "OMNIPOST_LISTEN_DATABASE_URL", "")

@@ -3,10 +3,9 @@
 An app that keeps rows nobody needs past retention registers each table in its AppConfig.ready():
 the events app its attempts, finished deliveries and events; the receipts app its de-duplication
 keys. The pruner, which may not import those apps (they are its siblings or above it in the
-layers), deletes the rows `condition` selects after its own work, in short batches: on PostgreSQL
-a range of pages per transaction (TID range scans, so a batch never re-reads what an earlier one
-looked at, and no index on the age column is needed), elsewhere (a small single-machine database)
-one DELETE per table.
+layers), deletes the rows `condition` selects after its own work, in short batches: a range of
+pages per transaction (TID range scans, so a batch never re-reads what an earlier one looked at, and
+no index on the age column is needed).
 """
 
 from __future__ import annotations

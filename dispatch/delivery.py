@@ -7,9 +7,8 @@ as `dispatching`, see `Notification.live_status`). A notification that is no lon
 
 `record_outcomes` writes a whole batch's results at once: ack (DELETE … RETURNING, fenced by
 lock_token), release for retries, the notifications' new statuses, one attempt row per try and
-dead-letter entries. On PostgreSQL that is ONE statement of writable CTEs (one round trip, one
-commit per batch); elsewhere one short transaction. Items whose lease was lost to a peer change
-nothing here: the peer owns them now.
+dead-letter entries, in ONE statement of writable CTEs (one round trip, one commit per batch).
+Items whose lease was lost to a peer change nothing here: the peer owns them now.
 """
 
 from __future__ import annotations
@@ -19,29 +18,20 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db import connections, models, transaction
-from django.db.models import Case, F, Value, When
-from django.db.models.functions import Now
+from django.db import connections
 
 from core import crypto, hot_sql, pooling
-from dlq.models import DeadLetter
-from events.emit import emit_outcomes_portable, outcome_events_cte
+from events.emit import outcome_events_cte
 from notifications import circuits, counters, fallback, suppressions
-from notifications.models import DeliveryAttempt, Notification, Status
+from notifications.models import Status
 from queueing import queue
 from queueing.queue import Lease
-
-SENDABLE = (Status.QUEUED, Status.RETRYING, Status.DISPATCHING)  # dispatching: rows from earlier versions
-_SEND_FIELDS = (
-    "id", "tenant_id", "channel", "recipient", "subject", "body", "metadata", "created_at", "attempt_count",
-    "attempt_offset", "category", "provider_named",
-)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -65,13 +55,6 @@ class DispatchLease:
     @property
     def tenant_id(self) -> uuid.UUID:
         return uuid.UUID(self.tenant_key)
-
-    @classmethod
-    def of(cls, lease: Lease) -> DispatchLease:
-        return cls(
-            lease.item_id, lease.lock_token, lease.provider_id, lease.rate_limited, str(lease.notification_id),
-            str(lease.tenant_id),
-        )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -135,7 +118,7 @@ class Outcome:
     skipped (not sendable) | suppressed (its recipient is suppressed now: never sent, no attempt) |
     deferred (given back untried, e.g. on shutdown)."""
 
-    lease: DispatchLease | Lease  # the record reads item_id, lock_token (and, off PostgreSQL, the ids)
+    lease: DispatchLease | Lease  # the record reads item_id and lock_token
     kind: str
     attempt: Attempt | None = None
     retry_delay: float = 0.0
@@ -153,8 +136,6 @@ class Recorded:
     events: int = 0  # events the statement made (the event lane is nudged only then)
 
 
-ACK_KINDS = ("delivered", "failed", "dead_lettered", "skipped", "suppressed")
-_EVENT_KINDS = ("delivered", "failed", "dead_lettered")  # the outcomes that are events (events.emit)
 _FINAL_STATUS = {
     "delivered": Status.DELIVERED, "failed": Status.FAILED, "dead_lettered": Status.DEAD_LETTERED,
     "retry": Status.RETRYING, "deferred": Status.QUEUED, "suppressed": Status.SUPPRESSED,
@@ -226,24 +207,20 @@ def claim_and_start(
     lanes: dict[int, int] | None = None,
     look_for_starving: bool = True,
     using: str = "default",
-    raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection (PostgreSQL only)
+    raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection
     token: uuid.UUID | None = None,
     leave_out: Sequence[str] = (),
 ) -> tuple[list[Prepared], list[DispatchLease]]:
     """Lease up to n items (plus lane grants) and read their notifications; none of the tenants in
-    `leave_out` (PostgreSQL's fair claim, `queue.claim_ctes_pg`).
-    `look_for_starving=False` skips the scan for items past the starvation threshold (PostgreSQL;
-    the dispatcher looks once a second, not on every claim). `token` is the claim's lock token
+    `leave_out` (the fair claim, `queue.claim_ctes`).
+    `look_for_starving=False` skips the scan for items past the starvation threshold (the
+    dispatcher looks once a second, not on every claim). `token` is the claim's lock token
     (new when None): a caller that lost its session during the claim can give back whatever the
     claim may have leased with it (`queue.release_claim`)."""
     lanes = {pid: cap for pid, cap in (lanes or {}).items() if cap > 0}
     if n <= 0 and not lanes:
         return [], []
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
-    if not queue.is_pg(using):
-        with transaction.atomic(using=using):
-            leases = queue.claim(n, lease_seconds=lease, queues=queues, lanes=lanes, using=using, leave_out=leave_out)
-            return _start_portable(leases, using)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS) if look_for_starving else None
     token = token or uuid.uuid4()
     sql, params = claim_statement(n, lease, starve, queues, lanes, token, leave_out)
@@ -273,9 +250,9 @@ def claim_statement(
     n: int, lease: float, starve: float | None, queues: Sequence[str] | None, lanes: dict[int, int], token: uuid.UUID,
     leave_out: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
-    """The dispatcher's claim on PostgreSQL (one statement): the queue's claim (`queue.claim_ctes_pg`)
+    """The dispatcher's claim (one statement): the queue's claim (`queue.claim_ctes`)
     joined to the notifications it starts. Its plan is asserted in tests/queueing/test_claim_isolation.py."""
-    ctes, params = queue.claim_ctes_pg(
+    ctes, params = queue.claim_ctes(
         n, lease, starve, list(queues) if queues else None, lanes, token, returning=_DISPATCH_RETURNING,
         leave_out=leave_out,
     )
@@ -306,27 +283,10 @@ def _json_loads(text: str) -> Any:  # noqa: ANN401
 _DISPATCH_RETURNING = "item_id, provider_id, rate_limited, notification_id, tenant_id, priority, enqueued_at"
 
 
-def _start_portable(leases: list[Lease], using: str) -> tuple[list[Prepared], list[DispatchLease]]:
-    by_notification = {lease.notification_id: lease for lease in leases}
-    sendable = Notification.objects.using(using).filter(pk__in=list(by_notification), status__in=SENDABLE)
-    rows = list(sendable.values_list(*_SEND_FIELDS))
-    prepared = []
-    for row in rows:
-        nid, _tenant_id, channel, recipient, subject, body, metadata, created_at, count, offset, category, named = row
-        prepared.append(
-            Prepared(
-                lease=DispatchLease.of(by_notification.pop(nid)), channel=channel, recipient_token=str(recipient),
-                subject=subject, body=body, metadata=metadata, created_at=created_at, attempt_number=count + 1,
-                attempts_this_run=count - offset + 1, category=category, provider_named=named,
-            )
-        )  # fmt: skip
-    return prepared, [DispatchLease.of(lease) for lease in by_notification.values()]
-
-
 # --- the suppression check of a claim -----------------------------------------------------------------
 def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") -> set[int]:
     """Positions in `prepared` whose recipient is suppressed now (a suppression added after queueing
-    wins): one statement per claim on PostgreSQL (notifications.suppressions.dispatch_check_sql),
+    wins): one statement per claim (notifications.suppressions.dispatch_check_sql),
     none for an empty claim. Items whose category is critical now get `critical = True`."""
     if not prepared:
         return set()
@@ -345,9 +305,6 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
         positions.append(position)
     if not positions:
         return set()
-    if not queue.is_pg(using):
-        rows = list(zip(tenants, channels, addresses, categories, strict=True))
-        return {positions[i] for i in suppressions.dispatch_blocked_portable(rows)}
     params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
     with hot_cursor(using) as cursor:
         cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=pooling.prepare())
@@ -366,8 +323,7 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     """Write a batch's results atomically; returns the items that were still ours and those lost."""
     if not outcomes:
         return Recorded()
-    record = _record_pg if queue.is_pg(using) else _record_portable
-    ours, events = record(outcomes, using)
+    ours, events = _record(outcomes, using)
     lost = [o for o in outcomes if o.lease.item_id not in ours]
     return Recorded(ours=ours, lost=lost, events=events)
 
@@ -393,7 +349,7 @@ _RECORD_SQL = """
     WITH outcome AS (
         SELECT * FROM unnest({arrays}) AS o({names})
     ), settling AS (
-        -- what the queue does with each item (queue.settle_ctes_pg): the ack kinds leave it; a retry's next
+        -- what the queue does with each item (queue.settle_ctes): the ack kinds leave it; a retry's next
         -- try may go through another provider (failover, dispatch.routing)
         SELECT o.*, next_provider AS provider_id,
                CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped', 'suppressed') THEN 'ack'
@@ -453,7 +409,7 @@ _RECORD_SQL = """
     names=", ".join(name for name, _ in _OUTCOME_COLUMNS),
     # the queue row gives back the ids the rest of the statement needs (and each item's outcome
     # beside them): the batch carries only what the queue row does not know
-    settle=queue.settle_ctes_pg("settling", returning=_OURS, reroute=True),
+    settle=queue.settle_ctes("settling", returning=_OURS, reroute=True),
     # notification.delivered / failed / dead_lettered events for tenants subscribed to them (events.emit)
     events=outcome_events_cte("changed"),
     # channel fallback (notifications.fallback): accepted → the fallback is due after_seconds later,
@@ -471,7 +427,7 @@ _RECORD_SQL = """
 )
 
 
-def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
+def _record(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
     with hot_cursor(using) as cursor:
         cursor.execute(*record_statement(outcomes), prepare=pooling.prepare())
         rows = cursor.fetchall()
@@ -479,7 +435,7 @@ def _record_pg(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
 
 
 def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
-    """The PostgreSQL record statement of a batch, and its parameters."""
+    """The record statement of a batch, and its parameters."""
     tried = [o.attempt for o in outcomes]
     dead = [o if o.kind in ("failed", "dead_lettered") else None for o in outcomes]
     params: dict[str, Any] = {
@@ -508,82 +464,3 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
         "d_count": [(d.attempt.number if d.attempt else 0) if d else None for d in dead],
     }
     return _RECORD_SQL, params
-
-
-def _record_portable(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
-    to_ack = [o for o in outcomes if o.kind in ACK_KINDS]
-    retries = [o for o in outcomes if o.kind == "retry"]
-    deferred = [o for o in outcomes if o.kind == "deferred"]
-    with transaction.atomic(using=using):
-        ours = queue.ack([o.lease for o in to_ack], using=using)
-        ours |= queue.release([o.lease for o in retries], [o.retry_delay for o in retries], using=using)
-        ours |= queue.release([o.lease for o in deferred], 0.0, refund_attempt=True, using=using)
-        kept = [o for o in outcomes if o.lease.item_id in ours]
-        changes = [o for o in kept if o.kind in _FINAL_STATUS]
-        if changes:
-            _update_notifications_portable(changes, using)
-        DeliveryAttempt.objects.using(using).bulk_create(
-            [
-                DeliveryAttempt(
-                    tenant_id=o.lease.tenant_id, notification_id=o.lease.notification_id,
-                    provider_id=o.lease.provider_id, **{f: getattr(o.attempt, f) for f in Attempt.__slots__},
-                )
-                for o in kept if o.attempt is not None
-            ]
-        )  # fmt: skip
-        DeadLetter.objects.using(using).bulk_create(
-            [
-                DeadLetter(
-                    tenant_id=o.lease.tenant_id, notification_id=o.lease.notification_id,
-                    provider_id=o.lease.provider_id, failure_class=o.failure_class,
-                    failure_reason=o.failure_reason[:2000], error_code=o.error_code, last_status_code=o.status_code,
-                    attempt_count=o.attempt.number if o.attempt else 0,
-                )
-                for o in kept if o.kind in ("failed", "dead_lettered")
-            ]
-        )  # fmt: skip
-        _count_portable(kept, using)
-        events = [(o.lease.tenant_id, o.lease.notification_id, o.kind) for o in kept if o.kind in _EVENT_KINDS]
-        emit_outcomes_portable(events)
-        fallback.after_outcomes_portable([(o.lease.notification_id, o.kind) for o in changes], using=using)
-    return ours, len(events)  # at most that many deliveries: enough to nudge the lane
-
-
-def _count_portable(kept: Sequence[Outcome], using: str) -> None:
-    """What `counted` in _RECORD_SQL does: attempts by (provider, outcome), and the latency of each
-    delivery from its notification's due time (created, or scheduled_for) to now (its delivered_at)."""
-    tried = [o for o in kept if o.attempt is not None]
-    delivered = [o.lease.notification_id for o in kept if o.kind == "delivered"]
-    due = Notification.objects.using(using).filter(pk__in=delivered).values_list("created_at", "scheduled_for")
-    now = datetime.now(UTC)
-    latencies = [(now - max(created, scheduled or created)).total_seconds() for created, scheduled in due]
-    increments = counters.increments(
-        [(o.lease.provider_id, o.attempt.outcome, o.attempt.http_status) for o in tried], latencies
-    )
-    if increments:
-        counters.add(increments, using=using)
-
-
-def _update_notifications_portable(changes: Sequence[Outcome], using: str) -> None:
-    ids = [o.lease.notification_id for o in changes]
-    statuses = [_FINAL_STATUS_TEXT[o.kind] for o in changes]
-    counts = [o.attempt.number if o.attempt else -1 for o in changes]
-    codes = [o.error_code for o in changes]
-    Notification.objects.using(using).filter(pk__in=ids, status__in=SENDABLE).update(
-        status=Case(*[When(pk=i, then=Value(s)) for i, s in zip(ids, statuses, strict=True)]),
-        attempt_count=Case(
-            *[When(pk=i, then=Value(c)) for i, c in zip(ids, counts, strict=True) if c >= 0],
-            default=F("attempt_count"),
-            output_field=models.PositiveIntegerField(),
-        ),
-        last_error_code=Case(*[When(pk=i, then=Value(c)) for i, c in zip(ids, codes, strict=True)]),
-        delivered_at=Case(
-            *[When(pk=i, then=Now()) for i, s in zip(ids, statuses, strict=True) if s == Status.DELIVERED],
-            default=F("delivered_at"),
-        ),
-        enqueued_at=Case(
-            *[When(pk=i, then=Now()) for i, s in zip(ids, statuses, strict=True) if s == Status.RETRYING],
-            default=F("enqueued_at"),
-        ),
-        updated_at=Now(),
-    )

@@ -3,7 +3,7 @@
 One process keeps up to `concurrency` provider calls in flight on one event loop. All database
 work runs on one dedicated thread (one connection), in short transactions with a fixed number of
 statements per batch: [stage] [take tokens] → claim + read providers' versions → … sends … →
-record outcomes. A second connection only LISTENs for enqueues (PostgreSQL, queueing.wakeup): a
+record outcomes. A second connection only LISTENs for enqueues (queueing.wakeup): a
 ring wakes the fetch loop, which claims; otherwise it polls with backoff.
 
 The class orchestrates; its collaborators do the work: `Claimer` (dispatch.claims), `Sender`
@@ -67,7 +67,7 @@ class DispatcherConfig:
     max_items: int | None = None
     lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
     jitter: bool = True
-    listen: bool = True  # LISTEN for enqueues (PostgreSQL); off, idle workers only poll
+    listen: bool = True  # LISTEN for enqueues; off, idle workers only poll
     events: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
     event_concurrency: int = 100
     event_batch_size: int = 100

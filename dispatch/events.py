@@ -24,8 +24,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
-
 from core import crypto
 from core.db_faults import Backoff
 from dispatch import policy
@@ -261,15 +259,11 @@ class EventLane:
 
 def _claim(n: int, lease_seconds: float, token: uuid.UUID) -> deliveries.ClaimedBatch:
     """On the DB thread: the claim, through the hot path's prepared, server-side bound cursor."""
-    if connection.vendor != "postgresql":
-        return deliveries.claim_due(n, lease_seconds, token)
     with hot_cursor("default") as cursor:
         return deliveries.claim_due(n, lease_seconds, token, cursor=cursor)
 
 
 def _record(batch: list[Result]) -> set[int]:
-    if connection.vendor != "postgresql":
-        return deliveries.record(batch)
     with hot_cursor("default") as cursor:
         return deliveries.record(batch, cursor=cursor)
 

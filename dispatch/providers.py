@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
 from core import pooling
 from dispatch.delivery import Prepared, hot_cursor
@@ -66,15 +65,13 @@ def instantiate(row: Provider) -> BaseProvider | MisconfiguredProvider:
         return MisconfiguredProvider(f"provider configuration is invalid: {type(exc).__name__}")
 
 
-# Once per claim: which of its providers changed since they were loaded (raw on PostgreSQL through
-# the hot path's prepared cursor: ≈ 0.1 ms a claim against ≈ 0.35 ms through the ORM).
+# Once per claim: which of its providers changed since they were loaded (raw, through the hot path's
+# prepared cursor: ≈ 0.1 ms a claim against ≈ 0.35 ms through the ORM).
 _PROVIDER_VERSIONS = "SELECT id, updated_at FROM providers WHERE id = ANY(%s)"
 
 
 def provider_versions(provider_ids: set[int]) -> dict[int, datetime]:
     """`updated_at` of each of these providers, in one statement."""
-    if connection.vendor != "postgresql":
-        return dict(Provider.objects.filter(pk__in=provider_ids).values_list("pk", "updated_at"))
     with hot_cursor("default") as cursor:
         cursor.execute(_PROVIDER_VERSIONS, [list(provider_ids)], prepare=pooling.prepare())
         return dict(cursor.fetchall())

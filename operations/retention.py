@@ -16,7 +16,7 @@ What goes (created and last changed more than `--older-than DAYS` ago):
 Never: live notifications (scheduled, queued, dispatching, retrying), anything with an open DLQ
 entry, the audit log (append-only).
 
-History on PostgreSQL (`delivery_attempts` by day of `finished_at`, `notification_events` by day of
+History (`delivery_attempts` by day of `finished_at`, `notification_events` by day of
 `occurred_at`, core.partitions) goes first, by age: every day partition whose whole range is older
 than the cutoff is DROPped (one short transaction each, with a `retention.drop_partition` audit
 event); in the partition the cutoff falls in, and in the default partition, the rows older than the
@@ -26,13 +26,12 @@ for a few milliseconds: it waits at most `DROP_LOCK_TIMEOUT` for it (so a dispat
 it waits no longer than that) and tries again after a pause, up to `DROP_TRIES` times. Live rows
 (queue, scheduled jobs, dead letters) are in other tables and never touched by this part.
 
-Each batch is one short transaction. On PostgreSQL a notification batch is ONE statement of
-writable CTEs whose selection takes `FOR UPDATE SKIP LOCKED`, so prune waits for no one and a
-dispatcher never waits for prune; batches walk `notif_created_idx` oldest first (keyset on
-`created_at`), so no batch re-reads what an earlier one deleted or skipped. Every batch
-writes a `retention.prune` audit event with what it removed, in the same transaction. The `/metrics`
-counters are not derived from `delivery_attempts` (notifications.counters), so pruning never
-lowers them.
+Each batch is one short transaction. A notification batch is ONE statement of writable CTEs whose
+selection takes `FOR UPDATE SKIP LOCKED`, so prune waits for no one and a dispatcher never waits
+for prune; batches walk `notif_created_idx` oldest first (keyset on `created_at`), so no batch
+re-reads what an earlier one deleted or skipped. Every batch writes a `retention.prune` audit event
+with what it removed, in the same transaction. The `/metrics` counters are not derived from
+`delivery_attempts` (notifications.counters), so pruning never lowers them.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -72,7 +71,7 @@ ROWS_PER_PAGE = 50  # a trim batch covers batch_size / ROWS_PER_PAGE pages (hist
 
 AttemptCounts = dict[tuple[str, int | None], int]
 
-_BATCH_PG = """
+_BATCH = """
 WITH victims AS (
     SELECT n.id FROM notifications n
     WHERE n.created_at < %(cutoff)s {after}
@@ -155,19 +154,13 @@ class Pruner:
         self.using = using
         self.cutoff = timezone.now() - timedelta(days=older_than_days)
 
-    @property
-    def is_pg(self) -> bool:
-        return connections[self.using].vendor == "postgresql"
-
     # --- what is eligible ---------------------------------------------------------------------------
-    def notifications(self, after: datetime | None = None) -> QuerySet:
+    def notifications(self) -> QuerySet:
         open_dlq = DeadLetter.objects.using(self.using).open().filter(notification=OuterRef("pk"))
         live_item = QueueItem.objects.using(self.using).filter(notification=OuterRef("pk"))
         qs = Notification.objects.using(self.using).filter(
             created_at__lt=self.cutoff, updated_at__lt=self.cutoff, status__in=FINISHED
         )
-        if after is not None:
-            qs = qs.filter(created_at__gte=after)
         return qs.filter(~Exists(open_dlq), ~Exists(live_item))
 
     def jobs(self) -> QuerySet:
@@ -193,7 +186,7 @@ class Pruner:
     def name_connection(self) -> None:
         """Label this process in pg_stat_activity and bound every lock wait (behind a pooler no
         session setting survives the transaction: `batch` bounds each one's waits instead)."""
-        if self.is_pg and not pooling.pooled():
+        if not pooling.pooled():
             with connections[self.using].cursor() as cursor:
                 cursor.execute(
                     "SELECT set_config('application_name', %s, false), set_config('lock_timeout', %s, false)",
@@ -204,15 +197,13 @@ class Pruner:
     def batch(self) -> Iterator[None]:
         """One batch's transaction."""
         with transaction.atomic(using=self.using):
-            if self.is_pg and pooling.pooled():
+            if pooling.pooled():
                 with connections[self.using].cursor() as cursor:
                     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
             yield
 
     # --- history partitions ---------------------------------------------------------------------------
     def history_plan(self) -> HistoryPlan:
-        if not self.is_pg:
-            return HistoryPlan([], [])
         partitioned = partitions.partitioned_tables(using=self.using)
         drop, trim = [], []
         for table, column in HISTORY:
@@ -276,13 +267,7 @@ class Pruner:
     def retained_batches(self, table: retention.RetainedTable) -> Iterator[int]:
         """Delete the rows past retention of a table another app registered (core.retention), a batch
         per transaction; yields the rows each batch removed."""
-        if self.is_pg:
-            yield from self._page_batches(table.table, table.condition)
-            return
-        name = connections[self.using].ops.quote_name(table.table)  # elsewhere (a small single-machine
-        with self.batch(), connections[self.using].cursor() as cursor:  # database): one DELETE
-            cursor.execute(f"DELETE FROM {name} WHERE {table.condition}", {"cutoff": self.cutoff})  # noqa: S608
-            yield cursor.rowcount
+        return self._page_batches(table.table, table.condition)
 
     def retained_count(self, table: retention.RetainedTable) -> int:
         name = connections[self.using].ops.quote_name(table.table)
@@ -291,7 +276,7 @@ class Pruner:
             return cursor.fetchone()[0]
 
     def _page_batches(self, table: str, condition: str) -> Iterator[int]:
-        """PostgreSQL: DELETE the rows of `table` (not its partitions) that `condition` selects, a range
+        """DELETE the rows of `table` (not its partitions) that `condition` selects, a range
         of batch_size / ROWS_PER_PAGE pages per transaction (a TID range scan each)."""
         step = max(1, self.batch_size // ROWS_PER_PAGE)
         name = partitions.quote(table)  # identifiers from the catalog or a registering app's constants
@@ -309,7 +294,7 @@ class Pruner:
     # --- one batch each -------------------------------------------------------------------------------
     def notification_batch(self, after: datetime | None) -> Batch:
         with self.batch():
-            batch = self._batch_pg(after) if self.is_pg else self._batch_portable(after)
+            batch = self._batch(after)
             if batch.notifications:
                 AuditEvent.record(
                     actor=PRUNE_ACTOR,
@@ -326,8 +311,8 @@ class Pruner:
                 )
         return batch
 
-    def _batch_pg(self, after: datetime | None) -> Batch:
-        sql = _BATCH_PG.format(after="AND n.created_at >= %(after)s" if after is not None else "")
+    def _batch(self, after: datetime | None) -> Batch:
+        sql = _BATCH.format(after="AND n.created_at >= %(after)s" if after is not None else "")
         params = {"cutoff": self.cutoff, "after": after, "n": self.batch_size}
         batch = Batch()
         with connections[self.using].cursor() as cursor:
@@ -342,26 +327,6 @@ class Pruner:
                 else:
                     batch.attempts[(outcome, provider_id)] = n
         return batch
-
-    def _batch_portable(self, after: datetime | None) -> Batch:
-        oldest_first = self.notifications(after).order_by("created_at")
-        rows = list(oldest_first.values_list("pk", "created_at")[: self.batch_size])
-        if not rows:
-            return Batch()
-        ids = [pk for pk, _ in rows]
-        attempts = DeliveryAttempt.objects.using(self.using).filter(notification_id__in=ids)
-        counts = {
-            (r["outcome"], r["provider_id"]): r["n"]
-            for r in attempts.values("outcome", "provider_id").annotate(n=Count("pk")).order_by()
-        }
-        attempts.delete()
-        dead = DeadLetter.objects.using(self.using).filter(notification_id__in=ids).delete()[0]
-        jobs = ScheduledJob.objects.using(self.using).filter(notification_id__in=ids).delete()[0]
-        gone = Notification.objects.using(self.using).filter(pk__in=ids, status__in=FINISHED).delete()[1]
-        return Batch(
-            notifications=gone.get(Notification._meta.label, 0), dead_letters=dead, jobs=jobs, attempts=counts,
-            last_created_at=max(c for _, c in rows),
-        )  # fmt: skip
 
     def job_batch(self) -> int:
         with self.batch():

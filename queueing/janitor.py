@@ -133,11 +133,11 @@ def _each(conn, tables: list[str], statement: str, done_as: str) -> list[str]:  
 
 def vacuum_on_default(janitor: Janitor, using: str = "default") -> list[str]:
     """`janitor.maybe_vacuum` on Django's connection (autocommit, outside any transaction: VACUUM
-    cannot run inside one), for a process whose SQL all runs on one thread. Off PostgreSQL: nothing."""
+    cannot run inside one), for a process whose SQL all runs on one thread; nothing inside a transaction."""
     from django.db import connections
 
     connection = connections[using]
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if connection.in_atomic_block:
         return []
     connection.ensure_connection()
     return janitor.maybe_vacuum(connection.connection)

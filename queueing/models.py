@@ -90,7 +90,7 @@ class QueueItem(TenantOwned):
                 condition=_READY_UNLIMITED,
                 name="queue_state_ready_queue_idx",
             ),
-            # claim() over all queues, per tenant (fairness, queue.claim_ctes_pg): the skip-scan that lists
+            # claim() over all queues, per tenant (fairness, queue.claim_ctes): the skip-scan that lists
             # tenants with ready work (one descent per tenant), then one LATERAL per tenant: WHERE ready
             # AND NOT rate_limited AND tenant_id = ? ORDER BY priority DESC, enqueued_at, item_id. Without
             # `priority >= 0`, as those statements are, so the planner cannot read queue_state_ready_idx for

@@ -6,8 +6,8 @@ scheduler's promotion and the dispatcher's record statement compose.
 
 Each operation is a fixed number of SQL statements per call, whatever the number of items, and
 all times come from the database's clock (`now()`), so clock skew between machines never matters.
-A claim hands each item to exactly one claimer: on PostgreSQL through `FOR UPDATE SKIP LOCKED`
-inside one `UPDATE … RETURNING`; on SQLite through the IMMEDIATE transaction that serialises writers.
+A claim hands each item to exactly one claimer through `FOR UPDATE SKIP LOCKED` inside one
+`UPDATE … RETURNING`.
 
 Every claim gets a fresh `lock_token`; ack, release and extend only touch rows whose
 (item_id, lock_token) still match, so a worker whose lease expired and was re-claimed (a zombie)
@@ -30,12 +30,11 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
-from django.utils.dateparse import parse_datetime
 
 from queueing import ratelimit, ringer
 
@@ -77,60 +76,11 @@ _RETURNING = (
 )
 
 
-def is_pg(alias: str) -> bool:
-    return connections[alias].vendor == "postgresql"
-
-
-# --- SQLite time helpers (Django stores UTC as 'YYYY-MM-DD HH:MM:SS.ffffff' text) -----------------
-# Literal % is doubled: Django's SQLite cursor turns %s into ? and %% into %.
-_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-
-
-def _sqlite_now_plus(param: str = "%s") -> str:
-    return f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', {param})"
-
-
-def _seconds_modifier(seconds: float) -> str:
-    return f"{float(seconds):+.6f} seconds"
-
-
-def _as_datetime(value: Any) -> datetime:
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    parsed = parse_datetime(str(value))
-    assert parsed is not None, value
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _as_uuid(value: Any) -> uuid.UUID:
-    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-
-
-def lease_from_row(row: Sequence[Any]) -> Lease:
-    """A Lease from the first len(_RETURNING) values of a claim row, of any database (SQLite
-    gives text for UUIDs and datetimes); PostgreSQL's claims use the quicker `PgLeaseReader`."""
-    payload = row[7]
-    return Lease(
-        item_id=row[0],
-        lock_token=_as_uuid(row[1]),
-        notification_id=_as_uuid(row[2]),
-        tenant_id=_as_uuid(row[3]),
-        provider_id=row[4],
-        queue_name=row[5],
-        priority=row[6],
-        payload=json.loads(payload) if isinstance(payload, str | bytes) else payload,
-        attempts=row[8],
-        enqueued_at=_as_datetime(row[9]),
-        locked_until=_as_datetime(row[10]),
-        rate_limited=bool(row[11]),
-    )
-
-
 _SCALAR_TYPES = (str, int, float, bool, type(None))
 
 
-class PgLeaseReader:
-    """Leases from the rows of one PostgreSQL `claim` (the dispatcher reads fewer columns, see
+class LeaseReader:
+    """Leases from the rows of one `claim` (the dispatcher reads fewer columns, see
     `dispatch.delivery.DispatchLease`), where psycopg already gives UUIDs and aware datetimes: positional
     construction, and each distinct flat payload text parsed once per claim (a claim's payloads are
     nearly all alike, e.g. {"channel": "webhook"}); every lease still gets its own dict."""
@@ -170,7 +120,7 @@ def ring_after_commit(channel: str, payload: str, using: str = "default", *, con
 
 # --- enqueue ---------------------------------------------------------------------------------------
 def insert_items_sql(source: str, *, order_by: str = "") -> str:
-    """PostgreSQL: `INSERT INTO queue_state … SELECT` of new items from `source`, a FROM item
+    """`INSERT INTO queue_state … SELECT` of new items from `source`, a FROM item
     (aliased `s`) with the columns queue_name, priority, payload (jsonb), delay (seconds, float8),
     tenant_id, notification_id, provider_id. The one place new items get their `rate_limited`
     (from the current limits) and their `ready`; `enqueue` and the scheduler's promotion use it.
@@ -190,27 +140,7 @@ def insert_items_sql(source: str, *, order_by: str = "") -> str:
         ON CONFLICT (notification_id) DO NOTHING"""
 
 
-def insert_items_sqlite(source: str, *, order_by: str = "") -> str:
-    """SQLite's `insert_items_sql`: `INSERT INTO queue_state … SELECT` from `source` (aliased `s`)
-    with the columns queue_name, priority, payload (JSON text), at (the database time the items
-    become available, as Django stores it), tenant_id, notification_id, provider_id; the items are
-    ready at once. Ends in ON CONFLICT (notification_id) DO NOTHING, for the caller to add RETURNING."""
-    limited = ratelimit.limited_sql("lim_p", "lim_t")
-    # `WHERE true`: SQLite reads an ON right after a join as the join's constraint, not the upsert.
-    return f"""
-        INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                                 tenant_id, notification_id, provider_id, rate_limited, ready)
-        SELECT s.queue_name, s.priority, s.payload, s.at, s.at, 0, s.tenant_id, s.notification_id, s.provider_id,
-               coalesce(s.provider_id IS NOT NULL AND {limited}, 0), 1
-        FROM {source}
-        LEFT JOIN providers lim_p ON lim_p.id = s.provider_id
-        LEFT JOIN tenants lim_t ON lim_t.id = s.tenant_id
-        WHERE true
-        {f"ORDER BY {order_by}" if order_by else ""}
-        ON CONFLICT (notification_id) DO NOTHING"""
-
-
-_ENQUEUE_PG = insert_items_sql(
+_ENQUEUE = insert_items_sql(
     """(SELECT q AS queue_name, p AS priority, pl::jsonb AS payload, greatest(d, 0) AS delay, t AS tenant_id,
                n AS notification_id, pr AS provider_id, ord
         FROM unnest(%s::text[], %s::int[], %s::text[], %s::float8[], %s::uuid[], %s::uuid[], %s::bigint[])
@@ -218,60 +148,31 @@ _ENQUEUE_PG = insert_items_sql(
     order_by="s.ord",  # item ids in the caller's order: claims take ties first inserted first
 )
 
-_ENQUEUE_SQLITE = f"""
-    INSERT OR IGNORE INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
-                                       tenant_id, notification_id, provider_id, rate_limited, ready)
-    VALUES (%s, %s, %s, {_sqlite_now_plus()}, {_sqlite_now_plus()}, 0, %s, %s, %s,
-            coalesce((SELECT {ratelimit.limited_sql("lim_p", "lim_t")} FROM providers lim_p
-                      JOIN tenants lim_t ON lim_t.id = lim_p.tenant_id WHERE lim_p.id = %s), 0),
-            %s)
-"""
-
 
 def enqueue(items: Sequence[NewItem], *, using: str = "default") -> int:
     """Insert items in the caller's transaction; a notification already queued is skipped.
 
-    On PostgreSQL idle workers are rung (NOTIFY) once the transaction commits, so a rolled-back
-    enqueue wakes no one and leaves nothing behind.
+    Idle workers are rung (NOTIFY) once the transaction commits, so a rolled-back enqueue wakes no
+    one and leaves nothing behind.
     Returns how many items were inserted.
     """
     if not items:
         return 0
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                _ENQUEUE_PG,
-                [
-                    [i.queue_name for i in items],
-                    [i.priority for i in items],
-                    [json.dumps(i.payload) for i in items],
-                    [float(i.delay_seconds) for i in items],
-                    [i.tenant_id for i in items],
-                    [i.notification_id for i in items],
-                    [i.provider_id for i in items],
-                ],
-            )
-            inserted = cursor.rowcount
-            ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({i.queue_name for i in items})), using)
-        else:
-            rows = [
-                (
-                    i.queue_name,
-                    i.priority,
-                    json.dumps(i.payload),
-                    _seconds_modifier(max(0.0, i.delay_seconds)),
-                    _seconds_modifier(max(0.0, i.delay_seconds)),
-                    i.tenant_id.hex,
-                    i.notification_id.hex,
-                    i.provider_id,
-                    i.provider_id,
-                    i.delay_seconds <= 0,
-                )
-                for i in items
-            ]
-            before = connections[using].connection.total_changes
-            cursor.executemany(_ENQUEUE_SQLITE, rows)
-            inserted = connections[using].connection.total_changes - before
+        cursor.execute(
+            _ENQUEUE,
+            [
+                [i.queue_name for i in items],
+                [i.priority for i in items],
+                [json.dumps(i.payload) for i in items],
+                [float(i.delay_seconds) for i in items],
+                [i.tenant_id for i in items],
+                [i.notification_id for i in items],
+                [i.provider_id for i in items],
+            ],
+        )
+        inserted = cursor.rowcount
+    ring_after_commit(NOTIFY_CHANNEL, ",".join(sorted({i.queue_name for i in items})), using)
     return inserted
 
 
@@ -292,8 +193,8 @@ def claim(
 
     `lanes` maps a rate-limited provider id to how many of its items may be taken (the tokens
     already granted); rate-limited items are never taken otherwise.
-    On PostgreSQL two statements: `stage()`, then the claim (the dispatcher stages on its own
-    schedule and composes `claim_ctes_pg` itself).
+    Two statements: `stage()`, then the claim (the dispatcher stages on its own schedule and
+    composes `claim_ctes` itself).
     """
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
     starve = float(settings.OMNIPOST_STARVATION_SECONDS if starvation_seconds is None else starvation_seconds)
@@ -301,15 +202,9 @@ def claim(
     if n <= 0 and not lanes:
         return []
     token = uuid.uuid4()
-    if is_pg(using):
-        stage(using=using)
-        rows = _claim_pg(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using, leave_out)
-        leases = list(map(PgLeaseReader(), rows))
-    else:
-        rows = _claim_sqlite(
-            max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using, leave_out
-        )
-        leases = [lease_from_row(r) for r in rows]
+    stage(using=using)
+    rows = _claim(max(n, 0), lease, starve, list(queues) if queues else None, lanes, token, using, leave_out)
+    leases = list(map(LeaseReader(), rows))
     leases.sort(key=lambda x: (-x.priority, x.enqueued_at, x.item_id))  # ties: first enqueued first
     return leases
 
@@ -343,7 +238,7 @@ def _per_queue(queues: list[str] | None, where: str, order_by: str) -> str:
             LIMIT %(n)s"""
 
 
-def claim_ctes_pg(
+def claim_ctes(
     n: int,
     lease: float,
     starve: float | None,
@@ -366,7 +261,7 @@ def claim_ctes_pg(
     whole queue once it held fewer than ≈ 30,000 rows (7 ms for a claim of 250 at 20,000). The
     rows are locked (FOR UPDATE) by this statement, so their ctids cannot change before it ends."""
     if not queues:
-        return _fair_claim_ctes_pg(n, lease, starve, lanes, token, returning=returning, leave_out=leave_out)
+        return _fair_claim_ctes(n, lease, starve, lanes, token, returning=returning, leave_out=leave_out)
     if leave_out:
         raise ValueError("leave_out is a fair claim's (over all queues)")
     lane_cte = ""
@@ -437,11 +332,11 @@ def _lanes_cte(queue_filter: str) -> str:
         )"""
 
 
-def _fair_claim_ctes_pg(
+def _fair_claim_ctes(
     n: int, lease: float, starve: float | None, lanes: dict[int, int], token: uuid.UUID, *, returning: str,
     leave_out: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
-    """`claim_ctes_pg` over all queues: weighted-fair between tenants, still one statement.
+    """`claim_ctes` over all queues: weighted-fair between tenants, still one statement.
 
     - `active`: the tenants with ready unlimited items, by a recursive skip-scan of
       queue_state_tenant_idx (one index descent per tenant, whatever their depth), joined to
@@ -552,57 +447,13 @@ def _fair_claim_ctes_pg(
     return ctes, params
 
 
-def _claim_pg(
+def _claim(
     n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str,
     leave_out: Sequence[str] = (),
 ) -> list[tuple]:
-    ctes, params = claim_ctes_pg(n, lease, starve, queues, lanes, token, leave_out=leave_out)
+    ctes, params = claim_ctes(n, lease, starve, queues, lanes, token, leave_out=leave_out)
     with connections[using].cursor() as cursor:
         cursor.execute(f"{ctes} SELECT {_RETURNING} FROM claimed", params)
-        return cursor.fetchall()
-
-
-def _claim_sqlite(
-    n: int, lease: float, starve: float, queues: list[str] | None, lanes: dict[int, int], token: uuid.UUID, using: str,
-    leave_out: Sequence[str] = (),
-) -> list[tuple]:
-    # SQLite reads `available_at` itself (one writer at a time, no index to keep lean); it still
-    # writes `ready` as PostgreSQL does, so a database's rows mean the same whoever wrote them.
-    if leave_out and queues:
-        raise ValueError("leave_out is a claim's over all queues")
-    queue_filter = f"AND queue_name IN ({', '.join(['%s'] * len(queues))})" if queues else ""
-    qparams: list[Any] = list(queues or [])
-    if leave_out:  # SQLite stores uuids as 32 hex digits
-        queue_filter = f"AND tenant_id NOT IN ({', '.join(['%s'] * len(leave_out))})"
-        qparams = [uuid.UUID(str(t)).hex for t in leave_out]
-    cutoff = _sqlite_now_plus("%s")
-    selects = [
-        f"""SELECT item_id FROM (
-                SELECT item_id FROM queue_state
-                WHERE NOT rate_limited AND available_at <= {_SQLITE_NOW} {queue_filter}
-                ORDER BY (enqueued_at <= {cutoff}) DESC,
-                         CASE WHEN enqueued_at <= {cutoff} THEN enqueued_at END,
-                         priority DESC, enqueued_at, item_id
-                LIMIT %s)"""
-    ]
-    params: list[Any] = [*qparams, _seconds_modifier(-starve), _seconds_modifier(-starve), n]
-    for provider_id, cap in lanes.items():
-        selects.append(
-            f"""SELECT item_id FROM (
-                SELECT item_id FROM queue_state
-                WHERE rate_limited AND provider_id = %s AND available_at <= {_SQLITE_NOW} {queue_filter}
-                ORDER BY priority DESC, enqueued_at, item_id LIMIT %s)"""
-        )
-        params += [provider_id, *qparams, cap]
-    until = _sqlite_now_plus("%s")
-    sql = f"""
-        UPDATE queue_state
-        SET lock_token = %s, locked_until = {until}, available_at = {until}, ready = 0, attempts = attempts + 1
-        WHERE item_id IN ({" UNION ALL ".join(selects)})
-        RETURNING {_RETURNING}
-    """
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, [token.hex, _seconds_modifier(lease), _seconds_modifier(lease), *params])
         return cursor.fetchall()
 
 
@@ -615,38 +466,26 @@ def _pairs(leases: Iterable[Lease]) -> tuple[list[int], list[uuid.UUID]]:
     return ids, tokens
 
 
-def _sqlite_pair_filter(ids: list[int], tokens: list[uuid.UUID]) -> tuple[str, list[Any]]:
-    clause = " OR ".join(["(item_id = %s AND lock_token = %s)"] * len(ids))
-    params: list[Any] = []
-    for item_id, token in zip(ids, tokens, strict=True):
-        params += [item_id, token.hex]
-    return f"({clause})", params
-
-
 def ack(leases: Sequence[Lease], *, using: str = "default") -> set[int]:
     """Remove finished items. Returns the ids that were still ours; the rest were lost to a peer."""
     if not leases:
         return set()
     ids, tokens = _pairs(leases)
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                """
-                DELETE FROM queue_state q USING unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
-                WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
-                RETURNING q.item_id
-                """,
-                [ids, tokens],
-            )
-        else:
-            clause, params = _sqlite_pair_filter(ids, tokens)
-            cursor.execute(f"DELETE FROM queue_state WHERE {clause} RETURNING item_id", params)
+        cursor.execute(
+            """
+            DELETE FROM queue_state q USING unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
+            WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
+            RETURNING q.item_id
+            """,
+            [ids, tokens],
+        )
         return {row[0] for row in cursor.fetchall()}
 
 
-def settle_ctes_pg(source: str, *, returning: str = "q.item_id", reroute: bool = False) -> str:
+def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = False) -> str:
     """`acked AS (DELETE …), released AS (UPDATE …)`: a batch's leases settled inside a caller's
-    single statement (the dispatcher's record, dispatch.delivery), as `claim_ctes_pg` is a claim.
+    single statement (the dispatcher's record, dispatch.delivery), as `claim_ctes` is a claim.
     `source` is a relation with columns item_id, lock_token, settle and delay: settle 'ack' removes
     the item; 'release' puts it back after `delay` seconds (a retry: ready again once it is due);
     'refund' puts it back and undoes the claim's attempt (given back untried). Fenced by lock_token:
@@ -698,38 +537,21 @@ def release(
     per_item = [float(delays)] * len(ids) if isinstance(delays, int | float) else [float(d) for d in delays]
     refund = 1 if refund_attempt else 0
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                """
-                UPDATE queue_state q
-                SET lock_token = NULL, locked_until = NULL,
-                    available_at = now() + mine.delay * interval '1 second', ready = mine.delay <= 0,
-                    enqueued_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
-                                       ELSE q.enqueued_at END,
-                    attempts = greatest(q.attempts - %s, 0)
-                FROM unnest(%s::bigint[], %s::uuid[], %s::float8[]) AS mine(item_id, lock_token, delay)
-                WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
-                RETURNING q.item_id
-                """,
-                [refund, ids, tokens, per_item],
-            )
-            return {row[0] for row in cursor.fetchall()}
-        released: set[int] = set()
-        for item_id, token, delay in zip(ids, tokens, per_item, strict=True):
-            modifier = _seconds_modifier(max(0.0, delay))
-            cursor.execute(
-                f"""
-                UPDATE queue_state
-                SET lock_token = NULL, locked_until = NULL, available_at = {_sqlite_now_plus("%s")}, ready = %s,
-                    enqueued_at = CASE WHEN %s > 0 THEN {_sqlite_now_plus("%s")} ELSE enqueued_at END,
-                    attempts = max(attempts - %s, 0)
-                WHERE item_id = %s AND lock_token = %s
-                RETURNING item_id
-                """,
-                [modifier, delay <= 0, delay, modifier, refund, item_id, token.hex],
-            )
-            released.update(row[0] for row in cursor.fetchall())
-        return released
+        cursor.execute(
+            """
+            UPDATE queue_state q
+            SET lock_token = NULL, locked_until = NULL,
+                available_at = now() + mine.delay * interval '1 second', ready = mine.delay <= 0,
+                enqueued_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
+                                   ELSE q.enqueued_at END,
+                attempts = greatest(q.attempts - %s, 0)
+            FROM unnest(%s::bigint[], %s::uuid[], %s::float8[]) AS mine(item_id, lock_token, delay)
+            WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
+            RETURNING q.item_id
+            """,
+            [refund, ids, tokens, per_item],
+        )
+        return {row[0] for row in cursor.fetchall()}
 
 
 def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using: str = "default") -> set[int]:
@@ -740,26 +562,17 @@ def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
     ids, tokens = _pairs(leases)
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                """
-                UPDATE queue_state q
-                SET locked_until = now() + %s * interval '1 second', available_at = now() + %s * interval '1 second',
-                    ready = false
-                FROM unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
-                WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
-                RETURNING q.item_id
-                """,
-                [lease, lease, ids, tokens],
-            )
-        else:
-            clause, params = _sqlite_pair_filter(ids, tokens)
-            until = _sqlite_now_plus("%s")
-            cursor.execute(
-                f"UPDATE queue_state SET locked_until = {until}, available_at = {until}, ready = 0 WHERE {clause} "
-                "RETURNING item_id",
-                [_seconds_modifier(lease), _seconds_modifier(lease), *params],
-            )
+        cursor.execute(
+            """
+            UPDATE queue_state q
+            SET locked_until = now() + %s * interval '1 second', available_at = now() + %s * interval '1 second',
+                ready = false
+            FROM unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
+            WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
+            RETURNING q.item_id
+            """,
+            [lease, lease, ids, tokens],
+        )
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -780,41 +593,19 @@ def stage(limit: int = STAGE_LIMIT, *, using: str = "default") -> Staged:
     (so only due rows), skipping rows a peer holds. An expired lease keeps its lock_token: its
     holder may still record it until someone re-claims it (as before staging existed)."""
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                """
-                WITH due AS (
-                    SELECT ctid FROM queue_state WHERE NOT ready AND available_at <= now()
-                    ORDER BY available_at LIMIT %s FOR UPDATE SKIP LOCKED
-                ), staged AS (
-                    UPDATE queue_state SET ready = true WHERE ctid = ANY(ARRAY(SELECT ctid FROM due))
-                    RETURNING rate_limited
-                )
-                SELECT count(*), count(*) FILTER (WHERE rate_limited) FROM staged
-                """,
-                [limit],
+        cursor.execute(
+            """
+            WITH due AS (
+                SELECT ctid FROM queue_state WHERE NOT ready AND available_at <= now()
+                ORDER BY available_at LIMIT %s FOR UPDATE SKIP LOCKED
+            ), staged AS (
+                UPDATE queue_state SET ready = true WHERE ctid = ANY(ARRAY(SELECT ctid FROM due))
+                RETURNING rate_limited
             )
-        else:
-            cursor.execute(
-                f"""
-                WITH staged AS (
-                    SELECT item_id, rate_limited FROM queue_state WHERE NOT ready AND available_at <= {_SQLITE_NOW}
-                    ORDER BY available_at LIMIT %s
-                )
-                SELECT count(*), coalesce(sum(rate_limited), 0) FROM staged
-                """,
-                [limit],
-            )
-            count, limited = cursor.fetchone()
-            cursor.execute(
-                f"""
-                UPDATE queue_state SET ready = 1 WHERE item_id IN (
-                    SELECT item_id FROM queue_state WHERE NOT ready AND available_at <= {_SQLITE_NOW}
-                    ORDER BY available_at LIMIT %s)
-                """,
-                [limit],
-            )
-            return Staged(int(count), int(limited))
+            SELECT count(*), count(*) FILTER (WHERE rate_limited) FROM staged
+            """,
+            [limit],
+        )
         count, limited = cursor.fetchone()
     return Staged(int(count), int(limited))
 
@@ -832,28 +623,14 @@ def sync_rate_limited(
         return 0
     limited = ratelimit.limited_sql("p", "t")
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                f"""
-                UPDATE queue_state q SET rate_limited = lim.limited
-                FROM (SELECT p.id, {limited} AS limited FROM providers p JOIN tenants t ON t.id = p.tenant_id
-                      WHERE p.id = ANY(%s::bigint[]) OR p.tenant_id = ANY(%s::uuid[])) lim
-                WHERE q.provider_id = lim.id AND q.rate_limited <> lim.limited
-                """,
-                [list(provider_ids), list(tenant_ids)],
-            )
-            return cursor.rowcount
-        pids, tids = list(provider_ids), [_as_uuid(t).hex for t in tenant_ids]
-        in_pids = ", ".join(["%s"] * len(pids)) or "NULL"
-        in_tids = ", ".join(["%s"] * len(tids)) or "NULL"
         cursor.execute(
             f"""
-            UPDATE queue_state SET rate_limited = lim.limited
+            UPDATE queue_state q SET rate_limited = lim.limited
             FROM (SELECT p.id, {limited} AS limited FROM providers p JOIN tenants t ON t.id = p.tenant_id
-                  WHERE p.id IN ({in_pids}) OR p.tenant_id IN ({in_tids})) AS lim
-            WHERE queue_state.provider_id = lim.id AND queue_state.rate_limited <> lim.limited
+                  WHERE p.id = ANY(%s::bigint[]) OR p.tenant_id = ANY(%s::uuid[])) lim
+            WHERE q.provider_id = lim.id AND q.rate_limited <> lim.limited
             """,
-            [*pids, *tids],
+            [list(provider_ids), list(tenant_ids)],
         )
         return cursor.rowcount
 
@@ -861,39 +638,29 @@ def sync_rate_limited(
 def rate_limited_providers(queues: Sequence[str] | None = None, *, using: str = "default") -> list[int]:
     """Providers with ready rate-limited items (in `queues`, if named), whatever their limits say
     now: lanes are offered to all of them, so items whose limit went away are never stranded.
-    On PostgreSQL a loose index scan of queue_state_lane_idx: one descent per provider, not one
-    row per waiting item."""
+    A loose index scan of queue_state_lane_idx: one descent per provider, not one row per waiting
+    item."""
+    in_queues = (
+        """AND EXISTS (SELECT 1 FROM queue_state w WHERE w.ready AND w.rate_limited AND w.provider_id = p.id
+                       AND w.queue_name = ANY(%(queues)s::text[]))"""
+        if queues
+        else ""
+    )
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            in_queues = (
-                """AND EXISTS (SELECT 1 FROM queue_state w WHERE w.ready AND w.rate_limited AND w.provider_id = p.id
-                               AND w.queue_name = ANY(%(queues)s::text[]))"""
-                if queues
-                else ""
+        cursor.execute(
+            f"""
+            WITH RECURSIVE p(id) AS (
+                (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id IS NOT NULL
+                 ORDER BY provider_id LIMIT 1)
+                UNION ALL
+                SELECT (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id > p.id
+                        ORDER BY provider_id LIMIT 1)
+                FROM p WHERE p.id IS NOT NULL
             )
-            cursor.execute(
-                f"""
-                WITH RECURSIVE p(id) AS (
-                    (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id IS NOT NULL
-                     ORDER BY provider_id LIMIT 1)
-                    UNION ALL
-                    SELECT (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id > p.id
-                            ORDER BY provider_id LIMIT 1)
-                    FROM p WHERE p.id IS NOT NULL
-                )
-                SELECT id FROM p WHERE id IS NOT NULL {in_queues}
-                """,
-                {"queues": list(queues or [])},
-            )
-        else:
-            in_queues = f"AND queue_name IN ({', '.join(['%s'] * len(queues))})" if queues else ""
-            cursor.execute(
-                f"""
-                SELECT DISTINCT provider_id FROM queue_state
-                WHERE rate_limited AND provider_id IS NOT NULL AND available_at <= {_SQLITE_NOW} {in_queues}
-                """,
-                list(queues or []),
-            )
+            SELECT id FROM p WHERE id IS NOT NULL {in_queues}
+            """,
+            {"queues": list(queues or [])},
+        )
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -914,27 +681,15 @@ def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int
     if not tokens:
         return 0
     with connections[using].cursor() as cursor:
-        if is_pg(using):
-            cursor.execute(
-                """
-                UPDATE queue_state
-                SET lock_token = NULL, locked_until = NULL, available_at = now(), ready = true,
-                    attempts = greatest(attempts - 1, 0)
-                WHERE lock_token = ANY(%s::uuid[])
-                """,
-                [list(tokens)],
-            )
-        else:
-            marks = ", ".join(["%s"] * len(tokens))
-            cursor.execute(
-                f"""
-                UPDATE queue_state
-                SET lock_token = NULL, locked_until = NULL, available_at = {_SQLITE_NOW}, ready = 1,
-                    attempts = max(attempts - 1, 0)
-                WHERE lock_token IN ({marks})
-                """,
-                [t.hex for t in tokens],
-            )
+        cursor.execute(
+            """
+            UPDATE queue_state
+            SET lock_token = NULL, locked_until = NULL, available_at = now(), ready = true,
+                attempts = greatest(attempts - 1, 0)
+            WHERE lock_token = ANY(%s::uuid[])
+            """,
+            [list(tokens)],
+        )
         return cursor.rowcount
 
 
@@ -977,23 +732,10 @@ def rate_limited_sql(provider: str, tenant: str) -> str:
 
 
 def remove_idle_sql(source: str) -> str:
-    """PostgreSQL: `DELETE … RETURNING q.notification_id` of the items of the notifications in
+    """`DELETE … RETURNING q.notification_id` of the items of the notifications in
     `source` (a FROM item aliased `s`, with a notification_id column) that no claimer holds a live
     lease on, by the database's clock; a claim in flight is waited for and then seen as a lease.
     A fragment for a caller's statement (a receipt cancelling a promoted fallback)."""
     return f"""DELETE FROM queue_state q USING {source}
         WHERE q.notification_id = s.notification_id AND NOT (q.lock_token IS NOT NULL AND q.locked_until > now())
         RETURNING q.notification_id"""  # noqa: S608 - the caller's FROM item
-
-
-def remove_idle_for(notification_ids: Iterable[Any], *, using: str = "default") -> list[Any]:  # noqa: ANN401
-    """Delete the items of these notifications that no claimer holds a live lease on, in the
-    caller's transaction (off PostgreSQL: its writer lock keeps claims out meanwhile); returns the
-    notification ids whose items went. `remove_idle_sql` for a statement of one's own."""
-    from queueing.models import LEASED, QueueItem
-
-    idle = QueueItem.objects.using(using).filter(notification_id__in=list(notification_ids)).exclude(LEASED)
-    removed = list(idle.values_list("notification_id", flat=True))
-    if removed:
-        QueueItem.objects.using(using).filter(notification_id__in=removed).delete()
-    return removed

@@ -87,23 +87,12 @@ class Grant:
     next_token_in: float | None  # seconds until the starved lanes can expect a token, if any starved
 
 
-def _is_pg(using: str) -> bool:
-    return connections[using].vendor == "postgresql"
-
-
 def _db_now(using: str) -> datetime:
     with connections[using].cursor() as cursor:
         # clock_timestamp(), not now(): now() is the transaction's start, taken before the row lock
         # was granted, and a peer may have written a later time meanwhile.
-        cursor.execute(
-            "SELECT clock_timestamp()" if _is_pg(using) else "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
-        )
-        value = cursor.fetchone()[0]
-    if isinstance(value, str):
-        from queueing.queue import _as_datetime
-
-        return _as_datetime(value)
-    return value
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
 
 
 def _locked_buckets(keys: dict[str, tuple[float, float]], using: str) -> dict[str, RateBucket]:
@@ -112,9 +101,7 @@ def _locked_buckets(keys: dict[str, tuple[float, float]], using: str) -> dict[st
         [RateBucket(key=k, rate=r, effective_rate=r, burst=b, tokens=b) for k, (r, b) in keys.items()],
         ignore_conflicts=True,
     )
-    qs = RateBucket.objects.using(using).filter(key__in=sorted(keys)).order_by("key")
-    if _is_pg(using):
-        qs = qs.select_for_update()
+    qs = RateBucket.objects.using(using).filter(key__in=sorted(keys)).order_by("key").select_for_update()
     buckets = {b.key: b for b in qs}
     for key, (rate, burst) in keys.items():
         bucket = buckets[key]
@@ -167,12 +154,12 @@ def take(lanes: Mapping[int, LaneSpec], want: Mapping[int, int], *, using: str =
     return Grant(granted, min(waits) if waits else None)
 
 
-# take_key on PostgreSQL: the lock, the refill from the database's clock, the grant and the write in ONE
+# take_key: the lock, the refill from the database's clock, the grant and the write in ONE
 # statement, so the bucket's row is locked for the statement only (the API's and the receipts'
 # throttles call it from every web thread; a transaction of five round trips held it for milliseconds
 # at a time). As _locked_buckets then _refill: a changed configuration caps the tokens and the
 # effective rate first; the clock never moves backwards.
-_TAKE_KEY_PG = """
+_TAKE_KEY = """
     WITH cur AS (
         SELECT key, %(rate)s::float8 AS rate, %(burst)s::float8 AS burst,
                CASE WHEN rate = %(rate)s AND burst = %(burst)s THEN effective_rate
@@ -200,27 +187,18 @@ _TAKE_KEY_PG = """
 
 def take_key(key: str, rate: float, burst: float, want: int, *, using: str = "default") -> tuple[int, float | None]:
     """Take up to `want` tokens from one bucket; returns (granted, seconds until the next token or None)."""
-    if _is_pg(using):
-        params = {"key": key, "rate": float(rate), "burst": float(burst), "want": int(want)}
-        with connections[using].cursor() as cursor:
-            cursor.execute(_TAKE_KEY_PG, params)
+    params = {"key": key, "rate": float(rate), "burst": float(burst), "want": int(want)}
+    with connections[using].cursor() as cursor:
+        cursor.execute(_TAKE_KEY, params)
+        row = cursor.fetchone()
+        if row is None:  # the bucket's first use: make it (full), then take
+            RateBucket.objects.using(using).bulk_create(
+                [RateBucket(key=key, rate=rate, effective_rate=rate, burst=burst, tokens=burst)],
+                ignore_conflicts=True,
+            )
+            cursor.execute(_TAKE_KEY, params)
             row = cursor.fetchone()
-            if row is None:  # the bucket's first use: make it (full), then take
-                RateBucket.objects.using(using).bulk_create(
-                    [RateBucket(key=key, rate=rate, effective_rate=rate, burst=burst, tokens=burst)],
-                    ignore_conflicts=True,
-                )
-                cursor.execute(_TAKE_KEY_PG, params)
-                row = cursor.fetchone()
-        granted, tokens, effective_rate = row
-    else:
-        with transaction.atomic(using=using):
-            bucket = _locked_buckets({key: (float(rate), float(burst))}, using)[key]
-            _refill(bucket, _db_now(using))
-            granted = max(0, min(want, math.floor(bucket.tokens + 1e-9)))
-            bucket.tokens -= granted
-            _save([bucket], using)
-        tokens, effective_rate = bucket.tokens, bucket.effective_rate
+    granted, tokens, effective_rate = row
     wait = None if granted >= want else max(0.0, (1.0 - tokens) / effective_rate)
     return granted, wait
 
@@ -252,9 +230,7 @@ def adapt(throttled: Iterable[int], succeeded: Iterable[int], *, using: str = "d
         return
     keys = [provider_key(p) for p in throttled | succeeded]
     with transaction.atomic(using=using):
-        qs = RateBucket.objects.using(using).filter(key__in=sorted(keys)).order_by("key")
-        if _is_pg(using):
-            qs = qs.select_for_update()
+        qs = RateBucket.objects.using(using).filter(key__in=sorted(keys)).order_by("key").select_for_update()
         locked = list(qs)
         now = _db_now(using)
         changed = []

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db import connections
-
 from queueing import ringer
 from queueing.models import ScheduledJob
 from queueing.queue import ring_after_commit
@@ -24,7 +22,7 @@ ringer.merge(SCHEDULE_CHANNEL, _earlier)
 
 
 def insert_jobs_sql(source: str) -> str:
-    """PostgreSQL: `INSERT INTO scheduled_jobs … SELECT` of pending jobs from `source`, a FROM item
+    """`INSERT INTO scheduled_jobs … SELECT` of pending jobs from `source`, a FROM item
     (aliased `s`) with the columns job_id, tenant_id, notification_id, run_at, created_at; for a
     statement that creates notifications and their jobs together (notifications.services). The
     caller rings SCHEDULE_CHANNEL after commit, as `add_jobs` does."""
@@ -36,15 +34,14 @@ def insert_jobs_sql(source: str) -> str:
 
 
 def ring_schedulers(jobs: Sequence[ScheduledJob], *, using: str = "default") -> None:
-    """After commit, wake the schedulers with the earliest run_at (PostgreSQL)."""
-    if jobs and connections[using].vendor == "postgresql":
+    """After commit, wake the schedulers with the earliest run_at."""
+    if jobs:
         ring_after_commit(SCHEDULE_CHANNEL, min(job.run_at for job in jobs).isoformat(), using)
 
 
 def add_jobs(jobs: Sequence[ScheduledJob], *, using: str = "default") -> list[ScheduledJob]:
-    """Insert pending jobs in the caller's transaction (one INSERT) and, on PostgreSQL, ring the
-    schedulers' doorbell after commit with the earliest run_at, so one sleeping toward a later job
-    wakes up."""
+    """Insert pending jobs in the caller's transaction (one INSERT) and ring the schedulers' doorbell
+    after commit with the earliest run_at, so one sleeping toward a later job wakes up."""
     if not jobs:
         return []
     created = ScheduledJob.objects.using(using).bulk_create(jobs)
@@ -53,7 +50,7 @@ def add_jobs(jobs: Sequence[ScheduledJob], *, using: str = "default") -> list[Sc
 
 
 def upsert_jobs_sql(source: str) -> str:
-    """PostgreSQL: like `insert_jobs_sql`, for a notification that may have its job already (one job per
+    """Like `insert_jobs_sql`, for a notification that may have its job already (one job per
     notification, scheduled_jobs' unique notification_id): a pending job keeps the earlier of its
     run_at and the new one; an executed or cancelled job stays as it is. `source` must hold one row
     per notification. RETURNING the notification_id and run_at of each job now pending."""
@@ -65,7 +62,7 @@ def upsert_jobs_sql(source: str) -> str:
 
 
 def ring_sql(run_at: str) -> str:
-    """PostgreSQL: a SELECT that rings the schedulers' doorbell (at commit) with the ISO text of the
+    """A SELECT that rings the schedulers' doorbell (at commit) with the ISO text of the
     earliest `run_at` of a FROM item `run_at` names, when it has rows (for a statement's own CTE)."""
     text = f"""to_char(min({run_at}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
     return f"pg_notify('{SCHEDULE_CHANNEL}', {text})"

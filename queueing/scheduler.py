@@ -3,9 +3,8 @@
 One batch is one transaction with a fixed number of statements whatever its size: the due jobs
 are marked executed, their notifications move `scheduled → queued` and get their queue items, all
 or nothing, so a crash can never leave a job executed without its item (or the reverse).
-On PostgreSQL that is a single statement (data-modifying CTEs) whose `FOR UPDATE SKIP LOCKED`
-hands each due job to exactly one of several schedulers; on SQLite the IMMEDIATE transaction
-serialises writers and the same work takes four statements.
+That is a single statement (data-modifying CTEs) whose `FOR UPDATE SKIP LOCKED` hands each due
+job to exactly one of several schedulers.
 
 Between batches the scheduler sleeps until the next `run_at` (measured with the database's clock),
 capped by `interval`, and a doorbell (LISTEN on `omnipost_schedule`, rung by
@@ -27,19 +26,18 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
-from django.utils.dateparse import parse_datetime
+from django.db import DatabaseError, connections
 
 from core import partitions
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from queueing import heartbeat
 from queueing.janitor import Janitor, vacuum_on_default
 from queueing.models import Worker
-from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, insert_items_sqlite
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql
 from queueing.schedule import SCHEDULE_CHANNEL
 from queueing.wakeup import Doorbell
 
@@ -52,7 +50,7 @@ DEFAULT_HEARTBEAT = 5.0
 # Shortest sleep when jobs are due but a peer holds them (SKIP LOCKED skipped them): keeps several
 # schedulers from spinning against each other while bounding the extra lag to this.
 PEER_BACKOFF = 0.01
-# Longest sleep without a doorbell (SQLite; behind PgBouncer without OMNIPOST_LISTEN_DATABASE_URL):
+# Longest sleep without a doorbell (behind PgBouncer without OMNIPOST_LISTEN_DATABASE_URL):
 # nothing wakes the loop for a job scheduled sooner than the one it sleeps toward.
 POLL_ALONE_INTERVAL = 1.0
 MAX_RECONNECT_BACKOFF = 30.0
@@ -72,7 +70,7 @@ class Promotion:
         return self.promoted + self.cancelled
 
 
-# --- PostgreSQL: one statement per batch ------------------------------------------------------------
+# --- one statement per batch -----------------------------------------------------------------------
 # Literals ('pending', 'scheduled') stay in the SQL so the planner matches the partial index
 # scheduled_jobs_due_idx (WHERE status = 'pending', ON run_at).
 #   due    - the oldest due jobs and their notifications, both locked; SKIP LOCKED leaves to a peer
@@ -86,13 +84,13 @@ class Promotion:
 # Every CTE joins the previous one to a table through its primary key (never CTE to CTE, whose row
 # estimates are guesses), so the plan stays index lookups per batch row.
 # The final SELECT rings the dispatchers' doorbell (delivered at commit) with the queue names.
-_INSERT_ITEMS_PG = insert_items_sql(
+_INSERT_ITEMS = insert_items_sql(
     """(SELECT q.queue AS queue_name, q.priority, jsonb_build_object('channel', q.channel) AS payload,
                0::float8 AS delay, q.tenant_id, q.id AS notification_id, q.provider_id, q.run_at
         FROM queued q) s""",
     order_by="s.run_at",
 )
-_PROMOTE_PG = f"""
+_PROMOTE = f"""
 WITH due AS (
     SELECT j.job_id, j.notification_id, j.run_at, n.status = 'scheduled' AS live
     FROM scheduled_jobs j
@@ -114,7 +112,7 @@ WITH due AS (
     FROM due
     WHERE j.job_id = due.job_id
     RETURNING j.status
-), items AS ({_INSERT_ITEMS_PG}
+), items AS ({_INSERT_ITEMS}
     RETURNING queue_name
 ), summary AS (
     SELECT (SELECT count(*) FROM jobs WHERE status = 'executed') AS promoted,
@@ -129,79 +127,20 @@ LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, s.queues) WHERE s.queues IS NOT
 
 # The partial index serves min(run_at) over pending jobs; the wait is computed by the database so
 # the host's clock never matters.
-_NEXT_DUE_PG = """
+_NEXT_DUE = """
 SELECT min(run_at), extract(epoch FROM min(run_at) - now())::float8
 FROM scheduled_jobs WHERE status = 'pending'
 """
-
-# --- SQLite: four statements inside one IMMEDIATE transaction ---------------------------------------
-# The database's clock, read once per batch (SQLite's 'now' changes between statements). Executed
-# without parameters, so its % signs are not escaped.
-_NOW_SQLITE = "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"
-# Each statement re-selects the batch (the `job_id IN (…)` subquery): the same rows every time, since
-# the transaction holds the write lock, the timestamp is fixed and job_id breaks ties.
-# The queue's own INSERT (queue.insert_items_sqlite), as the PostgreSQL promotion composes insert_items_sql.
-_ENQUEUE_SQLITE = insert_items_sqlite(  # noqa: S608 - constant fragments only; values are bound parameters
-    """(SELECT n.queue AS queue_name, n.priority, json_object('channel', n.channel) AS payload, %s AS at,
-               n.tenant_id, n.id AS notification_id, n.provider_id, j.run_at, j.job_id
-        FROM scheduled_jobs j
-        JOIN notifications n ON n.id = j.notification_id
-        WHERE j.job_id IN (
-            SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
-            ORDER BY run_at, job_id LIMIT %s
-        ) AND n.status = 'scheduled') s""",
-    order_by="s.run_at, s.job_id",
-) + "\nRETURNING queue_name"
-_QUEUE_NOTIFICATIONS_SQLITE = """
-UPDATE notifications SET status = 'queued', enqueued_at = %s, updated_at = %s
-WHERE status = 'scheduled'
-  AND id IN (SELECT notification_id FROM scheduled_jobs WHERE job_id IN (
-    SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
-    ORDER BY run_at, job_id LIMIT %s
-))
-"""
-# A notification queued by this transaction carries its timestamp; any other was cancelled meanwhile.
-_FINISH_JOBS_SQLITE = """
-UPDATE scheduled_jobs AS j
-SET status = CASE WHEN n.status = 'queued' AND n.enqueued_at = %s THEN 'executed' ELSE 'cancelled' END,
-    executed_at = CASE WHEN n.status = 'queued' AND n.enqueued_at = %s THEN %s END
-FROM notifications AS n
-WHERE n.id = j.notification_id AND j.job_id IN (
-    SELECT job_id FROM scheduled_jobs WHERE status = 'pending' AND run_at <= %s
-    ORDER BY run_at, job_id LIMIT %s
-)
-RETURNING status, run_at
-"""
-_NEXT_DUE_SQLITE = """
-SELECT min(run_at), (julianday(min(run_at)) - julianday('now')) * 86400.0
-FROM scheduled_jobs WHERE status = 'pending'
-"""
-
-
-def _as_datetime(value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        parsed = value
-    else:
-        parsed = parse_datetime(str(value))
-    if parsed is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed
 
 
 def promote_due(batch_size: int, *, using: str = "default") -> Promotion:
     """Promote up to `batch_size` due jobs, oldest run_at first, in one transaction."""
     if batch_size <= 0:
         return Promotion(0, 0)
-    if connections[using].vendor == "postgresql":
-        return _promote_pg(batch_size, using)
-    return _promote_sqlite(batch_size, using)
-
-
-def _promote_pg(n: int, using: str) -> Promotion:
     # One statement: in autocommit mode it is its own transaction; inside a caller's atomic() it
     # joins that one (and its NOTIFY goes out when the caller commits).
     with connections[using].cursor() as cursor:
-        cursor.execute(_PROMOTE_PG, {"n": n, "channel": NOTIFY_CHANNEL})
+        cursor.execute(_PROMOTE, {"n": batch_size, "channel": NOTIFY_CHANNEL})
         promoted, cancelled, queues, max_lag = cursor.fetchone()
     return Promotion(
         promoted=int(promoted),
@@ -211,35 +150,15 @@ def _promote_pg(n: int, using: str) -> Promotion:
     )
 
 
-def _promote_sqlite(n: int, using: str) -> Promotion:
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(_NOW_SQLITE)
-        (now,) = cursor.fetchone()
-        cursor.execute(_ENQUEUE_SQLITE, [now, now, n])
-        queues = {row[0] for row in cursor.fetchall()}
-        cursor.execute(_QUEUE_NOTIFICATIONS_SQLITE, [now, now, now, n])
-        cursor.execute(_FINISH_JOBS_SQLITE, [now, now, now, now, n])
-        finished = cursor.fetchall()
-    start = _as_datetime(now)
-    lags = [(start - _as_datetime(run_at)).total_seconds() for status, run_at in finished if status == "executed"]
-    return Promotion(
-        promoted=len(lags),
-        cancelled=len(finished) - len(lags),
-        queues=tuple(sorted(queues)),
-        max_lag=max(lags) if lags else None,
-    )
-
-
 def next_due(*, using: str = "default") -> tuple[datetime | None, float | None]:
     """The earliest pending run_at and how many seconds from the database's now() until it
     (negative when already due); (None, None) when nothing is pending."""
-    sql = _NEXT_DUE_PG if connections[using].vendor == "postgresql" else _NEXT_DUE_SQLITE
     with connections[using].cursor() as cursor:
-        cursor.execute(sql)
+        cursor.execute(_NEXT_DUE)
         run_at, seconds = cursor.fetchone()
     if run_at is None:
         return None, None
-    return _as_datetime(run_at), float(seconds)
+    return run_at, float(seconds)
 
 
 class Scheduler:
@@ -464,8 +383,6 @@ class Scheduler:
     def _name_connection(self) -> None:
         """Label this process's connection in pg_stat_activity (Django reconnects with OPTIONS)."""
         connection = connections[self.using]
-        if connection.vendor != "postgresql":
-            return
         options = connection.settings_dict.setdefault("OPTIONS", {})
         self._previous_name = (options.get("application_name"),)
         options["application_name"] = self.application_name[:63]

@@ -29,16 +29,13 @@ from typing import Any
 from django.conf import settings
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
-from django.db.models.functions import Now
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from queueing.models import LEASED, QueueItem, Worker
+from queueing.models import Worker
 
 TenantIds = Sequence[uuid.UUID] | None
 
-_READY = Q(available_at__lte=Now()) & ~LEASED
-_DELAYED = Q(available_at__gt=Now()) & ~LEASED
 PRIORITIES = range(10)
 
 
@@ -108,8 +105,6 @@ def queue_figures_sized(tenant_ids: TenantIds = None, using: str = "default") ->
     if tenant_ids is not None and not tenant_ids:
         return [], True
     connection = connections[using]
-    if connection.vendor != "postgresql":
-        return _grouped(tenant_ids), True
     where, params = ("", [])
     if tenant_ids is not None:
         where, params = "WHERE tenant_id = ANY(%s::uuid[])", [list(tenant_ids)]
@@ -137,32 +132,6 @@ def _empty(name: str) -> dict[str, Any]:
             "by_priority": {str(p): 0 for p in PRIORITIES}}  # fmt: skip
 
 
-def _grouped(tenant_ids: TenantIds) -> list[dict[str, Any]]:
-    """The portable path (SQLite, a single-machine queue): one grouped query over every item."""
-    rows = (
-        scoped(QueueItem.objects.all(), tenant_ids)
-        .values("queue_name", "priority")
-        .annotate(
-            depth=Count("pk"),
-            ready=Count("pk", filter=_READY),
-            leased=Count("pk", filter=LEASED),
-            delayed=Count("pk", filter=_DELAYED),
-            oldest_age=ExpressionWrapper(Now() - Min("enqueued_at", filter=_READY), output_field=DurationField()),
-        )
-        .order_by("queue_name", "priority")
-    )
-    queues: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        queue = queues.setdefault(row["queue_name"], _empty(row["queue_name"]))
-        for name in ("depth", "ready", "leased", "delayed"):
-            queue[name] += row[name]
-        queue["by_priority"][str(row["priority"])] += row["depth"]
-        if row["oldest_age"] is not None:
-            age = max(0.0, row["oldest_age"].total_seconds())
-            queue["oldest_age_seconds"] = round(max(queue["oldest_age_seconds"], age), 3)
-    return list(queues.values())
-
-
 def totals(figures: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures of every queue added up (oldest age: the oldest of all)."""
     out: dict[str, Any] = {"depth": 0, "ready": 0, "leased": 0, "delayed": 0, "oldest_age_seconds": 0.0}
@@ -182,19 +151,14 @@ def totals(figures: list[dict[str, Any]]) -> dict[str, Any]:
 
 def estimated_rows(table: str, using: str = "default") -> int | None:
     """pg_class.reltuples for `table` (kept fresh by autovacuum/ANALYZE); None where unknown."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
         row = cursor.fetchone()
     return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
 
 
-def planner_estimate(qs: QuerySet) -> int | None:
-    """The planner's row estimate for `qs` (EXPLAIN, nothing is read); None off PostgreSQL."""
-    if connections[qs.db].vendor != "postgresql":
-        return None
+def planner_estimate(qs: QuerySet) -> int:
+    """The planner's row estimate for `qs` (EXPLAIN, nothing is read)."""
     plan = json.loads(qs.order_by().explain(format="json"))
     return int(plan[0]["Plan"]["Plan Rows"])
 
@@ -215,8 +179,7 @@ def capped_count(qs: QuerySet, cap: int = 10_000) -> Size:
     counted = qs[: cap + 1].count()
     if counted <= cap:
         return Size(counted, True)
-    estimate = planner_estimate(qs)
-    return Size(max(estimate or 0, counted), False)
+    return Size(max(planner_estimate(qs), counted), False)
 
 
 # --- workers ----------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Low-latency wake-ups: LISTEN on a dedicated autocommit psycopg connection (PostgreSQL).
+"""Low-latency wake-ups: LISTEN on a dedicated autocommit psycopg connection.
 
 Notifications carry queue names only and merely wake a loop, which then reads the table; polling
-stays the fallback (and the only mechanism on SQLite). The connection is re-established with
-backoff after errors, and LISTEN is re-issued each time. Behind PgBouncer (transaction pooling
-loses LISTEN) it is `OMNIPOST_LISTEN_DATABASE_URL`'s, or there is none and the loops poll alone
-(core.pooling). The doorbell only wakes: it runs no SQL but LISTEN (the janitor's maintenance runs
-on the woken process's own connection).
+stays the fallback. The connection is re-established with backoff after errors, and LISTEN is
+re-issued each time. Behind PgBouncer (transaction pooling loses LISTEN) it is
+`OMNIPOST_LISTEN_DATABASE_URL`'s, or there is none and the loops poll alone (core.pooling). The
+doorbell only wakes: it runs no SQL but LISTEN (the janitor's maintenance runs on the woken
+process's own connection).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""On PostgreSQL, refuse UPDATE, DELETE and TRUNCATE on audit_events even from raw SQL."""
+"""Refuse UPDATE, DELETE and TRUNCATE on audit_events even from raw SQL."""
 
 from django.db import migrations
 
@@ -33,15 +33,13 @@ DROP FUNCTION IF EXISTS audit_events_no_truncate();
 
 
 def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(CREATE)
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(CREATE)
 
 
 def backwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(DROP)
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(DROP)
 
 
 class Migration(migrations.Migration):

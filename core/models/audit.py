@@ -1,5 +1,5 @@
 """Append-only audit log. Updates and deletes are refused by the model, the QuerySet, the admin
-and (on PostgreSQL) a trigger, so not even raw SQL can rewrite history."""
+and a trigger, so not even raw SQL can rewrite history."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ class Tenant(models.Model):
     rate_per_second = models.FloatField(null=True, blank=True)
     rate_burst = models.PositiveIntegerField(null=True, blank=True)
     # Share of the dispatchers when tenants compete: a claim gives each tenant with
-    # ready work weight/Σweights of the batch, interleaved (queueing.queue.claim_ctes_pg).
+    # ready work weight/Σweights of the batch, interleaved (queueing.queue.claim_ctes).
     weight = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)],
         help_text="Share of the dispatchers against other tenants with work waiting (1–1000).",

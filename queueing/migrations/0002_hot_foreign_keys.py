@@ -16,13 +16,11 @@ AUTOVACUUM_RESET = (
 
 
 def tune_autovacuum(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(AUTOVACUUM)
+    schema_editor.execute(AUTOVACUUM)
 
 
 def reset_autovacuum(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(AUTOVACUUM_RESET)
+    schema_editor.execute(AUTOVACUUM_RESET)
 
 
 

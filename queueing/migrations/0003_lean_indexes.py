@@ -10,13 +10,11 @@ FILLFACTOR = 50
 
 
 def set_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE queue_state SET (fillfactor = {FILLFACTOR})")
+    schema_editor.execute(f"ALTER TABLE queue_state SET (fillfactor = {FILLFACTOR})")
 
 
 def restore_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("ALTER TABLE queue_state SET (fillfactor = 70)")
+    schema_editor.execute("ALTER TABLE queue_state SET (fillfactor = 70)")
 
 
 class Migration(migrations.Migration):

@@ -6,8 +6,7 @@ from django.db import migrations, models
 def mark_waiting_items(apps, schema_editor):
     """Items leased or waiting for a later available_at leave the ready set; `queue.stage` brings
     them back when they are due."""
-    now = "now()" if schema_editor.connection.vendor == "postgresql" else "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    schema_editor.execute(f"UPDATE queue_state SET ready = false WHERE available_at > {now}", params=None)
+    schema_editor.execute("UPDATE queue_state SET ready = false WHERE available_at > now()", params=None)
 
 
 class Migration(migrations.Migration):

@@ -88,7 +88,6 @@ def test_appending_still_works(tenant_a):
     ],
 )
 def test_raw_sql_update_and_delete_are_refused_by_postgres(event, sql):
-    assert connection.vendor == "postgresql"
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, [event.pk])
     _unchanged(event)

@@ -224,7 +224,7 @@ def test_the_fair_claim_is_flat_at_depth_and_never_jit_compiled(tenant_a, tenant
         cursor.execute("SHOW jit_above_cost")
         jit_above = float(cursor.fetchone()[0])
         for starve, leave_out in ((None, ()), (300.0, ()), (None, (str(tenant_a.pk),))):  # the last: spare slots'
-            ctes, params = queue.claim_ctes_pg(100, 30, starve, None, {}, uuid.uuid4(), leave_out=leave_out)
+            ctes, params = queue.claim_ctes(100, 30, starve, None, {}, uuid.uuid4(), leave_out=leave_out)
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + ctes + " SELECT count(*) FROM claimed", params)
             raw = cursor.fetchone()[0]
             plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]

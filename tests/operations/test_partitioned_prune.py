@@ -23,7 +23,7 @@ from django.utils import timezone
 from core import partitions
 from core.models import AuditEvent
 from notifications.models import Notification
-from operations.retention import _BATCH_PG, DROP_ACTION, Pruner
+from operations.retention import _BATCH, DROP_ACTION, Pruner
 from tests import factories
 from tests.core.conftest import REPO
 from tests.operations.test_retention import insert_finished, prune
@@ -165,7 +165,7 @@ def test_a_notification_batch_probes_only_the_partitions_its_attempts_can_be_in(
     make_history_partitions()
     pruner = Pruner(older_than_days=30, batch_size=5000)
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + _BATCH_PG.format(after=""), {"cutoff": pruner.cutoff, "n": 5000})
+        cursor.execute("EXPLAIN " + _BATCH.format(after=""), {"cutoff": pruner.cutoff, "n": 5000})
         plan = "\n".join(r[0] for r in cursor.fetchall())
     later = [p for p in partitions.partitions("delivery_attempts")
              if not p.is_default and p.lower >= pruner.cutoff + timedelta(days=1)]  # fmt: skip

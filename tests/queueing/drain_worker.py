@@ -1,7 +1,6 @@
 """A real worker process for the queue tests: claims, "processes" (writes the id), acks.
 
     python -m tests.queueing.drain_worker --out FILE [--batch N] [--lease S] [--idle-exit S]
-    python -m tests.queueing.drain_worker --seed N          # create N queued items (any database)
     python -m tests.queueing.drain_worker --hold --out FILE # claim once, report leases, never ack
 
 Lines written: `P <notification_id> <unix time>` per processed item, `L <item_id> <lock_token>` per held lease,
@@ -23,7 +22,6 @@ def main() -> int:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--idle-exit", type=float, default=1.5)
     parser.add_argument("--max-seconds", type=float, default=120.0)
-    parser.add_argument("--seed", type=int)
     parser.add_argument("--hold", action="store_true")
     args = parser.parse_args()
 
@@ -34,14 +32,6 @@ def main() -> int:
     from django.db import transaction
 
     from queueing import queue
-
-    if args.seed:
-        from core.models import Tenant
-        from tests import factories
-
-        tenant = Tenant.objects.create(name=f"seed-{os.getpid()}")
-        factories.queued(tenant, factories.provider(tenant), args.seed)
-        return 0
 
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - line-buffered for the parent to read
     if args.hold:

@@ -1,14 +1,7 @@
-"""Helpers for the scheduler tests: scheduled notifications in bulk, scheduler processes, lag figures.
-
-Also a small command line for what must run in a process of its own (SQLite databases):
-
-    python -m tests.queueing.scheduler_support sqlite-scenario   # prints JSON facts about run_once on SQLite
-"""
+"""Helpers for the scheduler tests: scheduled notifications in bulk, scheduler processes, lag figures."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -24,12 +17,8 @@ def db_now() -> datetime:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT now()")
-            return cursor.fetchone()[0]
-    from django.utils import timezone
-
-    return timezone.now()
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
 
 
 def scheduled(tenant, prov, *, seconds: float, priority: int = 5, queue_name: str = "default",  # noqa: ANN001
@@ -49,7 +38,7 @@ def scheduled(tenant, prov, *, seconds: float, priority: int = 5, queue_name: st
 
 def bulk_scheduled_sql(tenant, prov, count: int, *, start: float, spread: float = 0.0,  # noqa: ANN001
                        shuffle: bool = False, notify: bool = False) -> None:
-    """PostgreSQL only: `count` scheduled notifications and pending jobs in one statement, run_at from
+    """`count` scheduled notifications and pending jobs in one statement, run_at from
     now()+start to now()+start+spread seconds, evenly spaced (inserted in random order with `shuffle`).
     With `notify`, rings the schedulers' doorbell with the earliest run_at as add_jobs would."""
     from django.db import connection
@@ -132,72 +121,3 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1) -> N
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(interval)
-
-
-# --- SQLite scenario (run in its own process: the suite's database is PostgreSQL) ---------------------
-def _sqlite_scenario() -> dict:
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from core.models import Tenant
-    from notifications.models import Notification
-    from queueing.models import QueueItem, ScheduledJob
-    from queueing.scheduler import Scheduler, next_due
-    from tests import factories
-
-    plain = Tenant.objects.create(name="plain")
-    limited = Tenant.objects.create(name="limited", rate_per_second=10)
-    hook = factories.provider(plain, "hook")
-    capped = factories.provider(plain, "capped", rate_per_second=5)
-    other = factories.provider(limited, "hook")
-    expected_order = []
-    for i, (tenant, prov, seconds) in enumerate(
-        [(plain, hook, -50), (plain, capped, -40), (limited, other, -45), (plain, hook, -10), (plain, hook, -30)]
-    ):
-        note = scheduled(tenant, prov, seconds=seconds, priority=i, queue_name=f"q{i % 2}")
-        expected_order.append((seconds, str(note.id)))
-    cancelled = scheduled(plain, hook, seconds=-20, status="cancelled")  # cancelled after its job was made
-    dead_job = scheduled(plain, hook, seconds=-25, status="cancelled", job_status="cancelled")
-    future = scheduled(plain, hook, seconds=3600)
-
-    scheduler = Scheduler(batch_size=3, jitter=0)
-    batches, queries = [], []
-    for _ in range(4):
-        with CaptureQueriesContext(connection) as captured:
-            batches.append(scheduler.run_once())
-        queries.append(len(captured))
-    run_at, wait = next_due()
-    items = list(QueueItem.objects.order_by("item_id").values(
-        "notification_id", "queue_name", "priority", "payload_json", "rate_limited", "tenant_id", "provider_id"))
-    return {
-        "batches": batches,
-        "queries": queries,
-        "expected_order": [n for _, n in sorted(expected_order)],
-        "item_order": [str(i["notification_id"]) for i in items],
-        "items": {str(i["notification_id"]): {**i, "notification_id": str(i["notification_id"]),
-                                              "tenant_id": str(i["tenant_id"])} for i in items},
-        "providers": {"hook": hook.pk, "capped": capped.pk, "other": other.pk},
-        "statuses": {str(n.id): n.status for n in Notification.objects.all()},
-        "jobs": {str(j.notification_id): [j.status, j.executed_at is not None] for j in ScheduledJob.objects.all()},
-        "cancelled": str(cancelled.id),
-        "dead_job": str(dead_job.id),
-        "future": str(future.id),
-        "next_due_in": wait,
-        "next_due_is_future": run_at == ScheduledJob.objects.get(notification=future).run_at,
-    }
-
-
-def main() -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
-    import django
-
-    django.setup()
-    if sys.argv[1:] == ["sqlite-scenario"]:
-        print(json.dumps(_sqlite_scenario(), default=str))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Exactly-once draining by real worker processes (PostgreSQL and SQLite), and crash recovery."""
+"""Exactly-once draining by real worker processes, and crash recovery."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def claim_pages_read(conn: psycopg.Connection) -> int:
     with conn.transaction(force_rollback=True):
         plan = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT item_id FROM queue_state "
-            "WHERE ready AND NOT rate_limited AND priority >= 0 AND available_at <= now() "  # as queue.claim_ctes_pg
+            "WHERE ready AND NOT rate_limited AND priority >= 0 AND available_at <= now() "  # as queue.claim_ctes
             "ORDER BY priority DESC, enqueued_at "
             "LIMIT 10 FOR UPDATE SKIP LOCKED"
         ).fetchone()[0][0]["Plan"]

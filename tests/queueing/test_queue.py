@@ -222,10 +222,11 @@ def test_lease_uses_database_clock(tenant_a, hook):
     assert isinstance(lease.lock_token, uuid.UUID)
 
 
-def test_pg_lease_reader_matches_lease_from_row_and_shares_no_payload():
+def test_lease_reader_reads_every_column_and_shares_no_payload():
+    import json
     from datetime import UTC, datetime
 
-    from queueing.queue import PgLeaseReader, lease_from_row
+    from queueing.queue import Lease, LeaseReader
 
     now = datetime.now(UTC)
 
@@ -235,9 +236,14 @@ def test_pg_lease_reader_matches_lease_from_row_and_shares_no_payload():
 
     flat, nested = '{"channel": "webhook", "n": 1}', '{"route": {"to": ["a"]}}'
     rows = [row(1, flat), row(2, flat), row(3, nested), row(4, nested)]
-    read = PgLeaseReader()
+    read = LeaseReader()
     leases = [read(r) for r in rows]
-    assert leases == [lease_from_row(r) for r in rows]
+    assert leases == [
+        Lease(item_id=r[0], lock_token=r[1], notification_id=r[2], tenant_id=r[3], provider_id=r[4], queue_name=r[5],
+              priority=r[6], payload=json.loads(r[7]), attempts=r[8], enqueued_at=r[9], locked_until=r[10],
+              rate_limited=r[11])
+        for r in rows
+    ]  # fmt: skip
     leases[0].payload["channel"] = "changed"
     leases[2].payload["route"]["to"].append("b")
     assert leases[1].payload == {"channel": "webhook", "n": 1}, "a flat payload parsed once is copied per lease"

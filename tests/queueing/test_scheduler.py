@@ -1,4 +1,4 @@
-"""The scheduler's single step (run_once), its waits, and its loop in-process; SQLite in a subprocess."""
+"""The scheduler's single step (run_once), its waits, and its loop in-process."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from queueing.scheduler import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, DEFAULT_JIT
 class Command(BaseCommand):
     help = (
         "Promote due scheduled jobs to the queue. Sleeps until the next job is due (woken early by "
-        "newly scheduled jobs on PostgreSQL); SIGTERM/SIGINT finish the current batch and exit."
+        "newly scheduled jobs); SIGTERM/SIGINT finish the current batch and exit."
     )
 
     def add_arguments(self, parser) -> None:  # noqa: ANN001
