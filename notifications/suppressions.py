@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from core import crypto
 from core.fields import Ciphertext
@@ -85,7 +85,7 @@ def _masked(channel: str, address: str) -> str:
 
 # --- adding and removing ------------------------------------------------------------------------------
 
-_INSERT_PG = """INSERT INTO suppressions (id, tenant_id, channel, recipient, recipient_masked, recipient_index,
+_INSERT = """INSERT INTO suppressions (id, tenant_id, channel, recipient, recipient_masked, recipient_index,
                           reason, category, source_notification_id, created_at)
 SELECT u.id, u.tenant_id, u.channel, u.recipient, u.masked, u.idx, u.reason, u.category, u.source, now()
 FROM unnest(%s::uuid[], %s::uuid[], %s::varchar[], %s::text[], %s::varchar[], %s::varchar[], %s::varchar[],
@@ -103,8 +103,8 @@ RETURNING id, created_at"""
 def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list[Suppression]:
     """Add entries (in the caller's transaction if any); returns those created now, in order. An
     entry that exists already (same tenant, channel, address and category), a duplicate within the
-    batch, and a hard bounce or complaint on a channel other than email or SMS are skipped. On
-    PostgreSQL one statement whatever the batch's size. `actor`: write one audit event per entry."""
+    batch, and a hard bounce or complaint on a channel other than email or SMS are skipped. One
+    statement whatever the batch's size. `actor`: write one audit event per entry."""
     rows: list[tuple[Suppression, tuple[str, ...]]] = []
     for entry in entries:
         if entry.reason in ADDRESS_REASONS and entry.channel not in ADDRESS_CHANNELS:
@@ -122,10 +122,7 @@ def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list
         return []
     connection = connections[Suppression.objects.db]
     with transaction.atomic(using=connection.alias, savepoint=False):  # no error is expected to be caught here
-        if connection.vendor == "postgresql":
-            created = _insert_pg(connection, rows)
-        else:
-            created = _insert_portable(rows)
+        created = _insert(connection, rows)
         if created:
             if actor is not None:
                 AuditEvent.bulk_record([_audit(actor, "suppression.created", s) for s in created])
@@ -163,7 +160,7 @@ def _uuid(value: Any) -> uuid.UUID | None:
     return uuid.UUID(str(value))
 
 
-def _insert_pg(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
+def _insert(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
     field = Suppression._meta.get_field("recipient")
     columns: list[list[Any]] = [[] for _ in range(10)]
     for row, found in rows:
@@ -173,7 +170,7 @@ def _insert_pg(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]])
         for column, value in zip(columns, values, strict=True):
             column.append(value)
     with connection.cursor() as cursor:
-        cursor.execute(_INSERT_PG, columns)
+        cursor.execute(_INSERT, columns)
         stored = dict(cursor.fetchall())
     created = []
     for row, _ in rows:
@@ -181,17 +178,6 @@ def _insert_pg(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]])
             row.created_at = stored[row.id]
             row._state.adding, row._state.db = False, connection.alias
             created.append(row)
-    return created
-
-
-def _insert_portable(rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
-    created = []
-    for row, found in rows:
-        if _existing(row.tenant_id, row.channel, found, row.category).exists():
-            continue
-        row.save(force_insert=True)
-        row.refresh_from_db(fields=["created_at"])
-        created.append(row)
     return created
 
 
@@ -289,12 +275,10 @@ def check_sql(
 
 
 def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
-    """Positions in `lookups` an entry blocks: one statement on PostgreSQL."""
+    """Positions in `lookups` an entry blocks: one statement."""
     if not lookups:
         return set()
     connection = connections[Suppression.objects.db]
-    if connection.vendor != "postgresql":
-        return {i for i, lookup in enumerate(lookups) if _blocking(tenant_id, lookup).exists()}
     keys = len(lookups[0].indexes)
     arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
     names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
@@ -352,22 +336,6 @@ def dispatch_check_params(
             h.update(value)
             column.append(h.digest().hex())
     return [tenants, channels, categories, *columns]
-
-
-def dispatch_blocked_portable(rows: Sequence[tuple[str, str, str, str]]) -> set[int]:
-    """`dispatch_check_sql` through the ORM (SQLite), one query per row."""
-    return {
-        i for i, (tenant_key, channel, address, category) in enumerate(rows)
-        if _blocking(tenant_key, lookup_for(channel, address, category)).exists()
-    }  # fmt: skip
-
-
-def _blocking(tenant_id: Any, lookup: Lookup) -> QuerySet[Suppression]:
-    scope = Q(category__isnull=True)
-    if lookup.scope is not None:
-        scope |= Q(category=lookup.scope)
-    rows = Suppression.objects.for_tenant(tenant_id).filter(channel=lookup.channel)
-    return rows.filter(scope, recipient_index__in=lookup.indexes)
 
 
 # --- key rotation -----------------------------------------------------------------------------------------
