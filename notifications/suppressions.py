@@ -8,9 +8,9 @@
   E.164, tokens trimmed. Entries are found by the keyed blind index of the normalised address
   (`core.crypto.blind_indexes`: under every configured key, so an entry written before a key
   rotation is still found), never by decrypting the table.
-- `lookup_columns()` / `check_sql()` are the check the create statement folds in (and
-  `suppressed_rows()` the same check as a statement of its own); `recompute_indexes()` rewrites
-  every entry's index under the newest key, called by `rotate_encryption_keys`.
+- `lookup_for()` / `check_sql()` are the check the create statement folds in;
+  `recompute_indexes()` rewrites every entry's index under the newest key, called by
+  `rotate_encryption_keys`.
 - Callbacks registered with `on_suppressed()` (the outbound events of a higher layer) are called
   with the entries a call created, in its transaction.
 """
@@ -272,24 +272,6 @@ def check_sql(
         f"WHERE s.tenant_id = {tenant_sql} AND s.recipient_index IN ({', '.join(index_sqls)}) "
         f"AND s.channel = {channel_sql} AND (s.category IS NULL OR (s.category = {scope_sql}{extra})) OFFSET 0)"
     )
-
-
-def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
-    """Positions in `lookups` an entry blocks: one statement."""
-    if not lookups:
-        return set()
-    connection = connections[Suppression.objects.db]
-    keys = len(lookups[0].indexes)
-    arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
-    names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
-    condition = check_sql("%s", "u.channel", [f"u.b{k}" for k in range(keys)], "u.scope")
-    sql = f"SELECT u.i FROM unnest({arrays}) AS u({names}) WHERE {condition}"  # noqa: S608
-    params: list[Any] = [list(range(len(lookups))), [x.channel for x in lookups], [x.scope for x in lookups]]
-    params += [[x.indexes[k] for x in lookups] for k in range(keys)]
-    params.append(tenant_id)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {i for (i,) in cursor.fetchall()}
 
 
 # The check at dispatch, for a claim's items (of any tenants): positions an entry blocks. A category
