@@ -1,7 +1,7 @@
 """Redrive and discard of dead letters: the one service behind the admin, the API and `dlq_redrive`.
 
 `redrive()` works in batches; each batch is one short transaction with a fixed number of statements
-whatever its size (PostgreSQL):
+whatever its size:
 
 1. UPDATE dead_letter_queue … WHERE id = ANY(ids) AND status = 'open' AND the notification is
    failed or dead_lettered RETURNING … — the compare-and-set: of two operators redriving the same
@@ -17,8 +17,7 @@ whatever its size (PostgreSQL):
 `discard()` is step 1 with status 'discarded' plus the audit INSERT. `redrive_matching()` takes a
 snapshot of the matching entries and feeds them to the same batches at a given rate, sleeping
 between batches on an interruptible wait, so a bulk redrive neither floods a recovering provider
-nor holds row locks for long. Elsewhere than PostgreSQL the same steps run through the ORM inside
-the IMMEDIATE transaction that serialises SQLite writers.
+nor holds row locks for long.
 
 Lock order (dead_letter_queue → notifications → queue_state) never meets the dispatcher's
 (queue_state → notifications → dead_letter_queue) on the same notification: a failed or
@@ -39,12 +38,11 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, QuerySet
-from django.db.models.functions import Now
+from django.db.models import QuerySet
 
 from core.models import AuditEvent, Tenant
 from dlq.models import DeadLetter
-from notifications.models import Notification, Status
+from notifications.models import Status
 from queueing.queue import NewItem, enqueue
 
 logger = logging.getLogger("omnipost.dlq")
@@ -139,10 +137,6 @@ def _chunks(ids: Sequence[uuid.UUID], size: int) -> Iterable[list[uuid.UUID]]:
         yield list(ids[start : start + size])
 
 
-def _is_pg(using: str) -> bool:
-    return connections[using].vendor == "postgresql"
-
-
 def _explain(
     ids: Iterable[uuid.UUID], tenant_id: uuid.UUID | None, using: str, *, redrive: bool
 ) -> dict[uuid.UUID, str]:
@@ -183,7 +177,7 @@ def _audit(action: str, actor: str, rows: Iterable[tuple], extra: dict[str, Any]
 # The CTE locks the entries in id order (ORDER BY … FOR UPDATE), so two batches that overlap in any
 # order wait for each other instead of deadlocking; after a wait PostgreSQL re-checks
 # `status = 'open'` on the row's newest version, and a row someone else took drops out.
-_TAKE_ENTRIES_PG = """
+_TAKE_ENTRIES = """
 WITH mine AS (
     SELECT d.id FROM dead_letter_queue d JOIN notifications n ON n.id = d.notification_id
     WHERE d.id = ANY(%(ids)s::uuid[]) AND d.status = 'open'
@@ -199,7 +193,7 @@ WHERE d.id = mine.id AND d.status = 'open'
 RETURNING d.id, d.notification_id, d.tenant_id, d.failure_class, d.error_code
 """
 
-_REQUEUE_PG = """
+_REQUEUE = """
 UPDATE notifications n
 SET status = 'queued', attempt_offset = n.attempt_count, last_error_code = '', enqueued_at = now(),
     updated_at = now()
@@ -209,7 +203,7 @@ RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel
 
 # Only if a notification left failed/dead_lettered between statements 1 and 2 (nothing in OmniPost
 # does that today): its entry goes back to open, so no entry claims a redrive that never happened.
-_REOPEN_PG = """
+_REOPEN = """
 UPDATE dead_letter_queue SET status = 'open', resolved_at = NULL, resolved_by = '' WHERE id = ANY(%s::uuid[])
 """
 
@@ -229,10 +223,7 @@ def _redrive_batch(
     ids: list[uuid.UUID], actor: str, tenant_id: uuid.UUID | None, using: str, spread: Callable[[int], float] | None
 ) -> RedriveResult:
     with transaction.atomic(using=using):
-        if _is_pg(using):
-            taken, requeued = _take_and_requeue_pg(ids, actor, tenant_id, using)
-        else:
-            taken, requeued = _take_and_requeue_portable(ids, actor, tenant_id, using)
+        taken, requeued = _take_and_requeue(ids, actor, tenant_id, using)
         entry_of = {nid: pk for pk, nid, *_ in taken}
         delays = {row[0]: spread(i) for i, row in enumerate(requeued)} if spread else {}
         enqueue(_requeue_items(requeued, entry_of, delays), using=using)
@@ -242,45 +233,22 @@ def _redrive_batch(
     return RedriveResult(done, refused)
 
 
-def _take_and_requeue_pg(
+def _take_and_requeue(
     ids: list[uuid.UUID], actor: str, tenant_id: uuid.UUID | None, using: str
 ) -> tuple[list[tuple], list[tuple]]:
     with connections[using].cursor() as cursor:
-        cursor.execute(_TAKE_ENTRIES_PG, {"ids": ids, "actor": actor, "tenant": tenant_id})
+        cursor.execute(_TAKE_ENTRIES, {"ids": ids, "actor": actor, "tenant": tenant_id})
         taken = cursor.fetchall()
         if not taken:
             return [], []
-        cursor.execute(_REQUEUE_PG, [[row[1] for row in taken]])
+        cursor.execute(_REQUEUE, [[row[1] for row in taken]])
         requeued = cursor.fetchall()
         if len(requeued) != len(taken):
             back = {row[0] for row in requeued}
             lost = [row for row in taken if row[1] not in back]
             logger.warning("%d notification(s) changed state during a redrive; their entries stay open", len(lost))
-            cursor.execute(_REOPEN_PG, [[row[0] for row in lost]])
+            cursor.execute(_REOPEN, [[row[0] for row in lost]])
             taken = [row for row in taken if row[1] in back]
-    return taken, requeued
-
-
-def _take_and_requeue_portable(
-    ids: list[uuid.UUID], actor: str, tenant_id: uuid.UUID | None, using: str
-) -> tuple[list[tuple], list[tuple]]:
-    """SQLite: the IMMEDIATE transaction holds the write lock from BEGIN, so read-then-write is safe."""
-    entries = DeadLetter.objects.using(using).filter(
-        pk__in=ids, status=DeadLetter.Status.OPEN, notification__status__in=REDRIVABLE
-    )
-    if tenant_id is not None:
-        entries = entries.for_tenant(tenant_id)
-    taken = list(entries.values_list("pk", "notification_id", "tenant_id", "failure_class", "error_code"))
-    if not taken:
-        return [], []
-    DeadLetter.objects.using(using).filter(pk__in=[row[0] for row in taken]).update(
-        status=DeadLetter.Status.REDRIVEN, resolved_at=Now(), resolved_by=actor
-    )
-    notes = Notification.objects.using(using).filter(pk__in=[row[1] for row in taken], status__in=REDRIVABLE)
-    requeued = list(notes.values_list("pk", "tenant_id", "provider_id", "queue", "priority", "channel"))
-    notes.update(
-        status=Status.QUEUED, attempt_offset=F("attempt_count"), last_error_code="", enqueued_at=Now(), updated_at=Now()
-    )
     return taken, requeued
 
 
@@ -316,7 +284,7 @@ def redrive(
 
 # --- discard ---------------------------------------------------------------------------------------
 
-_DISCARD_PG = """
+_DISCARD = """
 WITH mine AS (
     SELECT id FROM dead_letter_queue
     WHERE id = ANY(%(ids)s::uuid[]) AND status = 'open' AND (%(tenant)s::uuid IS NULL OR tenant_id = %(tenant)s::uuid)
@@ -333,18 +301,9 @@ RETURNING d.id, d.notification_id, d.tenant_id, d.failure_class, d.error_code
 
 def _discard_batch(ids: list[uuid.UUID], actor: str, tenant_id: uuid.UUID | None, using: str) -> DiscardResult:
     with transaction.atomic(using=using):
-        if _is_pg(using):
-            with connections[using].cursor() as cursor:
-                cursor.execute(_DISCARD_PG, {"ids": ids, "actor": actor, "tenant": tenant_id})
-                taken = cursor.fetchall()
-        else:
-            entries = DeadLetter.objects.using(using).filter(pk__in=ids, status=DeadLetter.Status.OPEN)
-            if tenant_id is not None:
-                entries = entries.for_tenant(tenant_id)
-            taken = list(entries.values_list("pk", "notification_id", "tenant_id", "failure_class", "error_code"))
-            DeadLetter.objects.using(using).filter(pk__in=[row[0] for row in taken]).update(
-                status=DeadLetter.Status.DISCARDED, resolved_at=Now(), resolved_by=actor
-            )
+        with connections[using].cursor() as cursor:
+            cursor.execute(_DISCARD, {"ids": ids, "actor": actor, "tenant": tenant_id})
+            taken = cursor.fetchall()
         _audit("dead_letter.discarded", actor, taken)
         done = [row[0] for row in taken]
         refused = _explain(set(ids) - set(done), tenant_id, using, redrive=False)

@@ -18,18 +18,14 @@ per batch each, never inside a transaction that spans a send:
   `failing_since` (the start of its unbroken run of failures, on the database's clock) and
   disables an endpoint whose run has lasted OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS: its
   pending deliveries become `failed` (kept for `recover`).
-
-On SQLite each is one short IMMEDIATE transaction of a few ORM statements instead (its single
-writer lock does what SKIP LOCKED does), so `make run` delivers events too.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -149,8 +145,6 @@ def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = N
     run it on, prepared (the dispatcher's server-side binding one); None: Django's."""
     if n <= 0:
         return ClaimedBatch()
-    if connection.vendor != "postgresql":
-        return ClaimedBatch(_claim_portable(n, lease_seconds, token))
     batch = ClaimedBatch()
     for did, eid, etype, epid, tkey, attempt, payload, url, secret, previous, rotated, version in _run(
         cursor, *claim_statement(n, lease_seconds, token), fetch=True
@@ -164,7 +158,7 @@ def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = N
 
 
 def claim_statement(n: int, lease_seconds: float, token: uuid.UUID) -> tuple[str, dict[str, Any]]:
-    """The PostgreSQL claim of up to `n` due deliveries, and its parameters."""
+    """The claim of up to `n` due deliveries, and its parameters."""
     return _CLAIM_SQL, {"n": n, "lease": float(lease_seconds), "token": token}
 
 
@@ -243,8 +237,6 @@ def record(results: Sequence[Result], *, cursor: Any = None) -> set[int]:  # noq
     if not results:
         return set()
     hours = float(settings.OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS)
-    if connection.vendor != "postgresql":
-        return _record_portable(results, hours)
     params = {
         "ids": [r.delivery_id for r in results],
         "tokens": [r.lock_token for r in results],
@@ -262,101 +254,6 @@ def record(results: Sequence[Result], *, cursor: Any = None) -> set[int]:  # noq
 
 def disabled_reason(hours: float) -> str:
     return f"failing without a break for {hours:g} hours"
-
-
-# --- SQLite -----------------------------------------------------------------------------------------
-def _claim_portable(n: int, lease_seconds: float, token: uuid.UUID) -> list[Claimed]:
-    from django.db import transaction
-    from django.db.models import F, Q
-    from django.utils import timezone
-
-    from events.models import EventDelivery, public_event_id
-
-    def due(now: datetime) -> Any:  # noqa: ANN401
-        return EventDelivery.objects.filter(
-            Q(locked_until__isnull=True) | Q(locked_until__lt=now), status="pending", next_attempt_at__lte=now,
-            endpoint__enabled=True,
-        )
-
-    if not due(timezone.now()).exists():  # a read first: an idle lane never takes the writer lock
-        return []
-    with transaction.atomic():
-        now = timezone.now()
-        ids = list(due(now).order_by("next_attempt_at", "id").values_list("id", flat=True)[:n])
-        if not ids:
-            return []
-        until = now + timedelta(seconds=float(lease_seconds))
-        leased = EventDelivery.objects.filter(id__in=ids)
-        leased.update(lock_token=token, locked_until=until, attempts=F("attempts") + 1)
-        rows = EventDelivery.objects.filter(id__in=ids).select_related("event", "endpoint").order_by("id")
-        return [
-            Claimed(
-                d.id, token, public_event_id(d.event_id), d.event.type, d.endpoint_id, str(d.tenant_id), d.attempts,
-                json.dumps(d.event.payload, separators=(",", ":")).encode(), d.endpoint.url,
-                d.endpoint.__dict__["secret"], d.endpoint.__dict__["previous_secret"], d.endpoint.secret_rotated_at,
-                d.endpoint.updated_at,
-            )
-            for d in rows
-        ]  # fmt: skip
-
-
-def _record_portable(results: Sequence[Result], hours: float) -> set[int]:
-    from django.db import transaction
-    from django.db.models import F
-    from django.utils import timezone
-
-    from events.models import EventAttempt, EventDelivery, EventEndpoint
-
-    ours: set[int] = set()
-    with transaction.atomic():
-        now = timezone.now()
-        settled = []
-        for r in results:
-            rows = EventDelivery.objects.filter(id=r.delivery_id, lock_token=r.lock_token, status="pending")
-            changes: dict[str, Any] = {"lock_token": None, "locked_until": None,
-                                       "next_attempt_at": now + timedelta(seconds=r.delay)}  # fmt: skip
-            if r.kind == DEFERRED:
-                changes["attempts"] = F("attempts") - 1
-            else:
-                changes.update(status={DELIVERED: "delivered", FAILED: "failed"}.get(r.kind, "pending"),
-                               last_http_status=r.http_status, last_error_code=r.error_code)  # fmt: skip
-                if r.kind == DELIVERED:
-                    changes["delivered_at"] = now
-            if rows.update(**changes):
-                ours.add(r.delivery_id)
-                if r.kind != DEFERRED:
-                    settled.append(r)
-        loaded = {d.id: d for d in EventDelivery.objects.filter(id__in=[r.delivery_id for r in settled])
-                  .select_related("event")}  # fmt: skip
-        EventAttempt.objects.bulk_create([
-            EventAttempt(
-                tenant_id=loaded[r.delivery_id].tenant_id, event_id=loaded[r.delivery_id].event_id,
-                endpoint_id=loaded[r.delivery_id].endpoint_id, event_type=loaded[r.delivery_id].event.type,
-                status="delivered" if r.kind == DELIVERED else "failed", http_status=r.http_status,
-                error_code=r.error_code, duration_ms=r.duration_ms, attempted_at=r.attempted_at or now,
-            )
-            for r in settled
-        ])  # fmt: skip
-        by_endpoint: dict[int, list[Result]] = {}
-        for r in sorted(settled, key=lambda r: r.attempted_at or now):
-            by_endpoint.setdefault(loaded[r.delivery_id].endpoint_id, []).append(r)
-        for endpoint_id, tries in by_endpoint.items():
-            endpoint = EventEndpoint.objects.get(pk=endpoint_id)
-            last_ok = max((i for i, r in enumerate(tries) if r.kind == DELIVERED), default=None)
-            failing_after = any(r.kind != DELIVERED for r in tries[(last_ok + 1 if last_ok is not None else 0):])
-            since = (endpoint.failing_since or now if last_ok is None else now) if failing_after else None
-            disable = endpoint.enabled and since is not None and since <= now - timedelta(hours=hours)
-            if since == endpoint.failing_since and not disable:
-                continue
-            fields: dict[str, Any] = {"failing_since": since}
-            if disable:
-                fields.update(enabled=False, disabled_reason=disabled_reason(hours), updated_at=now)
-            EventEndpoint.objects.filter(pk=endpoint_id).update(**fields)
-            if disable:
-                EventDelivery.objects.filter(endpoint_id=endpoint_id, status="pending").exclude(
-                    id__in=[r.delivery_id for r in results]
-                ).update(status="failed", lock_token=None, locked_until=None)
-    return ours
 
 
 def _run(cursor: Any, sql: str, params: dict[str, Any], *, fetch: bool) -> list[tuple]:  # noqa: ANN401

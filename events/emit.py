@@ -29,10 +29,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
-from core.ids import uuid7
-from events.models import ALL_TYPES, Event, EventDelivery, EventEndpoint, EventType, public_event_id
+from events.models import ALL_TYPES, EventType
 
 NOTIFICATION_FIELDS = (
     "notification_id", "status", "receipt", "bounce_type", "channel", "recipient_masked", "provider",
@@ -41,11 +40,7 @@ NOTIFICATION_FIELDS = (
 SUPPRESSION_FIELDS = (
     "suppression_id", "recipient_masked", "channel", "reason", "category", "source_notification_id",
 )  # fmt: skip
-OUTCOME_TYPES = {
-    "delivered": EventType.DELIVERED.value,
-    "failed": EventType.FAILED.value,
-    "dead_lettered": EventType.DEAD_LETTERED.value,
-}
+
 
 def _rfc3339(at: str) -> str:
     """SQL: the timestamptz `at` as RFC 3339 text in UTC with microseconds (a payload's `timestamp`)."""
@@ -174,8 +169,6 @@ def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapp
     if not data:
         return []
     document = json.dumps(data, default=str)
-    if connection.vendor != "postgresql":
-        return _emit_portable(str(tenant_id), type, data, document)
     params = {"tenant": str(tenant_id), "type": type, "rows": document}
     if cursor is None:
         with connection.cursor() as own:
@@ -231,8 +224,6 @@ def emit_notification_events(
                        "bounce_type": extra.get("bounce_type")})  # fmt: skip
     if not wanted:
         return []
-    if connection.vendor != "postgresql":
-        return _notification_events_portable(wanted)
     params = {"items": json.dumps(wanted)}
     if cursor is None:
         with connection.cursor() as own:
@@ -242,75 +233,9 @@ def emit_notification_events(
     return [r[0] for r in cursor.fetchall()]
 
 
-def _notification_events_portable(wanted: list[dict]) -> list[str]:
-    from notifications.models import Notification
-
-    notes = Notification.objects.filter(pk__in=[w["notification_id"] for w in wanted]).select_related("provider")
-    by_id = {str(n.pk): n for n in notes}
-    ids: list[str] = []
-    for w in wanted:
-        n = by_id.get(w["notification_id"])
-        if n is None:
-            continue
-        ids += emit(None, n.tenant_id, w["type"], [{
-            "notification_id": str(n.pk), "status": n.status, "receipt": w["receipt"], "bounce_type": w["bounce_type"],
-            "channel": n.channel, "recipient_masked": n.recipient_masked, "provider": n.provider.name,
-            "attempt_count": n.attempt_count, "error_code": n.last_error_code or None,
-        }])  # fmt: skip
-    return ids
-
-
-def _emit_portable(tenant_id: str, type: str, data: list[dict], document: str) -> list[str]:  # noqa: A002
-    """SQLite: the same rows in one short transaction (a few statements, not one per event)."""
-    from django.utils import timezone
-
-    with transaction.atomic():
-        subscribed = [e for e in EventEndpoint.objects.for_tenant(tenant_id) if e.subscribes(type)]
-        if not subscribed:
-            return []
-        endpoints = [e for e in subscribed if e.enabled]
-        now = timezone.now()
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        events = [
-            Event(id=uuid7(), tenant_id=tenant_id, type=type, created_at=now,
-                  payload={"type": type, "timestamp": stamp, "data": item})
-            for item in json.loads(document)
-        ]  # fmt: skip
-        Event.objects.bulk_create(events)
-        EventDelivery.objects.bulk_create(
-            [EventDelivery(tenant_id=tenant_id, event=ev, endpoint=e, next_attempt_at=now, created_at=now)
-             for ev in events for e in endpoints]
-        )  # fmt: skip
-    return [public_event_id(ev.id) for ev in events]
-
-
-def emit_outcomes_portable(outcomes: Iterable[tuple[uuid.UUID, uuid.UUID, str]]) -> None:
-    """Off PostgreSQL: what `outcome_events_cte` does in the record statement, for (tenant_id,
-    notification_id, kind) of the notifications whose outcome was just recorded."""
-    from notifications.models import Notification
-
-    outcomes = list(outcomes)
-    if not outcomes or not EventEndpoint.objects.exists():
-        return
-    notes = Notification.objects.filter(pk__in=[n for _, n, _ in outcomes]).select_related("provider")
-    by_id = {n.pk: n for n in notes}
-    grouped: dict[tuple[str, str], list[dict]] = {}
-    for tenant_id, notification_id, kind in outcomes:
-        n = by_id.get(notification_id)
-        if n is None:
-            continue
-        grouped.setdefault((str(tenant_id), OUTCOME_TYPES[kind]), []).append({
-            "notification_id": str(n.pk), "status": n.status, "channel": n.channel,
-            "recipient_masked": n.recipient_masked, "provider": n.provider.name if n.provider_id else None,
-            "attempt_count": n.attempt_count, "error_code": n.last_error_code or None,
-        })  # fmt: skip
-    for (tenant_id, type_), rows in grouped.items():
-        emit(None, tenant_id, type_, rows)
-
-
 __all__ = [
-    "ALL_TYPES", "NOTIFICATION_FIELDS", "OUTCOME_TYPES", "SUPPRESSION_FIELDS", "emit", "emit_notification_events",
-    "emit_outcomes_portable", "open_outcomes_ctes", "outcome_events_cte",
+    "ALL_TYPES", "NOTIFICATION_FIELDS", "SUPPRESSION_FIELDS", "emit", "emit_notification_events",
+    "open_outcomes_ctes", "outcome_events_cte",
 ]  # fmt: skip
 
 

@@ -130,33 +130,11 @@ def recover(endpoint: EventEndpoint, since: datetime, *, actor: str) -> int:
             raise EndpointDisabled(
                 f"The event endpoint {endpoint.name!r} is disabled; PATCH it with {{\"enabled\": true}} first."
             )
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(_RECOVER_SQL, {"since": since, "endpoint": endpoint.pk})
-                count = cursor.rowcount
-        else:
-            count = _recover_portable(endpoint, since)
+        with connection.cursor() as cursor:
+            cursor.execute(_RECOVER_SQL, {"since": since, "endpoint": endpoint.pk})
+            count = cursor.rowcount
         AuditEvent.record(
             actor=actor, action="event_endpoint.recovered", target=endpoint,
             details={"name": endpoint.name, "since": since.isoformat(), "queued": count},
         )  # fmt: skip
     return count
-
-
-def _recover_portable(endpoint: EventEndpoint, since: datetime) -> int:
-    """SQLite: what _RECOVER_SQL does, in the caller's transaction."""
-    from events.models import Event
-
-    events = [e for e in Event.objects.for_tenant(endpoint.tenant_id).filter(created_at__gte=since)
-              if endpoint.subscribes(e.type)]  # fmt: skip
-    known = dict(EventDelivery.objects.filter(endpoint=endpoint, event__in=events).values_list("event_id", "status"))
-    now = timezone.now()
-    EventDelivery.objects.bulk_create([
-        EventDelivery(tenant_id=endpoint.tenant_id, event=e, endpoint=endpoint, next_attempt_at=now, created_at=now)
-        for e in events if e.pk not in known
-    ])  # fmt: skip
-    failed = [event_id for event_id, status in known.items() if status == DeliveryStatus.FAILED]
-    EventDelivery.objects.filter(endpoint=endpoint, event_id__in=failed).update(
-        status=DeliveryStatus.PENDING, next_attempt_at=now, lock_token=None, locked_until=None
-    )
-    return len(events) - len(known) + len(failed)

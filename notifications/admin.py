@@ -11,7 +11,6 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db import connection
 from django.db.models import BooleanField, F, Func, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Now
 from django.http import HttpRequest
@@ -68,10 +67,8 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
 
 
 def id_in(ids: Any) -> Any:
-    """`id = ANY(ARRAY(<ids>))` on PostgreSQL: the planner can only look each id up in notifications_pkey
-    (for `id IN (<ids>)` it hash-joins a sequential scan of notifications once the ids are a few thousand)."""
-    if connection.vendor != "postgresql":
-        return Q(id__in=Subquery(ids))
+    """`id = ANY(ARRAY(<ids>))`: the planner can only look each id up in notifications_pkey (for
+    `id IN (<ids>)` it hash-joins a sequential scan of notifications once the ids are a few thousand)."""
     return Func(F("id"), ArraySubquery(ids), arg_joiner=" = ANY(", template="%(expressions)s)",
                 output_field=BooleanField())  # fmt: skip
 

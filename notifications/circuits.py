@@ -102,8 +102,6 @@ def states(provider_ids: Iterable[int]) -> dict[int, str]:
     if not ids:
         return {}
     found: dict[int, str] = dict.fromkeys(ids, CLOSED)
-    if connection.vendor != "postgresql":
-        return found
     with connection.cursor() as cursor:
         cursor.execute(
             f"""SELECT p.id, {STATE_SQL} FROM providers p JOIN provider_circuits c ON c.provider_id = p.id
@@ -116,8 +114,6 @@ def states(provider_ids: Iterable[int]) -> dict[int, str]:
 
 def not_closed() -> dict[int, str]:
     """Every breaker that is open or half-open (one query; few rows): what dispatchers route around."""
-    if connection.vendor != "postgresql":
-        return {}
     with connection.cursor() as cursor:
         cursor.execute(
             f"""SELECT p.id, {STATE_SQL} FROM provider_circuits c JOIN providers p ON p.id = c.provider_id
@@ -133,17 +129,6 @@ def routing_snapshot() -> tuple[list[tuple[int, str, str, bool]], dict[int, str]
     from queueing.queue import rate_limited_sql
 
     lane = rate_limited_sql("p", "t")
-    if connection.vendor != "postgresql":
-        from notifications.models import Provider  # noqa: PLC0415 - models import this module
-
-        rows = Provider.objects.filter(failover_order__isnull=False).order_by(
-            "tenant_id", "channel", "failover_order", "name"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT p.id FROM providers p JOIN tenants t ON t.id = p.tenant_id WHERE {lane}")  # noqa: S608
-            limited = {row[0] for row in cursor.fetchall()}
-        return [(pk, str(tenant_id), channel, pk in limited) for pk, tenant_id, channel in rows.values_list(
-            "pk", "tenant_id", "channel")], {}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(
             f"""SELECT p.id, p.tenant_id::text, p.channel, {lane}, p.failover_order IS NOT NULL,

@@ -65,8 +65,8 @@ Key = tuple[int, str, int]  # (provider_id, outcome, le)
 
 
 def add(increments: dict[Key, tuple[int, float]], *, shard: int = 0, using: str = "default") -> None:
-    """Add counts (and seconds) to their rows, creating the rows that do not exist yet: for the
-    portable record path (PostgreSQL's record statement does the same with INSERT … ON CONFLICT)."""
+    """Add counts (and seconds) to their rows, creating the rows that do not exist yet, through the
+    ORM (the dispatcher's record statement does the same in its own SQL, INSERT … ON CONFLICT)."""
     with transaction.atomic(using=using):
         rows = DeliveryCounter.objects.using(using)
         for (provider_id, outcome, le), (n, seconds) in sorted(increments.items()):

@@ -23,19 +23,16 @@ costs no statement of its own, and a job is one row per notification (scheduled_
 notification_id): a pending job keeps the earliest run_at any reason gave it (queueing.schedule.
 upsert_jobs_sql), an executed or cancelled one never changes. The scheduler's due jobs then promote
 the fallback like any scheduled notification, under its lock on the fallback row, so a cancel and a
-promotion that race settle on one of the two. Elsewhere (SQLite) the same in the caller's transaction.
+promotion that race settle on one of the two.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db.models import Subquery
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from notifications.models import Notification, Status
 from queueing import queue
@@ -120,83 +117,6 @@ def receipt_ctes(changed: str) -> str:
         WHERE c.fallback_id IS NOT NULL AND c.receipt IN ({_quoted(TRIGGER_RECEIPTS + CANCEL_RECEIPTS)})""",  # noqa: S608
         unqueue=True,
     )
-
-
-# --- the same through the ORM (SQLite), in the caller's transaction -----------------------------------
-
-
-def after_outcomes_portable(outcomes: Sequence[tuple[uuid.UUID, str]], *, using: str = "default") -> None:
-    """(notification id, outcome kind) of recorded outcomes: what `record_ctes` does."""
-    now = timezone.now()
-
-    def when(kind: str, steps: list | None) -> datetime | None:
-        if kind in CANCEL_OUTCOMES:
-            return None
-        if kind == "delivered":
-            return now + timedelta(seconds=float((steps or [{}])[0].get("after_seconds", 0)))
-        return now
-
-    _follow_portable({nid: kind for nid, kind in outcomes if kind in TRIGGER_OUTCOMES + CANCEL_OUTCOMES}, when, using)
-
-
-def after_receipts_portable(changed: Sequence[tuple[uuid.UUID, str]], *, using: str = "default") -> None:
-    """(notification id, receipt shown now) of notifications whose receipt changed: `receipt_ctes`."""
-    now = timezone.now()
-    wanted = {nid: receipt for nid, receipt in changed if receipt in TRIGGER_RECEIPTS + CANCEL_RECEIPTS}
-    _follow_portable(wanted, lambda receipt, _steps: None if receipt in CANCEL_RECEIPTS else now, using)
-
-
-def _follow_portable(
-    wanted: dict[uuid.UUID, str], when: Callable[[str, list | None], datetime | None], using: str
-) -> None:
-    """For each notification of `wanted` (id -> what happened) that has a fallback: `when(what, its fallback
-    steps)` is the time its fallback falls due, or None to cancel it."""
-    if not wanted:
-        return
-    due: dict[uuid.UUID, datetime] = {}
-    cancel: list[uuid.UUID] = []
-    rows = Notification.objects.using(using).filter(pk__in=list(wanted), fallback_notification_id__isnull=False)
-    for nid, fallback_id, steps in rows.values_list("pk", "fallback_notification_id", "fallback"):
-        at = when(wanted[nid], steps)
-        if at is None:
-            cancel.append(fallback_id)
-        else:
-            due[fallback_id] = at
-    _apply_portable(due, cancel, using)
-
-
-def _apply_portable(due: dict[uuid.UUID, datetime], cancel: list[uuid.UUID], using: str) -> None:
-    notifications = Notification.objects.using(using)
-    jobs = ScheduledJob.objects.using(using)
-    if cancel:
-        live = list(notifications.filter(pk__in=cancel, status=Status.SCHEDULED).values_list("pk", flat=True))
-        jobs.filter(notification_id__in=live, status=ScheduledJob.Status.PENDING).update(
-            status=ScheduledJob.Status.CANCELLED
-        )
-        notifications.filter(pk__in=live, status=Status.SCHEDULED).update(status=Status.CANCELLED, updated_at=Now())
-        promoted = notifications.filter(pk__in=cancel, status__in=(Status.QUEUED, Status.RETRYING))
-        unqueued = queue.remove_idle_for(promoted.values_list("pk", flat=True), using=using)
-        notifications.filter(pk__in=unqueued, status__in=(Status.QUEUED, Status.RETRYING)).update(
-            status=Status.CANCELLED, updated_at=Now()
-        )
-    if not due:
-        return
-    live = notifications.filter(pk__in=list(due), status=Status.SCHEDULED).values_list("pk", "tenant_id")
-    tenants = dict(live)
-    existing = {job.notification_id: job for job in jobs.filter(notification_id__in=list(tenants))}
-    new = []
-    for nid, tenant_id in tenants.items():
-        job = existing.get(nid)
-        if job is None:
-            new.append(ScheduledJob(tenant_id=tenant_id, notification_id=nid, run_at=due[nid]))
-        elif job.status == ScheduledJob.Status.PENDING and due[nid] < job.run_at:
-            jobs.filter(pk=job.pk, status=ScheduledJob.Status.PENDING).update(run_at=due[nid])
-    jobs.bulk_create(new)
-    for nid in tenants:
-        run_at = jobs.filter(notification_id=nid, status=ScheduledJob.Status.PENDING).values("run_at")
-        notifications.filter(pk=nid, status=Status.SCHEDULED).update(
-            scheduled_for=Subquery(run_at[:1]), updated_at=Now()
-        )
 
 
 def cancel_with(tenant_id: Any, notification_ids: Sequence[uuid.UUID | str], *, using: str = "default") -> int:  # noqa: ANN401

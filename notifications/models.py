@@ -88,15 +88,10 @@ class ProviderQuerySet(TenantQuerySet):
         return self.annotate(bucket_rate=Subquery(rate, output_field=models.FloatField()))
 
     def with_circuit_state(self) -> ProviderQuerySet:
-        """Annotate `circuit_state` (closed | open | half_open, notifications.circuits), one subquery.
-        On SQLite, which has no breakers (see circuits), always closed."""
-        from django.db import connections
+        """Annotate `circuit_state` (closed | open | half_open, notifications.circuits), one subquery."""
         from django.db.models.expressions import RawSQL
 
-        from notifications.circuits import CLOSED, state_sql
-
-        if connections[self.db].vendor != "postgresql":
-            return self.annotate(circuit_state=models.Value(CLOSED, output_field=models.CharField()))
+        from notifications.circuits import state_sql
 
         state = f"""coalesce((SELECT {state_sql('providers', 'c')} FROM provider_circuits c
                               WHERE c.provider_id = providers.id), 'closed')"""  # noqa: S608 - fixed fragments

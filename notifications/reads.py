@@ -1,10 +1,10 @@
-"""`GET notifications/{id}` in one statement (PostgreSQL), its receipt events included.
+"""`GET notifications/{id}` in one statement, its receipt events included.
 
 The ORM's version (select_related of provider, template and scheduled job, the live-lease EXISTS,
 a prefetch of the attempts) is two statements, but compiling them costs more Python than the whole
 create path: ≈ 1.5 ms a read. Here one fixed, prepared statement returns the row, the names it
 shows, the lease and the attempts as arrays, and the instances the serializers read are built
-positionally. Elsewhere (SQLite) the ORM's queryset answers.
+positionally.
 
 The receipt events (`events` of the detail) live in a table of an app above this one (receipts), which
 registers how to read them (`register_events_reader`, STYLE 4a): a function for one notification, and
@@ -20,9 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-
-from django.db import connections
-from django.db.models import Prefetch
 
 from core import hot_sql
 from core.models import Tenant
@@ -111,13 +108,6 @@ def detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
 
 
 def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
-    if connections[Notification.objects.db].vendor != "postgresql":
-        attempts = DeliveryAttempt.objects.for_tenant(tenant).select_related("provider").order_by("number")
-        return (
-            Notification.objects.for_tenant(tenant).select_related("provider", "template", "scheduled_job")
-            .with_live_status().prefetch_related(Prefetch("attempts", queryset=attempts))
-            .filter(pk=notification_id).first()
-        )  # fmt: skip
     row = hot_sql.fetchone(_sql(), [notification_id, tenant.pk])
     if row is None:
         return None

@@ -190,7 +190,7 @@ def _masked(channel: str, value: str | None) -> str:
     return mask_recipient(channel, value)[:200] if value else ""
 
 
-_UPSERT_PG = """INSERT INTO subscribers AS s (id, tenant_id, external_id, email, email_masked, phone, phone_masked,
+_UPSERT = """INSERT INTO subscribers AS s (id, tenant_id, external_id, email, email_masked, phone, phone_masked,
                                    push_tokens, push_tokens_masked, timezone, preferences, created_at, updated_at)
 SELECT u.id, %s::uuid, u.external_id, u.email, u.email_masked, u.phone, u.phone_masked, u.push_tokens,
        u.push_tokens_masked::jsonb, u.timezone, u.preferences::jsonb, now(), now()
@@ -208,7 +208,7 @@ RETURNING s.external_id, (s.xmax = 0) AS created"""
 
 def upsert_subscribers(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
     """Create or replace subscribers (external ids unique within `rows`); external_id → created.
-    One statement on PostgreSQL whatever the batch's size."""
+    One statement whatever the batch's size."""
     if not rows:
         return {}
     encrypt_text = Subscriber._meta.get_field("email").get_prep_value
@@ -223,29 +223,9 @@ def upsert_subscribers(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[s
         )  # fmt: skip
         for column, value in zip(columns, values, strict=True):
             column.append(value)
-    connection = connections[Subscriber.objects.db]
-    if connection.vendor != "postgresql":
-        return _upsert_portable(tenant, rows)
-    with connection.cursor() as cursor:
-        cursor.execute(_UPSERT_PG, [tenant.pk, *columns])
+    with connections[Subscriber.objects.db].cursor() as cursor:
+        cursor.execute(_UPSERT, [tenant.pk, *columns])
         return dict(cursor.fetchall())
-
-
-def _upsert_portable(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
-    result = {}
-    with transaction.atomic():
-        for row in rows:
-            values = {
-                "email": row["email"], "email_masked": _masked("email", row["email"]), "phone": row["phone"],
-                "phone_masked": _masked("sms", row["phone"]), "push_tokens": row["push_tokens"],
-                "push_tokens_masked": [_masked("push", t) for t in row["push_tokens"]], "timezone": row["timezone"],
-                "preferences": row["preferences"],
-            }  # fmt: skip
-            _, created = Subscriber.objects.update_or_create(
-                tenant=tenant, external_id=row["external_id"], defaults=values
-            )
-            result[row["external_id"]] = created
-    return result
 
 
 def patch_subscriber(tenant: Tenant, external_id: str, changes: dict[str, Any]) -> Subscriber | None:

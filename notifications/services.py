@@ -3,8 +3,8 @@
 - `build_specs()` resolves checked drafts against the tenant's providers and templates (cached
   per process, see notifications.tenant_config: no query once warm), renders templates and holds
   what is created inside its quiet hours until they end (notifications.quiet_hours);
-- `create_notifications()` stores them in one statement whatever the batch size (PostgreSQL),
-  with the Idempotency-Key record when there is one;
+- `create_notifications()` stores them in one statement whatever the batch size, with the
+  Idempotency-Key record when there is one;
 - `cancel_notification()` / `cancel_scheduled_job()` are conditional updates.
 
 Lock order, shared with the scheduler and the dispatcher so they cannot deadlock:
@@ -56,8 +56,8 @@ from notifications.models import (
 from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
 from queueing import queue
 from queueing.models import ScheduledJob
-from queueing.queue import NOTIFY_CHANNEL, NewItem, enqueue, insert_items_sql, ring_after_commit, sync_rate_limited
-from queueing.schedule import add_jobs, insert_jobs_sql, ring_schedulers
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit, sync_rate_limited
+from queueing.schedule import insert_jobs_sql, ring_schedulers
 
 logger = logging.getLogger(__name__)
 
@@ -187,15 +187,9 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
     ids = sorted({d.subscriber for d in drafts if d.subscriber is not None})
     if not ids:
         return [None] * len(drafts)
-    connection = connections[Subscriber.objects.db]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_SUBSCRIBERS_SQL, [tenant.pk, ids])
-            rows = {row[0]: row[1:] for row in cursor.fetchall()}
-    else:
-        found = Subscriber.objects.for_tenant(tenant).filter(external_id__in=ids)
-        rows = {row[0]: row[1:] for row in found.values_list(
-            "external_id", "email", "phone", "push_tokens", "preferences", "timezone")}  # fmt: skip
+    with connections[Subscriber.objects.db].cursor() as cursor:
+        cursor.execute(_SUBSCRIBERS_SQL, [tenant.pk, ids])
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
     resolved: list[_Resolved | None] = []
     tokens: list[str] = []
     waiting: list[tuple[_Resolved, str]] = []
@@ -430,18 +424,6 @@ def _queues_past_the_cap(tenant: Tenant, names: set[str]) -> dict[str, str]:
     }
 
 
-def _register_queues(tenant: Tenant, names: set[str]) -> None:
-    """Store queue names not yet known (in the caller's transaction; a concurrent request adding the
-    same name is absorbed by ON CONFLICT)."""
-    new = names - {DEFAULT_QUEUE} - _known_queues(tenant.pk)
-    if not new:
-        return
-    TenantQueue.objects.bulk_create(
-        [TenantQueue(tenant=tenant, name=name) for name in sorted(new)], ignore_conflicts=True
-    )
-    transaction.on_commit(lambda: _remember_queues(tenant.pk, new))
-
-
 # --- creating -------------------------------------------------------------------------------------
 
 
@@ -455,7 +437,7 @@ def create_notifications(
 ) -> list[Notification]:
     """Store notifications and queue or schedule them, in the caller's transaction if any.
 
-    On PostgreSQL one statement of writable CTEs whatever len(specs): the notifications, their queue
+    One statement of writable CTEs whatever len(specs): the notifications, their queue
     items and scheduled jobs, new queue names of the tenant, and the `idempotency` record with the
     response it replays; then, after commit, the doorbells (one NOTIFY each for dispatchers and
     schedulers, see queue.ring_after_commit). Queue payloads carry routing data only, never a recipient.
@@ -480,33 +462,24 @@ def create_notifications(
     versions = [spec.config_version for spec in specs if spec.config_version is not None]
     version = min(versions) if versions else None
     new_queues = {spec.queue for spec in specs} - {DEFAULT_QUEUE} - _known_queues(tenant.pk)
-    if connections[Notification.objects.db].vendor != "postgresql":
-        with transaction.atomic():
-            _mark_suppressed(rows, [checked[i] for i in suppressions.suppressed_rows(tenant.pk, lookups)])
-            _follow_originals(fallbacks)
-            jobs = _jobs_for(tenant, rows, now)
-            if idempotency is not None:
-                idempotency.status, idempotency.body = idempotency.render(created)
-            _store_sqlite(tenant, rows, jobs, version=version, idempotency=idempotency, new_queues=new_queues)
+    # Rows are stored with the statuses decided here, and the statement verifies that the
+    # suppression check (folded into it) blocks exactly the rows marked `suppressed`: usually none,
+    # so one statement; when it finds others, it stores nothing and names them, and the rows (and the
+    # idempotent response rendered from them) are decided again.
+    expected: list[int] = []
+    for _ in range(_CHECK_ROUNDS):
+        _mark_suppressed(rows, [checked[i] for i in expected])
+        _follow_originals(fallbacks)
+        jobs = _jobs_for(tenant, rows, now)
+        if idempotency is not None:
+            idempotency.status, idempotency.body = idempotency.render(created)
+        found = _store(tenant, rows, jobs, now, version=version, idempotency=idempotency,
+                       new_queues=new_queues, check=(lookups, expected))  # fmt: skip
+        if found is None:
+            break
+        expected = found
     else:
-        # Rows are stored with the statuses decided here, and the statement verifies that the
-        # suppression check (folded into it) blocks exactly the rows marked `suppressed`: usually none,
-        # so one statement; when it finds others, it stores nothing and names them, and the rows (and the
-        # idempotent response rendered from them) are decided again.
-        expected: list[int] = []
-        for _ in range(_CHECK_ROUNDS):
-            _mark_suppressed(rows, [checked[i] for i in expected])
-            _follow_originals(fallbacks)
-            jobs = _jobs_for(tenant, rows, now)
-            if idempotency is not None:
-                idempotency.status, idempotency.body = idempotency.render(created)
-            found = _store_pg(tenant, rows, jobs, now, version=version, idempotency=idempotency,
-                              new_queues=new_queues, check=(lookups, expected))  # fmt: skip
-            if found is None:
-                break
-            expected = found
-        else:
-            raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
+        raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
     logger.info("%s created %d notification(s) (%d scheduled, %d fallbacks)", actor, len(created), len(jobs),
                 len(fallbacks))  # fmt: skip
     return created
@@ -534,9 +507,9 @@ def create_notifications_shared(
     """`create_notifications` for a request thread: in autocommit, without an Idempotency-Key, its
     statement is shared with this process's concurrent requests for the same tenant and actor, and
     it gets its own rows (every request of a batch raises what the batch raised: StaleConfig, a lost
-    session; nothing of the batch is stored then). Otherwise, or elsewhere than PostgreSQL, alone."""
+    session; nothing of the batch is stored then). Otherwise alone."""
     connection = connections[Notification.objects.db]
-    if idempotency is not None or connection.in_atomic_block or connection.vendor != "postgresql":
+    if idempotency is not None or connection.in_atomic_block:
         return create_notifications(tenant, specs, actor=actor, idempotency=idempotency)
     rows, start = _SHARED.submit((tenant, actor), list(specs))
     return rows[start : start + len(specs)]
@@ -591,34 +564,11 @@ def _jobs_for(tenant: Tenant, rows: list[Notification], now: datetime) -> list[S
     ]
 
 
-def _store_sqlite(
-    tenant: Tenant, rows: list[Notification], jobs: list[ScheduledJob], *, version: int | None,
-    idempotency: IdempotentResponse | None, new_queues: set[str],
-) -> None:  # fmt: skip
-    if version is not None and not Tenant.objects.filter(pk=tenant.pk, config_version=version).exists():
-        raise StaleConfig()
-    if idempotency is not None:
-        _store_record_sqlite(tenant, idempotency)
-    _register_queues(tenant, new_queues)
-    _insert(rows)
-    add_jobs(jobs)
-    enqueue(
-        [
-            NewItem(
-                notification_id=n.id, tenant_id=tenant.pk, provider_id=n.provider_id, queue_name=n.queue,
-                priority=n.priority, payload={"channel": n.channel},
-            )  # fmt: skip
-            for n in rows
-            if n.status == Status.QUEUED
-        ]
-    )
-
-
-_GATE_PG = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free, {check} AS check_ok)"""
+_GATE = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free, {check} AS check_ok)"""
 # An Idempotency-Key's record, written with what it replays. The advisory lock (held until the
 # statement's transaction ends) tells a request whose twin is being stored right now (409) from
 # one that finds the record stored (replay or 422), instead of waiting on the unique index.
-_RECORD_PG = """record AS (
+_RECORD = """record AS (
     INSERT INTO idempotency_records (tenant_id, key, fingerprint, state, response_status, response_body,
                                      created_at, expires_at)
     SELECT %s, %s, %s, 'completed', %s, %s, %s::timestamptz, %s::timestamptz FROM gate
@@ -629,24 +579,24 @@ _RECORD_PG = """record AS (
         WHERE idempotency_records.expires_at <= EXCLUDED.created_at
            OR (idempotency_records.state = 'in_flight' AND idempotency_records.created_at < %s::timestamptz)
     RETURNING 1)"""
-_QUEUES_PG = """new_queues AS (
+_QUEUES = """new_queues AS (
     INSERT INTO tenant_queues (tenant_id, name, created_at)
     SELECT %s, unnest(%s::text[]), %s::timestamptz FROM gate WHERE version_ok AND key_free AND check_ok
     ON CONFLICT DO NOTHING)"""
-_ITEMS_PG = "items AS (" + insert_items_sql(  # noqa: S608 - fixed fragments, values are parameters
+_ITEMS = "items AS (" + insert_items_sql(  # noqa: S608 - fixed fragments, values are parameters
     """(SELECT n.queue AS queue_name, n.priority, jsonb_build_object('channel', n.channel) AS payload,
                0::float8 AS delay, n.tenant_id, n.id AS notification_id, n.provider_id
         FROM n WHERE n.status = 'queued') s""",
     order_by="s.notification_id",  # item ids in creation order (uuid7 ids sort so): the claim's tie-break
 ) + " RETURNING 1)"  # noqa: S608 - fixed fragments, values are parameters
-_JOBS_PG = "jobs AS (" + insert_jobs_sql(  # noqa: S608
+_JOBS = "jobs AS (" + insert_jobs_sql(  # noqa: S608
     """(SELECT u.job_id, n.tenant_id, n.id AS notification_id, n.scheduled_for AS run_at, %s::timestamptz AS created_at
         FROM n JOIN unnest({array}::uuid[], {array}::uuid[]) AS u(notification_id, job_id)
                ON u.notification_id = n.id) s"""
 ) + " RETURNING 1)"
 
 
-def _store_pg(
+def _store(
     tenant: Tenant, rows: list[Notification], jobs: list[ScheduledJob], now: datetime, *,
     version: int | None, idempotency: IdempotentResponse | None, new_queues: set[str],
     check: tuple[list[suppressions.Lookup], list[int]] | None = None,
@@ -709,7 +659,7 @@ def _create_statement(
     keys: int | None, versioned: bool, idempotent: bool, queues: bool, insert_sql: str, queued: bool, jobs: bool,
     many: bool,
 ) -> str:  # fmt: skip
-    """`_store_pg`'s text for its shape, composed once (its parameters follow the same order): the
+    """`_store`'s text for its shape, composed once (its parameters follow the same order): the
     suppression check of `keys` blind indexes (None: none), the tenant's config version, the
     Idempotency-Key's lock and record, new queue names, the notifications' INSERT, their queue items,
     their scheduled jobs. `many` (a batch): the arrays travel in binary, as `_insert_sql`'s do; one
@@ -727,17 +677,17 @@ def _create_statement(
         positions_sql = "(SELECT positions FROM blocked)"
     version_sql = "(SELECT config_version FROM tenants WHERE id = %s) = %s" if versioned else "true"
     lock_sql = "pg_try_advisory_xact_lock(hashtextextended(%s, 0))" if idempotent else "true"
-    ctes.append(_GATE_PG.format(version=version_sql, lock=lock_sql, check=check_sql))
+    ctes.append(_GATE.format(version=version_sql, lock=lock_sql, check=check_sql))
     if idempotent:
-        ctes.append(_RECORD_PG)
+        ctes.append(_RECORD)
     if queues:
-        ctes.append(_QUEUES_PG)
+        ctes.append(_QUEUES)
     ctes.append(f"n AS ({insert_sql} RETURNING id, tenant_id, provider_id, queue, priority, channel, status, "
                 "scheduled_for)")  # fmt: skip
     if queued:
-        ctes.append(_ITEMS_PG)
+        ctes.append(_ITEMS)
     if jobs:
-        ctes.append(_JOBS_PG.replace("{array}", array))
+        ctes.append(_JOBS.replace("{array}", array))
     return (f"WITH {', '.join(ctes)} SELECT version_ok, key_free, check_ok, (SELECT count(*) FROM n), "  # noqa: S608
             f"{positions_sql} FROM gate")  # fmt: skip
 
@@ -746,12 +696,9 @@ def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) ->
     """Write the record alone, in the caller's transaction (for workflows that are not one statement,
     e.g. enrollments); raises IdempotencyKeyTaken when the key has a live record."""
     connection = connections[IdempotencyRecord.objects.db]
-    if connection.vendor != "postgresql":
-        _store_record_sqlite(tenant, idempotency)
-        return
     body = IdempotencyRecord._meta.get_field("response_body").get_prep_value(idempotency.body.decode())
-    gate = _GATE_PG.format(version="true", lock="true", check="true")
-    sql = "WITH " + gate + ", " + _RECORD_PG + " SELECT count(*) FROM record"  # noqa: S608
+    gate = _GATE.format(version="true", lock="true", check="true")
+    sql = "WITH " + gate + ", " + _RECORD + " SELECT count(*) FROM record"  # noqa: S608
     with connection.cursor() as cursor:
         cursor.execute(sql, [tenant.pk, idempotency.key, idempotency.fingerprint, idempotency.status, body,
                              idempotency.created_at, idempotency.expires_at, idempotency.abandoned_before])  # fmt: skip
@@ -760,36 +707,15 @@ def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) ->
 
 
 def try_idempotency_lock(tenant: Tenant, key: str) -> bool:
-    """PostgreSQL: the advisory lock the create statement takes for `key`, until the caller's
-    transaction ends; False while another request holds it. Elsewhere always True."""
-    connection = connections[IdempotencyRecord.objects.db]
-    if connection.vendor != "postgresql":
-        return True
-    with connection.cursor() as cursor:
+    """The advisory lock the create statement takes for `key`, until the caller's transaction ends;
+    False while another request holds it."""
+    with connections[IdempotencyRecord.objects.db].cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [_lock_name(tenant, key)])
         return bool(cursor.fetchone()[0])
 
 
 def _lock_name(tenant: Tenant, key: str) -> str:
     return f"idempotency:{tenant.pk}:{key}"
-
-
-def _store_record_sqlite(tenant: Tenant, idempotency: IdempotentResponse) -> None:
-    """SQLite's writers are serialised (IMMEDIATE transactions), so a record found is a stored one."""
-    records = IdempotencyRecord.objects.for_tenant(tenant)
-    existing = records.filter(key=idempotency.key).first()
-    if existing is not None:
-        abandoned = existing.state == IdempotencyRecord.State.IN_FLIGHT and (
-            existing.created_at < idempotency.abandoned_before
-        )
-        if existing.expires_at > idempotency.created_at and not abandoned:
-            raise IdempotencyKeyTaken(in_progress=False)
-        records.filter(pk=existing.pk).delete()
-    records.create(
-        tenant=tenant, key=idempotency.key, fingerprint=idempotency.fingerprint,
-        state=IdempotencyRecord.State.COMPLETED, response_status=idempotency.status,
-        response_body=idempotency.body.decode(), created_at=idempotency.created_at, expires_at=idempotency.expires_at,
-    )  # fmt: skip
 
 
 def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notification:
@@ -831,16 +757,8 @@ def _columns(alias: str) -> tuple[tuple[Any, str, str], ...]:
     return tuple((f, connection.ops.quote_name(f.column), f.db_type(connection)) for f in _fields())
 
 
-def _insert(rows: list[Notification]) -> None:
-    """Elsewhere than PostgreSQL: one bulk_create (PostgreSQL stores through `_store_pg`'s statement)."""
-    connection = connections[Notification.objects.db]
-    Notification.objects.bulk_create(rows)
-    for row in rows:
-        row._state.adding, row._state.db = False, connection.alias
-
-
 def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -> tuple[str, list[Any]]:
-    """PostgreSQL: `INSERT INTO notifications … SELECT` of `rows` (only `where` the condition holds).
+    """`INSERT INTO notifications … SELECT` of `rows` (only `where` the condition holds).
     The rows travel as one array per column (`… FROM unnest(…)`), in binary (`%b`: psycopg's text
     array dumper was a quarter of a 1,000-item batch's Python, binary ≈ 10 % less CPU a batch), and a
     column whose value is the same in every row (tenant, status, timestamps, counters…) travels

@@ -8,9 +8,9 @@
   E.164, tokens trimmed. Entries are found by the keyed blind index of the normalised address
   (`core.crypto.blind_indexes`: under every configured key, so an entry written before a key
   rotation is still found), never by decrypting the table.
-- `lookup_columns()` / `check_sql()` are the check the create statement folds in (and
-  `suppressed_rows()` the same check as a statement of its own); `recompute_indexes()` rewrites
-  every entry's index under the newest key, called by `rotate_encryption_keys`.
+- `lookup_for()` / `check_sql()` are the check the create statement folds in;
+  `recompute_indexes()` rewrites every entry's index under the newest key, called by
+  `rotate_encryption_keys`.
 - Callbacks registered with `on_suppressed()` (the outbound events of a higher layer) are called
   with the entries a call created, in its transaction.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from core import crypto
 from core.fields import Ciphertext
@@ -85,7 +85,7 @@ def _masked(channel: str, address: str) -> str:
 
 # --- adding and removing ------------------------------------------------------------------------------
 
-_INSERT_PG = """INSERT INTO suppressions (id, tenant_id, channel, recipient, recipient_masked, recipient_index,
+_INSERT = """INSERT INTO suppressions (id, tenant_id, channel, recipient, recipient_masked, recipient_index,
                           reason, category, source_notification_id, created_at)
 SELECT u.id, u.tenant_id, u.channel, u.recipient, u.masked, u.idx, u.reason, u.category, u.source, now()
 FROM unnest(%s::uuid[], %s::uuid[], %s::varchar[], %s::text[], %s::varchar[], %s::varchar[], %s::varchar[],
@@ -103,8 +103,8 @@ RETURNING id, created_at"""
 def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list[Suppression]:
     """Add entries (in the caller's transaction if any); returns those created now, in order. An
     entry that exists already (same tenant, channel, address and category), a duplicate within the
-    batch, and a hard bounce or complaint on a channel other than email or SMS are skipped. On
-    PostgreSQL one statement whatever the batch's size. `actor`: write one audit event per entry."""
+    batch, and a hard bounce or complaint on a channel other than email or SMS are skipped. One
+    statement whatever the batch's size. `actor`: write one audit event per entry."""
     rows: list[tuple[Suppression, tuple[str, ...]]] = []
     for entry in entries:
         if entry.reason in ADDRESS_REASONS and entry.channel not in ADDRESS_CHANNELS:
@@ -122,10 +122,7 @@ def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list
         return []
     connection = connections[Suppression.objects.db]
     with transaction.atomic(using=connection.alias, savepoint=False):  # no error is expected to be caught here
-        if connection.vendor == "postgresql":
-            created = _insert_pg(connection, rows)
-        else:
-            created = _insert_portable(rows)
+        created = _insert(connection, rows)
         if created:
             if actor is not None:
                 AuditEvent.bulk_record([_audit(actor, "suppression.created", s) for s in created])
@@ -163,7 +160,7 @@ def _uuid(value: Any) -> uuid.UUID | None:
     return uuid.UUID(str(value))
 
 
-def _insert_pg(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
+def _insert(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
     field = Suppression._meta.get_field("recipient")
     columns: list[list[Any]] = [[] for _ in range(10)]
     for row, found in rows:
@@ -173,7 +170,7 @@ def _insert_pg(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]])
         for column, value in zip(columns, values, strict=True):
             column.append(value)
     with connection.cursor() as cursor:
-        cursor.execute(_INSERT_PG, columns)
+        cursor.execute(_INSERT, columns)
         stored = dict(cursor.fetchall())
     created = []
     for row, _ in rows:
@@ -181,17 +178,6 @@ def _insert_pg(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]])
             row.created_at = stored[row.id]
             row._state.adding, row._state.db = False, connection.alias
             created.append(row)
-    return created
-
-
-def _insert_portable(rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
-    created = []
-    for row, found in rows:
-        if _existing(row.tenant_id, row.channel, found, row.category).exists():
-            continue
-        row.save(force_insert=True)
-        row.refresh_from_db(fields=["created_at"])
-        created.append(row)
     return created
 
 
@@ -288,26 +274,6 @@ def check_sql(
     )
 
 
-def suppressed_rows(tenant_id: Any, lookups: Sequence[Lookup]) -> set[int]:
-    """Positions in `lookups` an entry blocks: one statement on PostgreSQL."""
-    if not lookups:
-        return set()
-    connection = connections[Suppression.objects.db]
-    if connection.vendor != "postgresql":
-        return {i for i, lookup in enumerate(lookups) if _blocking(tenant_id, lookup).exists()}
-    keys = len(lookups[0].indexes)
-    arrays = ", ".join(["%s::int[]", "%s::varchar[]", "%s::varchar[]", *["%s::varchar[]"] * keys])
-    names = ", ".join(["i", "channel", "scope", *[f"b{k}" for k in range(keys)]])
-    condition = check_sql("%s", "u.channel", [f"u.b{k}" for k in range(keys)], "u.scope")
-    sql = f"SELECT u.i FROM unnest({arrays}) AS u({names}) WHERE {condition}"  # noqa: S608
-    params: list[Any] = [list(range(len(lookups))), [x.channel for x in lookups], [x.scope for x in lookups]]
-    params += [[x.indexes[k] for x in lookups] for k in range(keys)]
-    params.append(tenant_id)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {i for (i,) in cursor.fetchall()}
-
-
 # The check at dispatch, for a claim's items (of any tenants): positions an entry blocks. A category
 # that is critical *now* ignores category-scoped entries (it may have become critical since creation).
 _CRITICAL = "EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id AND c.key = u.category AND c.critical)"
@@ -352,22 +318,6 @@ def dispatch_check_params(
             h.update(value)
             column.append(h.digest().hex())
     return [tenants, channels, categories, *columns]
-
-
-def dispatch_blocked_portable(rows: Sequence[tuple[str, str, str, str]]) -> set[int]:
-    """`dispatch_check_sql` through the ORM (SQLite), one query per row."""
-    return {
-        i for i, (tenant_key, channel, address, category) in enumerate(rows)
-        if _blocking(tenant_key, lookup_for(channel, address, category)).exists()
-    }  # fmt: skip
-
-
-def _blocking(tenant_id: Any, lookup: Lookup) -> QuerySet[Suppression]:
-    scope = Q(category__isnull=True)
-    if lookup.scope is not None:
-        scope |= Q(category=lookup.scope)
-    rows = Suppression.objects.for_tenant(tenant_id).filter(channel=lookup.channel)
-    return rows.filter(scope, recipient_index__in=lookup.indexes)
 
 
 # --- key rotation -----------------------------------------------------------------------------------------

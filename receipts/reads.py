@@ -7,12 +7,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
-
 from core import hot_sql
 from notifications.models import Notification
 from notifications.reads import EventsLateral
-from receipts.models import NotificationEvent
 
 # One row of arrays (notif_event_notification_idx) for the notification row `n`: the detail read is on
 # the API's hot path, where compiling an ORM query would cost more than running it.
@@ -40,11 +37,4 @@ LATERAL = EventsLateral(sql=_EVENTS_OF_N, columns=4, parse=_parse)
 
 def events_of(n: Notification) -> list[dict[str, Any]]:
     """{type, occurred_at, provider (name), details}, oldest first: one statement."""
-    if connections[NotificationEvent.objects.db].vendor != "postgresql":
-        rows = (
-            NotificationEvent.objects.filter(notification_id=n.pk, tenant_id=n.tenant_id)
-            .order_by("occurred_at", "id")
-            .values_list("type", "occurred_at", "provider__name", "details")
-        )
-        return [{"type": t, "occurred_at": at, "provider": name or "", "details": d or {}} for t, at, name, d in rows]
     return _parse(hot_sql.fetchone(_EVENTS_SQL, [n.pk, n.tenant_id]))

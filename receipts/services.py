@@ -1,6 +1,6 @@
 """Applying receipts to notifications: one statement per call, whatever the number of receipts.
 
-`apply_receipts(provider, receipts)` (PostgreSQL: one statement of writable CTEs; a second, which
+`apply_receipts(provider, receipts)` (one statement of writable CTEs; a second, which
 also makes fallbacks due or cancels them, only when a receipt names a notification with a channel
 fallback — the first then stores nothing):
 
@@ -17,8 +17,6 @@ The notifications whose receipt changed come back in `ApplyResult.changed`, and 
 `AFTER_APPLY` are called with them in the same transaction: the seam where a hard bounce or
 complaint suppresses the address and where outbound events (`notification.bounced`, …) are emitted.
 With none registered the statement runs alone, in autocommit (no BEGIN/COMMIT round trips).
-
-Elsewhere (SQLite) the same work is a short transaction of ORM statements.
 """
 
 from __future__ import annotations
@@ -27,24 +25,21 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
-from django.db import connections, transaction
-from django.db.models import F
+from django.db import transaction
 
 from core import hot_sql
 from core.masking import mask_mapping
 from notifications import fallback
-from notifications.models import Notification
 from receipts import precedence
 from receipts.inbound import BOUNCE_TYPES, RECEIPTS, ProviderView, Receipt
-from receipts.models import NotificationEvent, ReceiptCounter, ReceiptDedup
+from receipts.models import ReceiptCounter
 
 MAX_TYPE = 40  # notification_events.type
 MAX_DEDUP_KEY = 300  # receipt_dedup.dedup_key
-UNKNOWN, FOREIGN = "unknown", "foreign"  # why a receipt was ignored (the counter's `reason`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,23 +140,22 @@ def _no_nul(value: Any) -> Any:  # noqa: ANN401
 
 
 def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: str = "default") -> ApplyResult:
-    """Apply what `provider` reported (see the module docstring): one statement on PostgreSQL."""
+    """Apply what `provider` reported (see the module docstring): one statement."""
     rows = _rows(receipts)
     if not rows:
         return ApplyResult(provider_id=provider.id)
-    apply = _apply_pg if connections[using].vendor == "postgresql" else _apply_orm
     hooks = _hooks_for(rows) if AFTER_APPLY else []
-    if not hooks and apply is _apply_pg:
-        return apply(provider, rows, using)  # one statement: its own transaction
+    if not hooks:
+        return _apply(provider, rows, using)  # one statement: its own transaction
     # No savepoint inside a caller's transaction: a failure here fails the caller's transaction anyway.
     with transaction.atomic(using=using, savepoint=False):
-        result = apply(provider, rows, using)
+        result = _apply(provider, rows, using)
         if result.changed:
             after_apply(provider, result, hooks)
     return result
 
 
-# --- PostgreSQL: one statement ---------------------------------------------------------------------
+# --- the statement ---------------------------------------------------------------------------------------
 
 # Why each part is where it is:
 # - `gate`: a view read from the per-process cache carries the provider's updated_at; if the provider
@@ -269,7 +263,7 @@ _APPLY_PLAIN_SQL = (
 )
 
 
-def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
+def _apply(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
     # The rows travel as one JSON array (jsonb_to_recordset): dumping nine typed arrays costs the web
     # process several times what encoding one document does.
     encoded = orjson.dumps([
@@ -299,64 +293,6 @@ def _apply_pg(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResu
             for nid, tid, receipt, bounce, channel, pid in changed
         ),
     )  # fmt: skip
-
-
-# --- elsewhere: the same in a short transaction ----------------------------------------------------
-
-
-def _apply_orm(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
-    """SQLite and others. Writers are serialised there (IMMEDIATE transactions), so reading the
-    existing keys and then inserting the rest is as good as ON CONFLICT."""
-    from notifications.models import Provider
-
-    providers = Provider.objects.using(using).filter(pk=provider.id)
-    if provider.updated_at is not None:
-        providers = providers.filter(updated_at=provider.updated_at)
-    if not providers.exists():
-        return ApplyResult(provider_id=provider.id, stale=True)
-    ids = {r.notification_id for r in rows if r.notification_id is not None}
-    notes = {n.pk: n for n in Notification.objects.using(using).filter(pk__in=ids)
-             .only("id", "tenant_id", "receipt", "bounce_type", "channel", "provider_id")}  # fmt: skip
-    tenant = uuid.UUID(str(provider.tenant_id))
-    mine, ignored = [], {UNKNOWN: 0, FOREIGN: 0}
-    for r in rows:
-        note = notes.get(r.notification_id)
-        if note is None:
-            ignored[UNKNOWN] += 1
-        elif note.tenant_id != tenant:
-            ignored[FOREIGN] += 1
-        else:
-            mine.append(r)
-    keys = ReceiptDedup.objects.using(using).filter(provider_id=provider.id, dedup_key__in=[r.dedup_key for r in mine])
-    seen = set(keys.values_list("dedup_key", flat=True))
-    new = [r for r in mine if r.dedup_key not in seen]
-    now = datetime.now(UTC)
-    ReceiptDedup.objects.using(using).bulk_create(
-        ReceiptDedup(provider_id=provider.id, dedup_key=r.dedup_key, created_at=now) for r in new
-    )
-    NotificationEvent.objects.using(using).bulk_create(
-        NotificationEvent(tenant_id=tenant, notification_id=r.notification_id, provider_id=provider.id, type=r.type,
-                          receipt=r.receipt, bounce_type=r.bounce_type, occurred_at=r.occurred_at,
-                          details=r.details, created_at=now)
-        for r in new
-    )  # fmt: skip
-    changed = []
-    for nid in sorted({r.notification_id for r in new if r.receipt is not None}):
-        note = notes[nid]
-        current = (note.receipt, note.bounce_type)
-        best = precedence.settle(current, [(r.receipt, r.bounce_type) for r in new if r.notification_id == nid])
-        if best != current:
-            rows_ = Notification.objects.using(using).filter(pk=nid)
-            rows_.update(receipt=best[0], bounce_type=best[1], updated_at=now)
-            changed.append(ChangedRow(nid, note.tenant_id, best[0], best[1], note.channel, note.provider_id))
-    fallback.after_receipts_portable([(row.notification_id, row.receipt) for row in changed], using=using)
-    for reason, n in ignored.items():
-        if n:
-            counters = ReceiptCounter.objects.using(using)
-            if not counters.filter(shard=0, provider_id=provider.id, reason=reason).update(count=F("count") + n):
-                counters.create(shard=0, provider_id=provider.id, reason=reason, count=n)
-    return ApplyResult(provider_id=provider.id, applied=len(new), duplicate=len(mine) - len(new),
-                       ignored=sum(ignored.values()), changed=tuple(changed))  # fmt: skip
 
 
 def ignored_totals(using: str = "default") -> dict[tuple[int, str], int]:

@@ -1,20 +1,18 @@
 from django.db import migrations
 
 # Room on each page for the claim's new row version (lock_token, locked_until, attempts: no indexed
-# column), so a claim is a HOT update that adds no index entry (PostgreSQL).
+# column), so a claim is a HOT update that adds no index entry.
 FILLFACTOR = {"event_deliveries": 80}
 
 
 def set_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table, percent in FILLFACTOR.items():
-            schema_editor.execute(f"ALTER TABLE {table} SET (fillfactor = {int(percent)})")
+    for table, percent in FILLFACTOR.items():
+        schema_editor.execute(f"ALTER TABLE {table} SET (fillfactor = {int(percent)})")
 
 
 def reset_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table in FILLFACTOR:
-            schema_editor.execute(f"ALTER TABLE {table} RESET (fillfactor)")
+    for table in FILLFACTOR:
+        schema_editor.execute(f"ALTER TABLE {table} RESET (fillfactor)")
 
 
 class Migration(migrations.Migration):

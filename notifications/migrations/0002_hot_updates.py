@@ -3,20 +3,18 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-# Room on each page for updated row versions, so status changes can be HOT updates (PostgreSQL).
+# Room on each page for updated row versions, so status changes can be HOT updates.
 FILLFACTOR = {"notifications": 80, "queue_state": 70}
 
 
 def set_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table, percent in FILLFACTOR.items():
-            schema_editor.execute(f"ALTER TABLE {table} SET (fillfactor = {int(percent)})")
+    for table, percent in FILLFACTOR.items():
+        schema_editor.execute(f"ALTER TABLE {table} SET (fillfactor = {int(percent)})")
 
 
 def reset_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table in FILLFACTOR:
-            schema_editor.execute(f"ALTER TABLE {table} RESET (fillfactor)")
+    for table in FILLFACTOR:
+        schema_editor.execute(f"ALTER TABLE {table} RESET (fillfactor)")
 
 
 

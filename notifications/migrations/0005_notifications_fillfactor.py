@@ -13,13 +13,11 @@ PREVIOUS = 80  # notifications 0002
 
 
 def set_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE notifications SET (fillfactor = {FILLFACTOR})")
+    schema_editor.execute(f"ALTER TABLE notifications SET (fillfactor = {FILLFACTOR})")
 
 
 def restore_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE notifications SET (fillfactor = {PREVIOUS})")
+    schema_editor.execute(f"ALTER TABLE notifications SET (fillfactor = {PREVIOUS})")
 
 
 class Migration(migrations.Migration):

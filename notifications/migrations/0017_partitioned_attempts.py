@@ -1,7 +1,7 @@
-"""delivery_attempts partitioned by day of `finished_at` on PostgreSQL (core.partitions; SQLite keeps
-the plain table). The model is unchanged: the key column joins the primary key and the number's
-unique constraint only in the database (a partitioned table's unique indexes must include its key;
-one recorder per try is the lease's guarantee, dispatch.delivery)."""
+"""delivery_attempts partitioned by day of `finished_at` (core.partitions). The model is unchanged:
+the key column joins the primary key and the number's unique constraint only in the database (a
+partitioned table's unique indexes must include its key; one recorder per try is the lease's
+guarantee, dispatch.delivery)."""
 
 from django.db import migrations
 

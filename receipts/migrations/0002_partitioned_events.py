@@ -1,5 +1,5 @@
-"""notification_events partitioned by day of `occurred_at` on PostgreSQL (core.partitions; SQLite keeps
-the plain table). The model is unchanged: the key column joins the primary key only in the database."""
+"""notification_events partitioned by day of `occurred_at` (core.partitions). The model is unchanged:
+the key column joins the primary key only in the database."""
 
 from django.db import migrations
 

@@ -66,7 +66,7 @@ def test_a_batch_suppresses_only_the_blocked_items_and_a_scheduled_one_gets_no_j
 
 def test_a_suppression_removed_between_rounds_is_no_longer_applied(setup_a, monkeypatch):
     entry, _ = suppressions.suppress(setup_a.tenant.pk, "email", EMAIL, "manual")
-    real = services._store_pg
+    real = services._store
     calls = []
 
     def store(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -76,7 +76,7 @@ def test_a_suppression_removed_between_rounds_is_no_longer_applied(setup_a, monk
             suppressions.remove(setup_a.tenant.pk, entry.pk, actor="test")  # gone before the next round
         return found
 
-    monkeypatch.setattr(services, "_store_pg", store)
+    monkeypatch.setattr(services, "_store", store)
     spec = services.NotificationSpec(channel="email", recipient=EMAIL, provider=setup_a.mail, body="b")
     (note,) = services.create_notifications(setup_a.tenant, [spec], actor="test")
     assert calls == [[], [0], []]  # expected none; found it; expected it, found none; stored queued

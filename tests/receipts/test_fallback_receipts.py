@@ -2,8 +2,9 @@
 `undelivered` or `failed` receipt makes the pending fallback due at once (even before the dispatcher
 recorded the acceptance); a `delivered` (or `complained`) one cancels it and its job (or, once
 promoted, its queue item unless a dispatcher holds it), and a later
-bounce never brings it back; the fallback's own receipts change nothing else. The same through the
-ORM functions that the SQLite paths call."""
+bounce never brings it back; the fallback's own receipts change nothing else. And the dispatcher's
+side (`record_ctes`, in a statement of its own here): an acceptance makes the fallback due
+`after_seconds` later, a failure at once, a suppression cancels it."""
 
 from __future__ import annotations
 
@@ -116,8 +117,7 @@ def test_a_receipt_never_moves_a_job_later_nor_one_already_run(created):
     assert ScheduledJob.objects.get(notification_id=promoted.pk).status == "executed"
 
 
-@pytest.mark.parametrize("path", ["statement", "orm"])
-def test_a_late_delivered_receipt_cancels_a_promoted_fallback_no_dispatcher_holds(created, path):
+def test_a_late_delivered_receipt_cancels_a_promoted_fallback_no_dispatcher_holds(created):
     from queueing.models import QueueItem
     from queueing.scheduler import promote_due
 
@@ -131,10 +131,7 @@ def test_a_late_delivered_receipt_cancels_a_promoted_fallback_no_dispatcher_hold
         return original, linked
 
     def delivered(original: Notification) -> None:
-        if path == "statement":
-            apply_receipts(created.view, [receipt(original, "delivered")])
-        else:
-            fallback.after_receipts_portable([(original.pk, "delivered")])
+        apply_receipts(created.view, [receipt(original, "delivered")])
 
     original, idle = promoted()
     delivered(original)
@@ -149,22 +146,39 @@ def test_a_late_delivered_receipt_cancels_a_promoted_fallback_no_dispatcher_hold
     assert QueueItem.objects.filter(notification_id=held.pk).exists()
 
 
-def test_the_orm_path_does_the_same(created):
-    """What the SQLite paths call (receipts' _apply_orm, the dispatcher's _record_portable)."""
+def record(outcomes: list[tuple[Notification, str]]) -> int:
+    """`record_ctes` after a `changed` of these (notification, outcome) pairs, as the dispatcher's
+    record statement runs it; returns how many fallback jobs rang the schedulers."""
+    sql = (f"WITH changed AS (SELECT n.tenant_id, o.status, {fallback.RETURNING} FROM notifications n "  # noqa: S608
+           f"JOIN unnest(%s::uuid[], %s::text[]) AS o(id, status) ON o.id = n.id), "
+           f"{fallback.record_ctes('changed')} SELECT count(*) FROM fb_ring")  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [[n.pk for n, _ in outcomes], [kind for _, kind in outcomes]])
+        return cursor.fetchone()[0]
+
+
+def test_the_record_statement_makes_fallbacks_due_or_cancels_them(created):
     accepted, accepted_fb = created(after=120)
     refused, refused_fb = created()
-    confirmed, confirmed_fb = created()
+    exhausted, exhausted_fb = created()
     suppressed, suppressed_fb = created()
-    before = timezone.now()
-    fallback.after_outcomes_portable([(accepted.pk, "delivered"), (refused.pk, "failed"),
-                                      (confirmed.pk, "delivered"), (suppressed.pk, "suppressed")])  # fmt: skip
+    assert record([(accepted, "delivered"), (refused, "failed"), (exhausted, "dead_lettered"),
+                   (suppressed, "suppressed")]) == 1  # fmt: skip
+    now = db_now()  # the statement's clock (one transaction here)
     jobs = {j.notification_id: j for j in ScheduledJob.objects.all()}
-    assert before + timedelta(seconds=120) <= jobs[accepted_fb.pk].run_at <= timezone.now() + timedelta(seconds=120)
-    assert before <= jobs[refused_fb.pk].run_at <= timezone.now()
+    assert jobs[accepted_fb.pk].run_at == now + timedelta(seconds=120)
+    assert jobs[refused_fb.pk].run_at == jobs[exhausted_fb.pk].run_at == now
     assert Notification.objects.get(pk=accepted_fb.pk).scheduled_for == jobs[accepted_fb.pk].run_at
     assert Notification.objects.get(pk=suppressed_fb.pk).status == "cancelled" and suppressed_fb.pk not in jobs
+    assert {j.status for j in jobs.values()} == {"pending"}
 
-    fallback.after_receipts_portable([(confirmed.pk, "delivered"), (accepted.pk, "bounced")])
+    # a bad receipt then moves the accepted one's job up to now; a delivered one cancels for good
+    confirmed, confirmed_fb = created()
+    record([(confirmed, "delivered")])
+    apply_receipts(created.view, [receipt(confirmed, "delivered"), receipt(accepted, "bounced", bounce_type="soft")])
     assert Notification.objects.get(pk=confirmed_fb.pk).status == "cancelled"
     assert ScheduledJob.objects.get(notification_id=confirmed_fb.pk).status == "cancelled"
-    assert ScheduledJob.objects.get(notification_id=accepted_fb.pk).run_at <= timezone.now()  # moved up
+    assert ScheduledJob.objects.get(notification_id=accepted_fb.pk).run_at == now
+    # recorded again (a later outcome of the same row): a pending job keeps its earliest time
+    record([(accepted, "delivered")])
+    assert ScheduledJob.objects.get(notification_id=accepted_fb.pk).run_at == now

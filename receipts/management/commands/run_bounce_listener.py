@@ -36,9 +36,9 @@ class Command(BaseCommand):
         if not verp.bounce_domain():
             raise CommandError("OMNIPOST_BOUNCE_DOMAIN is not set: no send has a return path this listener could read")
         set_process_name("omnipost-bounce")
-        if connections["default"].vendor == "postgresql":  # who is who in pg_stat_activity
-            db_options = connections["default"].settings_dict.setdefault("OPTIONS", {})
-            db_options["application_name"] = f"omnipost-bounces-{os.getpid()}"
+        # who is who in pg_stat_activity
+        db_options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+        db_options["application_name"] = f"omnipost-bounces-{os.getpid()}"
         config = ListenerConfig(
             host=host, port=port, max_message_bytes=options["max_message_bytes"], grace_seconds=options["grace_seconds"]
         )
