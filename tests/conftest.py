@@ -26,11 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
     """Let Django's flush TRUNCATE the append-only audit table, on the throwaway test database only."""
     with django_db_blocker.unblock():
-        if connection.vendor == "postgresql":
-            name = connection.settings_dict["NAME"]
-            with connection.cursor() as cursor:
-                cursor.execute(f'ALTER DATABASE "{name}" SET omnipost.allow_audit_truncate = on')
-                cursor.execute("SET omnipost.allow_audit_truncate = on")
+        name = connection.settings_dict["NAME"]
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" SET omnipost.allow_audit_truncate = on')
+            cursor.execute("SET omnipost.allow_audit_truncate = on")
     yield
     from queueing import ringer
 

@@ -97,19 +97,15 @@ def flush(alias: str, *, send_post_migrate: bool = True) -> None:
 
 def install() -> None:
     """Make TransactionTestCase (and so pytest-django's `transaction=True`) flush with `flush` on
-    PostgreSQL, where Django would TRUNCATE every table; elsewhere, and for test cases that
-    restrict `available_apps` or use serialized rollback, Django's own flush runs."""
+    PostgreSQL, where Django would TRUNCATE every table; for test cases that restrict
+    `available_apps` or use serialized rollback, Django's own flush runs."""
     from django.test import TransactionTestCase
 
     original = TransactionTestCase._fixture_teardown
 
     def _fixture_teardown(self: TransactionTestCase) -> None:
         names = self._databases_names(include_mirrors=False)
-        if (
-            self.available_apps is not None
-            or self.serialized_rollback
-            or any(connections[name].vendor != "postgresql" for name in names)
-        ):
+        if self.available_apps is not None or self.serialized_rollback:
             original(self)
             return
         for name in names:
