@@ -27,7 +27,8 @@ SLACK = 20  # rows a scan may touch beyond those it hands on (index boundaries, 
 
 
 @pytest.fixture
-def hook(tenant_a):
+def hook(tenant_a, analysed_tables):
+    analysed_tables.add("queue_state")  # fill() analyses it
     return factories.provider(tenant_a)
 
 

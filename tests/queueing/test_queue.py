@@ -177,9 +177,10 @@ def test_rolled_back_enqueue_leaves_nothing_and_wakes_no_one(tenant_a, hook):
 
 
 @pytest.mark.parametrize("depth", [200_000, 5_000])
-def test_claim_uses_the_index_at_depth(tenant_a, hook, depth):
+def test_claim_uses_the_index_at_depth(tenant_a, hook, depth, analysed_tables):
     """EXPLAIN at 200k and at 5k waiting items: the claim reads an index, never the whole table.
     At 5k the update once hash-joined a sequential scan of the queue to the rows it had locked."""
+    analysed_tables.add("queue_state")
     n = factories.notifications(tenant_a, hook, 1)[0]
     with connection.cursor() as cursor:
         # Synthetic items (one real notification is enough for the FK when constraints are deferred).

@@ -36,3 +36,19 @@ def smtp_sink() -> Iterator[SmtpSink]:
 def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TlsMaterial:
     """A self-signed certificate for localhost / 127.0.0.1 with a server context using it."""
     return make_tls_material(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def analysed_tables(db) -> Iterator[set[str]]:  # noqa: ANN001
+    """Tables a test fills and ANALYZEs in its transaction: add their names to the set. ANALYZE writes
+    pg_class in place, outside the transaction, so the sizes it took would outlive the rollback and
+    change the next tests' plans (a seq scan where an index scan was the right choice); emptying the
+    tables and analysing them again before the rollback leaves statistics that match it."""
+    from django.db import connection
+
+    tables: set[str] = set()
+    yield tables
+    with connection.cursor() as cursor:
+        for table in sorted(tables):
+            cursor.execute(f"DELETE FROM {table}")  # noqa: S608 - names the test gave
+            cursor.execute(f"ANALYZE {table}")
