@@ -80,22 +80,22 @@ def test_sessions_terminated_twice_mid_drain_lose_and_repeat_nothing(tenant_a, s
 def test_sends_longer_than_the_lease_survive_terminated_sessions_and_are_sent_once(
     tenant_a, subprocess_env, tmp_path
 ):
-    """Sends of 8 s under a 3 s lease: the lease keeper extends through two terminations, so no
+    """Sends of 6 s under a 2.5 s lease: the lease keeper extends through two terminations, so no
     peer re-claims what is still on the wire."""
-    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=90, delay_ms=8000) as receiver:
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=90, delay_ms=6000) as receiver:
         notes = factories.queued(tenant_a, hook_for(tenant_a, receiver), 20)
         procs = start_dispatchers(2, _dispatcher_env(subprocess_env), "--batch-size", "5", "--concurrency", "10",
-                                  "--lease-seconds", "3", log_dir=tmp_path)
+                                  "--lease-seconds", "2.5", log_dir=tmp_path)
         assert wait_started(tmp_path, 2)
         assert wait_until(lambda: len(receiver.requests) >= 20, 20)  # all 20 on the wire (recorded on arrival)
         started = time.monotonic()
-        # Both terminations fall inside the 8 s sends, and each is longer ago than a lease by the end.
-        time.sleep(1.5)
+        # Both terminations fall inside the 6 s sends, and each is longer ago than a lease by the end.
+        time.sleep(1.0)
         terminate_product_sessions()
-        time.sleep(2.5)
+        time.sleep(2.0)
         terminate_product_sessions()
         assert wait_until(lambda: Notification.objects.filter(status="delivered").count() == 20, 40)
-        assert time.monotonic() - started > 3, "the sends did not outlive their lease"
+        assert time.monotonic() - started > 2.5, "the sends did not outlive their lease"
         assert [p.poll() for p in procs] == [None, None]
         counts = delivered_ids(receiver)
         assert set(counts) == {str(n.id) for n in notes}
