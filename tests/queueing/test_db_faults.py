@@ -14,6 +14,7 @@ from django.db import connection
 from notifications.models import Notification
 from queueing.models import QueueItem, Worker
 from tests import factories
+from tests.queueing.conftest import restore_schema
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
@@ -107,7 +108,8 @@ def test_sends_longer_than_the_lease_survive_terminated_sessions_and_are_sent_on
 
 
 @pytest.mark.slow
-def test_postgresql_restart_mid_drain_loses_nothing_and_every_process_goes_on(subprocess_env, tmp_path):
+def test_postgresql_restart_mid_drain_loses_nothing_and_every_process_goes_on(subprocess_env, tmp_path,
+                                                                              migrated_schema):
     """A private server (initdb + pg_ctl, a free port) restarted under 2 dispatchers and a scheduler:
     all 600 queued and 20 scheduled notifications delivered; no process exits; with a 30 s lease and
     an outage of a few seconds no lease can have expired, so nothing is sent twice."""
@@ -120,8 +122,7 @@ def test_postgresql_restart_mid_drain_loses_nothing_and_every_process_goes_on(su
 
     with PrivatePostgres() as pg, HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=150, delay_ms=100) as receiver:
         env = {**_dispatcher_env(subprocess_env), "DATABASE_URL": pg.create_database("omnipost_restart")}
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True,  # noqa: S603
-                       timeout=120)
+        restore_schema(migrated_schema, pg.dsn("omnipost_restart"))
         seeded = json.loads(subprocess.run(  # noqa: S603
             [sys.executable, "-m", "tests.queueing.fault_seed", "--url", receiver.url, "--secret", TEST_SIGNING_SECRET,
              "--queued", "600", "--scheduled", "20", "--in", "8"],

@@ -26,6 +26,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.queueing.conftest import restore_schema
 from tests.queueing.dispatch_support import ROOT, start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.pgserver import PrivatePostgres, free_port
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
@@ -51,13 +52,11 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(subprocess_env: dict[str, str]) -> Iterator[Cluster]:
+def cluster(migrated_schema: str) -> Iterator[Cluster]:
     """A migrated primary (synchronous_commit on) with a synchronous hot standby."""
     with PrivatePostgres(settings={"synchronous_commit": "on", "max_connections": "200"}) as primary:
         primary.create_database(DBNAME)
-        env = {**subprocess_env, "DATABASE_URL": primary.url(DBNAME)}
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True,  # noqa: S603
-                       timeout=180)  # fmt: skip
+        restore_schema(migrated_schema, primary.dsn(DBNAME))
         standby = primary.standby(synchronous=True)
         try:
             url = (f"postgres://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/{DBNAME}"
