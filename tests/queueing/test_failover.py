@@ -4,7 +4,7 @@ standby started by the test (`initdb`, `pg_basebackup -R`), every process given 
 `-m immediate` and the standby promoted while the API takes creates and two dispatchers and the
 scheduler drain.
 
-Duplicates: every lease is 30 s and the outage (stop to promotion) about 3 s, so no lease can
+Duplicates: every lease is 30 s and the outage (stop to promotion) about 2 s, so no lease can
 expire while its holder is cut off; the test checks the outage is shorter than the lease and then
 asserts 0 duplicates, not merely "only for expired leases".
 """
