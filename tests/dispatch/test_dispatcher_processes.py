@@ -17,9 +17,16 @@ from django.db import connection
 from benchmarks.runner import release_together
 from notifications.models import Notification
 from notifications.services import NotificationSpec, create_notifications
-from queueing.models import QueueItem
+from queueing.models import QueueItem, Worker
 from tests import factories
-from tests.queueing.dispatch_support import ROOT, start_dispatchers, wait_exit, wait_started, wait_until
+from tests.queueing.dispatch_support import (
+    ROOT,
+    start_dispatchers,
+    start_forked_dispatchers,
+    wait_exit,
+    wait_started,
+    wait_until,
+)
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,14 +44,15 @@ def delivered_ids(receiver: HttpReceiver) -> collections.Counter:
 def test_twenty_dispatchers_deliver_one_hundred_exactly_once(tenant_a, subprocess_env):
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as receiver:
         notes = factories.queued(tenant_a, hook_for(tenant_a, receiver), 100)
-        procs = start_dispatchers(20, subprocess_env, "--once", "--batch-size", "3", "--concurrency", "5")
-        assert wait_exit(procs, 90) == [0] * 20
+        procs = [start_forked_dispatchers(20, subprocess_env, "--once", "--batch-size", "3", "--concurrency", "5")]
+        assert wait_exit(procs, 90) == [0]  # every one of the twenty exited 0
         counts = delivered_ids(receiver)
         assert set(counts) == {str(n.id) for n in notes}
         assert max(counts.values()) == 1
         assert all(r.verified for r in receiver.requests)
     assert Notification.objects.filter(status="delivered").count() == 100
     assert QueueItem.objects.count() == 0
+    assert Worker.objects.filter(kind="dispatcher", stopped_at__isnull=False).count() == 20  # twenty processes
 
 
 @pytest.mark.slow

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import collections
 import time
+from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
 from notifications import circuits
 from notifications.circuits import ProviderCircuit
 from notifications.models import DeliveryAttempt, Notification
 from notifications.services import NotificationSpec, create_notifications
-from queueing.models import QueueItem
+from queueing import ratelimit
+from queueing.models import QueueItem, RateBucket
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
@@ -49,9 +53,9 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120, status=503) as first_rx,
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as second_rx,
     ):
-        # open long enough that steps 1 and 2 (checked while it is open) fit in the window on a loaded
-        # machine: with 4 s, a slow wave 1 let it turn half-open before the first check (seen in CI)
-        circuit = {"failure_threshold": 0.5, "min_requests": 10, "window_seconds": 30, "open_seconds": 12}
+        # Open for a minute, so steps 1 and 2 (checked while it is open) fit in it however loaded the machine;
+        # step 3 then moves the breaker's clock past it instead of waiting.
+        circuit = {"failure_threshold": 0.5, "min_requests": 10, "window_seconds": 30, "open_seconds": 60}
         first = _hook(tenant_a, "first", first_rx, 0, circuit=circuit)
         second = _hook(tenant_a, "second", second_rx, 1)
         procs = start_dispatchers(3, fast_retries, "--batch-size", "5", "--concurrency", "10", log_dir=tmp_path)
@@ -75,9 +79,11 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             assert set(tried.values_list("provider_id", flat=True)) == {second.pk}
             assert tried.count() == 30, "skipping an open provider costs no attempt"
 
-            # 3. It recovers: once open_seconds pass, probes go through, one success closes the breaker,
-            #    and traffic returns to the first provider.
+            # 3. It recovers: once open_seconds pass (its opened_at moved a minute back: breakers read the
+            #    database's clock), probes go through, one success closes the breaker, and traffic returns
+            #    to the first provider.
             first_rx.behaviour.status = 200
+            ProviderCircuit.objects.filter(provider=first).update(opened_at=F("opened_at") - timedelta(seconds=60))
             trickle: list[Notification] = []
             deadline = time.monotonic() + 40
             while circuits.states([first.pk])[first.pk] != circuits.CLOSED and time.monotonic() < deadline:
@@ -135,8 +141,9 @@ def test_a_permanent_failure_does_not_fail_over_and_a_named_provider_never_does(
 def test_traffic_moved_off_an_open_breaker_keeps_to_the_next_providers_rate_limit(tenant_a, fast_retries, tmp_path):
     """The first provider's breaker is open; the second has a rate limit. Two dispatchers claim the
     first's queue, route each item to the second and put it in the second's lane, untried: it
-    reaches the second's receiver at the second's rate, once, never above its line."""
-    rate, burst, count = 20, 5, 100
+    reaches the second's receiver once, and no send starts (as its attempt records) before the
+    second's bucket allowed it."""
+    rate, burst, count = 20, 5, 60
     with (
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as first_rx,
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as second_rx,
@@ -146,25 +153,33 @@ def test_traffic_moved_off_an_open_breaker_keeps_to_the_next_providers_rate_limi
         now = timezone.now()
         ProviderCircuit.objects.create(provider=first, state="open", opened_at=now, probes=0, window_started_at=now,
                                        updated_at=now)  # fmt: skip
+        # The second's bucket empty, its clock an hour ahead: nothing is granted while the dispatchers start.
+        key = ratelimit.provider_key(second.pk)
+        RateBucket.objects.create(key=key, rate=rate, effective_rate=rate, burst=burst, tokens=0,
+                                  updated_at=now + timedelta(hours=1))
         sent = _send(tenant_a, first, count)
         procs = start_dispatchers(2, fast_retries, "--batch-size", "20", "--concurrency", "20", log_dir=tmp_path)
         try:
+            assert wait_started(tmp_path, 2)
+            with connection.cursor() as cursor:
+                cursor.execute("UPDATE rate_limit_buckets SET tokens = %s, updated_at = clock_timestamp()"
+                               " WHERE key = %s RETURNING updated_at", [burst, key])
+                opened = cursor.fetchone()[0]
             assert wait_until(lambda: _done(n.id for n in sent), 60)
         finally:
             for proc in procs:
                 proc.terminate()
             assert wait_exit(procs, 30) == [0, 0]
-        arrivals = sorted(r.received_at for r in second_rx.requests)
         assert not first_rx.requests, "nothing went to the provider whose breaker is open"
         on_second = _delivered(second_rx)
     assert set(on_second) == {str(n.id) for n in sent} and max(on_second.values()) == 1
-    t0 = arrivals[0]
-    # never more than `burst` above the line rate·t (100 ms of slack for the loopback trip on a loaded box)
-    worst = max(i + 1 - (burst + rate * (t - t0 + 0.1)) for i, t in enumerate(arrivals))
-    assert worst <= 0, f"{worst:.1f} requests above the second provider's line"
-    assert arrivals[-1] - t0 >= (count - burst) / rate - 0.5, "the lane, not the claim, paced them"
     tried = DeliveryAttempt.objects.filter(notification_id__in=[n.id for n in sent])
     assert tried.count() == count and set(tried.values_list("provider_id", flat=True)) == {second.pk}
+    # The i-th send starts at least (i - burst) / rate after the bucket opened, full: the lane, not the
+    # claim, paced them (the database's clock and the dispatchers' are this machine's: no slack).
+    starts = sorted(tried.values_list("started_at", flat=True))
+    worst = max(i + 1 - (burst + rate * (t - opened).total_seconds()) for i, t in enumerate(starts))
+    assert worst <= 1e-6, f"{worst:.2f} sends above the second provider's line"
     assert set(Notification.objects.filter(pk__in=[n.id for n in sent]).values_list("status", flat=True)) == {
         "delivered"
     }

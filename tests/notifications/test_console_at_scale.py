@@ -13,7 +13,6 @@ import io
 import json
 import re
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,16 +199,14 @@ def statements(context: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in context.captured_queries if q["sql"].lstrip().upper().startswith(("SELECT", "WITH"))]
 
 
-def check_page(client: Client, url: str, expect: str | None = None) -> tuple[list[str], float]:
+def check_page(client: Client, url: str, expect: str | None = None) -> list[str]:
     with CaptureQueriesContext(connection) as context:
-        started = time.monotonic()
         response = client.get(url)
-        took = time.monotonic() - started
     assert response.status_code == 200, (url, response.status_code)
     if expect is not None:
         assert expect in response.content.decode(), (url, expect)
     found = [f"{url}: {fault}\n    {sql[:300]}" for sql in statements(context) for fault in faults(sql)]
-    return found, took
+    return found
 
 
 def test_console_pages_and_get_queues_never_scan_a_whole_table(console_at_scale, tenant_a, key_a, monkeypatch):
@@ -239,13 +236,11 @@ def test_console_pages_and_get_queues_never_scan_a_whole_table(console_at_scale,
         ("/admin/dlq/deadletter/?status=all", None),
         ("/admin/dashboard/", "Queue depth"),
     ]
-    problems, timings = [], {}
+    problems = []
     root = superuser_client()
     for role, client in (("superuser", root), ("staff", staff_client(monkeypatch))):
         for url, expect in cases:
-            found, took = check_page(client, url, expect)
-            problems += [f"[{role}] {f}" for f in found]
-            timings[(role, url)] = took
+            problems += [f"[{role}] {f}" for f in check_page(client, url, expect)]
         # Staff of tenant A find nothing of tenant B's, even by its exact id.
         if role == "staff":
             response = client.get(f"/admin/notifications/notification/?q={theirs.pk}")
@@ -253,14 +248,13 @@ def test_console_pages_and_get_queues_never_scan_a_whole_table(console_at_scale,
         # Cancelled notifications have no live row: the filter reads the newest CappedCountPaginator.cap
         # notifications and keeps the cancelled ones, a bound of its own (twice the cap: tenant A's staff
         # read notif_created_idx, see MAX_REMOVED, and drop tenant B's rows of the window too).
-        found, took = check_page(client, "/admin/notifications/notification/?status=cancelled", "cancelled")
+        found = check_page(client, "/admin/notifications/notification/?status=cancelled", "cancelled")
         bounded = re.compile(r"Index Scan on notifications removed ([\d,]+) rows by filter")
         problems += [
             f"[{role}] {f}"
             for f in found
             if not ((m := bounded.search(f)) and int(m[1].replace(",", "")) <= 2 * stats.CappedCountPaginator.cap)
         ]
-        timings[(role, "cancelled")] = took
     api = client_for(key_a)
     with CaptureQueriesContext(connection) as context:
         response = api.get("/api/v1/queues")
@@ -280,7 +274,6 @@ def test_console_pages_and_get_queues_never_scan_a_whole_table(console_at_scale,
     assert 4_000 * (1 - within) <= delayed <= 11_000 * (1 + within), (delayed, within)
     # The oldest ready item (in `default` or `bulk`: created 30 days ago) is read exactly for everyone.
     assert max(q["oldest_age_seconds"] for q in figures) > 25 * 86_400
-    assert all(t < 5 for t in timings.values()), timings
 
     # The pages these plans come from are the right ones: only that status, newest first; a search
     # term that is no UUID finds nothing.

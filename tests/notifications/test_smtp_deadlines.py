@@ -208,14 +208,15 @@ def test_tarpit_send_fails_at_deadline_others_go_out_and_sigterm_aborts_the_rest
     """One overall deadline per send: the tarpit's send fails at its deadline as transient while another tenant's
     sends go out; after SIGTERM the send still in flight is aborted and delivers nothing later."""
     env = {**subprocess_env, "OMNIPOST_RETRY_BASE_SECONDS": "600"}
-    with Tarpit(line_delay=20) as tarpit, Tarpit(line_delay=0.7) as slowpoke, SmtpSink(max_seconds=60) as sink:
+    with Tarpit(line_delay=20) as tarpit, Tarpit(line_delay=1.2) as slowpoke, SmtpSink(max_seconds=60) as sink:
         def smtp_provider(tenant, name, port, timeout):  # noqa: ANN001, ANN202
             config = {"host": "127.0.0.1", "port": port, "from_email": FROM, "timeout_seconds": timeout}
             return factories.provider(tenant, name, channel="email", kind="smtp", config=config, secrets={})
 
-        [trapped] = factories.queued(tenant_a, smtp_provider(tenant_a, "tarpit", tarpit.port, 2.0), 1,
+        # A deadline long enough for the other tenant's ten sends to go out first on a loaded machine.
+        [trapped] = factories.queued(tenant_a, smtp_provider(tenant_a, "tarpit", tarpit.port, 4.0), 1,
                                      recipient="trapped@example.com")
-        # A send whose dialogue would reach DATA after ≈ 6 s (9 lines, 0.7 s each): in flight at SIGTERM.
+        # A send whose dialogue would reach DATA after ≈ 11 s (9 lines, 1.2 s each): in flight at SIGTERM.
         [aborted] = factories.queued(tenant_a, smtp_provider(tenant_a, "slowpoke", slowpoke.port, 60), 1,
                                      recipient="aborted@example.com")
         others = factories.queued(tenant_b, smtp_provider(tenant_b, "mail", sink.port, 5), 10,
@@ -228,7 +229,7 @@ def test_tarpit_send_fails_at_deadline_others_go_out_and_sigterm_aborts_the_rest
         assert wait_until(lambda: DeliveryAttempt.objects.filter(notification=trapped).exists(), 10)
         attempt = DeliveryAttempt.objects.get(notification=trapped)
         assert (attempt.outcome, attempt.error_code) == ("transient_error", "timeout")
-        assert 1900 <= attempt.duration_ms < 4000, attempt.duration_ms
+        assert 3900 <= attempt.duration_ms < 6000, attempt.duration_ms
         assert Notification.objects.get(pk=trapped.pk).status == "retrying"
 
         assert slowpoke.counts() == (1, 0, 0), "the slow send is in flight"
@@ -237,8 +238,9 @@ def test_tarpit_send_fails_at_deadline_others_go_out_and_sigterm_aborts_the_rest
         assert wait_exit([proc], 10) == [0]
         assert time.monotonic() - signalled < 4, "the dispatcher did not wait for the stuck thread"
         assert slowpoke.counts()[1] == 1 and slowpoke.closed[0] - signalled < 2.5, "its socket was closed"
-        # Past the time its dialogue would have needed: nothing was delivered by the aborted send.
-        wait_until(lambda: False, max(0.0, slowpoke.opened[0] + 7.5 - time.monotonic()), interval=0.2)
+        # Nothing was delivered by the aborted send, nor can be: the process that held it has exited and
+        # its socket was closed before the dialogue reached DATA (the client waits for each answer, so
+        # no DATA was written ahead of the close).
         assert slowpoke.messages == [] and "DATA" not in slowpoke.commands
     assert Notification.objects.filter(pk__in=[n.pk for n in others], status="delivered").count() == 10
     assert Notification.objects.get(pk=aborted.pk).status in ("queued", "retrying")

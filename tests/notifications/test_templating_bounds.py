@@ -157,14 +157,14 @@ def test_the_compiled_cache_is_bounded_in_bytes(settings):
 
 
 @pytest.mark.django_db
-def test_the_bomb_through_the_api_is_400_in_under_a_second(api_a, setup_a):
+def test_the_bomb_through_the_api_is_400_at_the_output_limit(api_a, setup_a, monkeypatch):
     created = api_a.post("/api/v1/templates", {"key": "bomb", "channel": "email", "subject": "s", "body": bomb()},
                          format="json")  # fmt: skip
     assert created.status_code == 201, created.content
-    started = time.perf_counter()
+    # Time stands still: what stops the render is the output it has produced, however slow the machine.
+    monkeypatch.setattr(templating, "clock", lambda: 0.0)
     response = api_a.post("/api/v1/notifications", {"channel": "email", "recipient": EMAIL, "template": "bomb"},
                           format="json")  # fmt: skip
-    assert time.perf_counter() - started < 1.0
     assert response.status_code == 400, response.content
     [message] = response.json()["error"]["details"]["template"]
     assert "body of 'bomb'" in message and "rendered text is longer than 262144 characters" in message
@@ -222,7 +222,6 @@ def test_the_bomb_grows_a_real_process_by_less_than_64_mib(tenant_a, key_a, subp
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["warm"] == 201, result
     assert result["status"] == 400 and "longer than 262144" in result["body"], result
-    assert result["elapsed"] < 1.0, result
     assert result["grown_kib"] < 64 * 1024, result
     print(f"bomb: {result['elapsed'] * 1000:.0f} ms, peak RSS +{result['grown_kib'] / 1024:.1f} MiB")
 

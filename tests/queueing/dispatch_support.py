@@ -28,6 +28,16 @@ def start_dispatchers(
     return procs
 
 
+def start_forked_dispatchers(count: int, env: dict, *args: str) -> subprocess.Popen:
+    """`count` `run_dispatcher` processes forked by one that started Python and Django once
+    (tests.queueing.fork_dispatchers): on two cores, twenty start-ups take most of a minute."""
+    return subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "tests.queueing.fork_dispatchers", str(count), "manage.py", "run_dispatcher",
+         "--no-jitter", *args],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
 def wait_exit(procs: list[subprocess.Popen], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     codes = []

@@ -1,6 +1,7 @@
 """A real worker process for the queue tests: claims, "processes" (writes the id), acks.
 
     python -m tests.queueing.drain_worker --out FILE [--batch N] [--lease S] [--idle-exit S]
+    python -m tests.queueing.drain_worker --processes N --out DIR/w{n}.log   # N workers forked after start-up
     python -m tests.queueing.drain_worker --hold --out FILE # claim once, report leases, never ack
 
 Lines written: `P <notification_id> <unix time>` per processed item, `L <item_id> <lock_token>` per held lease,
@@ -23,17 +24,44 @@ def main() -> int:
     parser.add_argument("--idle-exit", type=float, default=1.5)
     parser.add_argument("--max-seconds", type=float, default=120.0)
     parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="fork this many workers once Django is set up (no session is open yet); "
+                             "{n} in --out is each one's index")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
     import django
 
     django.setup()
+
+    if args.processes > 1:
+        return _fork(args)
+    return _work(args, args.out.replace("{n}", "0"))
+
+
+def _fork(args: argparse.Namespace) -> int:
+    """N real processes for the price of one start-up: each child has its own sessions and exits
+    with its own code; the parent's is non-zero when any child's is."""
+    children = []
+    for n in range(args.processes):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _work(args, args.out.replace("{n}", str(n)))
+            finally:
+                os._exit(code)
+        children.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    return 0 if codes == [0] * len(codes) else 1
+
+
+def _work(args: argparse.Namespace, path: str) -> int:
     from django.db import transaction
 
     from queueing import queue
 
-    out = open(args.out, "a", buffering=1)  # noqa: SIM115 - line-buffered for the parent to read
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - line-buffered for the parent to read
     if args.hold:
         leases = queue.claim(args.batch, lease_seconds=args.lease)
         for lease in leases:

@@ -14,6 +14,7 @@ from django.db import connection
 from notifications.models import Notification
 from queueing.models import QueueItem, Worker
 from tests import factories
+from tests.queueing.conftest import restore_schema
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
@@ -80,22 +81,22 @@ def test_sessions_terminated_twice_mid_drain_lose_and_repeat_nothing(tenant_a, s
 def test_sends_longer_than_the_lease_survive_terminated_sessions_and_are_sent_once(
     tenant_a, subprocess_env, tmp_path
 ):
-    """Sends of 8 s under a 3 s lease: the lease keeper extends through two terminations, so no
+    """Sends of 6 s under a 2.5 s lease: the lease keeper extends through two terminations, so no
     peer re-claims what is still on the wire."""
-    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=90, delay_ms=8000) as receiver:
+    with HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=90, delay_ms=6000) as receiver:
         notes = factories.queued(tenant_a, hook_for(tenant_a, receiver), 20)
         procs = start_dispatchers(2, _dispatcher_env(subprocess_env), "--batch-size", "5", "--concurrency", "10",
-                                  "--lease-seconds", "3", log_dir=tmp_path)
+                                  "--lease-seconds", "2.5", log_dir=tmp_path)
         assert wait_started(tmp_path, 2)
         assert wait_until(lambda: len(receiver.requests) >= 20, 20)  # all 20 on the wire (recorded on arrival)
         started = time.monotonic()
-        # Both terminations fall inside the 8 s sends, and each is longer ago than a lease by the end.
-        time.sleep(1.5)
+        # Both terminations fall inside the 6 s sends, and each is longer ago than a lease by the end.
+        time.sleep(1.0)
         terminate_product_sessions()
-        time.sleep(2.5)
+        time.sleep(2.0)
         terminate_product_sessions()
         assert wait_until(lambda: Notification.objects.filter(status="delivered").count() == 20, 40)
-        assert time.monotonic() - started > 3, "the sends did not outlive their lease"
+        assert time.monotonic() - started > 2.5, "the sends did not outlive their lease"
         assert [p.poll() for p in procs] == [None, None]
         counts = delivered_ids(receiver)
         assert set(counts) == {str(n.id) for n in notes}
@@ -107,7 +108,8 @@ def test_sends_longer_than_the_lease_survive_terminated_sessions_and_are_sent_on
 
 
 @pytest.mark.slow
-def test_postgresql_restart_mid_drain_loses_nothing_and_every_process_goes_on(subprocess_env, tmp_path):
+def test_postgresql_restart_mid_drain_loses_nothing_and_every_process_goes_on(subprocess_env, tmp_path,
+                                                                              migrated_schema):
     """A private server (initdb + pg_ctl, a free port) restarted under 2 dispatchers and a scheduler:
     all 600 queued and 20 scheduled notifications delivered; no process exits; with a 30 s lease and
     an outage of a few seconds no lease can have expired, so nothing is sent twice."""
@@ -120,8 +122,7 @@ def test_postgresql_restart_mid_drain_loses_nothing_and_every_process_goes_on(su
 
     with PrivatePostgres() as pg, HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=150, delay_ms=100) as receiver:
         env = {**_dispatcher_env(subprocess_env), "DATABASE_URL": pg.create_database("omnipost_restart")}
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True,  # noqa: S603
-                       timeout=120)
+        restore_schema(migrated_schema, pg.dsn("omnipost_restart"))
         seeded = json.loads(subprocess.run(  # noqa: S603
             [sys.executable, "-m", "tests.queueing.fault_seed", "--url", receiver.url, "--secret", TEST_SIGNING_SECRET,
              "--queued", "600", "--scheduled", "20", "--in", "8"],

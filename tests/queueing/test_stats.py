@@ -4,7 +4,6 @@ and the console dashboard — one query each, tenant-scoped, and index-served at
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -167,14 +166,12 @@ def test_dashboard_figures_stay_index_served_at_scale(
         )
         for table in ("notifications", "delivery_attempts", "dead_letter_queue", "queue_state"):
             cursor.execute(f"ANALYZE {table}")
-    started = time.monotonic()
     with django_assert_max_num_queries(5):
         figures = stats.queue_figures()
         minutes = ops_figures.throughput()
         size = ops_figures.dlq_open()
         estimate = stats.estimated_rows("notifications")
         workers = stats.workers()
-    took = time.monotonic() - started
     # 100,000 items fill more than SAMPLE_PAGES pages: the figures are a scaled sample (shown with "≈"); with the
     # dead rows other tests leave in a table autovacuum never visits (more as the suite grows), within a third.
     assert 66_000 <= figures[0]["depth"] <= 134_000 and not stats.queue_figures_sized()[1]
@@ -192,4 +189,3 @@ def test_dashboard_figures_stay_index_served_at_scale(
     open_entries = _plan("SELECT count(*) FROM dead_letter_queue WHERE status = 'open' AND tenant_id = %s",
                          [tenant_a.pk])  # fmt: skip
     assert "dlq_" in open_entries
-    assert took < 10, took
