@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -31,8 +32,21 @@ def load_encryption_keys(raw: str, *, debug: bool, dev_key_file: Path) -> list[s
     if not debug:
         raise ImproperlyConfigured("OMNIPOST_ENCRYPTION_KEYS is required when DEBUG is off")
     if not dev_key_file.exists():
-        dev_key_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(dev_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(Fernet.generate_key().decode())
+        _create_once(dev_key_file, Fernet.generate_key().decode())
     return parse_keys(dev_key_file.read_text())
+
+
+def _create_once(path: Path, content: str) -> None:
+    """Write `path` whole or not at all: the processes of one checkout start together (`make run`),
+    and a reader must never see the file created but still empty. The key goes to a private file
+    first, then is linked into place, which fails for every process but the first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(content)
+        with contextlib.suppress(FileExistsError):
+            os.link(draft, path)
+    finally:
+        draft.unlink(missing_ok=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from cryptography.fernet import Fernet
@@ -15,6 +18,8 @@ from core import crypto
 from notifications.models import Enrollment, Notification, Provider
 from omnipost_site.keys import load_encryption_keys, parse_keys
 from tests.core.conftest import PHONE, WHSEC, clean_env, run_manage
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.django_db
 
@@ -110,6 +115,25 @@ def test_dev_key_is_generated_once_private_and_reused(tmp_path):
     assert load_encryption_keys("", debug=True, dev_key_file=path) == first
     with pytest.raises(ImproperlyConfigured, match="OMNIPOST_ENCRYPTION_KEYS is required when DEBUG is off"):
         load_encryption_keys("", debug=False, dev_key_file=path)
+
+
+def test_processes_starting_together_all_get_the_one_dev_key(tmp_path):
+    """Eight processes load the key at once, as `make run`'s do on a fresh checkout: none fails on
+    the file another one is creating, none reads it empty, all get the same key."""
+    path = tmp_path / "var" / "encryption.key"
+    code = (
+        "import sys; from pathlib import Path; from omnipost_site.keys import load_encryption_keys; "
+        "print(load_encryption_keys('', debug=True, dev_key_file=Path(sys.argv[1]))[0])"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: S603
+                         text=True, cwd=REPO)  # fmt: skip
+        for _ in range(8)
+    ]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [err for _, err in results]
+    assert len({out.strip() for out, _ in results}) == 1
+    assert [p.name for p in path.parent.iterdir()] == ["encryption.key"]  # no draft left behind
 
 
 def _check(**env: str):  # noqa: ANN202

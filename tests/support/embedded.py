@@ -33,15 +33,17 @@ def embedded_env(var: Path, **overrides: str) -> dict[str, str]:
 
 def postmasters(data_dir: Path) -> list[int]:
     """The pids of postmasters (not their backends, which rename themselves) serving `data_dir`."""
-    found = []
+    found = {}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
+            parent = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if argv[0].endswith(b"/postgres") and str(data_dir).encode() in argv:
-            found.append(int(cmdline.parent.name))
-    return found
+            found[int(cmdline.parent.name)] = parent
+    # A backend just forked still shows its postmaster's command line until it renames itself.
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def alive(pid: int) -> bool:
