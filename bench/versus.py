@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -41,7 +42,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -78,9 +81,50 @@ EVENT_ENDPOINTS = False  # --event-endpoints: the bench tenant has an event endp
 FAILOVER = False  # --failover: two providers in failover order, notifications naming neither
 
 
-def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
+# A measurement from outside (bench/per_delivery.py): called with "delivering" and the workers' pids
+# once the jobs are enqueued and the workers ready, just before they are let go, and with "drained"
+# once every job is done (OmniPost: queue empty, dispatchers still running; graphile-worker: its
+# processes have exited, as they do when the queue is empty).
+Gate = Callable[[str, list[int]], None]
+
+
+def follow_phase_gate(proc: subprocess.Popen, gate: Gate, deadline: float) -> None:
+    """Speak `omnipost_bench --phase-gate`'s side: on each {"phase": …} line, call `gate`, then
+    answer with a line. Its stdout is read by a thread, so a deadline holds however it writes."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.time()))
+        except queue.Empty:
+            raise subprocess.TimeoutExpired(proc.args, 0) from None
+        if line is None:
+            return  # it exited: its exit status tells why
+        if not line.startswith('{"phase"'):
+            continue
+        message = json.loads(line)
+        gate(message["phase"], message["pids"])
+        proc.stdin.write("go\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        if message["phase"] == "drained":
+            proc.stdin.close()  # type: ignore[union-attr]
+            return
+
+
+def run_omnipost(
+    count: int, delay_ms: float, timeout: float, *, database_url: str | None = None, gate: Gate | None = None
+) -> dict[str, Any]:
+    """`database_url`: another database than DATABASE_URL's (migrated)."""
     env = {**os.environ, "DEBUG": os.environ.get("DEBUG", "true"), "OMNIPOST_LOG_LEVEL": "WARNING"}
-    with tempfile.TemporaryDirectory(prefix="versus-") as tmp:
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    with tempfile.TemporaryDirectory(prefix="versus-") as tmp, open(Path(tmp) / "stderr", "w+") as errors:
         out = Path(tmp) / "omnipost.json"
         args = ["-n", str(count), "-p", str(WORKERS), "-c", str(OMNIPOST_CONCURRENCY), "-b", str(OMNIPOST_BATCH),
                 "--receiver-delay-ms", f"{delay_ms:g}", "--verify-every", str(VERIFY_EVERY)]
@@ -88,16 +132,22 @@ def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
             args.append("--event-endpoints")
         if FAILOVER:
             args.append("--failover")
+        if gate is not None:
+            args.append("--phase-gate")
+        pipe = subprocess.PIPE if gate is not None else subprocess.DEVNULL
         # its own process group: on a timeout its receiver and dispatchers are stopped with it
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "omnipost_bench", *args, "--json", str(out)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            cwd=ROOT, env=env, stdin=pipe, stdout=pipe, stderr=errors, text=True, start_new_session=True,
         )  # fmt: skip
+        deadline = time.time() + timeout
         try:
-            _, stderr = proc.communicate(timeout=timeout)
+            if gate is not None:
+                follow_phase_gate(proc, gate, deadline)
+            proc.wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.communicate(timeout=60)
+            proc.wait(timeout=60)
             raise Failure(
                 f"OmniPost bench ({count:,} at {delay_ms:g} ms) did not finish within {timeout:g} s"
             ) from None
@@ -105,7 +155,8 @@ def run_omnipost(count: int, delay_ms: float, timeout: float) -> dict[str, Any]:
             os.killpg(proc.pid, signal.SIGTERM)
             raise
         if proc.returncode != 0 or not out.exists():
-            raise Failure(f"OmniPost bench failed (exit {proc.returncode}): {last_line(stderr)}")
+            errors.seek(0)
+            raise Failure(f"OmniPost bench failed (exit {proc.returncode}): {last_line(errors.read())}")
         (result,) = json.loads(out.read_text())
     if not result.get("delivered_per_second"):
         raise Failure("OmniPost bench reported no delivery rate")
@@ -173,7 +224,22 @@ def wait_until_ready(workers: list[subprocess.Popen], logs: list[Any], deadline:
                     raise Failure(f"a graphile-worker process failed to start: {last_line(log.read())}")
 
 
-def run_graphile(count: int, delay_ms: float, database_url: str, timeout: float) -> dict[str, Any]:
+def reap(worker: subprocess.Popen, deadline: float) -> float:
+    """Wait for a worker to exit; returns the CPU seconds (user + system, every thread) it spent in
+    its whole life, from the kernel's accounting at its exit (wait4), which /proc no longer has."""
+    while True:
+        pid, status, usage = os.wait4(worker.pid, os.WNOHANG)
+        if pid:
+            worker.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.time() > deadline:
+            raise subprocess.TimeoutExpired(worker.args, 0)
+        time.sleep(0.005)
+
+
+def run_graphile(
+    count: int, delay_ms: float, database_url: str, timeout: float, *, gate: Gate | None = None
+) -> dict[str, Any]:
     env = {**os.environ, "DATABASE_URL": database_url}
     try:
         receiver = ReceiverProcess(delay_ms=delay_ms)  # unsigned: graphile-worker's jobs sign nothing
@@ -207,19 +273,24 @@ def run_graphile(count: int, delay_ms: float, database_url: str, timeout: float)
                 )  # fmt: skip
             )
         wait_until_ready(workers, logs, time.time() + 60)
+        if gate is not None:
+            gate("delivering", [worker.pid for worker in workers])
         started = time.time()
         for worker in workers:  # both start taking jobs now
             worker.stdin.write("go\n")  # type: ignore[union-attr]
             worker.stdin.close()  # type: ignore[union-attr]
         deadline = started + timeout
+        cpu_seconds = 0.0
         for worker in workers:
             try:
-                worker.wait(timeout=max(1.0, deadline - time.time()))
+                cpu_seconds += reap(worker, deadline)
             except subprocess.TimeoutExpired:
                 raise Failure(
                     f"graphile-worker did not drain {count:,} jobs at {delay_ms:g} ms within {timeout:g} s"
                 ) from None
         wall = time.time() - started
+        if gate is not None:
+            gate("drained", [worker.pid for worker in workers])
         for worker, log in zip(workers, logs, strict=True):
             if worker.returncode != 0:
                 log.seek(0)
@@ -242,6 +313,7 @@ def run_graphile(count: int, delay_ms: float, database_url: str, timeout: float)
         "lost": max(0, count - len(arrivals)),
         "wall_seconds": wall,
         "enqueue_per_second": enqueued["per_second"],
+        "worker_cpu_seconds": cpu_seconds,  # both processes, start-up and warm-up included
     }
     if not result["delivered_per_second"]:
         raise Failure("graphile-worker delivered nothing measurable")

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,10 +252,13 @@ def start_dispatchers(
     return procs
 
 
-def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: float = 120.0) -> None:
+def release_together(
+    procs: list[subprocess.Popen], go_file: Path, *, timeout: float = 120.0, before_go: Callable[[], None] | None = None
+) -> None:
     """Wait until every dispatcher has started (its ready file exists), then let them all go at once:
     no process's start-up (≈ 0.7 s of CPU importing Django) runs while another already delivers.
-    If they cannot all start, the ones waiting are killed (they would wait for the go forever)."""
+    If they cannot all start, the ones waiting are killed (they would wait for the go forever).
+    `before_go` runs once they are all ready, just before the go."""
     deadline = time.monotonic() + timeout
     try:
         while len(list(go_file.parent.glob(f"{go_file.name}.ready.*"))) < len(procs):
@@ -263,6 +267,8 @@ def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: f
             if time.monotonic() > deadline:
                 raise RuntimeError(f"dispatchers not ready after {timeout:.0f} s")
             time.sleep(0.01)
+        if before_go is not None:
+            before_go()
     except BaseException:
         for proc in procs:
             proc.kill()
@@ -271,9 +277,13 @@ def release_together(procs: list[subprocess.Popen], go_file: Path, *, timeout: f
     go_file.touch()
 
 
-def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.1, events: bool = False) -> None:  # noqa: ANN001
+def stop_when_drained(
+    procs: list[subprocess.Popen], tenant, *, poll: float = 0.1, events: bool = False,  # noqa: ANN001
+    on_drained: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
     """Let the dispatchers run until the tenant's queue is empty (every notification delivered or
     dead-lettered), then stop them as an operator would (SIGTERM: they record and exit 0).
+    `on_drained` runs once the queue is empty, while the dispatchers still run.
 
     Not `run_dispatcher --once`: that ends a dispatcher when nothing is ready *now*, and a retry
     waiting out its backoff is not, so with `--receiver-error-rate` the dispatchers left and the
@@ -292,8 +302,9 @@ def stop_when_drained(procs: list[subprocess.Popen], tenant, *, poll: float = 0.
                 if cursor.fetchone()[0]:
                     time.sleep(poll)
                     continue
+            if on_drained is not None:
+                on_drained()
             break
-            time.sleep(poll)
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -316,11 +327,15 @@ def machine() -> str:
 # --- modes ---------------------------------------------------------------------------------------------
 def run_e2e(
     *, count: int, processes: int, concurrency: int, batch: int, delay_ms: float, error_rate: float, verify_every: int,
-    event_endpoints: bool = False, failover: bool = False,
+    event_endpoints: bool = False, failover: bool = False, gate: Callable[[str, list[int]], None] | None = None,
 ) -> BenchResult:  # fmt: skip
     """`event_endpoints`: the bench tenant also has an event endpoint subscribed to every type, on
     a receiver of its own (so every delivery makes a notification.delivered event), and the run
-    lasts until the events are delivered too."""
+    lasts until the events are delivered too.
+
+    `gate(phase, dispatcher_pids)` brackets the delivery phase for a measurement from outside:
+    "delivering" once the notifications are enqueued and the dispatchers ready, just before the
+    go; "drained" once the queue is empty, before the dispatchers are stopped."""
     from notifications.models import Notification
 
     receiver = ReceiverProcess(
@@ -344,9 +359,12 @@ def run_e2e(
             procs = start_dispatchers(
                 processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), go_file=go_file
             )
-            release_together(procs, go_file)
+            pids = [proc.pid for proc in procs]
+            delivering = None if gate is None else lambda: gate("delivering", pids)
+            drained = None if gate is None else lambda: gate("drained", pids)
+            release_together(procs, go_file, before_go=delivering)
             started = time.time()
-            stop_when_drained(procs, tenant, events=event_endpoints)
+            stop_when_drained(procs, tenant, events=event_endpoints, on_drained=drained)
             result.wall_seconds = time.time() - started
             stats = read_stats(Path(stats_dir))
     finally:

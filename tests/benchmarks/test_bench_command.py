@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from notifications.models import DeliveryAttempt, Notification
+from tests.benchmarks.test_versus import versus
 from tests.queueing.dispatch_support import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,6 +45,44 @@ def test_end_to_end_delivers_everything_once_and_reports_its_figures(subprocess_
     assert Notification.objects.filter(status="delivered").count() == 400
     assert DeliveryAttempt.objects.filter(outcome="delivered").count() == 400
     assert DeliveryAttempt.objects.filter(outcome="transient_error").exists()
+
+
+def test_the_phase_gate_brackets_the_delivery_while_the_dispatchers_run(subprocess_env, tmp_path):
+    """bench/per_delivery.py measures between the two phases: the first comes once everything is
+    enqueued and nothing delivered, the second once the queue is empty, the dispatchers still up."""
+    import os
+
+    from django.db import connection
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    seen = []
+
+    def gate(phase: str, pids: list[int]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM queue_state")
+            depth = cursor.fetchone()[0]
+        delivered = Notification.objects.filter(status="delivered").count()
+        seen.append((phase, depth, delivered, len(pids), all(alive(pid) for pid in pids)))
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "manage.py", "omnipost_bench", "-n", "300", "-p", "2", "-c", "50", "-b", "20",
+         "--phase-gate", "--json", str(out)],
+        cwd=ROOT, env=subprocess_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        versus.follow_phase_gate(proc, gate, time.time() + 180)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    assert seen == [("delivering", 300, 0, 2, True), ("drained", 0, 300, 2, True)]
+    assert json.loads(out.read_text())[0]["delivered"] == 300
 
 
 def test_queue_only_claims_and_acks_every_item_above_the_depth(subprocess_env, tmp_path):

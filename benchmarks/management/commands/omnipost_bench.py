@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -30,6 +31,12 @@ class Command(BaseCommand):
         parser.add_argument("--failover", action="store_true",
                             help="two providers in failover order; the notifications name neither")
         parser.add_argument("--json", dest="json_path", help="also write the figures to this file")
+        parser.add_argument(
+            "--phase-gate", action="store_true",
+            help="e2e: at the start of the delivery phase and at the drain, print a JSON line "
+            '{"phase": …, "pids": [dispatchers]} and wait for a line on stdin (bench/per_delivery.py '
+            "measures between the two)",
+        )  # fmt: skip
 
     def handle(self, *args, **o) -> None:
         for name in ("notifications", "processes", "concurrency", "batch_size", "rounds", "verify_every"):
@@ -61,6 +68,7 @@ class Command(BaseCommand):
                     verify_every=o["verify_every"],
                     event_endpoints=o["event_endpoints"],
                     failover=o["failover"],
+                    gate=self.phase_gate if o["phase_gate"] else None,
                 )
             self.stdout.write(f"\n--- round {round_no} ---\n{result.table()}")
             results.append(result)
@@ -79,3 +87,9 @@ class Command(BaseCommand):
                 f"{sum(r.duplicates for r in bad)} duplicate(s) and {sum(r.lost for r in bad)} "
                 "lost notification(s): the run is invalid"
             )
+
+    def phase_gate(self, phase: str, pids: list[int]) -> None:
+        self.stdout.write(json.dumps({"phase": phase, "pids": pids}))
+        self.stdout.flush()
+        if not sys.stdin.readline():
+            raise CommandError(f"stdin closed at the {phase!r} phase gate")
