@@ -239,3 +239,21 @@ class RateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.effective_rate:g}/s"
+
+
+class LaneLimit(TenantOwned):
+    """The configured rate limit of one lane (a `queue_state.provider_id`), as the app that owns the
+    lanes sets it: notifications keeps one row per provider with a `rate_limit` (notifications.lanes).
+    A lane without a limit has no row. Whether a new item is rate-limited is decided from these rows
+    and the tenant's own limit (`ratelimit.limited_sql`), so the queue reads no table above it."""
+
+    lane_id = models.BigIntegerField(primary_key=True)
+    rate_per_second = models.FloatField()
+    burst = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "lane_limits"
+
+    def __str__(self) -> str:
+        return f"lane {self.lane_id}: {self.rate_per_second:g}/s"
