@@ -557,11 +557,14 @@ def _mark_suppressed(rows: list[Notification], positions: Sequence[int]) -> None
 
 
 def _jobs_for(tenant: Tenant, rows: list[Notification], now: datetime) -> list[ScheduledJob]:
-    return [
-        ScheduledJob(tenant=tenant, notification=n, run_at=n.scheduled_for, created_at=now)
-        for n in rows
-        if n.status == Status.SCHEDULED and n.fallback_of is None  # a fallback's job comes later
-    ]
+    jobs = []
+    for n in rows:
+        job = None
+        if n.status == Status.SCHEDULED and n.fallback_of is None:  # a fallback's job comes later
+            job = ScheduledJob(tenant=tenant, notification_id=n.pk, run_at=n.scheduled_for, created_at=now)
+            jobs.append(job)
+        n.scheduled_job_id = job.pk if job is not None else None  # what the response shows
+    return jobs
 
 
 _GATE = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free, {check} AS check_ok)"""

@@ -113,6 +113,21 @@ def test_a_notification_already_queued_gets_no_second_item(tenant_a):
     assert QueueItem.objects.filter(notification_id=note.pk).count() == 1
 
 
+@pytest.mark.django_db
+def test_a_job_whose_notification_is_gone_ends_cancelled(tenant_a):
+    """No foreign key keeps a job with its notification: one deleted without its job is settled, not
+    left due (the scheduler would wake for it every PEER_BACKOFF for ever)."""
+    hook = factories.provider(tenant_a)
+    orphan = scheduled(tenant_a, hook, seconds=-2)
+    live = scheduled(tenant_a, hook, seconds=-1)
+    Notification.objects.filter(pk=orphan.pk).delete()
+    last = promote_due(10)
+    assert (last.promoted, last.cancelled) == (1, 1)
+    assert job_of(orphan).status == "cancelled" and job_of(orphan).executed_at is None
+    assert list(QueueItem.objects.values_list("notification_id", flat=True)) == [live.id]
+    assert next_due() == (None, None)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_notification_someone_holds_waits_for_the_next_batch(tenant_a):
     hook = factories.provider(tenant_a)
