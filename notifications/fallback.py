@@ -128,6 +128,6 @@ def cancel_with(tenant_id: Any, notification_ids: Sequence[uuid.UUID | str], *, 
         pk__in=originals.filter(fallback_notification_id__isnull=False).values("fallback_notification_id"),
     )  # fmt: skip
     ScheduledJob.objects.using(using).filter(
-        status=ScheduledJob.Status.PENDING, notification_id__in=fallbacks.values("pk")
+        tenant_id=tenant_id, status=ScheduledJob.Status.PENDING, notification_id__in=fallbacks.values("pk")
     ).update(status=ScheduledJob.Status.CANCELLED)
     return fallbacks.update(status=Status.CANCELLED, updated_at=Now())

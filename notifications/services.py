@@ -56,7 +56,7 @@ from notifications.models import (
 from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
 from queueing import queue
 from queueing.models import ScheduledJob
-from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit, sync_rate_limited
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
 
 logger = logging.getLogger(__name__)
@@ -557,11 +557,14 @@ def _mark_suppressed(rows: list[Notification], positions: Sequence[int]) -> None
 
 
 def _jobs_for(tenant: Tenant, rows: list[Notification], now: datetime) -> list[ScheduledJob]:
-    return [
-        ScheduledJob(tenant=tenant, notification=n, run_at=n.scheduled_for, created_at=now)
-        for n in rows
-        if n.status == Status.SCHEDULED and n.fallback_of is None  # a fallback's job comes later
-    ]
+    jobs = []
+    for n in rows:
+        job = None
+        if n.status == Status.SCHEDULED and n.fallback_of is None:  # a fallback's job comes later
+            job = ScheduledJob(tenant=tenant, notification_id=n.pk, run_at=n.scheduled_for, created_at=now)
+            jobs.append(job)
+        n.scheduled_job_id = job.pk if job is not None else None  # what the response shows
+    return jobs
 
 
 _GATE = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free, {check} AS check_ok)"""
@@ -896,10 +899,8 @@ def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | Non
                 old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
             if not created and fields is not None and "secrets" in fields:
                 fields = [*fields, *_note_rotation(provider)]
+            # Its rate limit, and the lanes of its queued items, follow in this transaction (notifications.lanes).
             provider.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            if not created and (fields is None or "rate_per_second" in fields):
-                # Items already queued follow the limit as it is now, in both directions.
-                sync_rate_limited(provider_ids=[provider.pk])
             AuditEvent.record(
                 actor=actor, action="provider.created" if created else "provider.updated", target=provider,
                 details={"name": provider.name, "fields": sorted(fields or [])},

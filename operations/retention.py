@@ -157,7 +157,7 @@ class Pruner:
     # --- what is eligible ---------------------------------------------------------------------------
     def notifications(self) -> QuerySet:
         open_dlq = DeadLetter.objects.using(self.using).open().filter(notification=OuterRef("pk"))
-        live_item = QueueItem.objects.using(self.using).filter(notification=OuterRef("pk"))
+        live_item = QueueItem.objects.using(self.using).filter(notification_id=OuterRef("pk"))
         qs = Notification.objects.using(self.using).filter(
             created_at__lt=self.cutoff, updated_at__lt=self.cutoff, status__in=FINISHED
         )
@@ -176,7 +176,7 @@ class Pruner:
         eligible = self.notifications().values("pk")
         counts = {
             "notifications": eligible.count(),
-            "jobs": self.jobs().exclude(notification__in=eligible).count(),
+            "jobs": self.jobs().exclude(notification_id__in=eligible).count(),
             "idempotency": self.idempotency().count(),
         }
         if attempts:

@@ -66,10 +66,10 @@ class QueueStateFilter(admin.SimpleListFilter):
 class QueueItemAdmin(ReadOnlyAdmin, TenantScopedAdmin):
     list_display = [
         "item_id", "tenant", "queue_name", "priority", "state", "attempts", "enqueued_at", "available_at",
-        "notification_id", "provider", "rate_limited",
+        "notification_id", "provider_id", "rate_limited",
     ]  # fmt: skip
     list_filter = [QueueStateFilter, PriorityFilter, "rate_limited"]
-    list_select_related = ("tenant", "provider")
+    list_select_related = ("tenant",)
     search_fields = ["=queue_name"]
     search_help_text = "A queue name, or a notification id."
     ordering = ["item_id"]  # first enqueued first: the primary key (an index on enqueued_at misled claims)
@@ -78,7 +78,7 @@ class QueueItemAdmin(ReadOnlyAdmin, TenantScopedAdmin):
     show_facets = admin.ShowFacets.NEVER
     fields = [
         "item_id", "tenant", "queue_name", "priority", "state", "attempts", "enqueued_at", "available_at",
-        "locked_until", "lock_token", "notification_id", "provider", "rate_limited", "payload_json",
+        "locked_until", "lock_token", "notification_id", "provider_id", "rate_limited", "payload_json",
     ]  # fmt: skip
     readonly_fields = fields
 

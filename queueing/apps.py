@@ -18,8 +18,8 @@ class QueueingConfig(AppConfig):
         throttling.use_bucket(take_key)  # core's API throttle spends the queue's token buckets
 
         # A tenant is saved by the admin (core knows nothing of the queue): its limit, set or
-        # removed, re-decides its queued items in the same transaction. Providers are saved through
-        # notifications.services.save_provider, which does the same for its provider.
+        # removed, re-decides its queued items in the same transaction. A lane's own limit is its
+        # owner's to record (queue.set_lane_limit: notifications.lanes, for providers).
         post_save.connect(_tenant_saved, sender=Tenant, dispatch_uid="queueing.tenant_rate_limit")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from psycopg import sql
@@ -38,17 +38,31 @@ from core import pooling
 logger = logging.getLogger("omnipost.janitor")
 
 # Tables whose rows are rewritten or deleted at the queue's pace (notifications and attempts are
-# updated HOT or only inserted, so page pruning keeps up with them). event_deliveries: every event
-# delivery is claimed and then recorded out of event_delivery_due_idx; unvacuumed (autovacuum off), the
-# event lane's claim stepped over every delivery ever made, 17 ms a claim after 40,000. Events are
-# updated once (fanned out) out of event_fanout_pending_idx, and batches of outcomes deleted as opened.
-CHURNING_TABLES = ("queue_state", "scheduled_jobs", "rate_limit_buckets", "workers", "event_deliveries", "events",
-                   "event_outcome_batches")  # fmt: skip
-# Tables only the event lane reads. While its process has a backlog of notifications the lane holds
-# back (dispatch.events), and a VACUUM or ANALYZE of these on the dispatcher's DB thread would only
-# hold up the notifications' claims and records (an ANALYZE re-plans the statements that read the
-# table, too): they wait until the backlog is gone.
-EVENT_TABLES = ("events", "event_deliveries", "event_attempts", "event_outcome_batches")
+# updated HOT or only inserted, so page pruning keeps up with them). Other apps add theirs with
+# `register` (events: its deliveries, claimed and recorded at the same pace), from their AppConfig.ready.
+_CHURNING: list[str] = ["queue_state", "scheduled_jobs", "rate_limit_buckets", "workers"]
+# Tables that only a part of a process that holds back under load reads (events: the event lane): a
+# VACUUM or ANALYZE of these on the dispatcher's DB thread would only hold up the queue's claims and
+# records while the process has a backlog (an ANALYZE re-plans the statements that read the table,
+# too), so they wait until the backlog is gone (`Janitor.busy`).
+_DEFERRED: list[str] = []
+
+
+def register(churning: Sequence[str] = (), *, deferred: Sequence[str] = ()) -> None:
+    """Add an app's tables: `churning`, vacuumed as soon as dead rows pile up; `deferred`, left alone
+    while the process is busy (they may be churning too)."""
+    _CHURNING.extend(t for t in churning if t not in _CHURNING)
+    _DEFERRED.extend(t for t in deferred if t not in _DEFERRED)
+
+
+def churning_tables() -> tuple[str, ...]:
+    return tuple(_CHURNING)
+
+
+def deferred_tables() -> tuple[str, ...]:
+    return tuple(_DEFERRED)
+
+
 LOCK_KEY = 0x6F6D6E6970_7661  # "omnip" "va": one key for every OmniPost janitor
 
 
@@ -63,9 +77,9 @@ class Janitor:
     analyze_fraction: float = 1.0  # this fraction of the rows they counted: analyzed as a table doubles
     every: float = 2.0
     clock: Callable[[], float] = time.monotonic
-    tables: tuple[str, ...] = CHURNING_TABLES
+    tables: tuple[str, ...] = field(default_factory=churning_tables)
     busy: Callable[[], bool] = lambda: False  # the process has a backlog: `deferred` tables wait
-    deferred: tuple[str, ...] = EVENT_TABLES
+    deferred: tuple[str, ...] = field(default_factory=deferred_tables)
     _last: float = field(default=float("-inf"), init=False)
     analyzed: list[str] = field(default_factory=list, init=False)  # by the last look, beside the vacuumed
 

@@ -16,7 +16,6 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from core.models import TenantOwned, TenantQuerySet
-from core.models.tenancy import HOT_FK
 
 # A dispatcher holds the item: leased, and the lease has not run out (by the database's clock).
 LEASED = Q(lock_token__isnull=False, locked_until__gt=Now())
@@ -36,7 +35,7 @@ class QueueItemQuerySet(TenantQuerySet):
 
 
 class QueueItem(TenantOwned):
-    """One live unit of work. Deleted on ack, so `notification` is unique while live."""
+    """One live unit of work. Deleted on ack, so `notification_id` is unique while live."""
 
     item_id = models.BigAutoField(primary_key=True)
     queue_name = models.CharField(max_length=100, default="default")
@@ -54,18 +53,17 @@ class QueueItem(TenantOwned):
     # items back; every write in `queueing/queue.py` (and the record's `released`) sets it.
     ready = models.BooleanField(db_default=True)
     attempts = models.PositiveIntegerField(default=0)
+    # What the item stands for and the lane it goes through, as opaque ids: the queue knows no table
+    # above it (no foreign key, no join). The app that enqueues them (notifications: a notification and
+    # its provider) removes its items itself when it deletes what they stand for (queue.remove_for).
     # Indexed by the unique constraint below, not twice.
-    notification = models.ForeignKey(
-        "notifications.Notification", on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK
-    )
-    # Not indexed on its own: lanes use queue_state_lane_idx, and a provider cannot be deleted while
-    # it has notifications (PROTECT), so the cascade never has rows to find.
-    provider = models.ForeignKey(
-        "notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+", db_index=False, **HOT_FK
-    )
-    # True when the provider or tenant has a rate limit (`ratelimit.limited_sql`, kept in sync when a
-    # limit changes by `queue.sync_rate_limited`): such items are claimed only in per-provider lanes
-    # capped by the tokens already granted, so an exhausted tenant costs no claims.
+    notification_id = models.UUIDField()
+    # The lane: not indexed on its own, lanes use queue_state_lane_idx. Null: no lane to go through.
+    provider_id = models.BigIntegerField(null=True, blank=True)
+    # True when the lane or the tenant has a rate limit (`ratelimit.limited_sql` over `lane_limits`
+    # and `tenants`, kept in sync when a limit changes by `queue.sync_rate_limited`): such items are
+    # claimed only in per-lane queues capped by the tokens already granted, so an exhausted tenant
+    # costs no claims.
     rate_limited = models.BooleanField(default=False)
 
     objects = QueueItemQuerySet.as_manager()
@@ -73,7 +71,7 @@ class QueueItem(TenantOwned):
     class Meta:
         db_table = "queue_state"
         constraints = [
-            models.UniqueConstraint(fields=["notification"], name="queue_state_one_live_item_per_notification"),
+            models.UniqueConstraint(fields=["notification_id"], name="queue_state_one_live_item_per_notification"),
             models.CheckConstraint(condition=Q(priority__gte=0, priority__lte=9), name="queue_state_priority_0_9"),
         ]
         indexes = [
@@ -123,7 +121,7 @@ class QueueItem(TenantOwned):
             # claim(), rate-limited lanes: WHERE ready AND rate_limited AND provider_id = ?
             # ORDER BY priority DESC, enqueued_at; and `queue.rate_limited_providers`.
             models.Index(
-                fields=["provider", "-priority", "enqueued_at", "item_id"],
+                fields=["provider_id", "-priority", "enqueued_at", "item_id"],
                 condition=Q(ready=True, rate_limited=True),
                 name="queue_state_lane_idx",
             ),
@@ -152,9 +150,10 @@ class ScheduledJob(TenantOwned):
         CANCELLED = "cancelled"
 
     job_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    notification = models.OneToOneField(
-        "notifications.Notification", on_delete=models.CASCADE, related_name="scheduled_job"
-    )
+    # What the job promotes, as an opaque id (one job per notification): the handler the domain
+    # registers (queueing.scheduler.register_promotion) knows what it is. No foreign key: whoever
+    # deletes a notification deletes its job (operations.retention does, in the same statement).
+    notification_id = models.UUIDField(unique=True)
     run_at = models.DateTimeField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -239,3 +238,21 @@ class RateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.effective_rate:g}/s"
+
+
+class LaneLimit(TenantOwned):
+    """The configured rate limit of one lane (a `queue_state.provider_id`), as the app that owns the
+    lanes sets it: notifications keeps one row per provider with a `rate_limit` (notifications.lanes).
+    A lane without a limit has no row. Whether a new item is rate-limited is decided from these rows
+    and the tenant's own limit (`ratelimit.limited_sql`), so the queue reads no table above it."""
+
+    lane_id = models.BigIntegerField(primary_key=True)
+    rate_per_second = models.FloatField()
+    burst = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "lane_limits"
+
+    def __str__(self) -> str:
+        return f"lane {self.lane_id}: {self.rate_per_second:g}/s"

@@ -123,7 +123,8 @@ def insert_items_sql(source: str, *, order_by: str = "") -> str:
     """`INSERT INTO queue_state … SELECT` of new items from `source`, a FROM item
     (aliased `s`) with the columns queue_name, priority, payload (jsonb), delay (seconds, float8),
     tenant_id, notification_id, provider_id. The one place new items get their `rate_limited`
-    (from the current limits) and their `ready`; `enqueue` and the scheduler's promotion use it.
+    (from the current limits: the lane's row of `lane_limits` and the tenant's) and their `ready`;
+    `enqueue` and the promotion of scheduled jobs use it.
     Ends in ON CONFLICT (notification_id) DO NOTHING, for the caller to add RETURNING."""
     limited = ratelimit.limited_sql("lim_p", "lim_t")
     return f"""
@@ -134,7 +135,7 @@ def insert_items_sql(source: str, *, order_by: str = "") -> str:
                -- an item without a provider has no lane to go through
                coalesce(s.provider_id IS NOT NULL AND {limited}, false), s.delay <= 0
         FROM {source}
-        LEFT JOIN providers lim_p ON lim_p.id = s.provider_id
+        LEFT JOIN lane_limits lim_p ON lim_p.lane_id = s.provider_id
         LEFT JOIN tenants lim_t ON lim_t.id = s.tenant_id
         {f"ORDER BY {order_by}" if order_by else ""}
         ON CONFLICT (notification_id) DO NOTHING"""
@@ -492,13 +493,11 @@ def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = Fa
     an item a peer re-claimed is not ours, and neither CTE returns it. `reroute`: `source` also has
     `provider_id`, the provider a released item's next try goes through (null: the same one); an
     item that changes provider changes lane too (`rate_limited`, from that provider's and its
-    tenant's limits, as `insert_items_sql` decides it)."""
+    tenant's limits, as `insert_items_sql` decides it: a re-route stays within the item's tenant)."""
     provider = (
         f""", provider_id = coalesce(o.provider_id, q.provider_id),
             rate_limited = CASE WHEN o.provider_id IS NULL OR o.provider_id = q.provider_id THEN q.rate_limited
-                                ELSE coalesce((SELECT {ratelimit.limited_sql("lim_p", "lim_t")}
-                                               FROM providers lim_p JOIN tenants lim_t ON lim_t.id = lim_p.tenant_id
-                                               WHERE lim_p.id = o.provider_id), false) END"""
+                                ELSE {_limited_now("o.provider_id", "q.tenant_id")} END"""
         if reroute
         else ""
     )
@@ -611,25 +610,52 @@ def stage(limit: int = STAGE_LIMIT, *, using: str = "default") -> Staged:
 
 
 # --- rate limits that changed under queued items -----------------------------------------------------
+def _limited_now(lane: str, tenant: str) -> str:
+    """Whether an item of `lane` and `tenant` (SQL expressions) goes through its lane, from the
+    limits as they are now: one probe of `lane_limits` and one of `tenants`."""
+    return f"""coalesce((SELECT {ratelimit.limited_sql("lim_p", "lim_t")}
+                         FROM tenants lim_t LEFT JOIN lane_limits lim_p ON lim_p.lane_id = {lane}
+                         WHERE lim_t.id = {tenant}), false)"""
+
+
+def set_lane_limit(
+    lane_id: int, *, tenant_id: uuid.UUID, rate_per_second: float | None, burst: float | None = None,
+    using: str = "default",
+) -> int:
+    """Record a lane's configured limit (None: it has none) and re-decide its queued items, in the
+    caller's transaction: the app that owns the lane calls it whenever the limit is set, changed or
+    removed. Two statements; returns how many items changed lanes."""
+    with connections[using].cursor() as cursor:
+        if rate_per_second is None:
+            cursor.execute("DELETE FROM lane_limits WHERE lane_id = %s", [lane_id])
+        else:
+            cursor.execute(
+                """INSERT INTO lane_limits (lane_id, tenant_id, rate_per_second, burst, updated_at)
+                   VALUES (%s, %s, %s, %s, now())
+                   ON CONFLICT (lane_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id,
+                       rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst, updated_at = now()""",
+                [lane_id, tenant_id, float(rate_per_second), None if burst is None else float(burst)],
+            )
+    return sync_rate_limited(provider_ids=[lane_id], using=using)
+
+
 def sync_rate_limited(
     *, provider_ids: Sequence[int] = (), tenant_ids: Sequence[uuid.UUID] = (), using: str = "default"
 ) -> int:
-    """Re-decide `rate_limited` of the queued items of these providers and of every provider of
-    these tenants, from their limits as they are now (in the caller's transaction: the service
-    that saves a limit calls it there). Returns how many items changed lanes. Finds the items by
-    provider, with no index of their own: a limit changes rarely, and a scan of the live queue
-    once per change costs less than an index written by every enqueue and claim."""
+    """Re-decide `rate_limited` of the queued items of these lanes and of every item of these
+    tenants, from their limits as they are now (in the caller's transaction: whoever saves a limit
+    calls it there). Returns how many items changed lanes. Finds the items by lane or tenant, with
+    no index of their own: a limit changes rarely, and a scan of the live queue once per change
+    costs less than an index written by every enqueue and claim."""
     if not provider_ids and not tenant_ids:
         return 0
-    limited = ratelimit.limited_sql("p", "t")
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"""
-            UPDATE queue_state q SET rate_limited = lim.limited
-            FROM (SELECT p.id, {limited} AS limited FROM providers p JOIN tenants t ON t.id = p.tenant_id
-                  WHERE p.id = ANY(%s::bigint[]) OR p.tenant_id = ANY(%s::uuid[])) lim
-            WHERE q.provider_id = lim.id AND q.rate_limited <> lim.limited
-            """,
+            UPDATE queue_state q SET rate_limited = NOT q.rate_limited
+            WHERE q.provider_id IS NOT NULL AND (q.provider_id = ANY(%s::bigint[]) OR q.tenant_id = ANY(%s::uuid[]))
+              AND q.rate_limited <> {_limited_now("q.provider_id", "q.tenant_id")}
+            """,  # noqa: S608 - fixed fragments
             [list(provider_ids), list(tenant_ids)],
         )
         return cursor.rowcount
@@ -724,11 +750,12 @@ def remove_for(notification_ids: Any, *, tenant_id: Any, using: str = "default")
     return QueueItem.objects.using(using).for_tenant(tenant_id).filter(notification_id__in=notification_ids).delete()[0]
 
 
-def rate_limited_sql(provider: str, tenant: str) -> str:
-    """Whether an item through a provider goes through its rate-limited lane, in SQL over a
-    `providers` row and a `tenants` row (aliases): what enqueues and re-routes write into
-    `rate_limited`, for a router to ask of the providers it may move items to."""
-    return ratelimit.limited_sql(provider, tenant)
+def rate_limited_sql(lane: str, tenant: str) -> str:
+    """Whether an item goes through its rate-limited lane, in SQL over a row with the lane's
+    `rate_per_second` (a `lane_limits` row, or the row the lane's owner keeps it in) and a `tenants`
+    row (aliases): what enqueues and re-routes write into `rate_limited`, for a router to ask of the
+    lanes it may move items to."""
+    return ratelimit.limited_sql(lane, tenant)
 
 
 def remove_idle_sql(source: str) -> str:

@@ -34,17 +34,19 @@ INCREASE_PER_SECOND = 0.02  # additive increase while succeeding: 2 % of the con
 
 
 # --- whether an item is rate-limited: the one rule ------------------------------------------------------
-# An item goes through a lane when its provider or its tenant has a limit *now*: the enqueue decides
-# from the current rows (`queue.insert_items_sql`), a saved limit re-decides that provider's or
-# tenant's queued items (`queue.sync_rate_limited`), and `queue.rate_limited_providers` lets lanes
-# serve items whose limit went away before the flag caught up.
+# An item goes through a lane when its lane (provider) or its tenant has a limit *now*: the enqueue
+# decides from the current rows (`queue.insert_items_sql`: the lane's row of `lane_limits`, which the
+# lane's owner keeps in sync with its configuration, and the tenant's), a saved limit re-decides that
+# lane's or tenant's queued items (`queue.set_lane_limit`, `queue.sync_rate_limited`), and
+# `queue.rate_limited_providers` lets lanes serve items whose limit went away before the flag caught up.
 def is_limited(provider_rate: float | None, tenant_rate: float | None) -> bool:
     return provider_rate is not None or tenant_rate is not None
 
 
-def limited_sql(provider: str, tenant: str) -> str:
-    """`is_limited` in SQL over a `providers` row and a `tenants` row (aliases)."""
-    return f"({provider}.rate_per_second IS NOT NULL OR {tenant}.rate_per_second IS NOT NULL)"
+def limited_sql(lane: str, tenant: str) -> str:
+    """`is_limited` in SQL over a row with the lane's `rate_per_second` (a `lane_limits` row, outer
+    joined: none when the lane has no limit) and a `tenants` row (aliases)."""
+    return f"({lane}.rate_per_second IS NOT NULL OR {tenant}.rate_per_second IS NOT NULL)"
 
 
 def provider_key(provider_id: int) -> str:

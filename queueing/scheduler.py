@@ -1,17 +1,20 @@
 """The scheduler: promotes due scheduled jobs into the queue, on time, exactly once.
 
 One batch is one transaction with a fixed number of statements whatever its size: the due jobs
-are marked executed, their notifications move `scheduled → queued` and get their queue items, all
-or nothing, so a crash can never leave a job executed without its item (or the reverse).
-That is a single statement (data-modifying CTEs) whose `FOR UPDATE SKIP LOCKED` hands each due
-job to exactly one of several schedulers.
+are marked executed, what they stand for moves on and gets its queue items, all or nothing, so a
+crash can never leave a job executed without its item (or the reverse). That is a single statement
+(data-modifying CTEs) whose `FOR UPDATE SKIP LOCKED` hands each due job to exactly one of several
+schedulers. The queue knows a job only by an opaque id: the app that schedules jobs registers the
+handler that promotes them (`register_promotion`), composing queueing's fragments for
+`scheduled_jobs` and `queue_state` with its own (notifications.promotion: `scheduled → queued`).
+Without a handler the scheduler refuses to run.
 
 Between batches the scheduler sleeps until the next `run_at` (measured with the database's clock),
 capped by `interval`, and a doorbell (LISTEN on `omnipost_schedule`, rung by
 `queueing.schedule.add_jobs`) wakes it early when a newly scheduled job is due sooner than the one
 it sleeps toward; sleeps are also capped by the heartbeat period. While a backlog exists (a full
-batch was promoted) it loops without sleeping. A due job whose notification is no longer
-`scheduled` (cancelled meanwhile) ends `cancelled` and enqueues nothing.
+batch was promoted) it loops without sleeping. A due job the handler finds no longer live (its
+notification cancelled meanwhile) ends `cancelled` and enqueues nothing.
 
 Raw SQL lives here because the ORM cannot express a multi-table CTE with SKIP LOCKED.
 """
@@ -25,11 +28,13 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from types import FrameType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
 from core import partitions
@@ -37,7 +42,7 @@ from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connec
 from queueing import heartbeat
 from queueing.janitor import Janitor, vacuum_on_default
 from queueing.models import Worker
-from queueing.queue import NOTIFY_CHANNEL, insert_items_sql
+from queueing.queue import NOTIFY_CHANNEL
 from queueing.schedule import SCHEDULE_CHANNEL
 from queueing.wakeup import Doorbell
 
@@ -70,60 +75,92 @@ class Promotion:
         return self.promoted + self.cancelled
 
 
-# --- one statement per batch -----------------------------------------------------------------------
-# Literals ('pending', 'scheduled') stay in the SQL so the planner matches the partial index
-# scheduled_jobs_due_idx (WHERE status = 'pending', ON run_at).
-#   due    - the oldest due jobs and their notifications, both locked; SKIP LOCKED leaves to a peer
-#            the jobs it holds, and skips for now a notification a cancel is changing. Under the lock
-#            the notification's status is current, so a cancel that committed first wins.
-#   queued - those notifications still `scheduled` move to `queued`.
-#   jobs   - executed when their notification was queued, else cancelled (it was cancelled meanwhile).
-#   items  - queue items (queue.insert_items_sql: the queue's own INSERT, which decides rate_limited
-#            from the current limits and routes those items to the claim's per-provider lanes),
-#            inserted in run_at order so item ids follow run_at.
-# Every CTE joins the previous one to a table through its primary key (never CTE to CTE, whose row
-# estimates are guesses), so the plan stays index lookups per batch row.
-# The final SELECT rings the dispatchers' doorbell (delivered at commit) with the queue names.
-_INSERT_ITEMS = insert_items_sql(
-    """(SELECT q.queue AS queue_name, q.priority, jsonb_build_object('channel', q.channel) AS payload,
-               0::float8 AS delay, q.tenant_id, q.id AS notification_id, q.provider_id, q.run_at
-        FROM queued q) s""",
-    order_by="s.run_at",
-)
-_PROMOTE = f"""
-WITH due AS (
-    SELECT j.job_id, j.notification_id, j.run_at, n.status = 'scheduled' AS live
+# --- one statement per batch: queueing's fragments, composed by the app that schedules -----------------
+# A job carries what it promotes by an opaque id (`notification_id`); the app that schedules jobs
+# registers the handler that promotes a batch (`register_promotion`, from its AppConfig.ready, as core's
+# API throttle is handed the queue's bucket function). The handler composes ONE statement from these
+# fragments and its own:
+#   due    - `due_jobs_sql()`: the oldest due jobs, locked; SKIP LOCKED leaves to a peer the jobs it holds.
+#   (its own CTEs: lock what the jobs stand for, decide which jobs are `live`, move those along)
+#   jobs   - `settle_jobs_sql(source)`: executed when live, else cancelled.
+#   items  - `queue.insert_items_sql(…)`: the queue items of the live ones.
+#   then   - `promotion_result_sql()`: the batch's figures, and the dispatchers' doorbell (NOTIFY at
+#            commit) with the queues that got items, in the same statement.
+# `run_promotion` runs such a statement and reads its figures. Literals ('pending') stay in the SQL so
+# the planner matches the partial index scheduled_jobs_due_idx (WHERE status = 'pending', ON run_at).
+def due_jobs_sql() -> str:
+    """`SELECT job_id, notification_id, run_at` of up to %(n)s due pending jobs, oldest run_at
+    first, locked FOR UPDATE SKIP LOCKED (each due job goes to one scheduler)."""
+    return """SELECT j.job_id, j.notification_id, j.run_at
     FROM scheduled_jobs j
-    JOIN notifications n ON n.id = j.notification_id
     WHERE j.status = 'pending' AND j.run_at <= now()
     ORDER BY j.run_at
     LIMIT %(n)s
-    FOR UPDATE OF j, n SKIP LOCKED
-), queued AS (
-    UPDATE notifications n
-    SET status = 'queued', enqueued_at = now(), updated_at = now()
-    FROM due
-    WHERE n.id = due.notification_id AND due.live
-    RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel, due.run_at
-), jobs AS (
-    UPDATE scheduled_jobs j
-    SET status = CASE WHEN due.live THEN 'executed' ELSE 'cancelled' END,
-        executed_at = CASE WHEN due.live THEN now() END
-    FROM due
-    WHERE j.job_id = due.job_id
-    RETURNING j.status
-), items AS ({_INSERT_ITEMS}
-    RETURNING queue_name
-), summary AS (
-    SELECT (SELECT count(*) FROM jobs WHERE status = 'executed') AS promoted,
-           (SELECT count(*) FROM jobs WHERE status = 'cancelled') AS cancelled,
-           (SELECT string_agg(DISTINCT queue_name, ',' ORDER BY queue_name) FROM items) AS queues,
-           (SELECT extract(epoch FROM max(now() - run_at))::float8 FROM queued) AS max_lag
+    FOR UPDATE OF j SKIP LOCKED"""
+
+
+def settle_jobs_sql(source: str) -> str:
+    """`UPDATE scheduled_jobs … RETURNING j.status, j.run_at` of the jobs in `source` (a relation with
+    columns job_id and live): executed when live, else cancelled. A job left out of `source` stays
+    pending (its notification was held by someone else: the next batch takes it)."""
+    return f"""UPDATE scheduled_jobs j
+    SET status = CASE WHEN d.live THEN 'executed' ELSE 'cancelled' END,
+        executed_at = CASE WHEN d.live THEN now() END
+    FROM {source} d
+    WHERE j.job_id = d.job_id
+    RETURNING j.status, j.run_at"""  # noqa: S608 - the caller's relation
+
+
+def promotion_result_sql(jobs: str = "jobs", items: str = "items") -> str:
+    """The end of a promotion: `summary AS (…) SELECT promoted, cancelled, queues, max_lag`, from the
+    CTE `jobs` (`settle_jobs_sql`) and `items` (`insert_items_sql … RETURNING queue_name`), ringing
+    the dispatchers' doorbell (%(channel)s) with the queues that got items."""
+    return f"""summary AS (
+    SELECT (SELECT count(*) FROM {jobs} WHERE status = 'executed') AS promoted,
+           (SELECT count(*) FROM {jobs} WHERE status = 'cancelled') AS cancelled,
+           (SELECT string_agg(DISTINCT queue_name, ',' ORDER BY queue_name) FROM {items}) AS queues,
+           (SELECT extract(epoch FROM max(now() - run_at))::float8 FROM {jobs} WHERE status = 'executed') AS max_lag
 )
 SELECT s.promoted, s.cancelled, s.queues, s.max_lag
 FROM summary s
-LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, s.queues) WHERE s.queues IS NOT NULL) AS rang ON true
-"""  # noqa: S608 - constant fragments only (queue.insert_items_sql); values are bound parameters
+LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, s.queues) WHERE s.queues IS NOT NULL) AS rang ON true"""  # noqa: S608
+
+
+def run_promotion(sql: str, batch_size: int, *, using: str = "default") -> Promotion:
+    """Run one promotion statement (ending in `promotion_result_sql`) for up to `batch_size` jobs."""
+    # One statement: in autocommit mode it is its own transaction; inside a caller's atomic() it
+    # joins that one (and its NOTIFY goes out when the caller commits).
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, {"n": batch_size, "channel": NOTIFY_CHANNEL})
+        promoted, cancelled, queues, max_lag = cursor.fetchone()
+    return Promotion(
+        promoted=int(promoted),
+        cancelled=int(cancelled),
+        queues=tuple(queues.split(",")) if queues else (),
+        max_lag=max_lag,
+    )
+
+
+# (batch_size, using) -> what the batch did: one statement, see above.
+PromotionHandler = Callable[[int, str], Promotion]
+_handler: list[PromotionHandler] = []
+
+
+def register_promotion(handler: PromotionHandler) -> None:
+    """The app that schedules jobs hands the scheduler the function that promotes a batch of them."""
+    _handler[:] = [handler]
+
+
+def promotion_handler() -> PromotionHandler:
+    """The registered handler; without one the scheduler refuses to run rather than leave due jobs
+    pending (or mark them done) unseen."""
+    if not _handler:
+        raise ImproperlyConfigured(
+            "No handler promotes due scheduled jobs: the app that schedules them must call "
+            "queueing.scheduler.register_promotion() in its AppConfig.ready(); is that app in INSTALLED_APPS?"
+        )
+    return _handler[0]
+
 
 # The partial index serves min(run_at) over pending jobs; the wait is computed by the database so
 # the host's clock never matters.
@@ -134,20 +171,12 @@ FROM scheduled_jobs WHERE status = 'pending'
 
 
 def promote_due(batch_size: int, *, using: str = "default") -> Promotion:
-    """Promote up to `batch_size` due jobs, oldest run_at first, in one transaction."""
+    """Promote up to `batch_size` due jobs, oldest run_at first, in one transaction, through the
+    registered handler (ImproperlyConfigured without one)."""
+    handler = promotion_handler()
     if batch_size <= 0:
         return Promotion(0, 0)
-    # One statement: in autocommit mode it is its own transaction; inside a caller's atomic() it
-    # joins that one (and its NOTIFY goes out when the caller commits).
-    with connections[using].cursor() as cursor:
-        cursor.execute(_PROMOTE, {"n": batch_size, "channel": NOTIFY_CHANNEL})
-        promoted, cancelled, queues, max_lag = cursor.fetchone()
-    return Promotion(
-        promoted=int(promoted),
-        cancelled=int(cancelled),
-        queues=tuple(queues.split(",")) if queues else (),
-        max_lag=max_lag,
-    )
+    return handler(batch_size, using)
 
 
 def next_due(*, using: str = "default") -> tuple[datetime | None, float | None]:
@@ -226,6 +255,7 @@ class Scheduler:
 
     def run(self, *, once: bool = False) -> None:
         """Run until stop() or a signal; with `once`, promote everything due now and return."""
+        promotion_handler()  # none registered: fail at start, not at the first due job
         self._install_signal_handlers()
         doorbell: Doorbell | None = None
         try:

@@ -178,11 +178,10 @@ class ReceiptField(serializers.ChoiceField):
 
 
 def _scheduled_job_id(n: Notification) -> str | None:
-    related = Notification.scheduled_job.related
-    if related.is_cached(n):
-        job = related.get_cached_value(n)
-        return str(job.pk) if job is not None else None
-    return None
+    """The id of its scheduled job, where the read that loaded it looked it up (`scheduled_job_id`:
+    reads.detail, the list's annotation, the create); else None."""
+    job_id = n.__dict__.get("scheduled_job_id")
+    return None if job_id is None else str(job_id)
 
 
 class NotificationSerializer(serializers.Serializer):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
@@ -85,9 +85,12 @@ class NotificationViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retrie
     def get_queryset(self) -> QuerySet[Notification]:
         if getattr(self, "swagger_fake_view", False):
             return Notification.objects.none()
+        # The job by notification_id within the tenant (scheduled_jobs keeps no foreign key to it).
+        job = ScheduledJob.objects.for_tenant(self.request.tenant).filter(notification_id=OuterRef("pk"))
         qs = (
             Notification.objects.for_tenant(self.request.tenant)
-            .select_related("provider", "template", "scheduled_job")
+            .select_related("provider", "template")
+            .annotate(scheduled_job_id=Subquery(job.values("job_id")[:1]))
             .with_live_status()
         )
         return qs

@@ -3,8 +3,9 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-# Room on each page for updated row versions, so status changes can be HOT updates.
-FILLFACTOR = {"notifications": 80, "queue_state": 70}
+# Room on each page for updated row versions, so status changes can be HOT updates. (queue_state's
+# is queueing's own: its migrations set it.)
+FILLFACTOR = {"notifications": 80}
 
 
 def set_fillfactor(apps, schema_editor):
@@ -21,7 +22,6 @@ def reset_fillfactor(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("queueing", "0001_initial"),
         ('core', '0002_audit_append_only_trigger'),
         ('notifications', '0001_initial'),
     ]

@@ -10,9 +10,11 @@ class Migration(migrations.Migration):
 
     initial = True
 
+    # Replaced by 0001_squashed_0009_plain_ids: a database without this migration takes the squash,
+    # so it never runs again. No dependency on an app above queueing: the squash inherits this
+    # migration's dependencies.
     dependencies = [
         ('core', '0002_audit_append_only_trigger'),
-        ('notifications', '0001_initial'),
     ]
 
     operations = [

@@ -26,9 +26,11 @@ def reset_autovacuum(apps, schema_editor):
 
 class Migration(migrations.Migration):
 
+    # Replaced by 0001_squashed_0009_plain_ids; run only on a database that has applied part of
+    # 0001–0009 (and so has the notifications tables these refer to). No dependency on an app above
+    # queueing: the squash inherits this migration's dependencies.
     dependencies = [
         ('core', '0002_audit_append_only_trigger'),
-        ('notifications', '0003_hot_foreign_keys'),
         ('queueing', '0001_initial'),
     ]
 

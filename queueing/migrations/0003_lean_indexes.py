@@ -19,8 +19,10 @@ def restore_fillfactor(apps, schema_editor):
 
 class Migration(migrations.Migration):
 
+    # Replaced by 0001_squashed_0009_plain_ids; run only on a database that has applied part of
+    # 0001–0009 (and so has the notifications tables these refer to). No dependency on an app above
+    # queueing: the squash inherits this migration's dependencies.
     dependencies = [
-        ('notifications', '0004_lean_indexes'),
         ('queueing', '0002_hot_foreign_keys'),
     ]
 

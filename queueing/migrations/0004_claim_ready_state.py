@@ -11,9 +11,11 @@ def mark_waiting_items(apps, schema_editor):
 
 class Migration(migrations.Migration):
 
+    # Replaced by 0001_squashed_0009_plain_ids; run only on a database that has applied part of
+    # 0001–0009 (and so has the notifications tables these refer to). No dependency on an app above
+    # queueing: the squash inherits this migration's dependencies.
     dependencies = [
         ('core', '0002_audit_append_only_trigger'),
-        ('notifications', '0007_notification_ids_time_ordered'),
         ('queueing', '0003_lean_indexes'),
     ]
 

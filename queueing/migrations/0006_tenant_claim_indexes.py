@@ -5,9 +5,11 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
 
+    # Replaced by 0001_squashed_0009_plain_ids; run only on a database that has applied part of
+    # 0001–0009 (and so has the notifications tables these refer to). No dependency on an app above
+    # queueing: the squash inherits this migration's dependencies.
     dependencies = [
         ('core', '0004_tenant_weight'),
-        ('notifications', '0011_receipts'),
         ('queueing', '0005_worker_reconnects'),
     ]
 

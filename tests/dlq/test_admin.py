@@ -300,7 +300,8 @@ def test_queue_admins_are_read_only_and_scoped(staff_a, root, tenant_a, busy):
     assert "column-host" in workers and "column-pid" in workers  # one host's pid is not another's
     assert 'class="field-host">web-1<' in workers and 'class="field-pid">101<' in workers
     job_note = factories.notifications(tenant_a, factories.provider(tenant_a, "later"), 1, status="scheduled")[0]
-    ScheduledJob.objects.create(tenant=tenant_a, notification=job_note, run_at=datetime.now(UTC) + timedelta(hours=1))
+    ScheduledJob.objects.create(tenant=tenant_a, notification_id=job_note.pk,
+                                run_at=datetime.now(UTC) + timedelta(hours=1))
     jobs = html(staff_a.get("/admin/queueing/scheduledjob/"))
     assert str(job_note.pk) in jobs
     assert str(job_note.pk) not in html(login("staff-b", Tenant.objects.get(name="tenant-b")).get(

@@ -195,10 +195,10 @@ def test_enroll_schedules_every_step_and_queues_the_due_one(api_a, setup_a, onbo
         assert note.scheduled_for == enrollment.starts_at + timedelta(hours=step["position"])
         assert note.metadata == {"sequence": "onboarding", "enrollment_id": data["id"], "step": step["position"]}
     first, *later = (notes[s["notification_id"]] for s in data["steps"])
-    assert QueueItem.objects.filter(notification=first).exists()
-    jobs = ScheduledJob.objects.filter(notification__in=later)
+    assert QueueItem.objects.filter(notification_id=first.pk).exists()
+    jobs = ScheduledJob.objects.filter(notification_id__in=[n.pk for n in later])
     assert sorted((j.run_at, j.status) for j in jobs) == [(n.scheduled_for, "pending") for n in later]
-    assert not QueueItem.objects.filter(notification__in=later).exists()
+    assert not QueueItem.objects.filter(notification_id__in=[n.pk for n in later]).exists()
 
     assert api_a.get(f"{enrollments_url()}/{data['id']}").json() == data
     assert api_a.get(enrollments_url()).json()["results"] == [data]

@@ -59,7 +59,7 @@ def test_unenroll_cancels_what_waits_and_lets_a_dispatching_step_finish(setup_a)
     first, second, third, fourth = step_notes(enrollment.pk)
     assert [n.status for n in (first, second, third, fourth)] == ["queued", "queued", "queued", "scheduled"]
     # Step 0 is being delivered right now: leased, and dispatching.
-    QueueItem.objects.exclude(notification=first).update(available_at=timezone.now() + timedelta(hours=1))
+    QueueItem.objects.exclude(notification_id=first.pk).update(available_at=timezone.now() + timedelta(hours=1))
     prepared, skipped = claim_and_start(1)
     assert [p.notification_id for p in prepared] == [first.pk] and not skipped
     # Step 1 waits for a retry (idle item in the future); step 2 is queued; step 3 scheduled.
@@ -72,7 +72,7 @@ def test_unenroll_cancels_what_waits_and_lets_a_dispatching_step_finish(setup_a)
     assert statuses == ["dispatching", "cancelled", "cancelled", "cancelled"]
     assert Notification.objects.get(pk=first.pk).status == "queued"  # the lease is the dispatch, not a write
     assert list(QueueItem.objects.values_list("notification_id", flat=True)) == [first.pk]  # the lease stays
-    assert ScheduledJob.objects.get(notification=fourth).status == "cancelled"
+    assert ScheduledJob.objects.get(notification_id=fourth.pk).status == "cancelled"
     row = Enrollment.objects.get(pk=enrollment.pk)
     assert row.state == "cancelled" and row.cancelled_at is not None
 

@@ -102,7 +102,7 @@ def populated(tenant_a, tenant_b):
     old = timezone.now() - timedelta(seconds=42)
     QueueItem.objects.filter(queue_name="default", priority=9).update(enqueued_at=old)
     late = factories.notifications(tenant_a, hook, 1, status="scheduled")[0]
-    ScheduledJob.objects.create(tenant=tenant_a, notification=late, run_at=now - timedelta(seconds=90))
+    ScheduledJob.objects.create(tenant=tenant_a, notification_id=late.pk, run_at=now - timedelta(seconds=90))
     Worker.objects.create(kind="dispatcher", host="h1", pid=1)
     Worker.objects.create(kind="dispatcher", host="h2", pid=2)
     Worker.objects.create(kind="scheduler", host="h1", pid=3)

@@ -25,7 +25,7 @@ def ready() -> tuple[int, dict]:
 def late_job(tenant, seconds: float) -> ScheduledJob:
     n = factories.notifications(tenant, factories.provider(tenant), 1, status="scheduled")[0]
     run_at = timezone.now() - timedelta(seconds=seconds)
-    return ScheduledJob.objects.create(tenant=tenant, notification=n, run_at=run_at)
+    return ScheduledJob.objects.create(tenant=tenant, notification_id=n.pk, run_at=run_at)
 
 
 def test_ready_reports_every_check_and_the_workers():

@@ -32,7 +32,7 @@ def scheduled(tenant, prov, *, seconds: float, priority: int = 5, queue_name: st
     run_at = db_now() + timedelta(seconds=seconds)
     note.scheduled_for = run_at
     note.save(update_fields=["scheduled_for"])
-    add_jobs([ScheduledJob(tenant=tenant, notification=note, run_at=run_at, status=job_status)])
+    add_jobs([ScheduledJob(tenant=tenant, notification_id=note.pk, run_at=run_at, status=job_status)])
     return note
 
 

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from notifications.models import Provider
+from queueing import janitor
 from queueing.janitor import Janitor
 from queueing.wakeup import Doorbell, _conninfo
 from tests import factories
@@ -28,6 +29,19 @@ def autocommit_connection() -> psycopg.Connection:
 def dead_rows(conn: psycopg.Connection, table: str) -> int:
     row = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", [table]).fetchone()
     return row[0]
+
+
+def test_the_tables_watched_come_from_the_apps_that_own_them(monkeypatch):
+    monkeypatch.setattr(janitor, "_CHURNING", list(janitor._CHURNING))
+    monkeypatch.setattr(janitor, "_DEFERRED", list(janitor._DEFERRED))
+    assert Janitor().tables[:4] == ("queue_state", "scheduled_jobs", "rate_limit_buckets", "workers")
+    # events.apps registers the event lane's: churning, and left alone while the process is busy
+    assert {"event_deliveries", "events", "event_outcome_batches"} <= set(Janitor().tables)
+    assert set(Janitor().deferred) == {"events", "event_deliveries", "event_attempts", "event_outcome_batches"}
+    janitor.register(("some_outbox",), deferred=("some_outbox", "events"))
+    janitor.register(("some_outbox",))
+    assert Janitor().tables.count("some_outbox") == 1 and Janitor().deferred.count("events") == 1
+    assert Janitor(tables=("queue_state",)).tables == ("queue_state",)
 
 
 def leave_dead_queue_rows(tenant, count: int) -> None:  # noqa: ANN001

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 from queueing import queue
-from queueing.models import QueueItem
+from queueing.models import LaneLimit, QueueItem
 from queueing.wakeup import Doorbell
 from tests import factories
 
@@ -126,6 +126,45 @@ def test_rate_limited_items_only_through_lanes(tenant_a, hook):
     lane = queue.claim(0, lanes={limited.pk: 3})
     assert len(lane) == 3 and all(lease.provider_id == limited.pk for lease in lane)
     assert len(queue.claim(10, lanes={limited.pk: 10})) == 2
+
+
+def test_whether_an_item_is_rate_limited_comes_from_the_queues_own_lane_limits(tenant_a, tenant_b):
+    """The queue reads its lanes' limits from `lane_limits` (and the tenant's from `tenants`), never
+    from the table of whoever owns the lanes: ids with no provider behind them work the same."""
+    lane, other = 900_001, 900_002
+
+    def item(tenant, lane_id):  # noqa: ANN001, ANN202
+        return queue.NewItem(notification_id=uuid.uuid4(), tenant_id=tenant.pk, provider_id=lane_id)
+
+    assert queue.set_lane_limit(lane, tenant_id=tenant_a.pk, rate_per_second=2.0, burst=4) == 0
+    tenant_b.rate_per_second = 5
+    tenant_b.save()
+    items = [item(tenant_a, lane), item(tenant_a, other), item(tenant_b, other), item(tenant_a, None)]
+    assert queue.enqueue(items) == 4
+    flags = dict(QueueItem.objects.values_list("notification_id", "rate_limited"))
+    assert [flags[i.notification_id] for i in items] == [True, False, True, False]
+
+    # a limit set, changed or removed re-decides that lane's queued items, in the caller's transaction
+    assert queue.set_lane_limit(other, tenant_id=tenant_a.pk, rate_per_second=1.0) == 1
+    assert queue.set_lane_limit(lane, tenant_id=tenant_a.pk, rate_per_second=3.0) == 0
+    assert queue.set_lane_limit(lane, tenant_id=tenant_a.pk, rate_per_second=None) == 1
+    flags = dict(QueueItem.objects.values_list("notification_id", "rate_limited"))
+    assert [flags[i.notification_id] for i in items] == [False, True, True, False]
+    assert list(LaneLimit.objects.values_list("lane_id", "rate_per_second", "burst")) == [(other, 1.0, None)]
+
+
+def test_a_released_item_that_changes_lane_is_rate_limited_by_the_new_lanes_limit(tenant_a, hook):
+    limited = factories.provider(tenant_a, "limited", rate_per_second=1, burst=1)
+    [note] = factories.queued(tenant_a, hook, 1)
+    [lease] = queue.claim(1)
+    source = "(SELECT %s::bigint AS item_id, %s::uuid AS lock_token, 'release' AS settle, 0::float8 AS delay, " \
+             "%s::bigint AS provider_id)"
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {queue.settle_ctes(source, reroute=True)} SELECT count(*) FROM released",
+                       [lease.item_id, lease.lock_token, limited.pk] * 2)
+        assert cursor.fetchone() == (1,)
+    item = QueueItem.objects.get(notification_id=note.id)
+    assert (item.provider_id, item.rate_limited, item.ready) == (limited.pk, True, True)
 
 
 def test_queue_filter(tenant_a, hook):

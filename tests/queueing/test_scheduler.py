@@ -6,21 +6,24 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connection
 
 from notifications.models import Notification
 from queueing import queue
+from queueing import scheduler as scheduling
 from queueing.models import QueueItem, ScheduledJob, Worker
-from queueing.scheduler import PEER_BACKOFF, Scheduler, next_due, promote_due
-from queueing.wakeup import Doorbell
+from queueing.scheduler import PEER_BACKOFF, Promotion, Scheduler, next_due, promote_due
+from queueing.wakeup import Doorbell, _conninfo
 from tests import factories
 from tests.queueing.scheduler_support import bulk_scheduled_sql, scheduled, wait_until
 
 
 def job_of(note: Notification) -> ScheduledJob:
-    return ScheduledJob.objects.get(notification=note)
+    return ScheduledJob.objects.get(notification_id=note.pk)
 
 
 @pytest.mark.django_db
@@ -107,7 +110,69 @@ def test_a_notification_already_queued_gets_no_second_item(tenant_a):
     note = scheduled(tenant_a, hook, seconds=-1)
     queue.enqueue([queue.NewItem(notification_id=note.id, tenant_id=tenant_a.pk, provider_id=hook.pk)])
     assert promote_due(10).promoted == 1
-    assert QueueItem.objects.filter(notification=note).count() == 1
+    assert QueueItem.objects.filter(notification_id=note.pk).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_job_whose_notification_is_gone_ends_cancelled(tenant_a):
+    """No foreign key keeps a job with its notification: one deleted without its job is settled, not
+    left due (the scheduler would wake for it every PEER_BACKOFF for ever)."""
+    hook = factories.provider(tenant_a)
+    orphan = scheduled(tenant_a, hook, seconds=-2)
+    live = scheduled(tenant_a, hook, seconds=-1)
+    Notification.objects.filter(pk=orphan.pk).delete()
+    last = promote_due(10)
+    assert (last.promoted, last.cancelled) == (1, 1)
+    assert job_of(orphan).status == "cancelled" and job_of(orphan).executed_at is None
+    assert list(QueueItem.objects.values_list("notification_id", flat=True)) == [live.id]
+    assert next_due() == (None, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notification_someone_holds_waits_for_the_next_batch(tenant_a):
+    hook = factories.provider(tenant_a)
+    held = scheduled(tenant_a, hook, seconds=-2)
+    free = scheduled(tenant_a, hook, seconds=-1)
+    with psycopg.connect(**_conninfo("default", "omnipost-test-cancel")) as cancel, cancel.transaction():
+        cancel.execute("SELECT 1 FROM notifications WHERE id = %s FOR UPDATE", [held.id])  # a cancel in flight
+        last = promote_due(10)
+        assert (last.promoted, last.cancelled) == (1, 0)
+        assert job_of(held).status == "pending" and job_of(free).status == "executed"
+    assert promote_due(10).promoted == 1
+    assert job_of(held).status == "executed"
+
+
+@pytest.fixture
+def no_handler():
+    saved = list(scheduling._handler)
+    scheduling._handler.clear()
+    yield
+    scheduling._handler[:] = saved
+
+
+@pytest.mark.django_db
+def test_the_scheduler_hands_due_jobs_to_the_registered_handler(tenant_a, no_handler):
+    seen = []
+
+    def handler(batch_size: int, using: str) -> Promotion:
+        seen.append((batch_size, using))
+        return Promotion(2, 1, ("a",), 0.5)
+
+    scheduling.register_promotion(handler)
+    worker = Scheduler(batch_size=7, jitter=0)
+    assert worker.run_once() == 2
+    assert worker.last == Promotion(2, 1, ("a",), 0.5) and seen == [(7, "default")]
+
+
+@pytest.mark.django_db
+def test_without_a_handler_the_scheduler_fails_loudly(tenant_a, no_handler):
+    note = scheduled(tenant_a, factories.provider(tenant_a), seconds=-1)
+    with pytest.raises(ImproperlyConfigured, match="register_promotion"):
+        promote_due(10)
+    with pytest.raises(ImproperlyConfigured, match="register_promotion"):
+        Scheduler(jitter=0).run(once=True)
+    assert job_of(note).status == "pending"  # nothing settled unseen
+    assert not Worker.objects.exists()  # it refused before it started
 
 
 @pytest.mark.django_db
@@ -181,12 +246,12 @@ def test_run_loop_fires_on_time_registers_and_stops(tenant_a):
         wait_until(lambda: Worker.objects.filter(kind="scheduler", stopped_at__isnull=True).exists(), 10,
                    "the scheduler to register")
         note = scheduled(tenant_a, hook, seconds=0.5)
-        wait_until(lambda: QueueItem.objects.filter(notification=note).exists(), 10, "the job to fire")
+        wait_until(lambda: QueueItem.objects.filter(notification_id=note.pk).exists(), 10, "the job to fire")
     finally:
         scheduler.stop()
         thread.join(10)
     assert not thread.is_alive()
-    item = QueueItem.objects.get(notification=note)
+    item = QueueItem.objects.get(notification_id=note.pk)
     lag = (item.enqueued_at - job_of(note).run_at).total_seconds()
     assert 0 <= lag < 1.0
     worker = Worker.objects.get(kind="scheduler")
