@@ -20,6 +20,7 @@ from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
+from core.validation import check_recipient
 from notifications import circuits, quiet_hours, recipients, services, suppressions, templating
 from notifications.models import (
     LEASABLE,
@@ -39,7 +40,6 @@ from notifications.models import (
     Template,
     TenantQueue,
 )
-from notifications.validation import check_recipient
 from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.stats import CappedCountPaginator
 

@@ -10,17 +10,11 @@ from django.db import models
 from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Cast, Concat, Now
 
+from core.channels import Channel
 from core.fields import EncryptedJSONField, EncryptedTextField
 from core.ids import uuid7
 from core.models import Tenant, TenantOwned, TenantQuerySet
 from core.models.tenancy import HOT_FK
-
-
-class Channel(models.TextChoices):
-    EMAIL = "email"
-    SMS = "sms"
-    PUSH = "push"
-    WEBHOOK = "webhook"
 
 
 class ProviderKind(models.TextChoices):

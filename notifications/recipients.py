@@ -22,12 +22,13 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 
 from core.api.errors import Conflict
+from core.channels import CHANNELS
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from notifications import validation
+from core.validation import MAX_METADATA_BYTES, FieldErrors, check_recipient, json_size, unknown_fields
 from notifications.models import GENERAL, Category, Subscriber
-from notifications.validation import CHANNELS, FieldErrors, check_external_id, check_recipient, unknown_fields
+from notifications.validation import check_external_id
 
 MAX_PUSH_TOKENS = 10
 MAX_DESCRIPTION_CHARS = 2000
@@ -181,8 +182,8 @@ def _check_preferences(value: Any, categories: frozenset[str]) -> dict[str, dict
             if channel not in CHANNELS or not isinstance(wanted, bool):
                 raise ValueError(f"{category}: keys must be channels ({', '.join(CHANNELS)}), values true or false")
         clean[category] = dict(channels)
-    if validation.json_size(clean) > validation.MAX_METADATA_BYTES:
-        raise ValueError(f"must be at most {validation.MAX_METADATA_BYTES} bytes as JSON")
+    if json_size(clean) > MAX_METADATA_BYTES:
+        raise ValueError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON")
     return clean
 
 

@@ -40,6 +40,7 @@ from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from core.plain_json import plain_json
+from core.validation import MAX_SUBJECT_CHARS
 from notifications import fallback, quiet_hours, suppressions, templating, tenant_config
 from notifications.models import (
     CANCELLABLE,
@@ -53,7 +54,7 @@ from notifications.models import (
     Template,
     TenantQueue,
 )
-from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
+from notifications.validation import DEFAULT_QUEUE, Draft
 from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit, sync_rate_limited

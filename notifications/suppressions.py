@@ -28,11 +28,12 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from core import crypto
+from core.channels import Channel
 from core.fields import Ciphertext
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent
-from notifications.models import Channel, Suppression, SuppressionReason
+from notifications.models import Suppression, SuppressionReason
 
 logger = logging.getLogger(__name__)
 

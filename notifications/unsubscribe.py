@@ -23,8 +23,9 @@ from urllib.parse import quote
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
+from core.channels import Channel
 from notifications import suppressions
-from notifications.models import Channel, Suppression, SuppressionReason
+from notifications.models import Suppression, SuppressionReason
 
 PATH = "/unsubscribe/"
 _LABEL = b"omnipost one-click unsubscribe v1"

@@ -11,9 +11,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.masking import mask_secret
-from notifications import circuits, templating, validation
-from notifications.api.schema import (
+from core.api.schema import (
     StrictBooleanField,
     StrictCharField,
     StrictFloatField,
@@ -22,7 +20,11 @@ from notifications.api.schema import (
     StrictRegexField,
     StrictSerializer,
 )
-from notifications.models import Channel, Provider, ProviderKind, Template
+from core.channels import Channel
+from core.masking import mask_secret
+from core.validation import MAX_BODY_CHARS, MAX_SUBJECT_CHARS, NAME
+from notifications import circuits, templating
+from notifications.models import Provider, ProviderKind, Template
 from queueing.models import RateBucket
 
 # Which channels each kind of provider can deliver.
@@ -68,7 +70,7 @@ class RateLimitSerializer(StrictSerializer):
 
 class ProviderSerializer(StrictSerializer):
     id = serializers.IntegerField(read_only=True, help_text="Names the provider in its events_url.")
-    name = StrictRegexField(validation.NAME.pattern, max_length=100)
+    name = StrictRegexField(NAME.pattern, max_length=100)
     channel = serializers.ChoiceField(choices=Channel.choices)
     kind = serializers.ChoiceField(choices=ProviderKind.choices)
     config = serializers.DictField(required=False, help_text="Settings for the kind.")
@@ -149,9 +151,9 @@ class ProviderSerializer(StrictSerializer):
 
 
 class TemplateSerializer(StrictModelSerializer):
-    key = StrictRegexField(validation.NAME.pattern, max_length=100)
-    subject = StrictCharField(required=False, allow_blank=True, max_length=validation.MAX_SUBJECT_CHARS)
-    body = StrictCharField(max_length=validation.MAX_BODY_CHARS)
+    key = StrictRegexField(NAME.pattern, max_length=100)
+    subject = StrictCharField(required=False, allow_blank=True, max_length=MAX_SUBJECT_CHARS)
+    body = StrictCharField(max_length=MAX_BODY_CHARS)
 
     class Meta:
         model = Template

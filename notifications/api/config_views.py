@@ -9,10 +9,10 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
 
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
 from notifications import services
 from notifications.api.config_serializers import ProviderSerializer, TemplateSerializer
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.views import actor
 from notifications.models import Provider, Template
 

@@ -13,32 +13,30 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from notifications import recipients, suppressions, validation
-from notifications.api.config_views import docs as config_docs
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import (
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import (
     StrictBooleanField,
     StrictCharField,
     StrictQueryMixin,
     StrictRegexField,
     StrictSerializer,
     errors,
+    iso,
 )
+from core.channels import Channel
+from core.validation import MAX_TOKEN_CHARS, NAME, FieldErrors, check_recipient, unknown_fields
+from notifications import recipients, suppressions, validation
+from notifications.api.config_views import docs as config_docs
 from notifications.api.views import actor, as_uuid
-from notifications.models import Category, Channel, Subscriber, Suppression, SuppressionReason
-from notifications.validation import FieldErrors, check_recipient, unknown_fields
+from notifications.models import Category, Subscriber, Suppression, SuppressionReason
 
 MAX_BULK_SUBSCRIBERS = 1000
-
-
-def iso(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
 class SuppressionSerializer(StrictSerializer):
     id = serializers.UUIDField(read_only=True)
     channel = serializers.ChoiceField(choices=Channel.choices)
-    recipient = StrictCharField(write_only=True, max_length=validation.MAX_TOKEN_CHARS,
+    recipient = StrictCharField(write_only=True, max_length=MAX_TOKEN_CHARS,
                                 help_text="The address (write-only; read back as recipient_masked).")  # fmt: skip
     recipient_masked = serializers.CharField(read_only=True)
     reason = serializers.ChoiceField(choices=SuppressionReason.choices, default=SuppressionReason.MANUAL)
@@ -101,7 +99,7 @@ class SuppressionViewSet(
             raise serializers.ValidationError({"channel": [f"must be one of {', '.join(Channel.values)}"]})
         recipient = params.get("recipient")
         if recipient is not None:
-            if not 1 <= len(recipient) <= validation.MAX_TOKEN_CHARS:
+            if not 1 <= len(recipient) <= MAX_TOKEN_CHARS:
                 raise serializers.ValidationError({"recipient": ["must be an address"]})
             return suppressions.matching(self.request.tenant.pk, recipient, channel)
         return queryset.filter(channel=channel) if channel else queryset
@@ -146,7 +144,7 @@ class SuppressionViewSet(
 
 
 class CategorySerializer(StrictSerializer):
-    key = StrictRegexField(validation.NAME.pattern, max_length=100)
+    key = StrictRegexField(NAME.pattern, max_length=100)
     critical = StrictBooleanField(required=False, default=False,
                                   help_text="Critical categories ignore opt-outs (never suppressions).")  # fmt: skip
     description = StrictCharField(required=False, allow_blank=True, max_length=recipients.MAX_DESCRIPTION_CHARS)

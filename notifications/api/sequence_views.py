@@ -21,11 +21,11 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
 from notifications import sequences
 from notifications.api.config_views import SLUG
 from notifications.api.idempotency import run_idempotent_in_transaction
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.sequence_serializers import (
     EnrollmentCreateSerializer,
     EnrollmentSerializer,

@@ -18,11 +18,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.errors import Conflict
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
 from core.models import Tenant
+from core.validation import FieldErrors, unknown_fields
 from notifications import reads, services
 from notifications.api.idempotency import HEADER, render, respond, run_idempotent
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.serializers import (
     NotificationBatchResultSerializer,
     NotificationBatchSerializer,
@@ -35,7 +36,7 @@ from notifications.api.serializers import (
     notification_detail_data,
 )
 from notifications.models import Notification
-from notifications.validation import Draft, FieldErrors, clean_notification, unknown_fields
+from notifications.validation import Draft, clean_notification
 from queueing.models import ScheduledJob
 from queueing.stats import queue_figures
 

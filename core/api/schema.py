@@ -1,15 +1,27 @@
-"""OpenAPI pieces shared by the API views: the `Error` component, error responses per status,
-and request bodies that declare `additionalProperties: false` (unknown fields are refused)."""
+"""API pieces every room's views share: the OpenAPI `Error` component, error responses per status,
+request bodies that declare `additionalProperties: false` (unknown fields are refused), strictly typed
+fields, refused unknown query parameters, and timestamps as the API writes them (`iso`)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from notifications.validation import unknown_fields
+from core.validation import unknown_fields
+
+
+@lru_cache(maxsize=4096)  # rows of one batch share their timestamps
+def iso(value: datetime | None) -> str | None:
+    """DRF's datetime format, as every response writes it: ISO 8601 in UTC with a `Z`."""
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 class ErrorBodySerializer(serializers.Serializer):
