@@ -1,4 +1,4 @@
-"""Admin for notifications, providers, templates and sequences. Staff see only their tenants
+"""Admin for notifications, providers and sequences. Staff see only their tenants
 (TenantScopedAdmin); recipients appear only masked and provider secrets never appear."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.utils.html import format_html
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
 from core.masking import mask_secret
 from core.validation import check_recipient
-from notifications import circuits, quiet_hours, recipients, services, suppressions, templating
+from notifications import circuits, quiet_hours, recipients, services, suppressions
 from notifications.models import (
     LEASABLE,
     Category,
@@ -37,7 +37,6 @@ from notifications.models import (
     Subscriber,
     Suppression,
     SuppressionReason,
-    Template,
     TenantQueue,
 )
 from queueing.models import LEASED, QueueItem, ScheduledJob
@@ -331,38 +330,6 @@ class ProviderAdmin(TenantScopedAdmin):
 
     def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
         services.save_provider(obj, actor=f"user:{request.user.get_username()}", fields=list(form.changed_data))
-
-
-class TemplateForm(forms.ModelForm):
-    class Meta:
-        model = Template
-        fields = ["tenant", "key", "channel", "subject", "body"]
-
-    def _checked(self, name: str) -> str:
-        text = self.cleaned_data.get(name) or ""
-        try:
-            templating.check(text)
-        except templating.TemplateError as exc:
-            raise forms.ValidationError(f"Invalid template: {exc}") from None
-        return text
-
-    def clean_subject(self) -> str:
-        return self._checked("subject")
-
-    def clean_body(self) -> str:
-        return self._checked("body")
-
-
-@admin.register(Template)
-class TemplateAdmin(TenantScopedAdmin):
-    form = TemplateForm
-    list_display = ["key", "tenant", "channel", "updated_at"]
-    list_filter = ["channel"]
-    search_fields = ["key"]
-
-    def save_model(self, request: HttpRequest, obj: Template, form: Any, change: bool) -> None:
-        fields = list(form.changed_data) if change else None
-        services.save_template(obj, actor=f"user:{request.user.get_username()}", fields=fields)
 
 
 class StepInline(ReadOnlyMixin, admin.TabularInline):

@@ -1,4 +1,4 @@
-"""Notifications, their delivery attempts, providers, templates, sequences and idempotency records."""
+"""Notifications, their delivery attempts, providers, sequences and idempotency records."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from core.fields import EncryptedJSONField, EncryptedTextField
 from core.ids import uuid7
 from core.models import Tenant, TenantOwned, TenantQuerySet
 from core.models.tenancy import HOT_FK
+from templating.models import Template
 
 
 class ProviderKind(models.TextChoices):
@@ -142,23 +143,6 @@ class Provider(TenantOwned):
             return {}
         until = self.secrets_rotated_at.timestamp() + settings.OMNIPOST_SECRET_ROTATION_GRACE_SECONDS
         return {"previous_secrets": self.previous_secrets, "previous_until": until}
-
-
-class Template(TenantOwned):
-    key = models.SlugField(max_length=100)
-    channel = models.CharField(max_length=10, choices=Channel.choices)
-    subject = models.TextField(blank=True, default="")
-    body = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        db_table = "templates"
-        ordering = ["key"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="template_key_unique_per_tenant")]
-
-    def __str__(self) -> str:
-        return self.key
 
 
 class NotificationQuerySet(TenantQuerySet):

@@ -23,8 +23,9 @@ from typing import Any
 
 from core import hot_sql
 from core.models import Tenant
-from notifications.models import DeliveryAttempt, Notification, Provider, Template
+from notifications.models import DeliveryAttempt, Notification, Provider
 from queueing.models import ScheduledJob
+from templating.models import Template
 
 _ATTEMPT_COLUMNS = ("number", "provider_id", "started_at", "finished_at", "outcome", "error_class", "error_code",
                     "http_status", "duration_ms")  # fmt: skip

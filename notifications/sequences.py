@@ -33,10 +33,11 @@ from core.api.errors import Conflict
 from core.models import AuditEvent, Tenant
 from core.validation import check_recipient
 from notifications import services
-from notifications.models import CANCELLABLE, Enrollment, Notification, Sequence, SequenceStep, Status, Template
+from notifications.models import CANCELLABLE, Enrollment, Notification, Sequence, SequenceStep, Status
 from notifications.validation import Draft
 from queueing import queue
 from queueing.models import ScheduledJob
+from templating.models import Template
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from core.plain_json import plain_json
 from core.validation import MAX_SUBJECT_CHARS
-from notifications import fallback, quiet_hours, suppressions, templating, tenant_config
+from notifications import fallback, quiet_hours, suppressions, tenant_config
 from notifications.models import (
     CANCELLABLE,
     GENERAL,
@@ -51,7 +51,6 @@ from notifications.models import (
     Provider,
     Status,
     Subscriber,
-    Template,
     TenantQueue,
 )
 from notifications.validation import DEFAULT_QUEUE, Draft
@@ -59,6 +58,8 @@ from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit, sync_rate_limited
 from queueing.schedule import insert_jobs_sql, ring_schedulers
+from templating import renderer
+from templating.models import Template
 
 logger = logging.getLogger(__name__)
 
@@ -372,8 +373,8 @@ def _render(template: Template, context: dict[str, Any], problems: dict[str, lis
     rendered = {}
     for part in ("subject", "body"):
         try:
-            rendered[part] = templating.render(getattr(template, part), context, autoescape=False)
-        except templating.TemplateError as exc:
+            rendered[part] = renderer.render(getattr(template, part), context, autoescape=False)
+        except renderer.TemplateError as exc:
             problems.setdefault("template", []).append(f"{part} of {template.key!r}: {exc}")
     subject = rendered.get("subject", "")
     if len(subject) > MAX_SUBJECT_CHARS:  # RFC 5322's line limit holds for what was rendered, too
@@ -930,30 +931,14 @@ def _note_rotation(provider: Provider) -> list[str]:
     return ["previous_secrets", "secrets_rotated_at"]
 
 
-def save_template(template: Template, *, actor: str, fields: Sequence[str] | None = None) -> Template:
-    created = template._state.adding
+def delete_provider(provider: Provider, *, actor: str) -> None:
+    """Delete a provider; 409 while notifications still use it (their foreign key PROTECTs it)."""
     try:
         with transaction.atomic():
-            template.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="template.created" if created else "template.updated", target=template,
-                details={"key": template.key, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError as exc:
-        raise _duplicate(exc, "template", template.key) from None
-    return template
-
-
-def delete_config(obj: Provider | Template, *, actor: str) -> None:
-    """Delete a provider or template; 409 while notifications or sequence steps still use it."""
-    label = "provider" if isinstance(obj, Provider) else "template"
-    name = getattr(obj, "name", None) or getattr(obj, "key", "")
-    try:
-        with transaction.atomic():
-            AuditEvent.record(actor=actor, action=f"{label}.deleted", target=obj, details={"name": name})
-            obj.delete()
+            AuditEvent.record(actor=actor, action="provider.deleted", target=provider, details={"name": provider.name})
+            provider.delete()
     except ProtectedError:
         raise Conflict(
-            f"The {label} {name!r} is still used by notifications or sequence steps and cannot be deleted.",
-            code=f"{label}_in_use",
+            f"The provider {provider.name!r} is still used by notifications or sequence steps and cannot be deleted.",
+            code="provider_in_use",
         ) from None

@@ -23,7 +23,8 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from core.models import Tenant
-from notifications.models import Category, Provider, Template
+from notifications.models import Category, Provider
+from templating.models import Template
 
 MAX_TENANTS = 10_000  # tenants cached per process (least recently used dropped first)
 MAX_TEMPLATES = 1_000  # template keys cached per tenant; past it, lookups still work, uncached

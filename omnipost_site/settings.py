@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "core",
+    "templating",
     "notifications",
     "queueing",
     "dlq",

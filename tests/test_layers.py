@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = (
-    "core", "queueing", "notifications", "events", "dlq", "receipts", "dispatch", "operations", "benchmarks",
+    "core", "queueing", "templating", "notifications", "events", "dlq", "receipts", "dispatch", "operations", "benchmarks",
     "omnipost_site",
 )  # fmt: skip
 

@@ -75,6 +75,17 @@ class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
     pass
 
 
+def refuse_changes(instance: Any, attrs: dict[str, Any], immutable: tuple[str, ...]) -> None:
+    """A PATCH may not change what names or shapes an object (its name, channel, kind…)."""
+    changed = {
+        name: ["cannot be changed after creation; create a new object instead"]
+        for name in immutable
+        if name in attrs and instance is not None and getattr(instance, name) != attrs[name]
+    }
+    if changed:
+        raise serializers.ValidationError(changed)
+
+
 class StrictSerializerSchema(OpenApiSerializerExtension):
     target_class = StrictSerializer
     match_subclasses = True

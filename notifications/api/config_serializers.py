@@ -1,7 +1,7 @@
-"""Serializers for what a tenant configures: providers and templates.
+"""The provider a tenant configures.
 
 Provider secrets are write-only: they are read back masked (`{"signing_secret": "****abcd"}`).
-`name`/`key`, `channel` and `kind` are fixed once created (create a new object to change them).
+`name`, `channel` and `kind` are fixed once created (create a new object to change them).
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from rest_framework import serializers
 
 from core.api.schema import (
     StrictBooleanField,
-    StrictCharField,
     StrictFloatField,
     StrictIntegerField,
-    StrictModelSerializer,
     StrictRegexField,
     StrictSerializer,
+    refuse_changes,
 )
 from core.channels import Channel
 from core.masking import mask_secret
-from core.validation import MAX_BODY_CHARS, MAX_SUBJECT_CHARS, NAME
-from notifications import circuits, templating
-from notifications.models import Provider, ProviderKind, Template
+from core.validation import NAME
+from notifications import circuits
+from notifications.models import Provider, ProviderKind
 from queueing.models import RateBucket
 
 # Which channels each kind of provider can deliver.
@@ -36,17 +35,7 @@ KIND_CHANNELS = {
     ProviderKind.CONSOLE: tuple(Channel),
     ProviderKind.SES: (Channel.EMAIL,),
 }
-IMMUTABLE = {"name", "key", "channel", "kind"}
-
-
-def refuse_changes(instance: Any, attrs: dict[str, Any]) -> None:
-    changed = {
-        name: ["cannot be changed after creation; create a new object instead"]
-        for name in IMMUTABLE
-        if name in attrs and instance is not None and getattr(instance, name) != attrs[name]
-    }
-    if changed:
-        raise serializers.ValidationError(changed)
+IMMUTABLE = ("name", "channel", "kind")
 
 
 @extend_schema_field(
@@ -108,7 +97,7 @@ class ProviderSerializer(StrictSerializer):
         from notifications.providers import REGISTRY  # the providers package is loaded only when needed
 
         instance: Provider | None = self.instance
-        refuse_changes(instance, attrs)
+        refuse_changes(instance, attrs, IMMUTABLE)
         kind = attrs.get("kind", instance.kind if instance else None)
         channel = attrs.get("channel", instance.channel if instance else None)
         if channel not in KIND_CHANNELS[kind]:
@@ -148,29 +137,3 @@ class ProviderSerializer(StrictSerializer):
             "created_at": self.fields["created_at"].to_representation(p.created_at),
             "updated_at": self.fields["updated_at"].to_representation(p.updated_at),
         }  # fmt: skip
-
-
-class TemplateSerializer(StrictModelSerializer):
-    key = StrictRegexField(NAME.pattern, max_length=100)
-    subject = StrictCharField(required=False, allow_blank=True, max_length=MAX_SUBJECT_CHARS)
-    body = StrictCharField(max_length=MAX_BODY_CHARS)
-
-    class Meta:
-        model = Template
-        fields = ["key", "channel", "subject", "body", "created_at", "updated_at"]
-        read_only_fields = ["created_at", "updated_at"]
-
-    def _checked(self, text: str) -> str:
-        try:
-            templating.check(text)
-        except templating.TemplateError as exc:
-            raise serializers.ValidationError(f"invalid template: {exc}") from None
-        return text
-
-    validate_subject = _checked
-    validate_body = _checked
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        refuse_changes(self.instance, attrs)
-        return attrs
-

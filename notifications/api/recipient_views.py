@@ -23,11 +23,10 @@ from core.api.schema import (
     errors,
     iso,
 )
+from core.api.viewsets import actor, as_uuid, config_docs
 from core.channels import Channel
 from core.validation import MAX_TOKEN_CHARS, NAME, FieldErrors, check_recipient, unknown_fields
 from notifications import recipients, suppressions, validation
-from notifications.api.config_views import docs as config_docs
-from notifications.api.views import actor, as_uuid
 from notifications.models import Category, Subscriber, Suppression, SuppressionReason
 
 MAX_BULK_SUBSCRIBERS = 1000

@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from core.api.errors import Conflict
 from core.api.pagination import StrictCursorPagination
 from core.api.schema import StrictQueryMixin, errors
+from core.api.viewsets import actor, as_uuid
 from core.models import Tenant
 from core.validation import FieldErrors, unknown_fields
 from notifications import reads, services
@@ -48,17 +49,6 @@ IDEMPOTENCY_PARAM = OpenApiParameter(
     description="Makes the POST safe to retry for 24 h: same key and body replays the first response "
     "(header `Idempotent-Replayed: true`); another body is 422; while the first runs, 409.",
 )  # fmt: skip
-
-
-def actor(request: Request) -> str:
-    return request.user.actor
-
-
-def as_uuid(value: str) -> UUID:
-    try:
-        return UUID(value)
-    except ValueError:
-        raise NotFound() from None
 
 
 class CurrentTenantView(StrictQueryMixin, APIView):

@@ -1,4 +1,4 @@
-"""Providers, templates, scheduled jobs, cancel and queue figures through the API."""
+"""Providers, scheduled jobs, cancel and queue figures through the API."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from django.db import connection
 from django.utils import timezone
 
 from core.models import AuditEvent
-from notifications.models import Notification, Provider, Template
+from notifications.models import Notification, Provider
 from queueing import queue
 from queueing.models import QueueItem, RateBucket, ScheduledJob
 from tests.factories import queued
-from tests.notifications.conftest import WHSEC, email
+from tests.support.setups import WHSEC, email
 
 pytestmark = pytest.mark.django_db
 
 PROVIDERS = "/api/v1/providers"
-TEMPLATES = "/api/v1/templates"
 
 
 def hook(**extra: object) -> dict:
@@ -137,23 +136,6 @@ def test_deleting_a_provider_never_reads_the_attempts_table(api_a, setup_a):
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'delivery_attempts'")
         assert not [d for (d,) in cursor.fetchall() if "provider_id" in d]
-
-
-# --- templates ------------------------------------------------------------------------------------
-
-
-def test_template_lifecycle(api_a, tenant_a):
-    body = {"key": "reset", "channel": "email", "subject": "Reset", "body": "Code {{ code }}"}
-    assert api_a.post(TEMPLATES, body, format="json").status_code == 201
-    assert api_a.post(TEMPLATES, body, format="json").status_code == 409
-    assert api_a.get(f"{TEMPLATES}/reset").json()["body"] == "Code {{ code }}"
-    response = api_a.patch(f"{TEMPLATES}/reset", {"body": "New {{ code }}"}, format="json")
-    assert response.status_code == 200 and response.json()["body"] == "New {{ code }}"
-    assert api_a.patch(f"{TEMPLATES}/reset", {"key": "other"}, format="json").status_code == 400
-    assert api_a.patch(f"{TEMPLATES}/reset", {"body": "{% load x %}"}, format="json").status_code == 400
-    assert Template.objects.get(key="reset").body == "New {{ code }}"
-    assert api_a.delete(f"{TEMPLATES}/reset").status_code == 204
-    assert not Template.objects.exists()
 
 
 # --- cancel and scheduled jobs --------------------------------------------------------------------

@@ -20,7 +20,7 @@ from django.utils import timezone
 from notifications import tenant_config
 from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification, Provider
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import email
+from tests.support.setups import email
 
 URL = "/api/v1/notifications"
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from notifications import suppressions, tenant_config
 from notifications.models import Notification, Provider
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE, TOKEN
+from tests.support.setups import EMAIL, PHONE, TOKEN
 
 URL = "/api/v1/notifications"
 pytestmark = pytest.mark.django_db

@@ -19,14 +19,15 @@ from django.test.utils import CaptureQueriesContext
 
 from notifications import quiet_hours, sequences, tenant_config
 from notifications.api import views
-from notifications.models import Category, Notification, Template
+from notifications.models import Category, Notification
 from notifications.sequences import StepSpec
 from queueing.models import ScheduledJob
+from templating.models import Template
 from tests import factories
-from tests.notifications.conftest import email
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.queueing.scheduler_support import start_scheduler, wait_for_text
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
+from tests.support.setups import email
 
 URL = "/api/v1/notifications"
 BERLIN, NEW_YORK = "Europe/Berlin", "America/New_York"

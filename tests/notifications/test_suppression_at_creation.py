@@ -14,7 +14,7 @@ from django.utils import timezone
 from notifications import services, suppressions
 from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE, email
+from tests.support.setups import EMAIL, PHONE, email
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/notifications"

@@ -12,11 +12,12 @@ import tracemalloc
 
 import pytest
 
-from notifications import templating
-from notifications.models import Notification, Template
-from tests.notifications.conftest import EMAIL
+from notifications.models import Notification
+from templating import renderer
+from templating.models import Template
+from tests.support.setups import EMAIL
 
-render = templating.render
+render = renderer.render
 MiB = 1024 * 1024
 
 
@@ -33,7 +34,7 @@ def bomb() -> str:
 
 def test_the_bomb_is_small_and_compiles():
     assert len(bomb()) < 1024
-    templating.check(bomb())
+    renderer.check(bomb())
 
 
 def peak_while(func) -> tuple[int, float, BaseException | None]:  # noqa: ANN001
@@ -77,7 +78,7 @@ def peak_while(func) -> tuple[int, float, BaseException | None]:  # noqa: ANN001
 )  # fmt: skip
 def test_budgets_stop_the_render_as_it_runs(text, context, reason):
     peak, elapsed, error = peak_while(lambda: render(text, context))
-    assert isinstance(error, templating.TemplateError) and reason in str(error), error
+    assert isinstance(error, renderer.TemplateError) and reason in str(error), error
     assert elapsed < 1.0, elapsed
     assert peak < 48 * MiB, f"peak {peak / MiB:.1f} MiB"
 
@@ -93,8 +94,8 @@ def test_output_is_charged_once_however_deep_it_nests():
     text = ("{% with x=1 %}{% if x %}{% for i in one %}{% spaceless %}{% filter upper %}{% autoescape off %}"
             "{{ body }}{% endautoescape %}{% endfilter %}{% endspaceless %}{% endfor %}{% endif %}{% endwith %}")
     assert render(text, {"body": body, "one": [1]}) == body.upper()
-    assert len(render("{{ a }}{{ b }}", {"a": "a" * 131_072, "b": "b" * 131_072})) == templating.MAX_OUTPUT_CHARS
-    with pytest.raises(templating.TemplateError, match="longer than"):
+    assert len(render("{{ a }}{{ b }}", {"a": "a" * 131_072, "b": "b" * 131_072})) == renderer.MAX_OUTPUT_CHARS
+    with pytest.raises(renderer.TemplateError, match="longer than"):
         render("{{ a }}{{ b }}!", {"a": "a" * 131_072, "b": "b" * 131_072})
 
 
@@ -106,8 +107,8 @@ def test_time_budget_with_an_injected_clock(monkeypatch, settings):
         now[0] += 0.01  # every check costs 10 ms of pretend time
         return now[0]
 
-    monkeypatch.setattr(templating, "clock", clock)
-    with pytest.raises(templating.TemplateError, match="longer than 0.5 s"):
+    monkeypatch.setattr(renderer, "clock", clock)
+    with pytest.raises(renderer.TemplateError, match="longer than 0.5 s"):
         render("{% for i in l %}{{ i }}{% endfor %}", {"l": list(range(1000))})
     assert now[0] < 1.0  # it stopped at the first check past the deadline
     assert render("{% for i in l %}{{ i }}{% endfor %}", {"l": list(range(10))}) == "0123456789"
@@ -117,40 +118,40 @@ def test_time_budget_stops_a_cpu_bound_template(settings):
     settings.OMNIPOST_TEMPLATE_RENDER_SECONDS = 0.2
     text = "{% for i in l %}" + "{% if i %}{% endif %}" * 2000 + "{% endfor %}"  # 20 million nodes
     started = time.process_time()  # the deadline is wall time, so the CPU spent is at most that
-    with pytest.raises(templating.TemplateError, match="longer than 0.2 s"):
+    with pytest.raises(renderer.TemplateError, match="longer than 0.2 s"):
         render(text, {"l": list(range(10_000))})
     assert time.process_time() - started < 0.6
 
 
 def test_compiling_is_bounded_by_source_size_and_tags():
-    with pytest.raises(templating.TemplateError, match="longer than 262144 characters"):
-        templating.check("x" * (templating.MAX_SOURCE_CHARS + 1))
+    with pytest.raises(renderer.TemplateError, match="longer than 262144 characters"):
+        renderer.check("x" * (renderer.MAX_SOURCE_CHARS + 1))
     started = time.process_time()
-    with pytest.raises(templating.TemplateError, match="more than 5000 tags"):
-        templating.check("{{ a }}" * 30_000)
+    with pytest.raises(renderer.TemplateError, match="more than 5000 tags"):
+        renderer.check("{{ a }}" * 30_000)
     assert time.process_time() - started < 0.1  # refused before parsing (parsing these takes ~1 s)
-    templating.check("x" * templating.MAX_SOURCE_CHARS)
-    templating.check("{{ a }}" * templating.MAX_TAGS)
+    renderer.check("x" * renderer.MAX_SOURCE_CHARS)
+    renderer.check("{{ a }}" * renderer.MAX_TAGS)
 
 
 def test_the_compiled_cache_is_bounded_in_bytes(settings):
     settings.OMNIPOST_TEMPLATE_CACHE_BYTES = 400_000
-    templating.CACHE.clear()
+    renderer.CACHE.clear()
     try:
         for i in range(60):
             render(f"{i}" + "{{ a }}" * 50 + "x" * 10_000, {"a": 1})  # ~ 60 KiB each as estimated
-            assert templating.CACHE.bytes <= 400_000
-        assert 2 <= len(templating.CACHE) < 10
+            assert renderer.CACHE.bytes <= 400_000
+        assert 2 <= len(renderer.CACHE) < 10
         first = "{{ a }}" * 50 + "keep"
         render(first, {})
         for i in range(20):
             render(first, {})  # used again and again: the least recently used go first, not this one
             render(f"{i}" + "{{ a }}" * 50 + "x" * 10_000, {"a": 1})
-        assert templating.CACHE.get(first) is not None
+        assert renderer.CACHE.get(first) is not None
         huge = "{{ a }}" * 1000 + "z" * 200_000  # larger than the whole cache: compiled, not kept
-        assert render(huge, {"a": ""}) == "z" * 200_000 and templating.CACHE.get(huge) is None
+        assert render(huge, {"a": ""}) == "z" * 200_000 and renderer.CACHE.get(huge) is None
     finally:
-        templating.CACHE.clear()
+        renderer.CACHE.clear()
 
 
 # --- through the API ------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_the_bomb_through_the_api_is_400_in_under_a_second(api_a, setup_a):
 
 @pytest.mark.django_db
 def test_template_api_refuses_a_source_with_too_many_tags(api_a, tenant_a):
-    body = "{{ a }}" * (templating.MAX_TAGS + 1)
+    body = "{{ a }}" * (renderer.MAX_TAGS + 1)
     response = api_a.post("/api/v1/templates", {"key": "t", "channel": "email", "body": body}, format="json")
     assert response.status_code == 400 and "more than 5000 tags" in response.json()["error"]["details"]["body"][0]
     assert not Template.objects.exists()
@@ -210,7 +211,7 @@ SUBPROCESS = textwrap.dedent(
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_the_bomb_grows_a_real_process_by_less_than_64_mib(tenant_a, key_a, subprocess_env, tmp_path):
-    from tests.notifications.conftest import make_setup
+    from tests.support.setups import make_setup
 
     make_setup(tenant_a)
     Template.objects.create(tenant=tenant_a, key="bomb", channel="email", subject="s", body=bomb())

@@ -1,4 +1,5 @@
-"""Fixtures for the notifications API and service tests: a tenant's providers and templates."""
+"""A tenant's providers and templates for the API and service tests of every room (`setup_a`,
+`setup_b`, `make_setup`), the addresses they send to, and fresh API throttle buckets for each test."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from core.api.throttling import TenantRateThrottle
 from core.models import Tenant
-from notifications.models import Provider, Template
+from notifications.models import Provider
+from templating.models import Template
 
 WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 EMAIL = "jane.doe@example.com"

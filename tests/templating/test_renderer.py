@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from notifications import templating
-from notifications.models import Notification, Template
-from tests.notifications.conftest import EMAIL
+from notifications.models import Notification
+from templating import renderer
+from templating.models import Template
+from tests.support.setups import EMAIL
 
-render = templating.render
+render = renderer.render
 
 
 def test_variables_filters_and_tags_render():
@@ -46,8 +47,8 @@ def test_no_autoescape_by_default_but_available():
     ],
 )
 def test_unsafe_or_broken_templates_are_refused(text, reason):
-    with pytest.raises(templating.TemplateError, match=None) as caught:
-        templating.check(text)
+    with pytest.raises(renderer.TemplateError, match=None) as caught:
+        renderer.check(text)
     assert reason in str(caught.value)
 
 
@@ -82,7 +83,7 @@ def test_context_methods_cannot_change_the_callers_data():
     ],
 )  # fmt: skip
 def test_resource_bombs_and_runtime_errors_are_template_errors(text, context):
-    with pytest.raises(templating.TemplateError):
+    with pytest.raises(renderer.TemplateError):
         render(text, context)
 
 
