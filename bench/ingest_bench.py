@@ -90,7 +90,7 @@ def prepare(database_url: str, subscribers: int = 0) -> str:
     from django.db import connection
 
     from core.models import ApiKey, Tenant
-    from notifications.models import Provider
+    from providers.models import Provider
 
     if urlsplit(database_url).path.lstrip("/").startswith("omnipost_bench"):
         with connection.cursor() as cursor:

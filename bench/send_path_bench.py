@@ -63,7 +63,7 @@ async def run(args: argparse.Namespace, url: str) -> float:
     from core.crypto import decrypt_many
     from dispatch.dispatcher import Dispatcher, DispatcherConfig
     from dispatch.providers import CachedProvider
-    from notifications.providers import build_provider
+    from providers.kinds import build_provider
 
     dispatcher = Dispatcher(DispatcherConfig(concurrency=args.concurrency, batch_size=args.batch, jitter=False))
     dispatcher.bind(asyncio.get_running_loop())
@@ -73,12 +73,12 @@ async def run(args: argparse.Namespace, url: str) -> float:
     router = None
     if args.routing:
         from dispatch.routing import Router
-        from notifications import circuits
+        from providers.circuit import OPEN
 
         router = Router()
         router.orders = {(str(TENANT), "webhook"): [1, 2]}
         router.position = {1: (str(TENANT), "webhook"), 2: (str(TENANT), "webhook")}
-        router.states = {2: circuits.OPEN}
+        router.states = {2: OPEN}
     warm = items(args.concurrency, 1)
     for item in warm:  # connections opened, caches warm
         dispatcher.sender.start(item)

@@ -15,7 +15,7 @@ from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppress
 from dispatch.providers import ProviderCache
 from dispatch.routing import Router
 from notifications import circuits
-from notifications.models import Provider
+from providers.models import Provider
 from queueing import queue, ratelimit
 from queueing.models import QueueItem
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from dispatch.delivery import Prepared
 from notifications import circuits
+from providers.circuit import HALF_OPEN
 
 REFRESH_SECONDS = 0.5
 
@@ -100,7 +101,7 @@ class Router:
         wanted: dict[int, int] = {}
         for item in items:
             for pid in self.order_of(item):
-                if self.states.get(pid) == circuits.HALF_OPEN:
+                if self.states.get(pid) == HALF_OPEN:
                     wanted[pid] = wanted.get(pid, 0) + 1
                     break
                 if pid not in self.states:
@@ -113,7 +114,7 @@ class Router:
                 if state is None:
                     chosen = pid
                     break
-                if state == circuits.HALF_OPEN and probes.get(pid, 0) > 0:
+                if state == HALF_OPEN and probes.get(pid, 0) > 0:
                     probes[pid] -= 1
                     chosen = pid
                     break

@@ -19,9 +19,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
-from core.masking import mask_secret
 from core.validation import check_recipient
-from notifications import circuits, quiet_hours, recipients, services, suppressions
+from notifications import quiet_hours, recipients, suppressions
 from notifications.models import (
     LEASABLE,
     Category,
@@ -29,7 +28,6 @@ from notifications.models import (
     DeliveryAttempt,
     Enrollment,
     Notification,
-    Provider,
     ReceiptStatus,
     Sequence,
     SequenceStep,
@@ -274,62 +272,6 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
             return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
             return queryset.none(), False
-
-
-class ProviderForm(forms.ModelForm):
-    class Meta:
-        model = Provider
-        fields = ["rate_per_second", "burst", "max_attempts", "failover_order", "circuit"]
-
-    def clean_circuit(self) -> dict:
-        try:
-            return circuits.validate_circuit(self.cleaned_data.get("circuit") or {})
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
-
-
-@admin.register(Provider)
-class ProviderAdmin(TenantScopedAdmin):
-    """Operators tune rate limits and attempts here; everything else changes through the API, which
-    validates the configuration. Secrets are shown masked only."""
-
-    form = ProviderForm
-    list_display = [
-        "name", "tenant", "channel", "kind", "is_default", "failover_order", "circuit_state", "rate_per_second",
-        "effective_rate", "max_attempts",
-    ]  # fmt: skip
-    list_filter = ["kind", "channel", "is_default"]
-    search_fields = ["name"]
-    readonly_fields = ["tenant", "name", "channel", "kind", "config", "masked_secrets", "is_default", "created_at",
-                       "updated_at"]  # fmt: skip
-    fields = [*readonly_fields[:6], "rate_per_second", "burst", "max_attempts", "failover_order", "circuit",
-              "circuit_state", *readonly_fields[6:]]  # fmt: skip
-    readonly_fields = [*readonly_fields, "circuit_state"]
-
-    def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).with_effective_rate().with_circuit_state()
-
-    @admin.display(description="breaker")
-    def circuit_state(self, obj: Provider) -> str:
-        """closed | open | half_open, as every dispatcher sees it (notifications.circuits)."""
-        return getattr(obj, "circuit_state", None) or circuits.states([obj.pk]).get(obj.pk, circuits.CLOSED)
-
-
-    @admin.display(description="effective rate /s")
-    def effective_rate(self, obj: Provider) -> str:
-        """The adaptive rate the dispatchers use now (lowered after 429s), when it is limited."""
-        rate = getattr(obj, "bucket_rate", None)
-        return "—" if rate is None else f"{rate:g}"
-
-    @admin.display(description="secrets")
-    def masked_secrets(self, obj: Provider) -> str:
-        return ", ".join(f"{k}: {mask_secret(v)}" for k, v in sorted((obj.secrets or {}).items())) or "—"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
-        services.save_provider(obj, actor=f"user:{request.user.get_username()}", fields=list(form.changed_data))
 
 
 class StepInline(ReadOnlyMixin, admin.TabularInline):

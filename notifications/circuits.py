@@ -21,46 +21,13 @@ transition in SQL on the database's clock. A missing row is a closed breaker.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from django.db import connection, models
+from django.db.models.expressions import RawSQL
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+from providers.circuit import CLOSED, setting_sql
+
 PROBES = 3
-CIRCUIT_DEFAULTS: dict[str, float] = {
-    "failure_threshold": 0.5, "min_requests": 20, "window_seconds": 60.0, "open_seconds": 30.0,
-}  # fmt: skip
-_LIMITS = {
-    "failure_threshold": (0.0, 1.0), "min_requests": (1, 1_000_000), "window_seconds": (0.1, 86_400.0),
-    "open_seconds": (0.1, 86_400.0),
-}  # fmt: skip
-
-
-def validate_circuit(value: Any) -> dict[str, float]:  # noqa: ANN401 - JSON from the client
-    """The settings a client may store (only known keys, numbers in range); raises ValueError."""
-    if not isinstance(value, dict):
-        raise ValueError("circuit must be an object")
-    unknown = sorted(set(value) - set(CIRCUIT_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown circuit settings: {', '.join(unknown)} (known: {', '.join(CIRCUIT_DEFAULTS)})")
-    clean: dict[str, float] = {}
-    for key, raw in value.items():
-        low, high = _LIMITS[key]
-        if isinstance(raw, bool) or not isinstance(raw, int | float) or not low <= raw <= high:
-            raise ValueError(f"circuit.{key} must be a number from {low} to {high}")
-        if key == "min_requests" and int(raw) != raw:
-            raise ValueError("circuit.min_requests must be an integer")
-        clean[key] = int(raw) if key == "min_requests" else float(raw)
-    return clean
-
-
-def settings_of(circuit: dict[str, Any] | None) -> dict[str, float]:
-    return {**CIRCUIT_DEFAULTS, **(circuit or {})}
-
-
-def setting_sql(alias: str, key: str) -> str:
-    """A provider's circuit setting in SQL (`alias` is a `providers` row), its default when unset."""
-    return f"coalesce(({alias}.circuit ->> '{key}')::float8, {float(CIRCUIT_DEFAULTS[key])!r})"
 
 
 def state_sql(provider: str = "p", row: str = "c") -> str:
@@ -73,11 +40,19 @@ def state_sql(provider: str = "p", row: str = "c") -> str:
 STATE_SQL = state_sql()
 
 
+def state_annotation() -> RawSQL:
+    """`circuit_state` of each provider of a queryset (closed without a row): one subquery, which
+    `Provider.objects.as_shown()` adds (handed to providers by notifications.apps)."""
+    state = f"""coalesce((SELECT {state_sql('providers', 'c')} FROM provider_circuits c
+                          WHERE c.provider_id = providers.id), 'closed')"""  # noqa: S608 - fixed fragments
+    return RawSQL(state, [], output_field=models.CharField())  # noqa: S611
+
+
 class ProviderCircuit(models.Model):
     """A provider's breaker (see the module's docstring); written only by the record statement and by
     `reserve_probes`."""
 
-    provider = models.OneToOneField("notifications.Provider", on_delete=models.CASCADE, primary_key=True,
+    provider = models.OneToOneField("providers.Provider", on_delete=models.CASCADE, primary_key=True,
                                     related_name="circuit_row")  # fmt: skip
     state = models.CharField(max_length=8, default=CLOSED)  # closed | open (half_open is derived)
     opened_at = models.DateTimeField(null=True, blank=True)

@@ -23,7 +23,8 @@ from typing import Any
 
 from core import hot_sql
 from core.models import Tenant
-from notifications.models import DeliveryAttempt, Notification, Provider
+from notifications.models import DeliveryAttempt, Notification
+from providers.models import Provider
 from queueing.models import ScheduledJob
 from templating.models import Template
 

@@ -25,8 +25,8 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connections, transaction
-from django.db.models import JSONField, ProtectedError, Q
+from django.db import connections, transaction
+from django.db.models import JSONField, Q
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -48,15 +48,15 @@ from notifications.models import (
     Category,
     IdempotencyRecord,
     Notification,
-    Provider,
     Status,
     Subscriber,
     TenantQueue,
 )
 from notifications.validation import DEFAULT_QUEUE, Draft
+from providers.models import Provider
 from queueing import queue
 from queueing.models import ScheduledJob
-from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit, sync_rate_limited
+from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
 from templating import renderer
 from templating.models import Template
@@ -874,71 +874,3 @@ def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str)
             details={"notification_id": str(job.notification_id)},
         )  # fmt: skip
     return job
-
-
-# --- configuration --------------------------------------------------------------------------------
-
-
-def _duplicate(exc: IntegrityError, what: str, name: str) -> Conflict:
-    if "default" in str(exc):
-        return Conflict(
-            "Another request changed this channel's default provider at the same time; retry.", code="conflict"
-        )
-    return Conflict(f"A {what} named {name!r} already exists.", code="already_exists")
-
-
-def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | None = None) -> Provider:
-    """Create or update a provider. Making it the default unsets the channel's previous default in
-    the same transaction; the partial unique index settles a race between two new defaults (409)."""
-    created = provider._state.adding
-    try:
-        with transaction.atomic():
-            if provider.is_default:
-                old = Provider.objects.for_tenant(provider.tenant_id).filter(channel=provider.channel, is_default=True)
-                old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
-            if not created and fields is not None and "secrets" in fields:
-                fields = [*fields, *_note_rotation(provider)]
-            provider.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            if not created and (fields is None or "rate_per_second" in fields):
-                # Items already queued follow the limit as it is now, in both directions.
-                sync_rate_limited(provider_ids=[provider.pk])
-            AuditEvent.record(
-                actor=actor, action="provider.created" if created else "provider.updated", target=provider,
-                details={"name": provider.name, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError as exc:
-        raise _duplicate(exc, "provider", provider.name) from None
-    return provider
-
-
-def _note_rotation(provider: Provider) -> list[str]:
-    """Keep the values of the kind's rotating secrets (a webhook's signing_secret) that this save
-    replaces, and when: they sign beside the new ones for OMNIPOST_SECRET_ROTATION_GRACE_SECONDS.
-    Returns the fields to save as well (none when no such secret changed). A second rotation
-    within the grace keeps only the secret it replaced."""
-    from notifications.providers import provider_class
-
-    rotating = provider_class(provider.kind).rotating_secrets
-    if not rotating:
-        return []
-    stored = Provider.objects.select_for_update().only("secrets").get(pk=provider.pk).secrets or {}
-    new = provider.secrets or {}
-    replaced = {k: stored[k] for k in rotating if stored.get(k) and stored.get(k) != new.get(k)}
-    if not replaced:
-        return []
-    provider.previous_secrets = replaced
-    provider.secrets_rotated_at = timezone.now()
-    return ["previous_secrets", "secrets_rotated_at"]
-
-
-def delete_provider(provider: Provider, *, actor: str) -> None:
-    """Delete a provider; 409 while notifications still use it (their foreign key PROTECTs it)."""
-    try:
-        with transaction.atomic():
-            AuditEvent.record(actor=actor, action="provider.deleted", target=provider, details={"name": provider.name})
-            provider.delete()
-    except ProtectedError:
-        raise Conflict(
-            f"The provider {provider.name!r} is still used by notifications or sequence steps and cannot be deleted.",
-            code="provider_in_use",
-        ) from None

@@ -23,7 +23,8 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from core.models import Tenant
-from notifications.models import Category, Provider
+from notifications.models import Category
+from providers.models import Provider
 from templating.models import Template
 
 MAX_TENANTS = 10_000  # tenants cached per process (least recently used dropped first)

@@ -19,7 +19,7 @@ class QueueingConfig(AppConfig):
 
         # A tenant is saved by the admin (core knows nothing of the queue): its limit, set or
         # removed, re-decides its queued items in the same transaction. Providers are saved through
-        # notifications.services.save_provider, which does the same for its provider.
+        # providers.services.save_provider, which does the same for its provider.
         post_save.connect(_tenant_saved, sender=Tenant, dispatch_uid="queueing.tenant_rate_limit")
 
 

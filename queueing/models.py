@@ -61,7 +61,7 @@ class QueueItem(TenantOwned):
     # Not indexed on its own: lanes use queue_state_lane_idx, and a provider cannot be deleted while
     # it has notifications (PROTECT), so the cascade never has rows to find.
     provider = models.ForeignKey(
-        "notifications.Provider", on_delete=models.CASCADE, null=True, related_name="+", db_index=False, **HOT_FK
+        "providers.Provider", on_delete=models.CASCADE, null=True, related_name="+", db_index=False, **HOT_FK
     )
     # True when the provider or tenant has a rate limit (`ratelimit.limited_sql`, kept in sync when a
     # limit changes by `queue.sync_rate_limited`): such items are claimed only in per-provider lanes

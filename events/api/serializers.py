@@ -13,8 +13,8 @@ from rest_framework import serializers
 from core.api.schema import StrictBooleanField, StrictCharField, StrictRegexField, StrictSerializer, iso
 from core.validation import NAME, parse_aware_datetime
 from events.models import ALL_TYPES, EventAttempt, EventEndpoint, EventType, public_event_id
-from notifications import ssrf
-from notifications.providers.webhook import decode_signing_secret
+from providers import ssrf
+from providers.kinds.webhook import decode_signing_secret
 
 TYPE_CHOICES = [*EventType.values, ALL_TYPES]
 

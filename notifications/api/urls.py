@@ -5,12 +5,11 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from notifications.api import config_views, recipient_views, sequence_views, views
+from notifications.api import recipient_views, sequence_views, views
 
 router = SimpleRouter(trailing_slash=False)
 router.register("notifications", views.NotificationViewSet, basename="notification")
 router.register("scheduled-jobs", views.ScheduledJobViewSet, basename="scheduled-job")
-router.register("providers", config_views.ProviderViewSet, basename="provider")
 router.register("sequences", sequence_views.SequenceViewSet, basename="sequence")
 router.register("suppressions", recipient_views.SuppressionViewSet, basename="suppression")
 router.register("categories", recipient_views.CategoryViewSet, basename="category")

@@ -96,7 +96,7 @@ def _saved_credentials(path: Path, tenant: Tenant) -> Demo | None:
 
 def _ensure_console_providers(tenant: Tenant) -> None:
     from core.channels import Channel
-    from notifications.models import Provider, ProviderKind
+    from providers.models import Provider, ProviderKind
 
     for channel in Channel.values:
         Provider.objects.get_or_create(

@@ -220,7 +220,7 @@ def test_a_delivered_outcome_records_what_the_classifier_would():
     from dispatch.sending import Sender
     from dlq.classifier import classify
     from dlq.retry import RetryPolicy
-    from notifications.providers.base import DeliveryResult
+    from providers.kinds.base import DeliveryResult
 
     lease = DispatchLease(7, uuid.uuid4(), 3, False, str(uuid.uuid4()), str(uuid.uuid4()))
     item = Prepared(lease, "webhook", "token", "s", "b", {}, datetime.now(UTC), 4, 2)

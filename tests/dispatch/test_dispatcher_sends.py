@@ -14,9 +14,9 @@ from core import crypto
 from dispatch.delivery import DispatchLease, Prepared
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from dispatch.providers import CachedProvider
-from notifications.providers import build_provider
-from notifications.providers.base import BaseProvider, DeliveryResult, OutboundMessage
-from notifications.providers.transport import new_client
+from providers.kinds import build_provider
+from providers.kinds.base import BaseProvider, DeliveryResult, OutboundMessage
+from providers.transport import new_client
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
 HOOK, SLOW = 1, 2

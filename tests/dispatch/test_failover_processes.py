@@ -61,7 +61,7 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             #    and the failures open the first's breaker (shared: three dispatchers add to it).
             wave1 = _send(tenant_a, first, 20)
             assert wait_until(lambda: _done(n.id for n in wave1), 30)
-            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == circuits.OPEN, 5)
+            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == circuit.OPEN, 5)
             seen_by_first = len(first_rx.requests)
             assert 10 <= seen_by_first <= 20
             time.sleep(0.6)  # the dispatchers' view of the breakers (dispatch.routing.REFRESH_SECONDS)
@@ -69,7 +69,7 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             # 2. While it is open, new notifications go straight to the second: the first sees nothing.
             wave2 = _send(tenant_a, first, 30)
             assert wait_until(lambda: _done(n.id for n in wave2), 30)
-            assert circuits.states([first.pk])[first.pk] == circuits.OPEN
+            assert circuits.states([first.pk])[first.pk] == circuit.OPEN
             assert len(first_rx.requests) == seen_by_first
             tried = DeliveryAttempt.objects.filter(notification_id__in=[n.id for n in wave2])
             assert set(tried.values_list("provider_id", flat=True)) == {second.pk}
@@ -80,10 +80,10 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             first_rx.behaviour.status = 200
             trickle: list[Notification] = []
             deadline = time.monotonic() + 40
-            while circuits.states([first.pk])[first.pk] != circuits.CLOSED and time.monotonic() < deadline:
+            while circuits.states([first.pk])[first.pk] != circuit.CLOSED and time.monotonic() < deadline:
                 trickle += _send(tenant_a, first, 1)
                 time.sleep(0.2)
-            assert circuits.states([first.pk])[first.pk] == circuits.CLOSED
+            assert circuits.states([first.pk])[first.pk] == circuit.CLOSED
             time.sleep(0.6)  # the dispatchers' view of the breakers (dispatch.routing.REFRESH_SECONDS)
             wave3 = _send(tenant_a, first, 20)
             everything = [*wave1, *wave2, *trickle, *wave3]

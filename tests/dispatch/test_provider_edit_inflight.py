@@ -11,7 +11,8 @@ import signal
 import pytest
 from standardwebhooks import Webhook
 
-from notifications.models import DeliveryAttempt, Notification, Provider
+from notifications.models import DeliveryAttempt, Notification
+from providers.models import Provider
 from queueing.models import QueueItem
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until

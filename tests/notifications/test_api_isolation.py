@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from notifications.models import Notification, Provider
+from notifications.models import Notification
+from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
 from templating.models import Template
 from tests.factories import queued

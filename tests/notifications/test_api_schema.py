@@ -19,7 +19,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from core.models import ApiKey, Tenant
-from notifications.models import DeliveryAttempt, Provider
+from notifications.models import DeliveryAttempt
+from providers.models import Provider
 from tests.support.setups import EMAIL, make_setup
 
 CHECKS = [

@@ -18,7 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from notifications import tenant_config
-from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification, Provider
+from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
+from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
 from tests.support.setups import email
 

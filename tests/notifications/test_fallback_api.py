@@ -12,7 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from notifications import suppressions, tenant_config
-from notifications.models import Notification, Provider
+from notifications.models import Notification
+from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
 from tests.support.setups import EMAIL, PHONE, TOKEN
 

@@ -10,7 +10,7 @@ import pytest
 
 from core.api.throttling import TenantRateThrottle
 from core.models import Tenant
-from notifications.models import Provider
+from providers.models import Provider
 from templating.models import Template
 
 WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
