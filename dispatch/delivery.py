@@ -28,10 +28,11 @@ from django.db import connections
 
 from core import crypto, hot_sql, pooling
 from events.emit import outcome_events_cte
-from notifications import circuits, counters, fallback, suppressions
+from notifications import circuits, counters, fallback
 from notifications.models import Status
 from queueing import queue
 from queueing.queue import Lease
+from recipients import suppressions
 
 
 @dataclass(slots=True)
@@ -286,7 +287,7 @@ _DISPATCH_RETURNING = "item_id, provider_id, rate_limited, notification_id, tena
 # --- the suppression check of a claim -----------------------------------------------------------------
 def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") -> set[int]:
     """Positions in `prepared` whose recipient is suppressed now (a suppression added after queueing
-    wins): one statement per claim (notifications.suppressions.dispatch_check_sql),
+    wins): one statement per claim (recipients.suppressions.dispatch_check_sql),
     none for an empty claim. Items whose category is critical now get `critical = True`."""
     if not prepared:
         return set()

@@ -20,10 +20,10 @@ from dispatch.recording import Recorder
 from dispatch.routing import Router
 from dlq.classifier import Classification
 from dlq.retry import RetryPolicy
-from notifications import unsubscribe
 from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
 from providers.kinds.base import Cancellable
 from providers.scrub import scrub
+from recipients import unsubscribe
 
 logger = logging.getLogger("omnipost.dispatcher")
 

@@ -9,7 +9,7 @@ class EventsConfig(AppConfig):
     def ready(self) -> None:
         from core import retention
         from events.emit import emit_suppressed
-        from notifications import suppressions
+        from recipients import suppressions
 
         suppressions.on_suppressed(emit_suppressed)  # recipient.suppressed, in the suppression's transaction
         # past retention: attempts, finished deliveries, then the events no pending delivery still needs

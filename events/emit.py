@@ -240,7 +240,7 @@ __all__ = [
 
 
 def emit_suppressed(entries: Iterable[Any]) -> None:  # noqa: ANN401
-    """`recipient.suppressed` for suppression entries just created (the `notifications.suppressions.
+    """`recipient.suppressed` for suppression entries just created (the `recipients.suppressions.
     on_suppressed` callback): one statement per tenant among them (a receipt batch or an API call is
     one tenant's)."""
     by_tenant: dict[Any, list[dict[str, Any]]] = {}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
-from typing import Any
 
 Window = tuple[time, time]
 
@@ -137,12 +136,3 @@ class Holds:
         except KeyError:
             release = self._releases[key] = release_at(quiet, zone(timezone_name), self.now)
         return _later(release, scheduled_for)
-
-
-def describe(value: Any) -> str:
-    """A window for people (admin, logs): `22:00–07:00`, `none`, or `inherits general`."""
-    if value is None:
-        return "inherits general"
-    if value.get("start") == value.get("end"):
-        return "none"
-    return f"{value['start']}–{value['end']}"

@@ -41,23 +41,16 @@ from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from core.plain_json import plain_json
 from core.validation import MAX_SUBJECT_CHARS
-from notifications import fallback, quiet_hours, suppressions, tenant_config
-from notifications.models import (
-    CANCELLABLE,
-    GENERAL,
-    Category,
-    IdempotencyRecord,
-    Notification,
-    Status,
-    Subscriber,
-    TenantQueue,
-)
+from notifications import fallback, quiet_hours, tenant_config
+from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Status, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, Draft
 from providers.models import Provider
 from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
+from recipients import suppressions
+from recipients.models import GENERAL, Category, Subscriber
 from templating import renderer
 from templating.models import Template
 

@@ -23,8 +23,8 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from core.models import Tenant
-from notifications.models import Category
 from providers.models import Provider
+from recipients.models import Category
 from templating.models import Template
 
 MAX_TENANTS = 10_000  # tenants cached per process (least recently used dropped first)
@@ -103,6 +103,12 @@ def templates(config: TenantConfig, tenant_id: Any, keys: Iterable[str]) -> dict
     else:
         resolved = {key: config.templates[key] for key in keys}
     return {key: t for key, t in resolved.items() if t is not None}
+
+
+def category_keys(tenant: Tenant) -> frozenset[str]:
+    """The tenant's stored category keys, from this process's copy (what recipients.services reads)."""
+    config = get(tenant.pk) or load(tenant.pk)
+    return frozenset(config.categories)
 
 
 def forget(tenant_id: Any) -> None:

@@ -27,6 +27,7 @@ from core.validation import (
     parse_aware_datetime,
     unknown_fields,
 )
+from recipients.services import check_external_id
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 MAX_CONTEXT_BYTES = 64 * 1024
@@ -38,7 +39,6 @@ NOTIFICATION_FIELDS = (
     "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
     "priority", "queue", "scheduled_for", "metadata", "fallback",
 )  # fmt: skip
-MAX_EXTERNAL_ID_CHARS = 200
 DEFAULT_CATEGORY = "general"
 
 
@@ -97,19 +97,6 @@ def check_scheduled_for(value: Any, now: datetime | None = None) -> datetime | N
     if when - now > MAX_SCHEDULE_AHEAD:
         raise ValueError(f"must be at most {MAX_SCHEDULE_AHEAD.days} days ahead")
     return when
-
-
-def check_external_id(value: Any) -> str:
-    """A subscriber's external id: the tenant's own user id, 1–200 printable characters without '/'."""
-    if (
-        not isinstance(value, str) or not 1 <= len(value) <= MAX_EXTERNAL_ID_CHARS or "/" in value
-        or not value.isprintable() or value != value.strip()
-    ):  # fmt: skip
-        raise ValueError(
-            f"must be the subscriber's external id: 1 to {MAX_EXTERNAL_ID_CHARS} printable characters, "
-            "no '/' and no leading or trailing spaces"
-        )
-    return value
 
 
 def check_queue(value: Any) -> str:

@@ -10,6 +10,7 @@ from core.api.views import api_not_found
 urlpatterns = [
     path("", include("notifications.api.urls")),
     path("", include("providers.api.urls")),
+    path("", include("recipients.api.urls")),
     path("", include("templating.api.urls")),
     path("", include("dlq.api.urls")),
     path("", include("events.api.urls")),

@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "core",
     "templating",
     "providers",
+    "recipients",
     "notifications",
     "queueing",
     "dlq",

@@ -18,6 +18,7 @@ from core.validation import MAX_BODY_CHARS, MAX_SUBJECT_CHARS, MAX_TOKEN_CHARS, 
 from notifications import reads, validation
 from notifications.models import AttemptOutcome, BounceType, Notification, ReceiptStatus, Status
 from queueing.models import ScheduledJob
+from recipients.services import MAX_EXTERNAL_ID_CHARS
 
 # --- requests -------------------------------------------------------------------------------------
 
@@ -38,7 +39,7 @@ class NotificationCreateSerializer(StrictSerializer):
         "Required unless `subscriber` is given.",
     )  # fmt: skip
     subscriber = serializers.CharField(
-        min_length=1, max_length=validation.MAX_EXTERNAL_ID_CHARS, required=False,
+        min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, required=False,
         help_text="A subscriber's external_id instead of `recipient`: its address for the channel is used "
         "(push: its first token; not for the webhook channel).",
     )  # fmt: skip

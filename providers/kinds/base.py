@@ -37,7 +37,7 @@ class OutboundMessage:
     metadata: dict = field(default_factory=dict)
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     attempt: int = 1
-    # Extra message headers (email: List-Unsubscribe, List-Unsubscribe-Post; notifications.unsubscribe).
+    # Extra message headers (email: List-Unsubscribe, List-Unsubscribe-Post; recipients.unsubscribe).
     headers: tuple[tuple[str, str], ...] = ()
 
 

@@ -11,10 +11,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from notifications import suppressions, tenant_config
+from notifications import tenant_config
 from notifications.models import Notification
 from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
+from recipients import suppressions
 from tests.support.setups import EMAIL, PHONE, TOKEN
 
 URL = "/api/v1/notifications"

@@ -19,9 +19,10 @@ from django.test.utils import CaptureQueriesContext
 
 from notifications import quiet_hours, sequences, tenant_config
 from notifications.api import views
-from notifications.models import Category, Notification
+from notifications.models import Notification
 from notifications.sequences import StepSpec
 from queueing.models import ScheduledJob
+from recipients.models import Category
 from templating.models import Template
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
@@ -336,10 +337,10 @@ def test_bad_quiet_hours_are_400_on_the_field_and_in_the_admin(api_a, setup_a, w
     admin = Client()
     admin.force_login(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw-0123456789"))
     form = {"tenant": setup_a.tenant.pk, "key": "digest", "description": ""}
-    page = admin.post("/admin/notifications/category/add/", {**form, "quiet_hours": json.dumps(window)})
+    page = admin.post("/admin/recipients/category/add/", {**form, "quiet_hours": json.dumps(window)})
     assert page.status_code == 200 and b"errorlist" in page.content  # the form again, with the error
     assert not Category.objects.filter(key="digest").exists()
-    page = admin.post("/admin/notifications/category/add/", {**form, "quiet_hours": json.dumps(NIGHT)})
+    page = admin.post("/admin/recipients/category/add/", {**form, "quiet_hours": json.dumps(NIGHT)})
     assert page.status_code == 302 and Category.objects.get(key="digest").quiet_hours == NIGHT
 
 

@@ -11,9 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from notifications import services, suppressions
+from notifications import services
 from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
 from queueing.models import QueueItem, ScheduledJob
+from recipients import suppressions
 from tests.support.setups import EMAIL, PHONE, email
 
 pytestmark = pytest.mark.django_db

@@ -9,9 +9,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from core.models import AuditEvent
-from notifications import suppressions
-from notifications.models import Category, Notification, Subscriber
+from notifications.models import Notification
 from queueing.models import QueueItem
+from recipients import suppressions
+from recipients.models import Category, Subscriber
 
 pytestmark = pytest.mark.django_db
 
@@ -54,7 +55,7 @@ def test_categories_are_created_patched_deleted_audited_and_scoped(api_a, api_b)
     assert Category.objects.get(key="security").critical is True
     assert api_a.patch("/api/v1/categories/security", {"key": "other"}, format="json").status_code == 400
     assert api_a.delete("/api/v1/categories/security").status_code == 204
-    actions = set(AuditEvent.objects.filter(target_type="notifications.category").values_list("action", flat=True))
+    actions = set(AuditEvent.objects.filter(target_type="recipients.category").values_list("action", flat=True))
     assert {"category.created", "category.deleted"} <= actions
 
 
@@ -226,9 +227,9 @@ def test_the_console_shows_subscribers_and_categories_masked(admin_client, api_a
     api_a.put("/api/v1/subscribers/user-42", jane(), format="json")
     api_a.get("/api/v1/categories")
     subscriber = Subscriber.objects.get()
-    pages = [admin_client.get("/admin/notifications/subscriber/"),
-             admin_client.get(f"/admin/notifications/subscriber/{subscriber.pk}/change/"),
-             admin_client.get("/admin/notifications/category/")]  # fmt: skip
+    pages = [admin_client.get("/admin/recipients/subscriber/"),
+             admin_client.get(f"/admin/recipients/subscriber/{subscriber.pk}/change/"),
+             admin_client.get("/admin/recipients/category/")]  # fmt: skip
     for page in pages:
         assert page.status_code == 200
         text = page.content.decode().lower()

@@ -13,9 +13,10 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 
-from notifications import suppressions, unsubscribe
-from notifications.models import Category, Notification, Suppression
+from notifications.models import Notification
 from queueing.models import QueueItem
+from recipients import suppressions, unsubscribe
+from recipients.models import Category, Suppression
 from tests import factories
 from tests.dlq.test_console_browser import chromium_page
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until

@@ -1,9 +1,8 @@
 """The suppression list: addresses a tenant's notifications must not reach.
 
 - `suppress()` adds one entry (idempotent: one entry per tenant, channel, address and category),
-  `suppress_many()` a batch in one statement, `suppress_notifications()` the addresses of a batch of
-  notifications (what receipts call for hard bounces and complaints), `remove()` deletes one; the
-  API and the admin call these, audited.
+  `suppress_many()` a batch in one statement (what receipts' hard bounces and complaints come to,
+  through notifications.addresses), `remove()` deletes one; the API and the admin call these, audited.
 - `normalise()` is the one rule for "the same address": email trimmed and lowercased, phones in
   E.164, tokens trimmed. Entries are found by the keyed blind index of the normalised address
   (`core.crypto.blind_indexes`: under every configured key, so an entry written before a key
@@ -33,7 +32,7 @@ from core.fields import Ciphertext
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent
-from notifications.models import Suppression, SuppressionReason
+from recipients.models import Suppression, SuppressionReason
 
 logger = logging.getLogger(__name__)
 
@@ -132,29 +131,6 @@ def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list
     return created
 
 
-def suppress_notifications(
-    reasons: dict[Any, str] | Sequence[tuple[Any, str]], *, actor: str | None = None
-) -> list[Suppression]:
-    """Suppress the addresses of notifications, by id → reason (what a batch of receipts does: a hard
-    bounce or a complaint suppresses its notification's address for every category, with the
-    notification as the source). Two statements whatever the batch's size (read the notifications,
-    insert the entries); ids of no notification are skipped, and so are channels other than email and
-    SMS (ADDRESS_REASONS). Returns the entries created now."""
-    from notifications.models import Notification
-
-    wanted = {_uuid(k): v for k, v in (reasons.items() if isinstance(reasons, dict) else reasons)}
-    if not wanted:
-        return []
-    rows = list(Notification.objects.filter(pk__in=list(wanted)).values_list("id", "tenant_id", "channel", "recipient"))
-    opened = crypto.decrypt_many([token for *_, token in rows])
-    entries = []
-    for (pk, tenant_id, channel, token), address in zip(rows, opened, strict=True):
-        if address is None:
-            address = crypto.decrypt(token, where=f"Notification.recipient of row {pk}")
-        entries.append(Entry(tenant_id, channel, address, wanted[pk], None, pk))
-    return suppress_many(entries, actor=actor)
-
-
 def _uuid(value: Any) -> uuid.UUID | None:
     if value is None or isinstance(value, uuid.UUID):
         return value
@@ -218,7 +194,7 @@ def remove(tenant_id: Any, suppression_id: Any, *, actor: str) -> bool:
 
 def _audit_args(actor: str, action: str, entry: Suppression) -> dict[str, Any]:
     return {
-        "actor": actor, "action": action, "target_type": "notifications.suppression", "target_id": entry.pk,
+        "actor": actor, "action": action, "target_type": "recipients.suppression", "target_id": entry.pk,
         "tenant": entry.tenant_id,
         "details": {"channel": entry.channel, "recipient_masked": entry.recipient_masked, "reason": entry.reason,
                     "category": entry.category},
@@ -342,7 +318,7 @@ def recompute_indexes(*, batch_size: int = 1000, progress: Callable[[int], objec
         last_id = page[-1][0]
         updates: list[tuple[uuid.UUID, str, str]] = []
         for pk, channel, token, old in page:
-            where = f"notifications.Suppression.recipient of row {pk}"
+            where = f"recipients.Suppression.recipient of row {pk}"
             new = crypto.blind_index(normalise(channel, crypto.decrypt(Ciphertext(token), where=where)))
             if new != old:
                 updates.append((pk, old, new))

@@ -1,5 +1,5 @@
 """Recipients: the suppression list (`suppressions`), `categories` and `subscribers`. Every queryset
-starts with for_tenant(); changes go through notifications.suppressions and notifications.recipients
+starts with for_tenant(); changes go through recipients.suppressions and recipients.services
 (audited). Addresses are write-only and read back masked."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from core.api.schema import (
 from core.api.viewsets import actor, as_uuid, config_docs
 from core.channels import Channel
 from core.validation import MAX_TOKEN_CHARS, NAME, FieldErrors, check_recipient, unknown_fields
-from notifications import recipients, suppressions, validation
-from notifications.models import Category, Subscriber, Suppression, SuppressionReason
+from recipients import services, suppressions
+from recipients.models import Category, Subscriber, Suppression, SuppressionReason
 
 MAX_BULK_SUBSCRIBERS = 1000
 
@@ -123,7 +123,7 @@ class SuppressionViewSet(
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         category = data.get("category")
-        if category is not None and category not in recipients.fresh_category_keys(request.tenant, {category}):
+        if category is not None and category not in services.fresh_category_keys(request.tenant, {category}):
             raise serializers.ValidationError({"category": [f"no category with key {category!r}"]})
         entry, created = suppressions.suppress(
             request.tenant.pk, data["channel"], data["recipient"], data.get("reason", SuppressionReason.MANUAL),
@@ -146,7 +146,7 @@ class CategorySerializer(StrictSerializer):
     key = StrictRegexField(NAME.pattern, max_length=100)
     critical = StrictBooleanField(required=False, default=False,
                                   help_text="Critical categories ignore opt-outs (never suppressions).")  # fmt: skip
-    description = StrictCharField(required=False, allow_blank=True, max_length=recipients.MAX_DESCRIPTION_CHARS)
+    description = StrictCharField(required=False, allow_blank=True, max_length=services.MAX_DESCRIPTION_CHARS)
     quiet_hours = serializers.JSONField(
         required=False, allow_null=True,
         help_text='{"start": "HH:MM", "end": "HH:MM"} in the recipient\'s time zone, end exclusive, may cross '
@@ -156,7 +156,7 @@ class CategorySerializer(StrictSerializer):
 
     def validate_quiet_hours(self, value: Any) -> Any:
         try:
-            return recipients.check_quiet_hours(value)
+            return services.check_quiet_hours(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
 
@@ -181,7 +181,7 @@ class CategoryViewSet(StrictQueryMixin, viewsets.ModelViewSet):
     def get_queryset(self) -> QuerySet[Category]:
         if getattr(self, "swagger_fake_view", False):
             return Category.objects.none()
-        recipients.ensure_general(self.request.tenant)
+        services.ensure_general(self.request.tenant)
         return Category.objects.for_tenant(self.request.tenant)
 
     def perform_create(self, serializer: CategorySerializer) -> None:
@@ -196,12 +196,12 @@ class CategoryViewSet(StrictQueryMixin, viewsets.ModelViewSet):
 
     def _save(self, category: Category, fields: list[str] | None = None) -> Category:
         try:
-            return recipients.save_category(category, actor=actor(self.request), fields=fields)
+            return services.save_category(category, actor=actor(self.request), fields=fields)
         except FieldErrors as exc:
             raise serializers.ValidationError(exc.errors) from None
 
     def perform_destroy(self, instance: Category) -> None:
-        recipients.delete_category(instance, actor=actor(self.request))
+        services.delete_category(instance, actor=actor(self.request))
 
 
 # --- subscribers ----------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ class SubscriberSerializer(serializers.Serializer):
 
 
 class SubscriberWriteSerializer(StrictSerializer):
-    """The body of PUT/PATCH subscribers/{external_id} (checked by notifications.recipients)."""
+    """The body of PUT/PATCH subscribers/{external_id} (checked by recipients.services)."""
 
     email = StrictCharField(required=False, allow_null=True, help_text="Stored encrypted; read back masked.")
     phone = StrictCharField(required=False, allow_null=True, help_text="E.164; stored encrypted.")
@@ -283,27 +283,27 @@ class SubscriberViewSet(StrictQueryMixin, viewsets.GenericViewSet):
     def update(self, request: Request, external_id: str) -> Response:
         """Create (201) or replace (200) the subscriber the URL names."""
         _check_external_id(external_id)
-        keys = recipients.fresh_category_keys(request.tenant, _preference_keys([request.data]))
-        clean = _field_errors(lambda: recipients.clean_subscriber(request.data, external_id=external_id,
+        keys = services.fresh_category_keys(request.tenant, _preference_keys([request.data]))
+        clean = _field_errors(lambda: services.clean_subscriber(request.data, external_id=external_id,
                                                                   categories=keys))  # fmt: skip
-        created = recipients.upsert_subscribers(request.tenant, [clean])[external_id]
+        created = services.upsert_subscribers(request.tenant, [clean])[external_id]
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(SubscriberSerializer(self._get(external_id)).data, status=code)
 
     @extend_schema(request=SubscriberWriteSerializer, responses={200: SubscriberSerializer, **errors(400, 404, 413)})
     def partial_update(self, request: Request, external_id: str) -> Response:
-        keys = recipients.fresh_category_keys(request.tenant, _preference_keys([request.data]))
-        changes = _field_errors(lambda: recipients.clean_subscriber(request.data, external_id=external_id,
+        keys = services.fresh_category_keys(request.tenant, _preference_keys([request.data]))
+        changes = _field_errors(lambda: services.clean_subscriber(request.data, external_id=external_id,
                                                                     categories=keys, partial=True))  # fmt: skip
         changes.pop("external_id", None)
-        subscriber = recipients.patch_subscriber(request.tenant, external_id, changes)
+        subscriber = services.patch_subscriber(request.tenant, external_id, changes)
         if subscriber is None:
             raise NotFound()
         return Response(SubscriberSerializer(subscriber).data)
 
     @extend_schema(responses={204: None, **errors(404)})
     def destroy(self, request: Request, external_id: str) -> Response:
-        if not recipients.delete_subscriber(request.tenant, external_id, actor=actor(request)):
+        if not services.delete_subscriber(request.tenant, external_id, actor=actor(request)):
             raise NotFound()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -324,12 +324,12 @@ class SubscriberViewSet(StrictQueryMixin, viewsets.GenericViewSet):
             raise serializers.ValidationError(
                 {"subscribers": [f"must be a list of 1 to {MAX_BULK_SUBSCRIBERS} subscriber objects"]}
             )
-        keys = recipients.fresh_category_keys(request.tenant, _preference_keys(items))
+        keys = services.fresh_category_keys(request.tenant, _preference_keys(items))
         problems: dict[str, Any] = {}
         rows, seen = [], set()
         for index, item in enumerate(items):
             try:
-                row = recipients.clean_subscriber(item, categories=keys)
+                row = services.clean_subscriber(item, categories=keys)
             except FieldErrors as exc:
                 problems[str(index)] = exc.errors
                 continue
@@ -340,14 +340,14 @@ class SubscriberViewSet(StrictQueryMixin, viewsets.GenericViewSet):
             rows.append(row)
         if problems:
             raise serializers.ValidationError({"subscribers": problems})
-        created = recipients.upsert_subscribers(request.tenant, rows)
+        created = services.upsert_subscribers(request.tenant, rows)
         return Response({"results": [{"external_id": r["external_id"], "created": created[r["external_id"]]}
                                      for r in rows]})  # fmt: skip
 
 
 def _check_external_id(external_id: str) -> None:
     try:
-        validation.check_external_id(external_id)
+        services.check_external_id(external_id)
     except ValueError as exc:
         raise serializers.ValidationError({"external_id": [str(exc)]}) from None
 

@@ -1,4 +1,4 @@
-"""The suppression list (notifications.suppressions, `GET/POST/DELETE suppressions`, the admin): one
+"""The suppression list (recipients.suppressions, `GET/POST/DELETE suppressions`, the admin): one
 entry per tenant, channel, address and category, found by a keyed blind index (never by decrypting
 the table), recomputed by key rotation; added and removed audited; another tenant's entries are 404."""
 
@@ -15,8 +15,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from core.models import AuditEvent
-from notifications import suppressions
-from notifications.models import Suppression
+from recipients import suppressions
+from recipients.models import Suppression
 
 pytestmark = pytest.mark.django_db
 
@@ -183,7 +183,7 @@ def staff_a(tenant_a, django_user_model, client):  # noqa: ANN001, ANN201
 def test_admin_adds_searches_and_removes_masked_and_audited(staff_a, tenant_a, tenant_b):
     suppressions.suppress(tenant_b.pk, "email", "other@example.com", "manual")
     response = staff_a.post(
-        "/admin/notifications/suppression/add/",
+        "/admin/recipients/suppression/add/",
         {"tenant": str(tenant_a.pk), "channel": "email", "address": CANARY, "reason": "manual", "category": ""},
     )
     assert response.status_code == 302, response.content.decode()[:2000]
@@ -191,12 +191,12 @@ def test_admin_adds_searches_and_removes_masked_and_audited(staff_a, tenant_a, t
     assert entry.recipient == CANARY.lower()
     assert AuditEvent.objects.filter(action="suppression.created", actor="user:ops", target_id=str(entry.pk)).exists()
 
-    page = staff_a.get("/admin/notifications/suppression/", {"q": CANARY.upper()}).content.decode()
+    page = staff_a.get("/admin/recipients/suppression/", {"q": CANARY.upper()}).content.decode()
     assert "c***@example.org" in page and page.lower().count(CANARY.lower()) == 1  # the search box only
-    assert "o***@example.com" not in staff_a.get("/admin/notifications/suppression/").content.decode()
-    assert CANARY.lower() not in staff_a.get(f"/admin/notifications/suppression/{entry.pk}/change/").content.decode()
+    assert "o***@example.com" not in staff_a.get("/admin/recipients/suppression/").content.decode()
+    assert CANARY.lower() not in staff_a.get(f"/admin/recipients/suppression/{entry.pk}/change/").content.decode()
 
-    response = staff_a.post(f"/admin/notifications/suppression/{entry.pk}/delete/", {"post": "yes"})
+    response = staff_a.post(f"/admin/recipients/suppression/{entry.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302
     assert not Suppression.objects.for_tenant(tenant_a).exists()
     assert AuditEvent.objects.filter(action="suppression.deleted", actor="user:ops").count() == 1
@@ -209,29 +209,3 @@ def test_a_category_scoped_entry_names_an_existing_category(api_a):
     api_a.post("/api/v1/categories", {"key": "news"}, format="json")
     made = api_a.post(URL, body, format="json")
     assert made.status_code == 201 and made.json()["category"] == "news"
-
-
-def test_receipts_suppress_their_notifications_addresses_in_two_statements(setup_a, setup_b):
-    from notifications import services
-
-    def create(setup, channel: str, recipient: str):  # noqa: ANN001, ANN202
-        provider = {"email": setup.mail, "sms": setup.text, "push": setup.push}[channel]
-        spec = services.NotificationSpec(channel=channel, recipient=recipient, provider=provider, body="b")
-        return services.create_notifications(setup.tenant, [spec], actor="test")[0]
-
-    bounced = create(setup_a, "email", "Bounced@Example.com")
-    complained = create(setup_b, "sms", "+15550001111")
-    pushed = create(setup_a, "push", "tok_abcdef123456")
-    with CaptureQueriesContext(connection) as ctx:
-        created = suppressions.suppress_notifications(
-            {bounced.pk: "hard_bounce", complained.pk: "complaint", pushed.pk: "hard_bounce",
-             "0190a0a0-0000-7000-8000-000000000000": "complaint"}  # fmt: skip
-        )
-    work = [q for q in ctx.captured_queries if "notifications" in q["sql"] or "suppressions" in q["sql"]]
-    assert len(work) == 2, [q["sql"][:80] for q in ctx.captured_queries]
-    found = sorted((c.tenant_id == setup_a.tenant.pk, c.channel, c.reason, c.source_notification_id) for c in created)
-    assert found == sorted([(True, "email", "hard_bounce", bounced.pk), (False, "sms", "complaint", complained.pk)])
-    assert [s.pk for s in suppressions.matching(setup_a.tenant.pk, "bounced@example.com")] == [
-        c.pk for c in created if c.channel == "email"
-    ]
-    assert suppressions.suppress_notifications({bounced.pk: "hard_bounce"}) == []  # idempotent

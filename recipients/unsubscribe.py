@@ -24,8 +24,8 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
 from core.channels import Channel
-from notifications import suppressions
-from notifications.models import Suppression, SuppressionReason
+from recipients import suppressions
+from recipients.models import Suppression, SuppressionReason
 
 PATH = "/unsubscribe/"
 _LABEL = b"omnipost one-click unsubscribe v1"

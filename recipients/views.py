@@ -13,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from core.masking import mask_email
-from notifications import unsubscribe
+from recipients import unsubscribe
 
 
 def _bad(message: str) -> HttpResponse:
@@ -34,6 +34,6 @@ def one_click(request: HttpRequest, token: str) -> HttpResponse:
             return _bad("Expected the form field List-Unsubscribe=One-Click.")
         unsubscribe.unsubscribe(token)
         context["done"] = True
-    response = render(request, "notifications/unsubscribe.html", context)
+    response = render(request, "recipients/unsubscribe.html", context)
     response["Referrer-Policy"] = "no-referrer"
     return response

@@ -1,8 +1,9 @@
 """Categories and subscribers: the workflows the API and the admin call.
 
 - Categories: `general` always exists (`ensure_general`; not critical, patchable, never deleted);
-  saves and deletes are audited and bump the tenant's configuration version (tenant_config), so
-  every web process resolves the next create's category afresh.
+  saves and deletes are audited (and, through the model's signals that notifications.tenant_config
+  connects, bump the tenant's configuration version, so every web process resolves the next
+  create's category afresh). A category's `quiet_hours` window is checked here (`check_quiet_hours`).
 - Subscribers: `clean_subscriber()` checks one body as plain functions (fast for a 1,000-row import);
   `upsert_subscribers()` stores a batch in one statement (INSERT … ON CONFLICT DO UPDATE), telling
   created from replaced rows; addresses are encrypted, with masked copies beside them for output.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -27,9 +28,9 @@ from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from core.validation import MAX_METADATA_BYTES, FieldErrors, check_recipient, json_size, unknown_fields
-from notifications.models import GENERAL, Category, Subscriber
-from notifications.validation import check_external_id
+from recipients.models import GENERAL, Category, Subscriber
 
+MAX_EXTERNAL_ID_CHARS = 200
 MAX_PUSH_TOKENS = 10
 MAX_DESCRIPTION_CHARS = 2000
 SUBSCRIBER_FIELDS = ("external_id", "email", "phone", "push_tokens", "timezone", "preferences")
@@ -52,6 +53,19 @@ def ensure_general(tenant: Tenant | Any) -> Category:
         return Category.objects.for_tenant(tenant_id).get(key=GENERAL)
 
 
+def check_external_id(value: Any) -> str:
+    """A subscriber's external id: the tenant's own user id, 1–200 printable characters without '/'."""
+    if (
+        not isinstance(value, str) or not 1 <= len(value) <= MAX_EXTERNAL_ID_CHARS or "/" in value
+        or not value.isprintable() or value != value.strip()
+    ):  # fmt: skip
+        raise ValueError(
+            f"must be the subscriber's external id: 1 to {MAX_EXTERNAL_ID_CHARS} printable characters, "
+            "no '/' and no leading or trailing spaces"
+        )
+    return value
+
+
 def check_quiet_hours(value: Any) -> dict[str, str] | None:
     """A category's `quiet_hours`: null (inherits general's), or start and end as HH:MM in the
     recipient's local time, `end` exclusive, crossing midnight allowed; 00:00–00:00 means none."""
@@ -66,6 +80,15 @@ def check_quiet_hours(value: Any) -> dict[str, str] | None:
         raise ValueError('start and end are equal: give {"start": "00:00", "end": "00:00"} for no quiet hours, '
                          "or null to inherit general's")
     return {"start": value["start"], "end": value["end"]}
+
+
+def describe_quiet_hours(value: Any) -> str:
+    """A category's window for people (admin, logs): `22:00–07:00`, `none`, or `inherits general`."""
+    if value is None:
+        return "inherits general"
+    if value.get("start") == value.get("end"):
+        return "none"
+    return f"{value['start']}–{value['end']}"
 
 
 def save_category(category: Category, *, actor: str, fields: Sequence[str] | None = None) -> Category:
@@ -255,12 +278,23 @@ def delete_subscriber(tenant: Tenant, external_id: str, *, actor: str) -> bool:
     return True
 
 
+def _stored_category_keys(tenant: Tenant) -> frozenset[str]:
+    return frozenset(Category.objects.for_tenant(tenant).values_list("key", flat=True))
+
+
+# Where `category_keys` reads a tenant's stored category keys: the database, until the room that
+# keeps a per-process copy of each tenant's configuration hands its reader in (notifications.apps).
+_read_category_keys: Callable[[Tenant], frozenset[str]] = _stored_category_keys
+
+
+def read_category_keys_with(reader: Callable[[Tenant], frozenset[str]]) -> None:
+    global _read_category_keys
+    _read_category_keys = reader
+
+
 def category_keys(tenant: Tenant) -> frozenset[str]:
     """The tenant's category keys (`general` included), from this process's configuration copy."""
-    from notifications import tenant_config
-
-    config = tenant_config.get(tenant.pk) or tenant_config.load(tenant.pk)
-    return frozenset({GENERAL, *config.categories})
+    return frozenset({GENERAL, *_read_category_keys(tenant)})
 
 
 def fresh_category_keys(tenant: Tenant, wanted: set[str]) -> frozenset[str]:
