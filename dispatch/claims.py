@@ -13,11 +13,11 @@ from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
 from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppressed_among
 from dispatch.providers import ProviderCache
-from dispatch.routing import Router
-from notifications import circuits
 from providers.models import Provider
 from queueing import queue, ratelimit
 from queueing.models import QueueItem
+from routing import circuits
+from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
 
@@ -92,7 +92,7 @@ class Claimer:
             if blocked:
                 self.suppressed.extend(p.lease for i, p in enumerate(prepared) if i in blocked)
                 prepared = [p for i, p in enumerate(prepared) if i not in blocked]
-            if prepared:  # which provider each goes through (failover order, breakers): dispatch.routing
+            if prepared:  # which provider each goes through (failover order, breakers): routing.failover
                 self.router.refresh()
                 routed = self.router.route(prepared, circuits.reserve_probes)
                 prepared = routed.send

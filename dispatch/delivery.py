@@ -28,11 +28,12 @@ from django.db import connections
 
 from core import crypto, hot_sql, pooling
 from events.emit import outcome_events_cte
-from notifications import circuits, counters, fallback
+from notifications import counters, fallback
 from notifications.models import Status
 from queueing import queue
 from queueing.queue import Lease
 from recipients import suppressions
+from routing import circuits
 
 
 @dataclass(slots=True)
@@ -72,7 +73,7 @@ class Prepared:
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
     category: str = "general"  # for the suppression check of the claim (dispatch.claims)
     critical: bool = False  # its category is critical (set by the check): no List-Unsubscribe
-    provider_named: bool = True  # the client named the provider: it never fails over (dispatch.routing)
+    provider_named: bool = True  # the client named the provider: it never fails over (routing.failover)
 
     @property
     def notification_key(self) -> str:
@@ -351,7 +352,7 @@ _RECORD_SQL = """
         SELECT * FROM unnest({arrays}) AS o({names})
     ), settling AS (
         -- what the queue does with each item (queue.settle_ctes): the ack kinds leave it; a retry's next
-        -- try may go through another provider (failover, dispatch.routing)
+        -- try may go through another provider (failover, routing.failover)
         SELECT o.*, next_provider AS provider_id,
                CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped', 'suppressed') THEN 'ack'
                     WHEN kind = 'deferred' THEN 'refund' ELSE 'release' END AS settle
@@ -417,9 +418,9 @@ _RECORD_SQL = """
     # failed / dead-lettered → now, suppressed → cancelled
     fallback_returning=fallback.RETURNING,
     fallback=fallback.record_ctes("changed"),
-    # the providers' breakers (notifications.circuits): read and written only for a provider whose
+    # the providers' breakers (routing.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
-    circuit=circuits.record_ctes("attempts"),
+    circuit=circuits.record_ctes("attempts", counters.breaker_totals_sql),
     shards=counters.SHARDS,
     throttled=counters.THROTTLED,
     latency_bucket="CASE "

@@ -42,12 +42,12 @@ from dispatch.delivery import Outcome, Prepared, Recorded
 from dispatch.events import EventLane
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder, SessionLost
-from dispatch.routing import Router
 from dispatch.sending import Sender
 from dlq.retry import RetryPolicy
 from queueing import heartbeat, janitor
 from queueing.models import Worker
 from queueing.wakeup import Doorbell
+from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
 

@@ -17,13 +17,13 @@ from dispatch import policy
 from dispatch.delivery import Attempt, Outcome, Prepared
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder
-from dispatch.routing import Router
 from dlq.classifier import Classification
 from dlq.retry import RetryPolicy
 from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
 from providers.kinds.base import Cancellable
 from providers.scrub import scrub
 from recipients import unsubscribe
+from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
 
@@ -173,7 +173,7 @@ class Sender:
     @staticmethod
     def to_lane(item: Prepared) -> Outcome:
         """An item routed to a rate-limited provider (`lease.provider_id`): back at once, untried, to be
-        claimed within that provider's tokens (dispatch.routing)."""
+        claimed within that provider's tokens (routing.failover)."""
         return Outcome(lease=item.lease, kind="deferred", retry_delay=0.0, next_provider_id=item.lease.provider_id)
 
     def scrub(self, item: Prepared, text: str) -> str:

@@ -300,5 +300,4 @@ class TenantQueue(TenantOwned):
         return self.name
 
 
-from notifications.circuits import ProviderCircuit  # noqa: E402, F401 - a model of this app, in its own module
 from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module

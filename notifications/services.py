@@ -2,7 +2,7 @@
 
 - `build_specs()` resolves checked drafts against the tenant's providers and templates (cached
   per process, see notifications.tenant_config: no query once warm), renders templates and holds
-  what is created inside its quiet hours until they end (notifications.quiet_hours);
+  what is created inside its quiet hours until they end (routing.quiet_hours);
 - `create_notifications()` stores them in one statement whatever the batch size, with the
   Idempotency-Key record when there is one;
 - `cancel_notification()` / `cancel_scheduled_job()` are conditional updates.
@@ -41,7 +41,7 @@ from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from core.plain_json import plain_json
 from core.validation import MAX_SUBJECT_CHARS
-from notifications import fallback, quiet_hours, tenant_config
+from notifications import fallback, tenant_config
 from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Status, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, Draft
 from providers.models import Provider
@@ -51,6 +51,7 @@ from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
 from recipients import suppressions
 from recipients.models import GENERAL, Category, Subscriber
+from routing import quiet_hours
 from templating import renderer
 from templating.models import Template
 
@@ -142,7 +143,7 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft], *, cached: bool = True)
     three queries (providers, templates, categories) and no version check (callers that hold their own
     transaction). A draft to a subscriber costs one query more (its addresses and time zone), whatever
     the batch's size. A non-critical draft created inside its quiet hours gets the window's end as its
-    `scheduled_for` (notifications.quiet_hours), from the same cached categories: no query of its own.
+    `scheduled_for` (routing.quiet_hours), from the same cached categories: no query of its own.
     """
     subscribers = _subscribers(tenant, drafts)
     if not cached:

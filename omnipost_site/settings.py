@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "templating",
     "providers",
     "recipients",
+    "routing",
     "notifications",
     "queueing",
     "dlq",

@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = (
-    "core", "queueing", "templating", "providers", "recipients", "notifications", "events", "dlq", "receipts",
-    "dispatch", "operations", "benchmarks", "omnipost_site",
+    "core", "queueing", "templating", "providers", "recipients", "routing", "notifications", "events", "dlq",
+    "receipts", "dispatch", "operations", "benchmarks", "omnipost_site",
 )  # fmt: skip
 
 

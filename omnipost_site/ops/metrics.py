@@ -124,8 +124,8 @@ class OmniPostCollector(Collector):
     def _circuits(self) -> Metric:
         """Breakers that are not closed (closed ones have no series), lowest provider ids first, at most
         OMNIPOST_METRICS_MAX_PROVIDERS of them: one query of the small provider_circuits table."""
-        from notifications import circuits
         from providers.models import Provider
+        from routing import circuits
 
         metric = GaugeMetricFamily(
             "omnipost_provider_circuit_state",

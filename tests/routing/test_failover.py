@@ -1,4 +1,4 @@
-"""Routing decisions (dispatch.routing) and the breakers' shared state (notifications.circuits), in process."""
+"""Routing decisions (routing.failover) and the breakers' shared state (routing.circuits), in process."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from django.test import Client
 from django.utils import timezone
 
 from dispatch.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
-from dispatch.routing import Router
-from notifications import circuits
-from notifications.circuits import ProviderCircuit
 from notifications.services import NotificationSpec, create_notifications
+from routing import circuits
+from routing.failover import Router
+from routing.models import ProviderCircuit
 from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)

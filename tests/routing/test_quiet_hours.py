@@ -17,12 +17,13 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from notifications import quiet_hours, sequences, tenant_config
+from notifications import sequences, tenant_config
 from notifications.api import views
 from notifications.models import Notification
 from notifications.sequences import StepSpec
 from queueing.models import ScheduledJob
 from recipients.models import Category
+from routing import quiet_hours
 from templating.models import Template
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until

@@ -1,4 +1,5 @@
-"""Circuit breakers per provider, shared by every dispatcher through PostgreSQL.
+"""Circuit breakers per provider, shared by every dispatcher through PostgreSQL: their rows
+(`provider_circuits`, routing.models.ProviderCircuit) and every statement that reads or writes them.
 
 A provider's `circuit` settings say when its breaker opens: at least `min_requests` sends in the
 rolling `window_seconds`, of which a `failure_threshold` fraction (0–1) ended in a transient failure
@@ -7,12 +8,14 @@ rolling `window_seconds`, of which a `failure_threshold` fraction (0–1) ended 
 success closes it and resets the window, one transient failure opens it again.
 
 Nothing here is written per delivery. The window's counts are the `/metrics` counters the record
-statement already keeps (notifications.counters, cumulative per provider and outcome): this row holds
-their totals at the window's start (`base_*`) and the previous window's counts (`prev_*`, for the
-sliding estimate `prev · (1 − elapsed / window) + current`). The record statement
-(dispatch.delivery, the `circuit_*` CTEs from `record_ctes`) reads and writes the row only for a
-provider whose batch had a transient failure or whose breaker is not closed, and decides every
-transition in SQL on the database's clock. A missing row is a closed breaker.
+statement already keeps (notifications.counters, cumulative per provider and outcome, handed in as
+`totals`): this row holds their totals at the window's start (`base_*`) and the previous window's
+counts (`prev_*`, for the sliding estimate `prev · (1 − elapsed / window) + current`). The record
+statement (dispatch.delivery, the `circuit_*` CTEs from `record_ctes`) reads and writes the row only
+for a provider whose batch had a transient failure or whose breaker is not closed, and decides every
+transition in SQL on the database's clock, as the pure function routing.breaker.transition does
+(`transition_ctes`, `NEXT_ROW`; tests/routing/test_breaker_table.py holds the two to one table of
+cases). A missing row is a closed breaker.
 
 `half_open` is not stored: it is an `open` row whose `opened_at + open_seconds` has passed
 (`STATE_SQL`), so a breaker half-opens on time alone, with no one to write it.
@@ -20,7 +23,7 @@ transition in SQL on the database's clock. A missing row is a closed breaker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import connection, models
 from django.db.models.expressions import RawSQL
@@ -42,33 +45,10 @@ STATE_SQL = state_sql()
 
 def state_annotation() -> RawSQL:
     """`circuit_state` of each provider of a queryset (closed without a row): one subquery, which
-    `Provider.objects.as_shown()` adds (handed to providers by notifications.apps)."""
+    `Provider.objects.as_shown()` adds (handed to providers by routing.apps)."""
     state = f"""coalesce((SELECT {state_sql('providers', 'c')} FROM provider_circuits c
                           WHERE c.provider_id = providers.id), 'closed')"""  # noqa: S608 - fixed fragments
     return RawSQL(state, [], output_field=models.CharField())  # noqa: S611
-
-
-class ProviderCircuit(models.Model):
-    """A provider's breaker (see the module's docstring); written only by the record statement and by
-    `reserve_probes`."""
-
-    provider = models.OneToOneField("providers.Provider", on_delete=models.CASCADE, primary_key=True,
-                                    related_name="circuit_row")  # fmt: skip
-    state = models.CharField(max_length=8, default=CLOSED)  # closed | open (half_open is derived)
-    opened_at = models.DateTimeField(null=True, blank=True)
-    probes = models.PositiveSmallIntegerField(default=0)  # sends let through since it half-opened
-    window_started_at = models.DateTimeField()
-    base_requests = models.BigIntegerField(default=0)  # the provider's counters at the window's start
-    base_failures = models.BigIntegerField(default=0)
-    prev_requests = models.BigIntegerField(default=0)  # the previous window's counts
-    prev_failures = models.BigIntegerField(default=0)
-    updated_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "provider_circuits"
-
-    def __str__(self) -> str:
-        return f"breaker of provider {self.provider_id}: {self.state}"
 
 
 def states(provider_ids: Iterable[int]) -> dict[int, str]:
@@ -147,51 +127,23 @@ def reserve_probes(wanted: dict[int, int]) -> dict[int, int]:
         return {provider_id: int(n) for provider_id, n in cursor.fetchall() if n > 0}
 
 
-def record_ctes(attempts: str, counters_table: str = "delivery_counters") -> str:
-    """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id,
-    outcome and http_status): the breakers this batch changes, decided from the counters as they were before this
-    statement plus the batch's own attempts. Ends in `circuit AS (INSERT … ON CONFLICT …)`."""
-    from notifications.counters import ATTEMPTS, THROTTLED
+def considered_sql(failures: str, state: str) -> str:
+    """SQL of breaker.considered: the batch's transient failures and the row's stored state (or null)."""
+    return f"{failures} > 0 OR {state} = 'open'"
 
-    thr, minr = setting_sql("p", "failure_threshold"), setting_sql("p", "min_requests")
-    win = setting_sql("p", "window_seconds")
-    opn = setting_sql("p", "open_seconds")
-    return f"""circuit_batch AS (
-        -- a 429 is the provider asking to slow down, which the adaptive rate does (queueing.ratelimit):
-        -- it is neither a failure nor a success of the breaker's
-        SELECT a.provider_id, count(*) AS sends, count(*) FILTER (WHERE a.outcome = 'transient_error') AS failures,
-               count(*) FILTER (WHERE a.outcome = 'delivered') AS successes
-        FROM {attempts} a WHERE a.provider_id IS NOT NULL AND a.http_status IS DISTINCT FROM 429
-        GROUP BY a.provider_id
-    ), circuit_seen AS (
-        -- only providers whose breaker this batch may change: a transient failure, or not closed
-        SELECT b.provider_id, b.sends, b.failures, b.successes, c.provider_id IS NOT NULL AS has_row,
-               coalesce(c.state, 'closed') AS state, c.opened_at, c.window_started_at,
-               coalesce(c.base_requests, 0) AS base_requests, coalesce(c.base_failures, 0) AS base_failures,
-               coalesce(c.prev_requests, 0) AS prev_requests, coalesce(c.prev_failures, 0) AS prev_failures,
-               c.state = 'open' AND now() >= c.opened_at + {opn} * interval '1 second' AS half_open,
-               {thr} AS threshold, {minr} AS min_requests, {win} AS window_seconds,
-               tot.requests + b.sends AS total_requests, tot.failures + b.failures AS total_failures
-        FROM circuit_batch b
-        JOIN providers p ON p.id = b.provider_id
-        LEFT JOIN provider_circuits c ON c.provider_id = b.provider_id
-        CROSS JOIN LATERAL (
-            -- the attempts less those answered 429 (counted again under THROTTLED, as the batch above
-            -- leaves them out)
-            SELECT coalesce(sum(CASE WHEN dc.le = {THROTTLED} THEN -dc.count ELSE dc.count END), 0) AS requests,
-                   coalesce(sum(CASE WHEN dc.le = {THROTTLED} THEN -dc.count ELSE dc.count END)
-                            FILTER (WHERE dc.outcome = 'transient_error'), 0) AS failures
-            FROM {counters_table} dc
-            WHERE dc.shard = ANY(ARRAY(SELECT generate_series(0, {_shards() - 1}))) AND dc.provider_id = b.provider_id
-              AND dc.outcome IN ('delivered', 'transient_error', 'permanent_error')
-              AND dc.le IN ({ATTEMPTS}, {THROTTLED})
-        ) tot
-        WHERE b.failures > 0 OR c.state = 'open'
-    ), circuit_window AS (
+
+def transition_ctes(seen: str) -> str:
+    """CTEs that carry out breaker.transition for each row of `seen` (provider_id; the batch's sends,
+    failures, successes; has_row and the row's state (closed without one), opened_at,
+    window_started_at, base_* and prev_* (0 without a row); the settings threshold, min_requests,
+    window_seconds, open_seconds; total_requests and total_failures, the counters with the batch).
+    Ends in `circuit_next`: the step of each, and `NEXT_ROW`'s columns read from it."""
+    return f"""circuit_window AS (
         SELECT s.*,
+               s.state = 'open' AND now() >= s.opened_at + s.open_seconds * interval '1 second' AS half_open,
                NOT s.has_row OR s.window_started_at IS NULL
                    OR now() >= s.window_started_at + s.window_seconds * interval '1 second' AS rolled
-        FROM circuit_seen s
+        FROM {seen} s
     ), circuit_counts AS (
         SELECT w.*,
                CASE WHEN w.rolled THEN w.total_requests - w.sends ELSE w.base_requests END AS new_base_requests,
@@ -222,31 +174,67 @@ def record_ctes(attempts: str, counters_table: str = "delivery_counters") -> str
                     ELSE 'keep' END AS step,
                e.*
         FROM circuit_estimate e
-    ), circuit AS (
-        INSERT INTO provider_circuits AS pc (provider_id, state, opened_at, probes, window_started_at, base_requests,
-                                             base_failures, prev_requests, prev_failures, updated_at)
-        SELECT n.provider_id,
-               CASE WHEN n.step IN ('open', 'reopen') THEN 'open' WHEN n.step = 'close' THEN 'closed' ELSE n.state END,
-               CASE WHEN n.step IN ('open', 'reopen') THEN now() WHEN n.step = 'close' THEN NULL ELSE n.opened_at END,
-               0,
-               CASE WHEN n.step = 'close' THEN now() ELSE n.new_started_at END,
-               CASE WHEN n.step = 'close' THEN n.total_requests ELSE n.new_base_requests END,
-               CASE WHEN n.step = 'close' THEN n.total_failures ELSE n.new_base_failures END,
-               CASE WHEN n.step = 'close' THEN 0 ELSE n.new_prev_requests END,
-               CASE WHEN n.step = 'close' THEN 0 ELSE n.new_prev_failures END,
-               now()
-        FROM circuit_next n WHERE n.step <> 'keep'
-        ORDER BY n.provider_id
-        ON CONFLICT (provider_id) DO UPDATE SET
-            state = excluded.state, opened_at = excluded.opened_at, probes = excluded.probes,
-            window_started_at = excluded.window_started_at, base_requests = excluded.base_requests,
-            base_failures = excluded.base_failures, prev_requests = excluded.prev_requests,
-            prev_failures = excluded.prev_failures, updated_at = excluded.updated_at
-        RETURNING pc.provider_id, pc.state
     )"""  # noqa: S608 - fixed fragments
 
 
-def _shards() -> int:
-    from notifications.counters import SHARDS
+# The row a step writes, from `circuit_next n`: the columns of provider_circuits after provider_id,
+# in order (probes: none taken yet, whatever the step).
+NEXT_ROW = (
+    ("state", "CASE WHEN n.step IN ('open', 'reopen') THEN 'open' WHEN n.step = 'close' THEN 'closed' "
+              "ELSE n.state END"),
+    ("opened_at", "CASE WHEN n.step IN ('open', 'reopen') THEN now() WHEN n.step = 'close' THEN NULL "
+                  "ELSE n.opened_at END"),
+    ("probes", "0"),
+    ("window_started_at", "CASE WHEN n.step = 'close' THEN now() ELSE n.new_started_at END"),
+    ("base_requests", "CASE WHEN n.step = 'close' THEN n.total_requests ELSE n.new_base_requests END"),
+    ("base_failures", "CASE WHEN n.step = 'close' THEN n.total_failures ELSE n.new_base_failures END"),
+    ("prev_requests", "CASE WHEN n.step = 'close' THEN 0 ELSE n.new_prev_requests END"),
+    ("prev_failures", "CASE WHEN n.step = 'close' THEN 0 ELSE n.new_prev_failures END"),
+    ("updated_at", "now()"),
+)
 
-    return SHARDS
+
+def record_ctes(attempts: str, totals: Callable[[str], str]) -> str:
+    """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id,
+    outcome and http_status): the breakers this batch changes (breaker.transition), decided from the
+    counters as they were before this statement plus the batch's own attempts. `totals(provider)` is
+    the counters' subquery of (requests, failures) for a provider id expression, which the room that
+    keeps the counters gives (notifications.counters.breaker_totals_sql). Ends in
+    `circuit AS (INSERT … ON CONFLICT …)`."""
+    settings = ", ".join(
+        f"{setting_sql('p', key)} AS {name}"
+        for key, name in (("failure_threshold", "threshold"), ("min_requests", "min_requests"),
+                          ("window_seconds", "window_seconds"), ("open_seconds", "open_seconds"))
+    )  # fmt: skip
+    columns = ", ".join(name for name, _ in NEXT_ROW)
+    values = ",\n               ".join(sql for _, sql in NEXT_ROW)
+    updates = ", ".join(f"{name} = excluded.{name}" for name, _ in NEXT_ROW)
+    return f"""circuit_batch AS (
+        -- a 429 is the provider asking to slow down, which the adaptive rate does (queueing.ratelimit):
+        -- it is neither a failure nor a success of the breaker's
+        SELECT a.provider_id, count(*) AS sends, count(*) FILTER (WHERE a.outcome = 'transient_error') AS failures,
+               count(*) FILTER (WHERE a.outcome = 'delivered') AS successes
+        FROM {attempts} a WHERE a.provider_id IS NOT NULL AND a.http_status IS DISTINCT FROM 429
+        GROUP BY a.provider_id
+    ), circuit_seen AS (
+        -- only providers whose breaker this batch may change: a transient failure, or not closed
+        SELECT b.provider_id, b.sends, b.failures, b.successes, c.provider_id IS NOT NULL AS has_row,
+               coalesce(c.state, 'closed') AS state, c.opened_at, c.window_started_at,
+               coalesce(c.base_requests, 0) AS base_requests, coalesce(c.base_failures, 0) AS base_failures,
+               coalesce(c.prev_requests, 0) AS prev_requests, coalesce(c.prev_failures, 0) AS prev_failures,
+               {settings},
+               tot.requests + b.sends AS total_requests, tot.failures + b.failures AS total_failures
+        FROM circuit_batch b
+        JOIN providers p ON p.id = b.provider_id
+        LEFT JOIN provider_circuits c ON c.provider_id = b.provider_id
+        CROSS JOIN LATERAL {totals("b.provider_id")} tot
+        WHERE {considered_sql("b.failures", "c.state")}
+    ), {transition_ctes("circuit_seen")}, circuit AS (
+        INSERT INTO provider_circuits AS pc (provider_id, {columns})
+        SELECT n.provider_id,
+               {values}
+        FROM circuit_next n WHERE n.step <> 'keep'
+        ORDER BY n.provider_id
+        ON CONFLICT (provider_id) DO UPDATE SET {updates}
+        RETURNING pc.provider_id, pc.state
+    )"""  # noqa: S608 - fixed fragments

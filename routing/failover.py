@@ -24,20 +24,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
-from dispatch.delivery import Prepared
-from notifications import circuits
 from providers.circuit import HALF_OPEN
+from routing import circuits
 
 REFRESH_SECONDS = 0.5
 
 
+class _Lease(Protocol):
+    provider_id: int | None  # the provider the item goes through; routing may change it
+
+
+class Routable(Protocol):
+    """What routing reads of a claimed item (the dispatcher's dispatch.delivery.Prepared)."""
+
+    lease: _Lease
+    provider_named: bool  # the client named the provider: it never fails over
+    tenant_key: str
+    channel: str
+
+
+Item = TypeVar("Item", bound=Routable)
+
+
 @dataclass
-class Routed:
-    send: list[Prepared] = field(default_factory=list)
-    wait: list[Prepared] = field(default_factory=list)  # every provider of the order is open: back, untried
+class Routed(Generic[Item]):
+    send: list[Item] = field(default_factory=list)
+    wait: list[Item] = field(default_factory=list)  # every provider of the order is open: back, untried
     # failed over to a rate-limited provider (lease.provider_id is the new one): back into its lane, untried
-    relane: list[Prepared] = field(default_factory=list)
+    relane: list[Item] = field(default_factory=list)
 
 
 class Router:
@@ -63,7 +79,7 @@ class Router:
         self.position = {pk: key for key, ids in orders.items() for pk in ids}
         self._refreshed = now
 
-    def order_of(self, item: Prepared) -> list[int]:
+    def order_of(self, item: Routable) -> list[int]:
         """The providers the item may go through, starting with its current one."""
         current = item.lease.provider_id
         if item.provider_named or current is None:
@@ -75,15 +91,15 @@ class Router:
         start = ids.index(current)
         return ids[start:] + ids[:start]
 
-    def next_after(self, item: Prepared) -> int | None:
+    def next_after(self, item: Routable) -> int | None:
         """The provider a transient failure sends the item's next try to (None: the same one)."""
         order = self.order_of(item)
         return order[1] if len(order) > 1 else None
 
-    def route(self, items: list[Prepared], reserve: Callable[[dict[int, int]], dict[int, int]]) -> Routed:
+    def route(self, items: list[Item], reserve: Callable[[dict[int, int]], dict[int, int]]) -> Routed[Item]:
         """Choose each item's provider (changing `item.lease.provider_id`); `reserve` takes probe sends
         of half-open breakers ({provider: wanted} → granted), called once, only if one is half-open."""
-        routed = Routed()
+        routed: Routed[Item] = Routed()
         if not self.states:  # every breaker closed: nothing to decide
             routed.send = items
             return routed
