@@ -294,38 +294,36 @@ class Dispatcher:
             want = min(self.config.batch_size, free, remaining if remaining is not None else free)
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
             try:
-                prepared, skipped, next_token_in, unready = await self.db(self.claimer.claim, want, leave_out)
+                claimed = await self.db(self.claimer.claim, want, leave_out)
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
                 await self._sleep(delay)
                 continue
             self._outage.reset()
-            if unready:  # claimed, but the session was lost before their providers were loaded
-                self._give_back(unready)
-            if skipped:
-                self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
-            suppressed = self.claimer.take_suppressed()
-            if suppressed:
-                self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in suppressed)
-                skipped = [*skipped, *suppressed]
-            waiting = self.claimer.take_waiting()
-            if waiting:  # every provider of their failover order is open: back with the backoff, untried
-                self.recorder.extend(self.sender.waiting(p) for p in waiting)
-            relaned = self.claimer.take_relaned()
-            if relaned:  # failed over to a rate-limited provider: into its lane, untried
-                self.recorder.extend(self.sender.to_lane(p) for p in relaned)
-                waiting += relaned
-            self._start_all(prepared)
-            self.claimed += len(prepared) + len(skipped)
-            self.claimed_by_tenant.update(p.tenant_key for p in prepared)
-            if prepared or skipped or waiting:
-                if len(prepared) + len(skipped) + len(waiting) >= want:
+            if claimed.unready:  # claimed, but the session was lost before their providers were loaded
+                self._give_back(claimed.unready)
+            if claimed.skipped:
+                self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in claimed.skipped)
+            if claimed.suppressed:
+                self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in claimed.suppressed)
+            if claimed.waiting:  # every provider of their failover order is open: back with the backoff, untried
+                self.recorder.extend(self.sender.waiting(p) for p in claimed.waiting)
+            if claimed.relaned:  # failed over to a rate-limited provider: into its lane, untried
+                self.recorder.extend(self.sender.to_lane(p) for p in claimed.relaned)
+            self._start_all(claimed.send)
+            finished = len(claimed.skipped) + len(claimed.suppressed)
+            returned = len(claimed.waiting) + len(claimed.relaned)
+            self.claimed += len(claimed.send) + finished
+            self.claimed_by_tenant.update(p.tenant_key for p in claimed.send)
+            if claimed.send or finished or returned:
+                if len(claimed.send) + finished + returned >= want:
                     self._full_claim_at = time.monotonic()
                 poll = MIN_POLL
                 continue
             if self.config.once:
                 return
+            next_token_in = claimed.next_token_in
             await self._sleep(poll if next_token_in is None else min(poll, max(0.005, next_token_in)))
             poll = min(poll * 2, MAX_POLL)
 

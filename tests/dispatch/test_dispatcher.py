@@ -154,7 +154,7 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
     dispatcher = Dispatcher(DispatcherConfig(jitter=False), clock=lambda: now[0])
 
     def claim(n: int) -> set:
-        prepared, _, _, _ = dispatcher.claimer.claim(n)
+        prepared = dispatcher.claimer.claim(n).send
         return {p.notification_id for p in prepared}
 
     assert claim(2) <= starving  # the first claim looks: the starving items outrank priority 9
