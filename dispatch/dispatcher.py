@@ -68,7 +68,7 @@ class DispatcherConfig:
     lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
     jitter: bool = True
     listen: bool = True  # LISTEN for enqueues; off, idle workers only poll
-    events: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
+    event_lane: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
     event_concurrency: int = 100
     event_batch_size: int = 100
     # Sends beyond `concurrency` that only tenants with fewer than this many in flight may take (see
@@ -106,15 +106,15 @@ class Dispatcher:
         self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings(), self.router)
         self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock, self.router)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
-        self.events: EventLane | None = None
-        if config.events:
-            self.events = EventLane(
+        self.event_lane: EventLane | None = None
+        if config.event_lane:
+            self.event_lane = EventLane(
                 self.db, batch_size=config.event_batch_size, concurrency=config.event_concurrency,
                 lease_seconds=config.lease_seconds, busy=self._busy,
             )  # fmt: skip
-            self.recorder.after_write = self._nudge_events
+            self.recorder.after_write = self._nudge_event_lane
         self._full_claim_at = 0.0  # time.monotonic() of the last claim that found as many as it asked for
-        self.events_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
+        self.event_lane_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
 
     @property
@@ -153,9 +153,9 @@ class Dispatcher:
         )  # fmt: skip
         recorder = asyncio.create_task(self.recorder.run(), name="recorder")
         lane = None
-        if self.events is not None:
+        if self.event_lane is not None:
             lane = asyncio.create_task(
-                self.events.run(self.events_stop, self.config.grace_seconds,
+                self.event_lane.run(self.event_lane_stop, self.config.grace_seconds,
                                 once_after=self.notifications_recorded if self.config.once else None),
                 name="event-lane",
             )  # fmt: skip
@@ -176,7 +176,7 @@ class Dispatcher:
             self.notifications_recorded.set()
             if lane is not None:
                 if not self.config.once:
-                    self.events_stop.set()
+                    self.event_lane_stop.set()
                 await lane
             for task in loops:
                 task.cancel()
@@ -221,7 +221,7 @@ class Dispatcher:
 
     def _stop(self) -> None:
         self.stopping.set()
-        self.events_stop.set()
+        self.event_lane_stop.set()
         self.wake.set()
         self.sender.capacity.set()
 
@@ -232,9 +232,9 @@ class Dispatcher:
         return (len(self.sender.inflight) >= self.config.concurrency
                 or time.monotonic() - self._full_claim_at < 0.2)  # fmt: skip
 
-    def _nudge_events(self, recorded: Recorded) -> None:
-        if recorded.events:  # the record statement made events: fan them out and send them soon
-            self.events.nudge()  # type: ignore[union-attr]
+    def _nudge_event_lane(self, recorded: Recorded) -> None:
+        if recorded.batched:  # the record statement filled the outbox: open it into events and send them soon
+            self.event_lane.nudge()  # type: ignore[union-attr]
 
     def _recording_broke(self) -> None:
         self.failed = True

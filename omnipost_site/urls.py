@@ -23,7 +23,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
     # Vendors' receipts (delivery status callbacks), authenticated by the vendor's signature.
-    path("hooks/providers/<int:provider_id>", receipt_views.provider_events, name="provider-events"),
+    path("hooks/providers/<int:provider_id>", receipt_views.provider_receipts, name="provider-receipts"),
 ]
 
 handler404 = "core.api.views.handler404"

@@ -27,7 +27,7 @@ class ProviderKind(models.TextChoices):
     SES = "ses"
 
 
-def events_url(provider_id: int | None) -> str | None:
+def receipts_url(provider_id: int | None) -> str | None:
     """Where the provider's vendor posts receipts (`POST /hooks/providers/{id}`, receipts.views):
     under OMNIPOST_PUBLIC_URL, or None while that is not set (or the provider not saved)."""
     base = settings.OMNIPOST_PUBLIC_URL
@@ -100,8 +100,8 @@ class Provider(TenantOwned):
         return f"{self.name} ({self.kind})"
 
     @property
-    def events_url(self) -> str | None:
-        return events_url(self.pk)
+    def receipts_url(self) -> str | None:
+        return receipts_url(self.pk)
 
     def rotation_options(self) -> dict[str, Any]:
         """`build_provider` options for the secrets the last rotation replaced: they sign beside the

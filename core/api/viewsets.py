@@ -41,10 +41,10 @@ def config_docs(serializer: type[serializers.Serializer]) -> dict[str, Any]:
     }
 
 
+# A tenant's objects of `model`, scoped with for_tenant(); saving and deleting go through the room's
+# services (`perform_*`, `remove`). (A comment, not a docstring: drf-spectacular would copy a docstring
+# into every operation's description.)
 class ConfigViewSet(StrictQueryMixin, viewsets.ModelViewSet):
-    """A tenant's objects of `model`, scoped with for_tenant(); saving and deleting go through the
-    room's services (`perform_*`, `remove`)."""
-
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     pagination_class = StrictCursorPagination
     lookup_value_regex = SLUG

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from core.api.schema import StrictSerializer, iso
@@ -154,7 +154,9 @@ def _attempt_provider(a: Any) -> str | None:  # noqa: ANN401
     return a.provider.name if a.provider_id else None
 
 
-class EventSerializer(serializers.Serializer):
+# The API names the component `Event`, as it has always been called there.
+@extend_schema_serializer(component_name="Event")
+class ReceiptEventSerializer(serializers.Serializer):
     type = serializers.CharField(help_text="The provider's event, normalised: delivered, bounced, sent, deferred, …")
     occurred_at = serializers.DateTimeField()
     provider = serializers.CharField(help_text="Name of the provider that reported it.")
@@ -240,7 +242,7 @@ def _text(value: Any) -> str | None:  # noqa: ANN401
 
 class NotificationDetailSerializer(NotificationSerializer):
     attempts = AttemptSerializer(many=True)
-    events = EventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
+    events = ReceiptEventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         return notification_detail_data(n)
@@ -250,7 +252,7 @@ def notification_detail_data(n: Notification) -> dict[str, Any]:
     """NotificationDetailSerializer's body, without serializer instances."""
     data = notification_data(n)
     data["attempts"] = [attempt_data(a) for a in n.attempts.all()]
-    data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.events(n)]
+    data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.receipt_events(n)]
     return data
 
 

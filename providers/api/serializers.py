@@ -133,7 +133,7 @@ class ProviderSerializer(StrictSerializer):
             "circuit": settings_of(p.circuit),
             "circuit_state": getattr(p, "circuit_state", None) or CLOSED,  # none yet: just created
             "effective_rate_per_second": effective if effective is not None else p.rate_per_second,
-            "events_url": p.events_url,
+            "events_url": p.receipts_url,  # the API's name for where receipts go
             "created_at": self.fields["created_at"].to_representation(p.created_at),
             "updated_at": self.fields["updated_at"].to_representation(p.updated_at),
         }  # fmt: skip

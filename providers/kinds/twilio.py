@@ -48,9 +48,9 @@ class TwilioProvider(BaseProvider):
         self, config: dict, secrets: dict, *, http_client: HttpClient | None = None, provider_id: int | None = None
     ) -> None:
         super().__init__(config, secrets)
-        from providers.models import events_url  # the one place that builds it; models load after apps
+        from providers.models import receipts_url  # the one place that builds it; models load after apps
 
-        callback = events_url(provider_id)
+        callback = receipts_url(provider_id)
         self._status_callback = f"{callback}?n=" if callback else ""
         sid = self.config["account_sid"]
         base_url = (self.config.get("base_url") or DEFAULT_BASE_URL).rstrip("/")

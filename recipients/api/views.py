@@ -230,7 +230,7 @@ class SubscriberSerializer(serializers.Serializer):
 
 
 class SubscriberWriteSerializer(StrictSerializer):
-    """The body of PUT/PATCH subscribers/{external_id} (checked by recipients.services)."""
+    """The body of PUT/PATCH subscribers/{external_id}."""
 
     email = StrictCharField(required=False, allow_null=True, help_text="Stored encrypted; read back masked.")
     phone = StrictCharField(required=False, allow_null=True, help_text="E.164; stored encrypted.")
