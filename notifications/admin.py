@@ -1,5 +1,5 @@
-"""Admin for notifications, providers and sequences. Staff see only their tenants
-(TenantScopedAdmin); recipients appear only masked and provider secrets never appear."""
+"""Admin for notifications and sequences. Staff see only their tenants
+(TenantScopedAdmin); recipients appear only masked."""
 
 from __future__ import annotations
 
