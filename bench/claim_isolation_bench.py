@@ -112,7 +112,7 @@ def main() -> None:
     _create_database(args.database_url)
     _setup_django(args.database_url)
     from core.models import Tenant
-    from notifications.models import Provider
+    from providers.models import Provider
     from tests.support.receivers import TEST_SIGNING_SECRET, spawn_receiver
 
     _sql("TRUNCATE queue_state, scheduled_jobs, delivery_attempts, notifications, providers, workers, tenants CASCADE")

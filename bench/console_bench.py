@@ -55,7 +55,8 @@ def fill(rows: int, refill: bool) -> dict[str, str]:
     from django.db import connection
 
     from core.models import ApiKey, Tenant
-    from notifications.models import Notification, Provider
+    from notifications.models import Notification
+    from providers.models import Provider
 
     tenants = {t.name: t for t in Tenant.objects.filter(name__in=["bench-a", "bench-b"])}
     present = Notification.objects.count() if len(tenants) == 2 else 0

@@ -65,7 +65,7 @@ def drain(args: argparse.Namespace, tenant_a, tenant_b, prov_a, prov_b, with_b: 
     from queueing.models import QueueItem
 
     receiver_a, receiver_b = ReceiverProcess(), ReceiverProcess()
-    from notifications.models import Provider
+    from providers.models import Provider
 
     Provider.objects.filter(pk=prov_a.pk).update(config={"url": receiver_a.url})
     Provider.objects.filter(pk=prov_b.pk).update(config={"url": receiver_b.url})
@@ -117,7 +117,7 @@ def main() -> int:
     django.setup()
     from benchmarks.runner import SIGNING_SECRET
     from core.models import Tenant
-    from notifications.models import Provider
+    from providers.models import Provider
 
     run = uuid.uuid4().hex[:8]
     tenant_a = Tenant.objects.create(name=f"fair-a-{run}")

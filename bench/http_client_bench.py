@@ -134,9 +134,9 @@ async def _drive(send, concurrency: int, seconds: float) -> dict:  # noqa: ANN00
 
 
 async def bench_provider(url: str, concurrency: int, seconds: float) -> dict:
-    from notifications.providers.base import OutboundMessage
-    from notifications.providers.transport import new_client
-    from notifications.providers.webhook import WebhookProvider
+    from providers.kinds.base import OutboundMessage
+    from providers.kinds.webhook import WebhookProvider
+    from providers.transport import new_client
 
     client = new_client(allow_private=True, max_connections_per_host=concurrency)
     provider = WebhookProvider({"url": url}, {"signing_secret": SECRET}, http_client=client)
@@ -163,7 +163,7 @@ async def bench_provider(url: str, concurrency: int, seconds: float) -> dict:
 
 
 async def bench_omnipost_raw(url: str, concurrency: int, seconds: float) -> dict:
-    from notifications.providers.transport import new_client
+    from providers.transport import new_client
 
     client = new_client(allow_private=True, max_connections_per_host=concurrency)
 

@@ -90,7 +90,7 @@ def prepare(database_url: str, subscribers: int = 0) -> str:
     from django.db import connection
 
     from core.models import ApiKey, Tenant
-    from notifications.models import Provider
+    from providers.models import Provider
 
     if urlsplit(database_url).path.lstrip("/").startswith("omnipost_bench"):
         with connection.cursor() as cursor:
@@ -100,7 +100,7 @@ def prepare(database_url: str, subscribers: int = 0) -> str:
     Provider.objects.create(tenant=tenant, name="console", kind="console", channel="email", is_default=True)
     raw_key = ApiKey.issue(tenant, name="bench")[1]
     if subscribers:
-        from notifications.recipients import clean_subscriber, upsert_subscribers
+        from recipients.services import clean_subscriber, upsert_subscribers
 
         upsert_subscribers(tenant, [clean_subscriber({"external_id": f"bench-{i}", "email": f"user{i}@example.com"})
                                     for i in range(subscribers)])  # fmt: skip

@@ -70,7 +70,8 @@ def prepare(database_url: str, count: int, kind: str = "webhook") -> tuple[int, 
     from django.db import connection
 
     from core.models import Tenant
-    from notifications.models import Notification, Provider
+    from notifications.models import Notification
+    from providers.models import Provider
 
     if urlsplit(database_url).path.lstrip("/").startswith("omnipost_bench"):
         with connection.cursor() as cursor:

@@ -62,7 +62,8 @@ def _sql(statement: str, params: object = None) -> list[tuple]:
 
 def _seed(pending: int, due: int) -> None:
     from core.models import Tenant
-    from notifications.models import Notification, Provider
+    from notifications.models import Notification
+    from providers.models import Provider
 
     _sql("TRUNCATE queue_state, scheduled_jobs, notifications, providers, workers, tenants CASCADE")
     tenant = Tenant.objects.create(name="bench")

@@ -10,7 +10,7 @@ end-to-end cost minus its two SQL statements per batch. CPU time, not throughput
 can be compared on a machine shared with other work.
 
 `--routing` adds what failover costs the claim side in memory: the items name no provider, and each
-claimed batch goes through `dispatch.routing.Router.route` with two providers in failover order and
+claimed batch goes through `routing.failover.Router.route` with two providers in failover order and
 the second one's breaker open (the database half of breaker bookkeeping is the record statement's,
 measured end to end by `bench/versus.py --failover`).
 """
@@ -63,7 +63,7 @@ async def run(args: argparse.Namespace, url: str) -> float:
     from core.crypto import decrypt_many
     from dispatch.dispatcher import Dispatcher, DispatcherConfig
     from dispatch.providers import CachedProvider
-    from notifications.providers import build_provider
+    from providers.kinds import build_provider
 
     dispatcher = Dispatcher(DispatcherConfig(concurrency=args.concurrency, batch_size=args.batch, jitter=False))
     dispatcher.bind(asyncio.get_running_loop())
@@ -72,13 +72,13 @@ async def run(args: argparse.Namespace, url: str) -> float:
     work = items(args.n, 1, named=not args.routing)
     router = None
     if args.routing:
-        from dispatch.routing import Router
-        from notifications import circuits
+        from providers.circuit import OPEN
+        from routing.failover import Router
 
         router = Router()
         router.orders = {(str(TENANT), "webhook"): [1, 2]}
         router.position = {1: (str(TENANT), "webhook"), 2: (str(TENANT), "webhook")}
-        router.states = {2: circuits.OPEN}
+        router.states = {2: OPEN}
     warm = items(args.concurrency, 1)
     for item in warm:  # connections opened, caches warm
         dispatcher.sender.start(item)

@@ -52,7 +52,7 @@ def main() -> None:
 
     from core.models import Tenant
     from dispatch.delivery import DispatchLease, Prepared, suppressed_among
-    from notifications import suppressions
+    from recipients import suppressions
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE suppressions")

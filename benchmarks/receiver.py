@@ -148,7 +148,7 @@ class Verifier:
     TOLERANCE = 300
 
     def __init__(self, secret: str) -> None:
-        from notifications.providers.webhook import decode_signing_secret  # Django-free import
+        from providers.kinds.webhook import decode_signing_secret  # Django-free import
 
         self.key = decode_signing_secret(secret)
 

@@ -175,7 +175,7 @@ def bench_tenant_and_provider(url: str, *, failover: bool = False):  # noqa: ANN
     """`failover`: a second provider to the same receiver follows the first in `failover_order`, and
     the notifications name neither (they go through the order, breakers and all)."""
     from core.models import Tenant
-    from notifications.models import Provider
+    from providers.models import Provider
 
     tenant, _ = Tenant.objects.get_or_create(name=BENCH_TENANT)
     # Start from nothing: earlier runs' rows would distort depth and counts.
@@ -513,7 +513,7 @@ def run_queue_only(*, count: int, processes: int, batch: int, depth: int) -> Ben
 
 def _fill_noop(tenant, count: int, *, priority: int) -> None:  # noqa: ANN001
     """Insert `count` notifications with live items in chunks (INSERT … SELECT generate_series)."""
-    from notifications.models import Provider
+    from providers.models import Provider
 
     provider, _ = Provider.objects.get_or_create(
         tenant=tenant, name="bench-noop", defaults={"channel": "webhook", "kind": "console"}

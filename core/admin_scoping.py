@@ -1,4 +1,5 @@
-"""Admin base class: superusers see every tenant, other staff only the tenants they belong to."""
+"""Admin base classes: superusers see every tenant, other staff only the tenants they belong to
+(`TenantScopedAdmin`); read-only pages and inlines (`ReadOnlyMixin`)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,14 @@ class DefaultStatusFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value() or self.default
         return queryset if value == "all" else queryset.filter(status=value)
+
+
+class ReadOnlyMixin:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -8,16 +8,17 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
 from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppressed_among
 from dispatch.providers import ProviderCache
-from dispatch.routing import Router
-from notifications import circuits
-from notifications.models import Provider
+from providers.models import Provider
 from queueing import queue, ratelimit
 from queueing.models import QueueItem
+from routing import circuits
+from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
 
@@ -25,7 +26,22 @@ PROVIDER_CACHE_SECONDS = 5.0  # how often a claim asks whether any ready item wa
 LANE_REFRESH_SECONDS = 0.25
 STARVATION_CHECK_SECONDS = 1.0  # how often a claim also looks for items past the starvation threshold
 
-Claimed = tuple[list[Prepared], list[DispatchLease], float | None, list[Prepared]]
+@dataclass(slots=True)
+class ClaimResult:
+    """What one claim hands the dispatcher: each item in exactly one list, handed out once."""
+
+    send: list[Prepared] = field(default_factory=list)  # sendable now, through the provider routing chose
+    # leased but not sendable any more (cancelled, delivered, failed meanwhile): acked, never sent
+    skipped: list[DispatchLease] = field(default_factory=list)
+    # the recipient is suppressed now (the claim's suppression check): recorded `suppressed`, unsent
+    suppressed: list[DispatchLease] = field(default_factory=list)
+    # no provider of their failover order can take them now (breakers open): back with the backoff, untried
+    waiting: list[Prepared] = field(default_factory=list)
+    # failed over to a rate-limited provider: back at once into its lane, untried
+    relaned: list[Prepared] = field(default_factory=list)
+    # claimed, but the session was lost before their providers were read: given back, untried
+    unready: list[Prepared] = field(default_factory=list)
+    next_token_in: float | None = None  # when the next token of a dry rate-limited lane is due
 
 
 def queue_has_rate_limited_items() -> bool:
@@ -65,60 +81,43 @@ class Claimer:
         self._lanes_checked = self._starving_checked = self._any_limits_checked = self._staged_at = -1e9
         self.any_limits = False
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
-        self.suppressed: list[DispatchLease] = []  # claimed, found suppressed: see take_suppressed
         self.router = router or Router(clock)
-        # claimed, but no provider of their failover order can take them now (breakers open): the
-        # dispatcher gives them back with the backoff, untried (`take_waiting`)
-        self.waiting: list[Prepared] = []
-        # failed over to a rate-limited provider: given back at once into its lane (`take_relaned`)
-        self.relaned: list[Prepared] = []
 
-    def claim(self, want: int, leave_out: frozenset[str] = frozenset()) -> Claimed:
-        """Returns the items to send, those to ack unsent, when the next token is due, and items
-        claimed but to be given back (the session was lost after the claim, before their providers
-        were read). Those whose recipient is suppressed now are kept for `take_suppressed()` (to
-        record `suppressed`, unsent). With `leave_out` (tenant ids), a claim for the dispatcher's
-        spare slots: only the other tenants' unlimited items, nothing staged, no lane's tokens taken."""
+    def claim(self, want: int, leave_out: frozenset[str] = frozenset()) -> ClaimResult:
+        """Claim up to `want` items and sort them (ClaimResult): those whose recipient is suppressed
+        now (one statement), then the others' providers chosen (routing.failover: failover order,
+        breakers) and read. If the session is lost after the claim, what was claimed and not yet sorted
+        comes back as `unready`, to give back. With `leave_out` (tenant ids), a claim for the
+        dispatcher's spare slots: only the other tenants' unlimited items, nothing staged, no lane's
+        tokens taken."""
         if want <= 0:
-            return [], [], None, []
+            return ClaimResult()
         if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
             released = queue.release_claim(self.orphans)
             if released:
                 logger.warning("gave back %d items leased by a claim whose session was lost", released)
             self.orphans.clear()
         prepared, skipped, next_token_in = self._claim(want, leave_out)
+        result = ClaimResult(skipped=skipped, next_token_in=next_token_in)
         try:
             blocked = suppressed_among(prepared)  # one statement: the suppression list as it is now
             if blocked:
-                self.suppressed.extend(p.lease for i, p in enumerate(prepared) if i in blocked)
+                result.suppressed = [p.lease for i, p in enumerate(prepared) if i in blocked]
                 prepared = [p for i, p in enumerate(prepared) if i not in blocked]
-            if prepared:  # which provider each goes through (failover order, breakers): dispatch.routing
+            if prepared:  # which provider each goes through (failover order, breakers): routing.failover
                 self.router.refresh()
                 routed = self.router.route(prepared, circuits.reserve_probes)
-                prepared = routed.send
-                self.waiting.extend(routed.wait)
-                self.relaned.extend(routed.relane)
+                prepared, result.waiting, result.relaned = routed.send, routed.wait, routed.relane
             self.providers.load({p.provider_id for p in prepared})
         except Exception as exc:
             if not is_connection_lost(exc):
                 raise
             reset_connection()
             logger.warning("database lost after a claim; giving back %d items", len(prepared))
-            return [], skipped, None, prepared
-        return prepared, skipped, next_token_in, []
-
-    def take_suppressed(self) -> list[DispatchLease]:
-        """The leases of items the last claims found suppressed (each handed out once)."""
-        taken, self.suppressed = self.suppressed, []
-        return taken
-
-    def take_waiting(self) -> list[Prepared]:
-        waiting, self.waiting = self.waiting, []
-        return waiting
-
-    def take_relaned(self) -> list[Prepared]:
-        relaned, self.relaned = self.relaned, []
-        return relaned
+            result.unready, result.next_token_in = prepared, None
+            return result
+        result.send = prepared
+        return result
 
     def _claim(
         self, want: int, leave_out: frozenset[str] = frozenset()

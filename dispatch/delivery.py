@@ -27,11 +27,13 @@ from django.conf import settings
 from django.db import connections
 
 from core import crypto, hot_sql, pooling
-from events.emit import outcome_events_cte
-from notifications import circuits, counters, fallback, suppressions
+from events.emit import outcome_batch_cte
+from notifications import counters, fallback
 from notifications.models import Status
 from queueing import queue
 from queueing.queue import Lease
+from recipients import suppressions
+from routing import circuits
 
 
 @dataclass(slots=True)
@@ -71,7 +73,7 @@ class Prepared:
     opened_recipient: str | None = None  # decrypted with the rest of its claim (crypto.decrypt_many)
     category: str = "general"  # for the suppression check of the claim (dispatch.claims)
     critical: bool = False  # its category is critical (set by the check): no List-Unsubscribe
-    provider_named: bool = True  # the client named the provider: it never fails over (dispatch.routing)
+    provider_named: bool = True  # the client named the provider: it never fails over (routing.failover)
 
     @property
     def notification_key(self) -> str:
@@ -133,7 +135,7 @@ class Outcome:
 class Recorded:
     ours: set[int] = field(default_factory=set)
     lost: list[Outcome] = field(default_factory=list)
-    events: int = 0  # events the statement made (the event lane is nudged only then)
+    batched: int = 0  # outcomes the statement put into the event outbox (the event lane is nudged only then)
 
 
 _FINAL_STATUS = {
@@ -286,7 +288,7 @@ _DISPATCH_RETURNING = "item_id, provider_id, rate_limited, notification_id, tena
 # --- the suppression check of a claim -----------------------------------------------------------------
 def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") -> set[int]:
     """Positions in `prepared` whose recipient is suppressed now (a suppression added after queueing
-    wins): one statement per claim (notifications.suppressions.dispatch_check_sql),
+    wins): one statement per claim (recipients.suppressions.dispatch_check_sql),
     none for an empty claim. Items whose category is critical now get `critical = True`."""
     if not prepared:
         return set()
@@ -323,9 +325,9 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     """Write a batch's results atomically; returns the items that were still ours and those lost."""
     if not outcomes:
         return Recorded()
-    ours, events = _record(outcomes, using)
+    ours, batched = _record(outcomes, using)
     lost = [o for o in outcomes if o.lease.item_id not in ours]
-    return Recorded(ours=ours, lost=lost, events=events)
+    return Recorded(ours=ours, lost=lost, batched=batched)
 
 
 # Placeholders are %(…)b: the long arrays travel in binary (psycopg's own list dumpers), not as array text.
@@ -350,7 +352,7 @@ _RECORD_SQL = """
         SELECT * FROM unnest({arrays}) AS o({names})
     ), settling AS (
         -- what the queue does with each item (queue.settle_ctes): the ack kinds leave it; a retry's next
-        -- try may go through another provider (failover, dispatch.routing)
+        -- try may go through another provider (failover, routing.failover)
         SELECT o.*, next_provider AS provider_id,
                CASE WHEN kind IN ('delivered', 'failed', 'dead_lettered', 'skipped', 'suppressed') THEN 'ack'
                     WHEN kind = 'deferred' THEN 'refund' ELSE 'release' END AS settle
@@ -371,7 +373,7 @@ _RECORD_SQL = """
         RETURNING extract(epoch FROM now() - greatest(n.created_at, n.scheduled_for))::float8 AS seconds,
                   k.status, n.id AS notification_id, n.tenant_id, n.channel, n.provider_id, n.recipient_masked,
                   n.attempt_count, k.code AS error_code, {fallback_returning}
-    ), {events}, {fallback}, attempts AS (
+    ), {outbox}, {fallback}, attempts AS (
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
         SELECT a.tenant_id, a.notification_id, a.a_number, coalesce(a.a_provider, a.provider_id), a.a_started,
@@ -403,22 +405,23 @@ _RECORD_SQL = """
                d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), ''
         FROM ours d WHERE d.d_class IS NOT NULL
     ), {circuit}
-    SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ev_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
+    SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
 """.format(
     arrays=", ".join(f"%({name})b::{kind}[]" for name, kind in _OUTCOME_COLUMNS),
     names=", ".join(name for name, _ in _OUTCOME_COLUMNS),
     # the queue row gives back the ids the rest of the statement needs (and each item's outcome
     # beside them): the batch carries only what the queue row does not know
     settle=queue.settle_ctes("settling", returning=_OURS, reroute=True),
-    # notification.delivered / failed / dead_lettered events for tenants subscribed to them (events.emit)
-    events=outcome_events_cte("changed"),
+    # the event outbox: delivered / failed / dead_lettered outcomes of tenants with an event endpoint, one
+    # event_outcome_batches row (events.emit), which the event lane opens into notification.* events
+    outbox=outcome_batch_cte("changed"),
     # channel fallback (notifications.fallback): accepted → the fallback is due after_seconds later,
     # failed / dead-lettered → now, suppressed → cancelled
     fallback_returning=fallback.RETURNING,
     fallback=fallback.record_ctes("changed"),
-    # the providers' breakers (notifications.circuits): read and written only for a provider whose
+    # the providers' breakers (routing.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
-    circuit=circuits.record_ctes("attempts"),
+    circuit=circuits.record_ctes("attempts", counters.breaker_totals_sql),
     shards=counters.SHARDS,
     throttled=counters.THROTTLED,
     latency_bucket="CASE "

@@ -42,12 +42,12 @@ from dispatch.delivery import Outcome, Prepared, Recorded
 from dispatch.events import EventLane
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder, SessionLost
-from dispatch.routing import Router
 from dispatch.sending import Sender
 from dlq.retry import RetryPolicy
 from queueing import heartbeat, janitor
 from queueing.models import Worker
 from queueing.wakeup import Doorbell
+from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
 
@@ -68,7 +68,7 @@ class DispatcherConfig:
     lease_seconds: float = field(default_factory=lambda: float(settings.OMNIPOST_LEASE_SECONDS))
     jitter: bool = True
     listen: bool = True  # LISTEN for enqueues; off, idle workers only poll
-    events: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
+    event_lane: bool = True  # run the event lane (tenants' event webhooks, dispatch.events) beside notifications
     event_concurrency: int = 100
     event_batch_size: int = 100
     # Sends beyond `concurrency` that only tenants with fewer than this many in flight may take (see
@@ -106,15 +106,15 @@ class Dispatcher:
         self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings(), self.router)
         self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock, self.router)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away
-        self.events: EventLane | None = None
-        if config.events:
-            self.events = EventLane(
+        self.event_lane: EventLane | None = None
+        if config.event_lane:
+            self.event_lane = EventLane(
                 self.db, batch_size=config.event_batch_size, concurrency=config.event_concurrency,
                 lease_seconds=config.lease_seconds, busy=self._busy,
             )  # fmt: skip
-            self.recorder.after_write = self._nudge_events
+            self.recorder.after_write = self._nudge_event_lane
         self._full_claim_at = 0.0  # time.monotonic() of the last claim that found as many as it asked for
-        self.events_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
+        self.event_lane_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
 
     @property
@@ -153,9 +153,9 @@ class Dispatcher:
         )  # fmt: skip
         recorder = asyncio.create_task(self.recorder.run(), name="recorder")
         lane = None
-        if self.events is not None:
+        if self.event_lane is not None:
             lane = asyncio.create_task(
-                self.events.run(self.events_stop, self.config.grace_seconds,
+                self.event_lane.run(self.event_lane_stop, self.config.grace_seconds,
                                 once_after=self.notifications_recorded if self.config.once else None),
                 name="event-lane",
             )  # fmt: skip
@@ -176,7 +176,7 @@ class Dispatcher:
             self.notifications_recorded.set()
             if lane is not None:
                 if not self.config.once:
-                    self.events_stop.set()
+                    self.event_lane_stop.set()
                 await lane
             for task in loops:
                 task.cancel()
@@ -221,7 +221,7 @@ class Dispatcher:
 
     def _stop(self) -> None:
         self.stopping.set()
-        self.events_stop.set()
+        self.event_lane_stop.set()
         self.wake.set()
         self.sender.capacity.set()
 
@@ -232,9 +232,9 @@ class Dispatcher:
         return (len(self.sender.inflight) >= self.config.concurrency
                 or time.monotonic() - self._full_claim_at < 0.2)  # fmt: skip
 
-    def _nudge_events(self, recorded: Recorded) -> None:
-        if recorded.events:  # the record statement made events: fan them out and send them soon
-            self.events.nudge()  # type: ignore[union-attr]
+    def _nudge_event_lane(self, recorded: Recorded) -> None:
+        if recorded.batched:  # the record statement filled the outbox: open it into events and send them soon
+            self.event_lane.nudge()  # type: ignore[union-attr]
 
     def _recording_broke(self) -> None:
         self.failed = True
@@ -294,38 +294,36 @@ class Dispatcher:
             want = min(self.config.batch_size, free, remaining if remaining is not None else free)
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
             try:
-                prepared, skipped, next_token_in, unready = await self.db(self.claimer.claim, want, leave_out)
+                claimed = await self.db(self.claimer.claim, want, leave_out)
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
                 await self._sleep(delay)
                 continue
             self._outage.reset()
-            if unready:  # claimed, but the session was lost before their providers were loaded
-                self._give_back(unready)
-            if skipped:
-                self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in skipped)
-            suppressed = self.claimer.take_suppressed()
-            if suppressed:
-                self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in suppressed)
-                skipped = [*skipped, *suppressed]
-            waiting = self.claimer.take_waiting()
-            if waiting:  # every provider of their failover order is open: back with the backoff, untried
-                self.recorder.extend(self.sender.waiting(p) for p in waiting)
-            relaned = self.claimer.take_relaned()
-            if relaned:  # failed over to a rate-limited provider: into its lane, untried
-                self.recorder.extend(self.sender.to_lane(p) for p in relaned)
-                waiting += relaned
-            self._start_all(prepared)
-            self.claimed += len(prepared) + len(skipped)
-            self.claimed_by_tenant.update(p.tenant_key for p in prepared)
-            if prepared or skipped or waiting:
-                if len(prepared) + len(skipped) + len(waiting) >= want:
+            if claimed.unready:  # claimed, but the session was lost before their providers were loaded
+                self._give_back(claimed.unready)
+            if claimed.skipped:
+                self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in claimed.skipped)
+            if claimed.suppressed:
+                self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in claimed.suppressed)
+            if claimed.waiting:  # every provider of their failover order is open: back with the backoff, untried
+                self.recorder.extend(self.sender.waiting(p) for p in claimed.waiting)
+            if claimed.relaned:  # failed over to a rate-limited provider: into its lane, untried
+                self.recorder.extend(self.sender.to_lane(p) for p in claimed.relaned)
+            self._start_all(claimed.send)
+            finished = len(claimed.skipped) + len(claimed.suppressed)
+            returned = len(claimed.waiting) + len(claimed.relaned)
+            self.claimed += len(claimed.send) + finished
+            self.claimed_by_tenant.update(p.tenant_key for p in claimed.send)
+            if claimed.send or finished or returned:
+                if len(claimed.send) + finished + returned >= want:
                     self._full_claim_at = time.monotonic()
                 poll = MIN_POLL
                 continue
             if self.config.once:
                 return
+            next_token_in = claimed.next_token_in
             await self._sleep(poll if next_token_in is None else min(poll, max(0.005, next_token_in)))
             poll = min(poll * 2, MAX_POLL)
 

@@ -7,7 +7,7 @@ dispatcher's database thread (a process keeps to two connections), between the n
 work; an idle lane polls with backoff (50 ms to 1 s) and is nudged when the dispatcher records
 outcomes that may have made events.
 
-Each endpoint gets a `WebhookProvider` (notifications.providers.webhook): the same Standard
+Each endpoint gets a `WebhookProvider` (providers.kinds.webhook): the same Standard
 Webhooks signing (with the previous secret beside the new one during a rotation's grace), result
 classification and SSRF-guarded HTTP client as webhook providers; `webhook-id` is the event id,
 the same on every retry. Retries follow the notifications' backoff (dispatch.policy.decide_event).
@@ -32,9 +32,9 @@ from dispatch.recording import SessionLost
 from dlq.retry import RetryPolicy
 from events import deliveries
 from events.deliveries import Claimed, Result
-from notifications.providers.base import DeliveryResult
-from notifications.providers.transport import new_client
-from notifications.providers.webhook import WebhookProvider
+from providers.kinds.base import DeliveryResult
+from providers.kinds.webhook import WebhookProvider
+from providers.transport import new_client
 
 logger = logging.getLogger("omnipost.dispatcher.events")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy, exhausted
-from notifications.providers.base import DeliveryResult
+from providers.kinds.base import DeliveryResult
 
 DELIVERED, RETRY, FAILED, DEAD_LETTERED = "delivered", "retry", "failed", "dead_lettered"
 

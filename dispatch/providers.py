@@ -20,9 +20,9 @@ from django.conf import settings
 
 from core import pooling
 from dispatch.delivery import Prepared, hot_cursor
-from notifications.models import Provider
-from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage, build_provider
-from notifications.scrub import secret_values
+from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage, build_provider
+from providers.models import Provider
+from providers.scrub import secret_values
 from queueing import ratelimit
 
 logger = logging.getLogger("omnipost.dispatcher")
@@ -35,7 +35,7 @@ class CachedProvider:
     max_attempts: int
     limited: bool
     loaded_at: float = 0.0  # the dispatcher's clock when this instance was built
-    secrets: tuple[str, ...] = ()  # scrubbed from error texts (notifications.scrub)
+    secrets: tuple[str, ...] = ()  # scrubbed from error texts (providers.scrub)
 
 
 class MisconfiguredProvider:

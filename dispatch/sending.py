@@ -17,13 +17,13 @@ from dispatch import policy
 from dispatch.delivery import Attempt, Outcome, Prepared
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder
-from dispatch.routing import Router
 from dlq.classifier import Classification
 from dlq.retry import RetryPolicy
-from notifications import unsubscribe
-from notifications.providers import BaseProvider, DeliveryResult, OutboundMessage
-from notifications.providers.base import Cancellable
-from notifications.scrub import scrub
+from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
+from providers.kinds.base import Cancellable
+from providers.scrub import scrub
+from recipients import unsubscribe
+from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
 
@@ -173,11 +173,11 @@ class Sender:
     @staticmethod
     def to_lane(item: Prepared) -> Outcome:
         """An item routed to a rate-limited provider (`lease.provider_id`): back at once, untried, to be
-        claimed within that provider's tokens (dispatch.routing)."""
+        claimed within that provider's tokens (routing.failover)."""
         return Outcome(lease=item.lease, kind="deferred", retry_delay=0.0, next_provider_id=item.lease.provider_id)
 
     def scrub(self, item: Prepared, text: str) -> str:
-        """`text` without the item's recipient or its provider's secrets, in any form (notifications.scrub)."""
+        """`text` without the item's recipient or its provider's secrets, in any form (providers.scrub)."""
         try:
             recipient = item.recipient()
         except Exception:  # noqa: BLE001 - unreadable (the crash being reported may be this): nothing to find

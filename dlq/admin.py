@@ -29,7 +29,8 @@ from core.admin_scoping import DefaultStatusFilter, TenantScopedAdmin, visible_t
 from core.masking import mask_text
 from dlq import services
 from dlq.models import DeadLetter
-from notifications.models import DeliveryAttempt, Notification, Provider
+from notifications.models import DeliveryAttempt, Notification
+from providers.models import Provider
 from queueing.stats import CappedCountPaginator
 
 # Bigger selections belong to `manage.py dlq_redrive --rate`, which paces them.

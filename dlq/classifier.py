@@ -19,7 +19,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from notifications.providers.base import DeliveryResult
+from providers.kinds.base import DeliveryResult
 
 logger = logging.getLogger("omnipost.delivery")
 

@@ -31,7 +31,7 @@ class DeadLetter(TenantOwned):
         "notifications.Notification", on_delete=models.CASCADE, related_name="dead_letters"
     )
     provider = models.ForeignKey(
-        "notifications.Provider", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        "providers.Provider", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     failure_class = models.CharField(max_length=10, choices=FailureClass.choices)
     failure_reason = models.TextField()

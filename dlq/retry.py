@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from notifications.providers.base import parse_retry_after
+from providers.kinds.base import parse_retry_after
 
 DEFAULT_MAX_RETRY_AFTER = 24 * 3600.0
 

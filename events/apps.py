@@ -9,8 +9,8 @@ class EventsConfig(AppConfig):
     def ready(self) -> None:
         from core import retention
         from events.emit import emit_suppressed
-        from notifications import suppressions
         from queueing import janitor
+        from recipients import suppressions
 
         # Churning at the queue's pace: every event delivery is claimed and then recorded out of
         # event_delivery_due_idx (unvacuumed, with autovacuum off, the event lane's claim stepped over every

@@ -8,7 +8,7 @@ endpoint of the tenant enabled and subscribed to the type then (`event_types` ho
 its type, enabled or not: a disabled endpoint gets no delivery, but `recover` sends it the events
 made while it was disabled.
 
-- `outcome_events_cte(source)`: a CTE that the dispatcher's record statement (dispatch.delivery)
+- `outcome_batch_cte(source)`: a CTE that the dispatcher's record statement (dispatch.delivery)
   appends to its chain: the notifications that became delivered / failed / dead_lettered go, as
   facts in arrays, into one `event_outcome_batches` row per statement (an outbox of the outbox:
   with an endpoint for every type, a row per event made the record statement cost about 15 % of
@@ -82,7 +82,7 @@ def _insert_ctes(source: str, prefix: str, *, at: str = "now()") -> str:
     )"""  # noqa: S608 - this module's fragments and the caller's CTE names only; values are parameters
 
 
-def outcome_events_cte(source: str, *, prefix: str = "ev") -> str:
+def outcome_batch_cte(source: str, *, prefix: str = "ob") -> str:
     """CTEs (comma-separated, no leading comma) to append to a WITH chain in which `source` is a
     CTE of updated notifications with the columns notification_id, tenant_id, provider_id,
     attempt_count, error_code and status (the new status). Its rows whose status is delivered,
@@ -235,12 +235,12 @@ def emit_notification_events(
 
 __all__ = [
     "ALL_TYPES", "NOTIFICATION_FIELDS", "SUPPRESSION_FIELDS", "emit", "emit_notification_events",
-    "open_outcomes_ctes", "outcome_events_cte",
+    "open_outcomes_ctes", "outcome_batch_cte",
 ]  # fmt: skip
 
 
 def emit_suppressed(entries: Iterable[Any]) -> None:  # noqa: ANN401
-    """`recipient.suppressed` for suppression entries just created (the `notifications.suppressions.
+    """`recipient.suppressed` for suppression entries just created (the `recipients.suppressions.
     on_suppressed` callback): one statement per tenant among them (a receipt batch or an API call is
     one tenant's)."""
     by_tenant: dict[Any, list[dict[str, Any]]] = {}

@@ -1,5 +1,5 @@
-"""Admin for notifications, providers, templates and sequences. Staff see only their tenants
-(TenantScopedAdmin); recipients appear only masked and provider secrets never appear."""
+"""Admin for notifications and sequences. Staff see only their tenants
+(TenantScopedAdmin); recipients appear only masked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django import forms
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.postgres.expressions import ArraySubquery
@@ -18,43 +17,22 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from core.admin_scoping import TenantScopedAdmin, visible_tenant_ids
-from core.masking import mask_secret
-from notifications import circuits, quiet_hours, recipients, services, suppressions, templating
+from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, visible_tenant_ids
 from notifications.models import (
     LEASABLE,
-    Category,
-    Channel,
     DeliveryAttempt,
     Enrollment,
     Notification,
-    Provider,
     ReceiptStatus,
     Sequence,
     SequenceStep,
     Status,
-    Subscriber,
-    Suppression,
-    SuppressionReason,
-    Template,
     TenantQueue,
 )
-from notifications.validation import check_recipient
 from queueing.models import LEASED, QueueItem, ScheduledJob
 from queueing.stats import CappedCountPaginator
 
 MAX_QUEUE_CHOICES = 200
-
-
-class ReadOnlyMixin:
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class AttemptInline(ReadOnlyMixin, admin.TabularInline):
@@ -277,94 +255,6 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
             return queryset.none(), False
 
 
-class ProviderForm(forms.ModelForm):
-    class Meta:
-        model = Provider
-        fields = ["rate_per_second", "burst", "max_attempts", "failover_order", "circuit"]
-
-    def clean_circuit(self) -> dict:
-        try:
-            return circuits.validate_circuit(self.cleaned_data.get("circuit") or {})
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
-
-
-@admin.register(Provider)
-class ProviderAdmin(TenantScopedAdmin):
-    """Operators tune rate limits and attempts here; everything else changes through the API, which
-    validates the configuration. Secrets are shown masked only."""
-
-    form = ProviderForm
-    list_display = [
-        "name", "tenant", "channel", "kind", "is_default", "failover_order", "circuit_state", "rate_per_second",
-        "effective_rate", "max_attempts",
-    ]  # fmt: skip
-    list_filter = ["kind", "channel", "is_default"]
-    search_fields = ["name"]
-    readonly_fields = ["tenant", "name", "channel", "kind", "config", "masked_secrets", "is_default", "created_at",
-                       "updated_at"]  # fmt: skip
-    fields = [*readonly_fields[:6], "rate_per_second", "burst", "max_attempts", "failover_order", "circuit",
-              "circuit_state", *readonly_fields[6:]]  # fmt: skip
-    readonly_fields = [*readonly_fields, "circuit_state"]
-
-    def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).with_effective_rate().with_circuit_state()
-
-    @admin.display(description="breaker")
-    def circuit_state(self, obj: Provider) -> str:
-        """closed | open | half_open, as every dispatcher sees it (notifications.circuits)."""
-        return getattr(obj, "circuit_state", None) or circuits.states([obj.pk]).get(obj.pk, circuits.CLOSED)
-
-
-    @admin.display(description="effective rate /s")
-    def effective_rate(self, obj: Provider) -> str:
-        """The adaptive rate the dispatchers use now (lowered after 429s), when it is limited."""
-        rate = getattr(obj, "bucket_rate", None)
-        return "—" if rate is None else f"{rate:g}"
-
-    @admin.display(description="secrets")
-    def masked_secrets(self, obj: Provider) -> str:
-        return ", ".join(f"{k}: {mask_secret(v)}" for k, v in sorted((obj.secrets or {}).items())) or "—"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
-        services.save_provider(obj, actor=f"user:{request.user.get_username()}", fields=list(form.changed_data))
-
-
-class TemplateForm(forms.ModelForm):
-    class Meta:
-        model = Template
-        fields = ["tenant", "key", "channel", "subject", "body"]
-
-    def _checked(self, name: str) -> str:
-        text = self.cleaned_data.get(name) or ""
-        try:
-            templating.check(text)
-        except templating.TemplateError as exc:
-            raise forms.ValidationError(f"Invalid template: {exc}") from None
-        return text
-
-    def clean_subject(self) -> str:
-        return self._checked("subject")
-
-    def clean_body(self) -> str:
-        return self._checked("body")
-
-
-@admin.register(Template)
-class TemplateAdmin(TenantScopedAdmin):
-    form = TemplateForm
-    list_display = ["key", "tenant", "channel", "updated_at"]
-    list_filter = ["channel"]
-    search_fields = ["key"]
-
-    def save_model(self, request: HttpRequest, obj: Template, form: Any, change: bool) -> None:
-        fields = list(form.changed_data) if change else None
-        services.save_template(obj, actor=f"user:{request.user.get_username()}", fields=fields)
-
-
 class StepInline(ReadOnlyMixin, admin.TabularInline):
     model = SequenceStep
     extra = 0
@@ -432,154 +322,3 @@ class EnrollmentAdmin(ReadOnlyMixin, TenantScopedAdmin):
               "cancelled_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [StepNotificationInline]
-
-
-class SuppressionForm(forms.ModelForm):
-    """Adding an entry: the address is typed once, stored encrypted and shown masked afterwards."""
-
-    address = forms.CharField(max_length=4096, help_text="Emails match case-insensitively; phones in E.164.")
-
-    class Meta:
-        model = Suppression
-        fields = ["tenant", "channel", "reason", "category"]
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        channel, address = data.get("channel"), data.get("address")
-        if channel and address:
-            try:
-                data["address"] = check_recipient(suppressions.normalise(channel, address), channel)
-            except ValueError as exc:
-                self.add_error("address", str(exc))
-            if data.get("reason") in suppressions.ADDRESS_REASONS and channel not in suppressions.ADDRESS_CHANNELS:
-                self.add_error("reason", "hard bounces and complaints suppress email and sms addresses only")
-        return data
-
-
-@admin.register(Suppression)
-class SuppressionAdmin(TenantScopedAdmin):
-    """The suppression list: added and removed here (audited, through notifications.suppressions),
-    never edited. Search takes an exact address and finds it by its blind index."""
-
-    list_display = ["recipient_masked", "tenant", "channel", "reason", "category", "source_notification_id",
-                    "created_at"]  # fmt: skip
-    list_filter = ["channel", "reason"]
-    search_fields = ["=recipient_index"]  # the search itself is get_search_results
-    search_help_text = "An exact address (email, phone or token)."
-    ordering = ["-created_at", "-id"]
-    readonly_fields = ["id", "tenant", "channel", "recipient_masked", "reason", "category", "source_notification_id",
-                       "created_at"]  # fmt: skip
-
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        if obj is None:
-            kwargs["form"] = SuppressionForm
-        return super().get_form(request, obj, change=change, **kwargs)
-
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        if obj is None:
-            return ["tenant", "channel", "address", "reason", "category"]
-        return list(self.readonly_fields)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return list(self.readonly_fields) if obj is not None else []
-
-    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
-        return {"reason": SuppressionReason.MANUAL}
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return obj is None and super().has_change_permission(request, obj)
-
-    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        found = {index for channel in Channel.values for index in suppressions.indexes(channel, term)}
-        return queryset.filter(recipient_index__in=sorted(found)), False
-
-    def save_model(self, request: HttpRequest, obj: Suppression, form: Any, change: bool) -> None:
-        data = form.cleaned_data
-        entry, _ = suppressions.suppress(
-            data["tenant"].pk, data["channel"], data["address"], data["reason"], data.get("category") or None,
-            actor=f"user:{request.user.get_username()}",
-        )  # fmt: skip
-        form.instance = entry
-        obj.pk, obj.recipient_masked, obj.created_at = entry.pk, entry.recipient_masked, entry.created_at
-
-    def delete_model(self, request: HttpRequest, obj: Suppression) -> None:
-        suppressions.remove(obj.tenant_id, obj.pk, actor=f"user:{request.user.get_username()}")
-
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for tenant_id, pk in queryset.values_list("tenant_id", "pk"):
-            suppressions.remove(tenant_id, pk, actor=f"user:{request.user.get_username()}")
-
-
-class CategoryForm(forms.ModelForm):
-    class Meta:
-        model = Category
-        fields = ["tenant", "key", "critical", "description", "quiet_hours"]
-        help_texts = {"quiet_hours": '{"start": "22:00", "end": "07:00"} in the recipient\'s time zone (end '
-                                     'exclusive); {"start": "00:00", "end": "00:00"}: none; empty: general\'s.'}
-
-    def clean_quiet_hours(self) -> dict[str, str] | None:
-        try:
-            return recipients.check_quiet_hours(self.cleaned_data.get("quiet_hours"))
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
-
-
-@admin.register(Category)
-class CategoryAdmin(TenantScopedAdmin):
-    """Categories of a tenant's notifications; saves go through notifications.recipients (audited)."""
-
-    form = CategoryForm
-    list_display = ["key", "tenant", "critical", "quiet", "description"]
-    list_filter = ["critical"]
-    search_fields = ["key"]
-    fields = ["tenant", "key", "critical", "description", "quiet_hours"]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["tenant", "key"] if obj is not None else []
-
-    @admin.display(description="quiet hours")
-    def quiet(self, obj: Category) -> str:
-        return quiet_hours.describe(obj.quiet_hours)
-
-    def save_model(self, request: HttpRequest, obj: Category, form: Any, change: bool) -> None:
-        fields = list(form.changed_data) if change else None
-        try:
-            recipients.save_category(obj, actor=f"user:{request.user.get_username()}", fields=fields)
-        except recipients.FieldErrors as exc:
-            self.message_user(request, "; ".join(m for ms in exc.errors.values() for m in ms), level="error")
-
-    def delete_model(self, request: HttpRequest, obj: Category) -> None:
-        recipients.delete_category(obj, actor=f"user:{request.user.get_username()}")
-
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for category in queryset.exclude(key="general"):
-            recipients.delete_category(category, actor=f"user:{request.user.get_username()}")
-
-
-@admin.register(Subscriber)
-class SubscriberAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    """Subscribers, addresses masked only; they change through the API (PUT subscribers/{external_id})."""
-
-    list_display = ["external_id", "tenant", "email_masked", "phone_masked", "timezone", "created_at"]
-    search_fields = ["=external_id"]
-    ordering = ["-created_at", "-id"]
-    # `email`, `phone` and `push_tokens` (ciphertext at rest, plaintext once decrypted) are deliberately absent.
-    fields = ["external_id", "tenant", "email_masked", "phone_masked", "push_tokens_masked", "timezone",
-              "preferences", "created_at", "updated_at"]  # fmt: skip
-    readonly_fields = fields
-
-    def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).defer("email", "phone", "push_tokens")
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return TenantScopedAdmin.has_delete_permission(self, request, obj)
-
-    def delete_model(self, request: HttpRequest, obj: Subscriber) -> None:
-        recipients.delete_subscriber(obj.tenant, obj.external_id, actor=f"user:{request.user.get_username()}")
-
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for subscriber in queryset.select_related("tenant"):
-            self.delete_model(request, subscriber)

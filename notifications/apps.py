@@ -6,9 +6,9 @@ class NotificationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # tenant_config: its signals bump the tenant's config_version
-        from notifications import lanes, promotion, tenant_config  # noqa: F401
+        from notifications import promotion, tenant_config  # noqa: F401 - tenant_config: its signals bump config_version
         from queueing import scheduler
+        from recipients import services as recipients
 
         scheduler.register_promotion(promotion.promote)  # due scheduled notifications move to `queued`
-        lanes.connect()  # a provider's rate limit is its lane's, in queueing's lane_limits
+        recipients.read_category_keys_with(tenant_config.category_keys)  # from this process's copy

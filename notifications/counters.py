@@ -7,7 +7,7 @@ the batch did to this small table, and a scrape sums it (`totals()`).
 Rows are keyed by (shard, provider_id, outcome, le):
 - attempts: `outcome` is the attempt's outcome, `le` is ATTEMPTS (-1), `count` the attempts;
 - throttled: of those, the attempts the provider answered 429 (its "slow down", which the adaptive
-  rate heeds): `le` is THROTTLED (-2). The breakers (notifications.circuits) leave them out of
+  rate heeds): `le` is THROTTLED (-2). The breakers (routing.circuits) leave them out of
   their totals; `/metrics` reads only ATTEMPTS rows, so they are counted there once, as attempts;
 - latency (due → delivered, seconds): `outcome` is LATENCY, `provider_id` NO_PROVIDER, `le` the
   index of the first bound in LATENCY_BUCKETS the latency does not exceed (len(LATENCY_BUCKETS):
@@ -62,6 +62,21 @@ class DeliveryCounter(models.Model):
 
 
 Key = tuple[int, str, int]  # (provider_id, outcome, le)
+
+
+def breaker_totals_sql(provider: str) -> str:
+    """A subquery (for a LATERAL join) of one provider's `requests` and `failures` as its breaker counts
+    them (routing.circuits): its attempts less those answered 429 (counted again under THROTTLED),
+    and of those the transient failures, all shards added up. `provider` is the id's SQL expression."""
+    return f"""(
+            SELECT coalesce(sum(CASE WHEN dc.le = {THROTTLED} THEN -dc.count ELSE dc.count END), 0) AS requests,
+                   coalesce(sum(CASE WHEN dc.le = {THROTTLED} THEN -dc.count ELSE dc.count END)
+                            FILTER (WHERE dc.outcome = 'transient_error'), 0) AS failures
+            FROM delivery_counters dc
+            WHERE dc.shard = ANY(ARRAY(SELECT generate_series(0, {SHARDS - 1}))) AND dc.provider_id = {provider}
+              AND dc.outcome IN ('delivered', 'transient_error', 'permanent_error')
+              AND dc.le IN ({ATTEMPTS}, {THROTTLED})
+        )"""  # noqa: S608 - fixed fragments
 
 
 def add(increments: dict[Key, tuple[int, float]], *, shard: int = 0, using: str = "default") -> None:

@@ -8,6 +8,8 @@ subject, body, template and context, the channel's first provider in failover or
 `fallback_of`, while the original carries `fallback_notification_id`. It waits `scheduled` with no
 scheduled job: nothing is due until the original's fate says when.
 
+When it is due and when it is cancelled is routing.fallback's table of decisions:
+
 - The provider accepts the original (the dispatcher's record statement): the fallback's job is due
   `after_seconds` later (`run_at = delivered_at + after_seconds`, on the database's clock).
 - The original ends `failed` or `dead_lettered` (the record statement), or a `bounced`, `undelivered`
@@ -17,6 +19,8 @@ scheduled job: nothing is due until the original's fate says when.
   lease (its queue item is deleted): never both channels when a receipt says the first one got
   through, unless the second is already being sent.
 - The original is suppressed (at creation or dispatch) or cancelled: the fallback is cancelled too.
+
+This module writes what they decide: the fallback's row and its job.
 
 Every change is a CTE of the statement that learns the reason (`record_ctes`, `receipt_ctes`), so it
 costs no statement of its own, and a job is one row per notification (scheduled_jobs' unique
@@ -29,7 +33,7 @@ promotion that race settle on one of the two.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.models.functions import Now
@@ -38,19 +42,10 @@ from notifications.models import Notification, Status
 from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.schedule import ring_sql, upsert_jobs_sql
-
-# What makes a fallback due, and what cancels it.
-TRIGGER_OUTCOMES = ("delivered", "failed", "dead_lettered")  # delivered: due after_seconds later
-CANCEL_OUTCOMES = ("suppressed",)
-TRIGGER_RECEIPTS = ("bounced", "undelivered", "failed")
-CANCEL_RECEIPTS = ("delivered", "complained")
+from routing.fallback import ON_OUTCOME, ON_RECEIPT, Decision, decision_sql
 
 # The columns a statement's `changed` CTE returns for these fragments (besides tenant_id):
 RETURNING = "n.fallback_notification_id AS fallback_id, (n.fallback -> 0 ->> 'after_seconds')::float8 AS fallback_after"
-
-
-def _quoted(values: Iterable[str]) -> str:
-    return ", ".join(f"'{v}'" for v in values)
 
 
 def _ctes(due: str, *, unqueue: bool = False) -> str:
@@ -93,30 +88,28 @@ def _ctes(due: str, *, unqueue: bool = False) -> str:
     )"""  # noqa: S608 - fixed fragments
 
 
+def _due(changed: str, table: dict[str, Decision], column: str) -> str:
+    """`fb_due` from `changed`: each fallback whose original's `column` decides something by `table`
+    (routing.fallback), with its due time or its cancel."""
+    decided, cancels, delay = decision_sql(table, f"c.{column}", "c.fallback_after")
+    return f"""
+        SELECT DISTINCT ON (c.fallback_id) c.fallback_id AS notification_id, c.tenant_id,
+               now() + make_interval(secs => {delay}) AS run_at, {cancels} AS cancel
+        FROM {changed} c
+        WHERE c.fallback_id IS NOT NULL AND {decided}"""  # noqa: S608 - fixed fragments
+
+
 def record_ctes(changed: str) -> str:
     """CTEs for the dispatcher's record statement (dispatch.delivery), after `changed` (the updated
     notifications, returning `status`, `tenant_id` and RETURNING's columns). The statement must read
     `fb_ring` (e.g. `(SELECT count(*) FROM fb_ring)`) for the doorbell to ring."""
-    return _ctes(f"""
-        SELECT DISTINCT ON (c.fallback_id) c.fallback_id AS notification_id, c.tenant_id,
-               CASE WHEN c.status = 'delivered' THEN now() + make_interval(secs => coalesce(c.fallback_after, 0))
-                    ELSE now() END AS run_at,
-               c.status IN ({_quoted(CANCEL_OUTCOMES)}) AS cancel
-        FROM {changed} c
-        WHERE c.fallback_id IS NOT NULL AND c.status IN ({_quoted(TRIGGER_OUTCOMES + CANCEL_OUTCOMES)})""")  # noqa: S608
+    return _ctes(_due(changed, ON_OUTCOME, "status"))
 
 
 def receipt_ctes(changed: str) -> str:
     """CTEs for the receipts statement (receipts.services), after `changed` (notifications whose
     receipt changed, returning `receipt`, `tenant_id` and RETURNING's columns)."""
-    return _ctes(
-        f"""
-        SELECT DISTINCT ON (c.fallback_id) c.fallback_id AS notification_id, c.tenant_id, now() AS run_at,
-               c.receipt IN ({_quoted(CANCEL_RECEIPTS)}) AS cancel
-        FROM {changed} c
-        WHERE c.fallback_id IS NOT NULL AND c.receipt IN ({_quoted(TRIGGER_RECEIPTS + CANCEL_RECEIPTS)})""",  # noqa: S608
-        unqueue=True,
-    )
+    return _ctes(_due(changed, ON_RECEIPT, "receipt"), unqueue=True)
 
 
 def cancel_with(tenant_id: Any, notification_ids: Sequence[uuid.UUID | str], *, using: str = "default") -> int:  # noqa: ANN401

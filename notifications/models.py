@@ -1,35 +1,19 @@
-"""Notifications, their delivery attempts, providers, templates, sequences and idempotency records."""
+"""Notifications, their delivery attempts, providers, sequences and idempotency records."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-from django.conf import settings
 from django.db import models
-from django.db.models import Exists, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Cast, Concat, Now
+from django.db.models import Exists, OuterRef, Q
 
-from core.fields import EncryptedJSONField, EncryptedTextField
+from core.channels import Channel
+from core.fields import EncryptedTextField
 from core.ids import uuid7
 from core.models import Tenant, TenantOwned, TenantQuerySet
 from core.models.tenancy import HOT_FK
-
-
-class Channel(models.TextChoices):
-    EMAIL = "email"
-    SMS = "sms"
-    PUSH = "push"
-    WEBHOOK = "webhook"
-
-
-class ProviderKind(models.TextChoices):
-    WEBHOOK = "webhook"
-    SMTP = "smtp"
-    TWILIO = "twilio"
-    SENDGRID = "sendgrid", "SendGrid"
-    CONSOLE = "console"
-    SES = "ses"
+from providers.models import Provider
+from templating.models import Template
 
 
 class Status(models.TextChoices):
@@ -67,104 +51,6 @@ class ReceiptStatus(models.TextChoices):
 class BounceType(models.TextChoices):
     HARD = "hard"
     SOFT = "soft"
-
-
-def events_url(provider_id: int | None) -> str | None:
-    """Where the provider's vendor posts receipts (`POST /hooks/providers/{id}`, receipts.views):
-    under OMNIPOST_PUBLIC_URL, or None while that is not set (or the provider not saved)."""
-    base = settings.OMNIPOST_PUBLIC_URL
-    if not base or provider_id is None:
-        return None
-    return f"{base}/hooks/providers/{provider_id}"
-
-
-class ProviderQuerySet(TenantQuerySet):
-    def with_effective_rate(self) -> ProviderQuerySet:
-        """Annotate `bucket_rate`: the dispatchers' adaptive rate (None until a bucket exists)."""
-        from queueing.models import RateBucket
-
-        key = Concat(Value("provider:"), Cast(OuterRef("pk"), output_field=models.CharField()))
-        rate = RateBucket.objects.filter(key=key).values("effective_rate")[:1]
-        return self.annotate(bucket_rate=Subquery(rate, output_field=models.FloatField()))
-
-    def with_circuit_state(self) -> ProviderQuerySet:
-        """Annotate `circuit_state` (closed | open | half_open, notifications.circuits), one subquery."""
-        from django.db.models.expressions import RawSQL
-
-        from notifications.circuits import state_sql
-
-        state = f"""coalesce((SELECT {state_sql('providers', 'c')} FROM provider_circuits c
-                              WHERE c.provider_id = providers.id), 'closed')"""  # noqa: S608 - fixed fragments
-        return self.annotate(circuit_state=RawSQL(state, [], output_field=models.CharField()))  # noqa: S611
-
-
-class Provider(TenantOwned):
-    name = models.SlugField(max_length=100)
-    channel = models.CharField(max_length=10, choices=Channel.choices)
-    kind = models.CharField(max_length=10, choices=ProviderKind.choices)
-    config = models.JSONField(default=dict, blank=True)
-    secrets = EncryptedJSONField(default=dict, blank=True)
-    rate_per_second = models.FloatField(null=True, blank=True)
-    burst = models.PositiveIntegerField(null=True, blank=True)
-    max_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
-    is_default = models.BooleanField(default=False)
-    # Routing: a notification that names no provider starts at the lowest failover_order of
-    # its channel (else the default) and moves along that order (dispatch.routing); null: not in the order.
-    failover_order = models.PositiveSmallIntegerField(null=True, blank=True)
-    # The circuit breaker's settings (notifications.circuits.CIRCUIT_DEFAULTS for what is left out); its
-    # state is the provider's row of `provider_circuits`, shared by every dispatcher.
-    circuit = models.JSONField(default=dict, blank=True)
-    # What the last rotation replaced (only the kind's `rotating_secrets`, e.g. a webhook's
-    # signing_secret), and when: sends carry the old signature beside the new one for
-    # OMNIPOST_SECRET_ROTATION_GRACE_SECONDS, so a receiver can switch secrets at any moment.
-    previous_secrets = EncryptedJSONField(null=True, blank=True)
-    secrets_rotated_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    objects = ProviderQuerySet.as_manager()
-
-    class Meta:
-        db_table = "providers"
-        ordering = ["name"]
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "name"], name="provider_name_unique_per_tenant"),
-            models.UniqueConstraint(
-                fields=["tenant", "channel"], condition=Q(is_default=True), name="provider_one_default_per_channel"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.kind})"
-
-    @property
-    def events_url(self) -> str | None:
-        return events_url(self.pk)
-
-    def rotation_options(self) -> dict[str, Any]:
-        """`build_provider` options for the secrets the last rotation replaced: they sign beside the
-        new ones until `previous_until` (epoch seconds), which the provider checks at each send."""
-        if not self.previous_secrets or self.secrets_rotated_at is None:
-            return {}
-        until = self.secrets_rotated_at.timestamp() + settings.OMNIPOST_SECRET_ROTATION_GRACE_SECONDS
-        return {"previous_secrets": self.previous_secrets, "previous_until": until}
-
-
-class Template(TenantOwned):
-    key = models.SlugField(max_length=100)
-    channel = models.CharField(max_length=10, choices=Channel.choices)
-    subject = models.TextField(blank=True, default="")
-    body = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        db_table = "templates"
-        ordering = ["key"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="template_key_unique_per_tenant")]
-
-    def __str__(self) -> str:
-        return self.key
 
 
 class NotificationQuerySet(TenantQuerySet):
@@ -414,57 +300,4 @@ class TenantQueue(TenantOwned):
         return self.name
 
 
-class SuppressionReason(models.TextChoices):
-    HARD_BOUNCE = "hard_bounce"
-    COMPLAINT = "complaint"
-    UNSUBSCRIBED = "unsubscribed"
-    MANUAL = "manual"
-
-
-class Suppression(TenantOwned):
-    """An address a tenant's notifications on one channel must not reach.
-
-    The address is stored encrypted; `recipient_index` is its keyed blind index (`core.crypto.blind_index`
-    of the normalised address, `notifications.suppressions.normalise`), which every lookup matches, so the
-    table is searched by exact address without decrypting it. `category` null blocks every category on the
-    channel; a category blocks that one only (and never a critical category)."""
-
-    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
-    channel = models.CharField(max_length=10, choices=Channel.choices)
-    recipient = EncryptedTextField()
-    recipient_masked = models.CharField(max_length=200)
-    recipient_index = models.CharField(max_length=64)
-    reason = models.CharField(max_length=16, choices=SuppressionReason.choices)
-    category = models.CharField(max_length=100, null=True, blank=True)
-    source_notification_id = models.UUIDField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        db_table = "suppressions"
-        constraints = [
-            # One entry per (tenant, channel, address, category); null category is its own value.
-            models.UniqueConstraint(
-                fields=["tenant", "channel", "recipient_index"], condition=Q(category__isnull=True),
-                name="suppression_unique_all_categories",
-            ),
-            models.UniqueConstraint(
-                fields=["tenant", "channel", "recipient_index", "category"], condition=Q(category__isnull=False),
-                name="suppression_unique_per_category",
-            ),
-        ]
-        indexes = [
-            # GET suppressions: a tenant's newest first, cursor-paginated on (created_at, id).
-            models.Index(fields=["tenant", "-created_at", "-id"], name="suppression_tenant_recent_idx"),
-            # GET suppressions?recipient= (any channel) and the checks at creation and dispatch.
-            models.Index(fields=["tenant", "recipient_index"], name="suppression_lookup_idx"),
-        ]
-
-    def __str__(self) -> str:
-        scope = self.category or "all categories"
-        return f"{self.channel} {self.recipient_masked} ({self.reason}, {scope})"
-
-
-from notifications.circuits import ProviderCircuit  # noqa: E402, F401 - a model of this app, in its own module
 from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module
-from notifications.recipient_models import GENERAL, Category, Subscriber  # noqa: E402, F401 - likewise

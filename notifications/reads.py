@@ -6,10 +6,10 @@ create path: ≈ 1.5 ms a read. Here one fixed, prepared statement returns the r
 shows, the lease and the attempts as arrays, and the instances the serializers read are built
 positionally.
 
-The receipt events (`events` of the detail) live in a table of an app above this one (receipts), which
-registers how to read them (`register_events_reader`, STYLE 4a): a function for one notification, and
-a LATERAL subquery over the notification row `n` that this statement joins, so that the detail is
-still one round trip (a second statement cost ≈ 10 % of a read's CPU, client and server).
+The receipt events (`events` of the detail) live in a table of an app above this one (receipts),
+which registers how to read them (`register_receipt_events_reader`, STYLE 4a): a function for one
+notification, and a LATERAL subquery over the notification row `n` that this statement joins, so that
+the detail is still one round trip (a second statement cost ≈ 10 % of a read's CPU, client and server).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from typing import Any
 
 from core import hot_sql
 from core.models import Tenant
-from notifications.models import DeliveryAttempt, Notification, Provider, Template
+from notifications.models import DeliveryAttempt, Notification
+from providers.models import Provider
+from templating.models import Template
 
 _ATTEMPT_COLUMNS = ("number", "provider_id", "started_at", "finished_at", "outcome", "error_class", "error_code",
                     "http_status", "duration_ms")  # fmt: skip
@@ -39,18 +41,18 @@ def _sql() -> str:
     columns = ", ".join(f"n.{name}" for name in _columns())
     attempts = ", ".join(f"array_agg(a.{c} ORDER BY a.number)" for c in _ATTEMPT_COLUMNS)
     attempts += ", array_agg(ap.name ORDER BY a.number)"  # the provider each try went through
-    events_columns = events_join = ""
-    if _events_lateral:
-        lateral = _events_lateral[0]
-        events_columns = "".join(f", ev.c{i}" for i in range(lateral.columns))
+    receipt_columns = receipt_join = ""
+    if _receipt_events_lateral:
+        lateral = _receipt_events_lateral[0]
+        receipt_columns = "".join(f", ev.c{i}" for i in range(lateral.columns))
         names = ", ".join(f"c{i}" for i in range(lateral.columns))
-        events_join = f"\n        LEFT JOIN LATERAL ({lateral.sql}) ev({names}) ON true"
+        receipt_join = f"\n        LEFT JOIN LATERAL ({lateral.sql}) ev({names}) ON true"
     # The lease test is QueueItemQuerySet.leased(): a live lock on the item makes it `dispatching`.
     return f"""
         SELECT {columns}, p.name, t.key, j.job_id,
                EXISTS (SELECT 1 FROM queue_state q WHERE q.notification_id = n.id
                        AND q.lock_token IS NOT NULL AND q.locked_until > statement_timestamp()) AS leased,
-               att.*{events_columns}
+               att.*{receipt_columns}
         FROM notifications n
         JOIN providers p ON p.id = n.provider_id
         LEFT JOIN templates t ON t.id = n.template_id
@@ -60,16 +62,16 @@ def _sql() -> str:
                            WHERE a.notification_id = n.id AND a.tenant_id = n.tenant_id
                              -- no try finishes before its notification exists: the day partitions
                              -- older than that (core.partitions) are pruned at run time, not probed
-                             AND a.finished_at >= n.created_at - interval '1 day') att ON true{events_join}
+                             AND a.finished_at >= n.created_at - interval '1 day') att ON true{receipt_join}
         WHERE n.id = %s AND n.tenant_id = %s"""  # noqa: S608 - column names from the model, values are parameters
 
 
-EventsReader = Callable[[Notification], list[dict[str, Any]]]
+ReceiptEventsReader = Callable[[Notification], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
-class EventsLateral:
-    """How the detail statement reads the events itself: `sql`, a subquery over the notification row
+class ReceiptEventsLateral:
+    """How the detail statement reads the receipt events itself: `sql`, a subquery over the notification row
     `n` (joined LEFT JOIN LATERAL … ON true) returning `columns` columns, and `parse`, which turns
     those values into the reader's list."""
 
@@ -78,22 +80,24 @@ class EventsLateral:
     parse: Callable[[Sequence[Any]], list[dict[str, Any]]]
 
 
-_events_reader: list[EventsReader] = []
-_events_lateral: list[EventsLateral] = []
+_receipt_events_reader: list[ReceiptEventsReader] = []
+_receipt_events_lateral: list[ReceiptEventsLateral] = []
 
 
-def register_events_reader(reader: EventsReader, lateral: EventsLateral | None = None) -> None:
-    """`reader(notification)` returns its events as the API shows them ({type, occurred_at, provider,
+def register_receipt_events_reader(
+    reader: ReceiptEventsReader, lateral: ReceiptEventsLateral | None = None
+) -> None:
+    """`reader(notification)` returns its receipt events as the API shows them ({type, occurred_at, provider,
     details}), oldest first; `lateral`, the same read as part of the detail statement."""
-    _events_reader[:] = [reader]
-    _events_lateral[:] = [lateral] if lateral is not None else []
+    _receipt_events_reader[:] = [reader]
+    _receipt_events_lateral[:] = [lateral] if lateral is not None else []
     _sql.cache_clear()
 
 
-def events(n: Notification) -> list[dict[str, Any]]:
+def receipt_events(n: Notification) -> list[dict[str, Any]]:
     """The notification's receipt events: loaded by `detail()`, else read now."""
     if "receipt_events_shown" not in n.__dict__:
-        n.receipt_events_shown = _events_reader[0](n) if _events_reader else []
+        n.receipt_events_shown = _receipt_events_reader[0](n) if _receipt_events_reader else []
     return n.receipt_events_shown
 
 
@@ -102,7 +106,7 @@ def detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
     attempts and its receipt events (oldest first) loaded, or None (another tenant's id too)."""
     n = _detail(tenant, notification_id)
     if n is not None:
-        events(n)
+        receipt_events(n)
     return n
 
 
@@ -110,8 +114,8 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
     row = hot_sql.fetchone(_sql(), [notification_id, tenant.pk])
     if row is None:
         return None
-    if _events_lateral:
-        lateral = _events_lateral[0]
+    if _receipt_events_lateral:
+        lateral = _receipt_events_lateral[0]
         events_values, row = row[len(row) - lateral.columns :], row[: len(row) - lateral.columns]
     else:
         events_values = None
@@ -136,7 +140,7 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
             attempts.append(attempt)
     n._prefetched_objects_cache = {"attempts": attempts}  # what n.attempts.all() returns
     if events_values is not None:
-        n.receipt_events_shown = _events_lateral[0].parse(events_values)
+        n.receipt_events_shown = _receipt_events_lateral[0].parse(events_values)
     return n
 
 

@@ -31,11 +31,13 @@ from rest_framework.exceptions import NotFound, ValidationError
 
 from core.api.errors import Conflict
 from core.models import AuditEvent, Tenant
+from core.validation import check_recipient
 from notifications import services
-from notifications.models import CANCELLABLE, Enrollment, Notification, Sequence, SequenceStep, Status, Template
-from notifications.validation import Draft, check_recipient
+from notifications.models import CANCELLABLE, Enrollment, Notification, Sequence, SequenceStep, Status
+from notifications.validation import Draft
 from queueing import queue
 from queueing.models import ScheduledJob
+from templating.models import Template
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 - `build_specs()` resolves checked drafts against the tenant's providers and templates (cached
   per process, see notifications.tenant_config: no query once warm), renders templates and holds
-  what is created inside its quiet hours until they end (notifications.quiet_hours);
+  what is created inside its quiet hours until they end (routing.quiet_hours);
 - `create_notifications()` stores them in one statement whatever the batch size, with the
   Idempotency-Key record when there is one;
 - `cancel_notification()` / `cancel_scheduled_job()` are conditional updates.
@@ -25,8 +25,8 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connections, transaction
-from django.db.models import JSONField, ProtectedError, Q
+from django.db import connections, transaction
+from django.db.models import JSONField, Q
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -40,24 +40,20 @@ from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
 from core.plain_json import plain_json
-from notifications import fallback, quiet_hours, suppressions, templating, tenant_config
-from notifications.models import (
-    CANCELLABLE,
-    GENERAL,
-    Category,
-    IdempotencyRecord,
-    Notification,
-    Provider,
-    Status,
-    Subscriber,
-    Template,
-    TenantQueue,
-)
-from notifications.validation import DEFAULT_QUEUE, MAX_SUBJECT_CHARS, Draft
+from core.validation import MAX_SUBJECT_CHARS
+from notifications import fallback, tenant_config
+from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Status, TenantQueue
+from notifications.validation import DEFAULT_QUEUE, Draft
+from providers.models import Provider
 from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
+from recipients import suppressions
+from recipients.models import GENERAL, Category, Subscriber
+from routing import quiet_hours
+from templating import renderer
+from templating.models import Template
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +143,7 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft], *, cached: bool = True)
     three queries (providers, templates, categories) and no version check (callers that hold their own
     transaction). A draft to a subscriber costs one query more (its addresses and time zone), whatever
     the batch's size. A non-critical draft created inside its quiet hours gets the window's end as its
-    `scheduled_for` (notifications.quiet_hours), from the same cached categories: no query of its own.
+    `scheduled_for` (routing.quiet_hours), from the same cached categories: no query of its own.
     """
     subscribers = _subscribers(tenant, drafts)
     if not cached:
@@ -371,8 +367,8 @@ def _render(template: Template, context: dict[str, Any], problems: dict[str, lis
     rendered = {}
     for part in ("subject", "body"):
         try:
-            rendered[part] = templating.render(getattr(template, part), context, autoescape=False)
-        except templating.TemplateError as exc:
+            rendered[part] = renderer.render(getattr(template, part), context, autoescape=False)
+        except renderer.TemplateError as exc:
             problems.setdefault("template", []).append(f"{part} of {template.key!r}: {exc}")
     subject = rendered.get("subject", "")
     if len(subject) > MAX_SUBJECT_CHARS:  # RFC 5322's line limit holds for what was rendered, too
@@ -875,85 +871,3 @@ def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str)
             details={"notification_id": str(job.notification_id)},
         )  # fmt: skip
     return job
-
-
-# --- configuration --------------------------------------------------------------------------------
-
-
-def _duplicate(exc: IntegrityError, what: str, name: str) -> Conflict:
-    if "default" in str(exc):
-        return Conflict(
-            "Another request changed this channel's default provider at the same time; retry.", code="conflict"
-        )
-    return Conflict(f"A {what} named {name!r} already exists.", code="already_exists")
-
-
-def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | None = None) -> Provider:
-    """Create or update a provider. Making it the default unsets the channel's previous default in
-    the same transaction; the partial unique index settles a race between two new defaults (409)."""
-    created = provider._state.adding
-    try:
-        with transaction.atomic():
-            if provider.is_default:
-                old = Provider.objects.for_tenant(provider.tenant_id).filter(channel=provider.channel, is_default=True)
-                old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
-            if not created and fields is not None and "secrets" in fields:
-                fields = [*fields, *_note_rotation(provider)]
-            # Its rate limit, and the lanes of its queued items, follow in this transaction (notifications.lanes).
-            provider.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="provider.created" if created else "provider.updated", target=provider,
-                details={"name": provider.name, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError as exc:
-        raise _duplicate(exc, "provider", provider.name) from None
-    return provider
-
-
-def _note_rotation(provider: Provider) -> list[str]:
-    """Keep the values of the kind's rotating secrets (a webhook's signing_secret) that this save
-    replaces, and when: they sign beside the new ones for OMNIPOST_SECRET_ROTATION_GRACE_SECONDS.
-    Returns the fields to save as well (none when no such secret changed). A second rotation
-    within the grace keeps only the secret it replaced."""
-    from notifications.providers import provider_class
-
-    rotating = provider_class(provider.kind).rotating_secrets
-    if not rotating:
-        return []
-    stored = Provider.objects.select_for_update().only("secrets").get(pk=provider.pk).secrets or {}
-    new = provider.secrets or {}
-    replaced = {k: stored[k] for k in rotating if stored.get(k) and stored.get(k) != new.get(k)}
-    if not replaced:
-        return []
-    provider.previous_secrets = replaced
-    provider.secrets_rotated_at = timezone.now()
-    return ["previous_secrets", "secrets_rotated_at"]
-
-
-def save_template(template: Template, *, actor: str, fields: Sequence[str] | None = None) -> Template:
-    created = template._state.adding
-    try:
-        with transaction.atomic():
-            template.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="template.created" if created else "template.updated", target=template,
-                details={"key": template.key, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError as exc:
-        raise _duplicate(exc, "template", template.key) from None
-    return template
-
-
-def delete_config(obj: Provider | Template, *, actor: str) -> None:
-    """Delete a provider or template; 409 while notifications or sequence steps still use it."""
-    label = "provider" if isinstance(obj, Provider) else "template"
-    name = getattr(obj, "name", None) or getattr(obj, "key", "")
-    try:
-        with transaction.atomic():
-            AuditEvent.record(actor=actor, action=f"{label}.deleted", target=obj, details={"name": name})
-            obj.delete()
-    except ProtectedError:
-        raise Conflict(
-            f"The {label} {name!r} is still used by notifications or sequence steps and cannot be deleted.",
-            code=f"{label}_in_use",
-        ) from None

@@ -23,7 +23,9 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from core.models import Tenant
-from notifications.models import Category, Provider, Template
+from providers.models import Provider
+from recipients.models import Category
+from templating.models import Template
 
 MAX_TENANTS = 10_000  # tenants cached per process (least recently used dropped first)
 MAX_TEMPLATES = 1_000  # template keys cached per tenant; past it, lookups still work, uncached
@@ -101,6 +103,12 @@ def templates(config: TenantConfig, tenant_id: Any, keys: Iterable[str]) -> dict
     else:
         resolved = {key: config.templates[key] for key in keys}
     return {key: t for key, t in resolved.items() if t is not None}
+
+
+def category_keys(tenant: Tenant) -> frozenset[str]:
+    """The tenant's stored category keys, from this process's copy (what recipients.services reads)."""
+    config = get(tenant.pk) or load(tenant.pk)
+    return frozenset(config.categories)
 
 
 def forget(tenant_id: Any) -> None:

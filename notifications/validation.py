@@ -7,29 +7,30 @@ provider and template names and renders templates. Errors are `FieldErrors`: fie
 
 from __future__ import annotations
 
-import json
 import re
-import unicodedata
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import EmailValidator
 from django.utils import timezone
 
-from core.plain_json import plain_size
-from notifications.models import Channel
+from core.channels import CHANNELS
+from core.validation import (
+    MAX_BODY_CHARS,
+    MAX_METADATA_BYTES,
+    MAX_SUBJECT_CHARS,
+    FieldErrors,
+    check_name,
+    check_object,
+    check_recipient,
+    check_text,
+    parse_aware_datetime,
+    unknown_fields,
+)
+from recipients.services import check_external_id
 
-CHANNELS = tuple(Channel.values)
-E164 = re.compile(r"^\+[1-9]\d{1,14}$")
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-NAME = re.compile(r"^[-A-Za-z0-9_]{1,100}$")  # provider names and template keys are slugs
-MAX_TOKEN_CHARS = 4096
-MAX_METADATA_BYTES = 4096
 MAX_CONTEXT_BYTES = 64 * 1024
-MAX_SUBJECT_CHARS = 998  # RFC 5322 line length
-MAX_BODY_CHARS = 256 * 1024
 MAX_SCHEDULE_AHEAD = timedelta(days=3660)
 DEFAULT_PRIORITY = 5
 DEFAULT_QUEUE = "default"
@@ -38,27 +39,7 @@ NOTIFICATION_FIELDS = (
     "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
     "priority", "queue", "scheduled_for", "metadata", "fallback",
 )  # fmt: skip
-MAX_EXTERNAL_ID_CHARS = 200
 DEFAULT_CATEGORY = "general"
-
-class _EagerEmailValidator(EmailValidator):
-    """Django's EmailValidator with its own patterns compiled once, here: Django's are lazy objects,
-    and every match went through their proxy (≈ 5 % of a 1,000-item batch's Python)."""
-
-    user_regex = re.compile(EmailValidator.user_regex.pattern, EmailValidator.user_regex.flags)
-    domain_regex = re.compile(EmailValidator.domain_regex.pattern, EmailValidator.domain_regex.flags)
-    literal_regex = re.compile(EmailValidator.literal_regex.pattern, EmailValidator.literal_regex.flags)
-
-
-_email = _EagerEmailValidator()
-
-
-class FieldErrors(Exception):
-    """field → list of messages, in the API's error `details` shape."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
 
 
 @dataclass(slots=True)
@@ -101,50 +82,11 @@ MAX_FALLBACK_SECONDS = int(MAX_SCHEDULE_AHEAD.total_seconds())
 # --- single values --------------------------------------------------------------------------------
 
 
-def check_recipient(value: Any, channel: str) -> str:
-    """The recipient if it suits the channel; raises ValueError with the reason."""
-    if not isinstance(value, str):
-        raise ValueError("must be a string")
-    if channel == Channel.EMAIL:
-        if len(value) > 254:
-            raise ValueError("must be an email address of at most 254 characters")
-        try:
-            _email(value)
-        except DjangoValidationError:
-            raise ValueError("must be an email address (RFC 5322 addr-spec, e.g. jane@example.com)") from None
-        return value
-    if channel == Channel.SMS:
-        if not E164.match(value):
-            raise ValueError("must be a phone number in E.164 format, e.g. +15551234567")
-        return value
-    if not 1 <= len(value) <= MAX_TOKEN_CHARS:
-        raise ValueError(f"must be 1 to {MAX_TOKEN_CHARS} characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
-        raise ValueError("must not contain control characters")
-    return value
-
-
 def check_priority(value: Any) -> int:
     # bool is an int subclass: `true` is not a priority.
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
         raise ValueError("must be an integer from 0 (lowest) to 9 (highest)")
     return value
-
-
-def parse_aware_datetime(value: Any) -> datetime:
-    """An ISO 8601 date-time that states its UTC offset, as a UTC datetime."""
-    if not isinstance(value, str) or len(value) > 64:
-        raise ValueError("must be an ISO 8601 date-time string with a UTC offset, e.g. 2030-01-31T09:00:00+01:00")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("must be an ISO 8601 date-time, e.g. 2030-01-31T09:00:00+01:00") from None
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValueError("must include a UTC offset (e.g. +00:00 or Z); naive date-times are ambiguous")
-    try:
-        return parsed.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("is out of range") from None
 
 
 def check_scheduled_for(value: Any, now: datetime | None = None) -> datetime | None:
@@ -155,47 +97,6 @@ def check_scheduled_for(value: Any, now: datetime | None = None) -> datetime | N
     if when - now > MAX_SCHEDULE_AHEAD:
         raise ValueError(f"must be at most {MAX_SCHEDULE_AHEAD.days} days ahead")
     return when
-
-
-def json_size(value: Any) -> int:
-    """Bytes of `value` as compact UTF-8 JSON (orjson's count where it writes alike, core.plain_json)."""
-    size = plain_size(value)
-    return size if size is not None else len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
-
-
-def check_object(value: Any, limit: int) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ValueError("must be a JSON object")
-    if json_size(value) > limit:
-        raise ValueError(f"must be at most {limit} bytes as JSON")
-    return value
-
-
-def check_text(value: Any, limit: int) -> str:
-    if not isinstance(value, str):
-        raise ValueError("must be a string")
-    if len(value) > limit:
-        raise ValueError(f"must be at most {limit} characters")
-    return value
-
-
-def check_name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
-        raise ValueError("must be a name of 1 to 100 letters, digits, '-' or '_'")
-    return value
-
-
-def check_external_id(value: Any) -> str:
-    """A subscriber's external id: the tenant's own user id, 1–200 printable characters without '/'."""
-    if (
-        not isinstance(value, str) or not 1 <= len(value) <= MAX_EXTERNAL_ID_CHARS or "/" in value
-        or not value.isprintable() or value != value.strip()
-    ):  # fmt: skip
-        raise ValueError(
-            f"must be the subscriber's external id: 1 to {MAX_EXTERNAL_ID_CHARS} printable characters, "
-            "no '/' and no leading or trailing spaces"
-        )
-    return value
 
 
 def check_queue(value: Any) -> str:
@@ -228,11 +129,6 @@ def check_fallback(value: Any, channel: str | None) -> Fallback | None:
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_FALLBACK_SECONDS:
         raise ValueError(f"the step's after_seconds must be an integer from 0 to {MAX_FALLBACK_SECONDS}")
     return Fallback(next_channel, seconds)
-
-
-def unknown_fields(data: dict, allowed: tuple[str, ...] | frozenset[str]) -> dict[str, list[str]]:
-    message = f"unknown field; allowed: {', '.join(allowed)}"
-    return {key: [message] for key in sorted(map(str, data)) if key not in allowed}
 
 
 # --- a whole notification -------------------------------------------------------------------------

@@ -9,6 +9,9 @@ from core.api.views import api_not_found
 
 urlpatterns = [
     path("", include("notifications.api.urls")),
+    path("", include("providers.api.urls")),
+    path("", include("recipients.api.urls")),
+    path("", include("templating.api.urls")),
     path("", include("dlq.api.urls")),
     path("", include("events.api.urls")),
     re_path(r"^", csrf_exempt(api_not_found)),

@@ -5,7 +5,7 @@ read outside a transaction and written in one short transaction, every write a c
 the token read, so a value a concurrent writer changed meanwhile is not overwritten (it is already
 under the newest key: writers always encrypt with it). A value no configured key can read stops the
 rotation with a `crypto.DecryptionError` naming model, field and row; pages before it stay rotated.
-Then the keyed blind indexes (the suppression list's, `notifications.suppressions.recompute_indexes`)
+Then the keyed blind indexes (the suppression list's, `recipients.suppressions.recompute_indexes`)
 are recomputed under the newest key. `manage.py rotate_encryption_keys` parses its flags and calls `rotate`.
 """
 
@@ -17,8 +17,8 @@ from django.db import models, transaction
 
 from core import crypto
 from core.fields import Ciphertext, encrypted_fields
-from notifications import suppressions
-from notifications.models import Suppression
+from recipients import suppressions
+from recipients.models import Suppression
 
 DEFAULT_BATCH = 1000
 

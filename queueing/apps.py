@@ -19,7 +19,7 @@ class QueueingConfig(AppConfig):
 
         # A tenant is saved by the admin (core knows nothing of the queue): its limit, set or
         # removed, re-decides its queued items in the same transaction. A lane's own limit is its
-        # owner's to record (queue.set_lane_limit: notifications.lanes, for providers).
+        # owner's to record (queue.set_lane_limit: providers.lanes, for providers).
         post_save.connect(_tenant_saved, sender=Tenant, dispatch_uid="queueing.tenant_rate_limit")
 
 

@@ -242,7 +242,7 @@ class RateBucket(models.Model):
 
 class LaneLimit(TenantOwned):
     """The configured rate limit of one lane (a `queue_state.provider_id`), as the app that owns the
-    lanes sets it: notifications keeps one row per provider with a `rate_limit` (notifications.lanes).
+    lanes sets it: providers keep one row per provider with a `rate_limit` (providers.lanes).
     A lane without a limit has no row. Whether a new item is rate-limited is decided from these rows
     and the tenant's own limit (`ratelimit.limited_sql`), so the queue reads no table above it."""
 

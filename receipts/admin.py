@@ -8,8 +8,9 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from core.admin_scoping import ReadOnlyMixin
 from core.masking import mask_mapping
-from notifications.admin import ReadOnlyMixin, register_notification_inline
+from notifications.admin import register_notification_inline
 from receipts.models import NotificationEvent
 
 

@@ -11,10 +11,10 @@ class ReceiptsConfig(AppConfig):
         from notifications import reads
         from receipts import vendors  # noqa: F401  (each vendor module registers its adapter)
         from receipts.followups import follow_up
-        from receipts.reads import LATERAL, events_of
+        from receipts.reads import RECEIPT_EVENTS_LATERAL, receipt_events_of
         from receipts.services import AFTER_APPLY
 
-        reads.register_events_reader(events_of, LATERAL)
+        reads.register_receipt_events_reader(receipt_events_of, RECEIPT_EVENTS_LATERAL)
         # a vendor retries a receipt for hours or days, never past retention
         retention.register(
             retention.RetainedTable("receipt_dedup", "created_at < %(cutoff)s", "receipt de-duplication key(s)")

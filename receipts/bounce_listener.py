@@ -4,7 +4,7 @@
 `OMNIPOST_BOUNCE_DOMAIN`, or behind a relay that forwards that domain to it) that
 
 - accepts `RCPT TO` only for authenticated VERP addresses of the bounce domain
-  (`notifications.verp`); any other recipient, or a forged or altered token, is `550 5.1.1`;
+  (`providers.verp`); any other recipient, or a forged or altered token, is `550 5.1.1`;
 - reads the message (`receipts.bounces.parse_report`) off the event loop; a message that is no
   delivery status notification or feedback report is `554 5.6.0`; one larger than
   `max_message_bytes` is `552` (aiosmtpd refuses it while it streams in);
@@ -36,8 +36,8 @@ from aiosmtpd.smtp import SMTP
 from django.db import connections
 
 from core.db_faults import is_connection_lost, reset_connection
-from notifications import verp
-from notifications.models import Provider
+from providers import verp
+from providers.models import Provider
 from receipts.bounces import NotAReport, Report, parse_report
 from receipts.inbound import ProviderView, Receipt
 from receipts.services import apply_receipts

@@ -23,7 +23,7 @@ Two report formats are understood, both `multipart/report` messages:
 
 Anything else (an auto-reply, a plain-text bounce without a report part) is `NotAReport`.
 Which notification a report is about is never read from the report: the VERP address it was
-mailed to says so (`notifications.verp`), so a report can only touch the notification whose
+mailed to says so (`providers.verp`), so a report can only touch the notification whose
 authenticated return path it reached.
 
 The event id is the report's `Message-ID` (so the MTA's retry of the same report is one event);

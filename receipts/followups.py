@@ -2,7 +2,7 @@
 
 - A hard bounce or a complaint suppresses the address on its channel (email and SMS only),
   for every category (`category` null), naming the notification as its source
-  (`notifications.suppressions.suppress_notifications`: two statements per batch; its `on_suppressed`
+  (`notifications.addresses.suppress_notifications`: two statements per batch; its `on_suppressed`
   callbacks emit `recipient.suppressed`).
 - Each changed receipt becomes an event for the tenant's endpoints, in one statement
   (`events.emit.emit_notification_events`): `bounced` → `notification.bounced`, `complained` →
@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from events.emit import emit_notification_events
-from notifications.suppressions import suppress_notifications
+from notifications.addresses import suppress_notifications
 from receipts.inbound import ProviderView
 from receipts.services import ApplyResult
 

@@ -13,7 +13,8 @@ from django.db import models
 
 from core.models import Tenant, TenantOwned
 from core.models.tenancy import HOT_FK
-from notifications.models import BounceType, Notification, Provider, ReceiptStatus
+from notifications.models import BounceType, Notification, ReceiptStatus
+from providers.models import Provider
 
 
 class NotificationEvent(TenantOwned):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 
-from notifications.models import Provider
+from providers.models import Provider
 from receipts.inbound import ProviderView
 
 MAX_CACHED = 10_000

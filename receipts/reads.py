@@ -9,17 +9,19 @@ from typing import Any
 
 from core import hot_sql
 from notifications.models import Notification
-from notifications.reads import EventsLateral
+from notifications.reads import ReceiptEventsLateral
 
 # One row of arrays (notif_event_notification_idx) for the notification row `n`: the detail read is on
 # the API's hot path, where compiling an ORM query would cost more than running it.
-_EVENTS_OF_N = """
+_RECEIPT_EVENTS_OF_N = """
     SELECT array_agg(e.type ORDER BY e.occurred_at, e.id), array_agg(e.occurred_at ORDER BY e.occurred_at, e.id),
            array_agg(coalesce(p.name, '') ORDER BY e.occurred_at, e.id),
            array_agg(e.details ORDER BY e.occurred_at, e.id)
     FROM notification_events e LEFT JOIN providers p ON p.id = e.provider_id
     WHERE e.notification_id = n.id AND e.tenant_id = n.tenant_id"""
-_EVENTS_SQL = f"SELECT ev.* FROM (SELECT %s::uuid AS id, %s::uuid AS tenant_id) n, LATERAL ({_EVENTS_OF_N}) ev"  # noqa: S608
+_RECEIPT_EVENTS_SQL = (
+    f"SELECT ev.* FROM (SELECT %s::uuid AS id, %s::uuid AS tenant_id) n, LATERAL ({_RECEIPT_EVENTS_OF_N}) ev"  # noqa: S608
+)
 
 
 def _parse(values: Sequence[Any]) -> list[dict[str, Any]]:
@@ -32,9 +34,9 @@ def _parse(values: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
-LATERAL = EventsLateral(sql=_EVENTS_OF_N, columns=4, parse=_parse)
+RECEIPT_EVENTS_LATERAL = ReceiptEventsLateral(sql=_RECEIPT_EVENTS_OF_N, columns=4, parse=_parse)
 
 
-def events_of(n: Notification) -> list[dict[str, Any]]:
+def receipt_events_of(n: Notification) -> list[dict[str, Any]]:
     """{type, occurred_at, provider (name), details}, oldest first: one statement."""
-    return _parse(hot_sql.fetchone(_EVENTS_SQL, [n.pk, n.tenant_id]))
+    return _parse(hot_sql.fetchone(_RECEIPT_EVENTS_SQL, [n.pk, n.tenant_id]))

@@ -116,7 +116,7 @@ def _respond(answer: Answer) -> JsonResponse:
 
 
 @csrf_exempt
-def provider_events(request: HttpRequest, provider_id: int) -> JsonResponse:
+def provider_receipts(request: HttpRequest, provider_id: int) -> JsonResponse:
     if request.method != "POST":
         return _respond(NOT_POST)
     try:

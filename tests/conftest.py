@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from core.models import ApiKey, Tenant
 from tests.support.workers import reap_stray_workers
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.setups"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,7 +6,8 @@ import uuid
 
 from core.masking import mask_recipient
 from core.models import Tenant
-from notifications.models import Notification, Provider
+from notifications.models import Notification
+from providers.models import Provider
 from queueing import queue
 
 

@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = (
-    "core", "queueing", "notifications", "events", "dlq", "receipts", "dispatch", "operations", "benchmarks",
-    "omnipost_site",
+    "core", "queueing", "templating", "providers", "recipients", "routing", "notifications", "events", "dlq",
+    "receipts", "dispatch", "operations", "benchmarks", "omnipost_site",
 )  # fmt: skip
 
 
@@ -45,6 +45,10 @@ def test_the_tree_keeps_its_layers():
         ("core", "queueing.ratelimit"),  # even lazily, inside a function
         ("dlq", "dispatch.dispatcher"),  # a domain app imports the process
         ("events", "receipts.inbound"),  # outbound events reach for the inbound side
+        ("providers", "routing.circuits"),  # a provider reads its breaker's state itself
+        ("routing", "notifications.counters"),  # the breaker reads the counters itself
+        ("recipients", "notifications.tenant_config"),  # category keys from the cache above
+        ("templating", "providers.models"),  # siblings know nothing of each other
     ],
 )
 def test_a_back_edge_breaks_the_contract(tree_copy: Path, lower: str, upper: str):

@@ -9,7 +9,7 @@ further behind still (bench/http_client_bench.py). The parser is held to h11's v
 tests/core/test_http_conformance.py.
 
 Knows nothing of notifications: the SSRF check comes in as `guard`
-(notifications.providers.transport.new_client builds the client the providers use).
+(providers.transport.new_client builds the client the providers use).
 """
 
 from core.http.client import (

@@ -672,7 +672,7 @@ class HttpClient:
         timeout_resolution: float = 0.025,
     ) -> None:
         """`guard(host, addresses)` runs at every new connection on what the host resolved to and
-        raises to refuse it (the providers pass the SSRF check: notifications.providers.transport);
+        raises to refuse it (the providers pass the SSRF check: providers.transport);
         the connection then goes to a checked address, never through a second lookup.
 
         Response deadlines are enforced by one sweep every `timeout_resolution` seconds rather than

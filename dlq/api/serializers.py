@@ -11,17 +11,18 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.masking import mask_text
-from dlq.models import DeadLetter, FailureClass
-from notifications import validation
-from notifications.api.schema import (
+from core.api.schema import (
     StrictBooleanField,
     StrictFloatField,
     StrictIntegerField,
     StrictRegexField,
     StrictSerializer,
+    iso,
 )
-from notifications.api.serializers import AttemptSerializer, iso
+from core.masking import mask_text
+from core.validation import NAME, parse_aware_datetime
+from dlq.models import DeadLetter, FailureClass
+from notifications.api.serializers import AttemptSerializer
 from notifications.models import Status
 
 MAX_BULK_LIMIT = 10_000
@@ -89,13 +90,13 @@ def _choice(data: Any, name: str, choices: list[str], clean: dict, errors: dict)
 def _common_filters(data: Any, clean: dict, errors: dict) -> None:
     _choice(data, "failure_class", FailureClass.values, clean, errors)
     if data.get("provider") is not None:
-        if isinstance(data["provider"], str) and validation.NAME.fullmatch(data["provider"]):
+        if isinstance(data["provider"], str) and NAME.fullmatch(data["provider"]):
             clean["provider"] = data["provider"]
         else:
             errors["provider"] = ["must be a provider name (letters, digits, - and _)"]
     if data.get("created_after") is not None:
         try:
-            clean["created_after"] = validation.parse_aware_datetime(data["created_after"])
+            clean["created_after"] = parse_aware_datetime(data["created_after"])
         except ValueError as exc:
             errors["created_after"] = [str(exc)]
 
@@ -103,7 +104,7 @@ def _common_filters(data: Any, clean: dict, errors: dict) -> None:
 class DeadLetterFilterSerializer(serializers.Serializer):
     failure_class = serializers.ChoiceField(choices=FailureClass.choices, required=False)
     status = DeadLetterStatusField(choices=DeadLetter.Status.choices, required=False)
-    provider = serializers.RegexField(validation.NAME.pattern, required=False, help_text="Provider name.")
+    provider = serializers.RegexField(NAME.pattern, required=False, help_text="Provider name.")
     created_after = serializers.DateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
@@ -118,7 +119,7 @@ class DeadLetterFilterSerializer(serializers.Serializer):
 
 class BulkRedriveSerializer(StrictSerializer):
     failure_class = serializers.ChoiceField(choices=FailureClass.choices, required=False, allow_null=True)
-    provider = StrictRegexField(validation.NAME.pattern, required=False, allow_null=True)
+    provider = StrictRegexField(NAME.pattern, required=False, allow_null=True)
     created_after = serializers.DateTimeField(required=False, allow_null=True, help_text="ISO 8601 with a UTC offset.")
     limit = StrictIntegerField(
         required=False, min_value=1, max_value=MAX_BULK_LIMIT, default=DEFAULT_BULK_LIMIT,
@@ -140,7 +141,7 @@ class BulkRedriveSerializer(StrictSerializer):
         clean = {k: v for k, v in super().to_internal_value(data).items() if v is not None}
         if data.get("created_after") is not None:  # DRF would accept a naive time; OmniPost wants the offset
             try:
-                clean["created_after"] = validation.parse_aware_datetime(data["created_after"])
+                clean["created_after"] = parse_aware_datetime(data["created_after"])
             except ValueError as exc:
                 raise serializers.ValidationError({"created_after": [str(exc)]}) from None
         return clean

@@ -18,6 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.errors import Conflict
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
 from dlq import services
 from dlq.api.serializers import (
     BulkRedriveResultSerializer,
@@ -27,8 +29,6 @@ from dlq.api.serializers import (
     DeadLetterSerializer,
 )
 from dlq.models import DeadLetter
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 from notifications.models import DeliveryAttempt
 
 UUID_RE = "[0-9a-fA-F-]{36}"

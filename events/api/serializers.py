@@ -10,11 +10,11 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.api.schema import StrictBooleanField, StrictCharField, StrictRegexField, StrictSerializer, iso
+from core.validation import NAME, parse_aware_datetime
 from events.models import ALL_TYPES, EventAttempt, EventEndpoint, EventType, public_event_id
-from notifications import ssrf, validation
-from notifications.api.schema import StrictBooleanField, StrictCharField, StrictRegexField, StrictSerializer
-from notifications.api.serializers import iso
-from notifications.providers.webhook import decode_signing_secret
+from providers import ssrf
+from providers.kinds.webhook import decode_signing_secret
 
 TYPE_CHOICES = [*EventType.values, ALL_TYPES]
 
@@ -41,7 +41,7 @@ def check_url(url: str) -> str:
 
 
 class EventEndpointSerializer(StrictSerializer):
-    name = StrictRegexField(validation.NAME.pattern, max_length=100, help_text="Fixed once created.")
+    name = StrictRegexField(NAME.pattern, max_length=100, help_text="Fixed once created.")
     url = StrictCharField(max_length=2000, help_text="http(s) URL events are POSTed to; public addresses only.")
     event_types = serializers.ListField(
         child=serializers.ChoiceField(choices=TYPE_CHOICES), allow_empty=False, max_length=len(TYPE_CHOICES),
@@ -99,7 +99,7 @@ class RecoverSerializer(StrictSerializer):
 
     def validate_since(self, value: str) -> Any:
         try:
-            return validation.parse_aware_datetime(value)
+            return parse_aware_datetime(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
 

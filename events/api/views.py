@@ -15,6 +15,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
 from events import services
 from events.api.serializers import (
     CreatedEventEndpointSerializer,
@@ -24,8 +26,6 @@ from events.api.serializers import (
     RecoverSerializer,
 )
 from events.models import EventAttempt, EventEndpoint
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 
 SLUG = "[-a-zA-Z0-9_]+"
 

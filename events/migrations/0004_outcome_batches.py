@@ -1,6 +1,6 @@
 from django.db import migrations
 
-# The outbox of delivery outcomes (events.emit.outcome_events_cte writes it, the event lane's claim
+# The outbox of delivery outcomes (events.emit.outcome_batch_cte writes it, the event lane's claim
 # in events.deliveries opens it). Raw SQL writes and reads it (a batch of facts in arrays per row), so
 # there is no model.
 CREATE = """

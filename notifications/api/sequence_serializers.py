@@ -13,10 +13,11 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.api.schema import StrictCharField, StrictIntegerField, StrictRegexField, StrictSerializer, iso
+from core.channels import Channel
+from core.validation import MAX_METADATA_BYTES, MAX_TOKEN_CHARS, NAME, check_name, check_object
 from notifications import validation
-from notifications.api.schema import StrictCharField, StrictIntegerField, StrictRegexField, StrictSerializer
-from notifications.api.serializers import iso
-from notifications.models import Channel, Enrollment, Notification, Sequence, Status
+from notifications.models import Enrollment, Notification, Sequence, Status
 from notifications.sequences import MAX_STEPS, StepSpec, check_step_channels, step_errors, step_position
 
 MAX_OFFSET_SECONDS = int(validation.MAX_SCHEDULE_AHEAD.total_seconds())
@@ -32,11 +33,11 @@ class SequenceStepSerializer(StrictSerializer):
         help_text="Seconds after the enrollment's `starts_at`; at least the previous step's offset.",
     )  # fmt: skip
     channel = serializers.ChoiceField(choices=Channel.choices)
-    template = StrictRegexField(validation.NAME.pattern, max_length=100, help_text="Key of a template of this channel.")
+    template = StrictRegexField(NAME.pattern, max_length=100, help_text="Key of a template of this channel.")
 
 
 class SequenceSerializer(StrictSerializer):
-    key = StrictRegexField(validation.NAME.pattern, max_length=100, help_text="Unique per tenant; names the sequence.")
+    key = StrictRegexField(NAME.pattern, max_length=100, help_text="Unique per tenant; names the sequence.")
     name = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
     steps = serializers.ListField(
         child=SequenceStepSerializer(), min_length=1, max_length=MAX_STEPS,
@@ -82,9 +83,9 @@ class AwareDateTimeField(serializers.Field):
 @extend_schema_field(
     {
         "oneOf": [
-            {"type": "string", "pattern": validation.NAME.pattern},
+            {"type": "string", "pattern": NAME.pattern},
             {"type": "object", "additionalProperties": False,
-             "properties": {c: {"type": "string", "pattern": validation.NAME.pattern} for c in Channel.values}},
+             "properties": {c: {"type": "string", "pattern": NAME.pattern} for c in Channel.values}},
         ],
         "description": "A provider name for every step, or {channel: provider name}; a channel left out uses "
         "the tenant's default provider for it.",
@@ -97,8 +98,8 @@ class ProviderChoiceField(serializers.Field):
                 unknown = [c for c in data if c not in Channel.values]
                 if unknown:
                     raise ValueError(f"unknown channel(s) {', '.join(map(repr, unknown))}; use {', '.join(Channel)}")
-                return {channel: validation.check_name(name) for channel, name in data.items()}
-            return validation.check_name(data)
+                return {channel: check_name(name) for channel, name in data.items()}
+            return check_name(data)
         except ValueError as exc:
             message = f"must be a provider name or an object of channel → provider name: {exc}"
             raise serializers.ValidationError(message) from None
@@ -107,14 +108,14 @@ class ProviderChoiceField(serializers.Field):
 class ContextField(serializers.DictField):
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         try:
-            return validation.check_object(data, validation.MAX_METADATA_BYTES)
+            return check_object(data, MAX_METADATA_BYTES)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
 
 
 class EnrollmentCreateSerializer(StrictSerializer):
     recipient = StrictCharField(
-        min_length=1, max_length=validation.MAX_TOKEN_CHARS, trim_whitespace=False,
+        min_length=1, max_length=MAX_TOKEN_CHARS, trim_whitespace=False,
         help_text="Checked against every step's channel (email: RFC 5322 addr-spec; sms: E.164; push/webhook: "
         "1–4096 characters without control characters). Stored encrypted, returned only as `recipient_masked`.",
     )  # fmt: skip

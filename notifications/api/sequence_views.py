@@ -21,17 +21,17 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
+from core.api.viewsets import SLUG, actor
 from notifications import sequences
-from notifications.api.config_views import SLUG
 from notifications.api.idempotency import run_idempotent_in_transaction
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.sequence_serializers import (
     EnrollmentCreateSerializer,
     EnrollmentSerializer,
     SequenceSerializer,
 )
-from notifications.api.views import IDEMPOTENCY_PARAM, actor
+from notifications.api.views import IDEMPOTENCY_PARAM
 from notifications.models import Enrollment, Sequence
 
 

@@ -7,28 +7,18 @@ built by hand in `to_representation` for the same reason; the declared fields de
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from core.api.schema import StrictSerializer, iso
+from core.channels import Channel
+from core.validation import MAX_BODY_CHARS, MAX_SUBJECT_CHARS, MAX_TOKEN_CHARS, NAME, FieldErrors, parse_aware_datetime
 from notifications import reads, validation
-from notifications.api.schema import StrictSerializer
-from notifications.models import AttemptOutcome, BounceType, Channel, Notification, ReceiptStatus, Status
-from notifications.validation import FieldErrors
+from notifications.models import AttemptOutcome, BounceType, Notification, ReceiptStatus, Status
 from queueing.models import ScheduledJob
-
-
-@lru_cache(maxsize=4096)  # rows of one batch share their timestamps
-def iso(value: datetime | None) -> str | None:
-    """DRF's datetime format: ISO 8601 in UTC with a `Z`."""
-    if value is None:
-        return None
-    text = value.astimezone(UTC).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
-
+from recipients.services import MAX_EXTERNAL_ID_CHARS
 
 # --- requests -------------------------------------------------------------------------------------
 
@@ -43,33 +33,33 @@ class FallbackStepSerializer(StrictSerializer):
 class NotificationCreateSerializer(StrictSerializer):
     channel = serializers.ChoiceField(choices=Channel.choices)
     recipient = serializers.CharField(
-        min_length=1, max_length=validation.MAX_TOKEN_CHARS, required=False,
+        min_length=1, max_length=MAX_TOKEN_CHARS, required=False,
         help_text="email: RFC 5322 addr-spec; sms: E.164 (+15551234567); push/webhook: 1–4096 characters "
         "without control characters. Stored encrypted, returned only as `recipient_masked`. "
         "Required unless `subscriber` is given.",
     )  # fmt: skip
     subscriber = serializers.CharField(
-        min_length=1, max_length=validation.MAX_EXTERNAL_ID_CHARS, required=False,
+        min_length=1, max_length=MAX_EXTERNAL_ID_CHARS, required=False,
         help_text="A subscriber's external_id instead of `recipient`: its address for the channel is used "
         "(push: its first token; not for the webhook channel).",
     )  # fmt: skip
     category = serializers.RegexField(
-        validation.NAME.pattern, required=False, default="general",
+        NAME.pattern, required=False, default="general",
         help_text="A category key of the tenant (default `general`); opt-outs and suppressions are per category.",
     )  # fmt: skip
     provider = serializers.RegexField(
-        validation.NAME.pattern, required=False, allow_null=True,
+        NAME.pattern, required=False, allow_null=True,
         help_text="Provider name; default: the tenant's default provider for the channel.",
     )  # fmt: skip
     subject = serializers.CharField(
-        required=False, allow_null=True, allow_blank=True, max_length=validation.MAX_SUBJECT_CHARS
+        required=False, allow_null=True, allow_blank=True, max_length=MAX_SUBJECT_CHARS
     )
     body = serializers.CharField(
-        required=False, allow_null=True, allow_blank=True, max_length=validation.MAX_BODY_CHARS,
+        required=False, allow_null=True, allow_blank=True, max_length=MAX_BODY_CHARS,
         help_text="Required unless `template` is given.",
     )  # fmt: skip
     template = serializers.RegexField(
-        validation.NAME.pattern, required=False, allow_null=True,
+        NAME.pattern, required=False, allow_null=True,
         help_text="Template key; renders subject and body from `context` (not with subject/body).",
     )  # fmt: skip
     context = serializers.DictField(required=False, allow_null=True, help_text="Template variables (≤ 64 KiB).")
@@ -122,7 +112,7 @@ class NotificationFilterSerializer(serializers.Serializer):
         for name in ("created_after", "created_before"):
             if name in data:
                 try:
-                    clean[name] = validation.parse_aware_datetime(data[name])
+                    clean[name] = parse_aware_datetime(data[name])
                 except ValueError as exc:
                     errors[name] = [str(exc)]
         if errors:
@@ -164,7 +154,9 @@ def _attempt_provider(a: Any) -> str | None:  # noqa: ANN401
     return a.provider.name if a.provider_id else None
 
 
-class EventSerializer(serializers.Serializer):
+# The API names the component `Event`, as it has always been called there.
+@extend_schema_serializer(component_name="Event")
+class ReceiptEventSerializer(serializers.Serializer):
     type = serializers.CharField(help_text="The provider's event, normalised: delivered, bounced, sent, deferred, …")
     occurred_at = serializers.DateTimeField()
     provider = serializers.CharField(help_text="Name of the provider that reported it.")
@@ -249,7 +241,7 @@ def _text(value: Any) -> str | None:  # noqa: ANN401
 
 class NotificationDetailSerializer(NotificationSerializer):
     attempts = AttemptSerializer(many=True)
-    events = EventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
+    events = ReceiptEventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         return notification_detail_data(n)
@@ -259,7 +251,7 @@ def notification_detail_data(n: Notification) -> dict[str, Any]:
     """NotificationDetailSerializer's body, without serializer instances."""
     data = notification_data(n)
     data["attempts"] = [attempt_data(a) for a in n.attempts.all()]
-    data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.events(n)]
+    data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.receipt_events(n)]
     return data
 
 

@@ -18,11 +18,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.errors import Conflict
+from core.api.pagination import StrictCursorPagination
+from core.api.schema import StrictQueryMixin, errors
+from core.api.viewsets import actor, as_uuid
 from core.models import Tenant
+from core.validation import FieldErrors, unknown_fields
 from notifications import reads, services
 from notifications.api.idempotency import HEADER, render, respond, run_idempotent
-from notifications.api.pagination import StrictCursorPagination
-from notifications.api.schema import StrictQueryMixin, errors
 from notifications.api.serializers import (
     NotificationBatchResultSerializer,
     NotificationBatchSerializer,
@@ -35,7 +37,7 @@ from notifications.api.serializers import (
     notification_detail_data,
 )
 from notifications.models import Notification
-from notifications.validation import Draft, FieldErrors, clean_notification, unknown_fields
+from notifications.validation import Draft, clean_notification
 from queueing.models import ScheduledJob
 from queueing.stats import queue_figures
 
@@ -47,17 +49,6 @@ IDEMPOTENCY_PARAM = OpenApiParameter(
     description="Makes the POST safe to retry for 24 h: same key and body replays the first response "
     "(header `Idempotent-Replayed: true`); another body is 422; while the first runs, 409.",
 )  # fmt: skip
-
-
-def actor(request: Request) -> str:
-    return request.user.actor
-
-
-def as_uuid(value: str) -> UUID:
-    try:
-        return UUID(value)
-    except ValueError:
-        raise NotFound() from None
 
 
 class CurrentTenantView(StrictQueryMixin, APIView):

@@ -1,5 +1,5 @@
 # Each provider with a rate limit gets its lane's row in queueing's lane_limits, from which the queue
-# decides whether a new item is rate-limited (notifications.lanes keeps it in sync from now on).
+# decides whether a new item is rate-limited (providers.lanes keeps it in sync from now on).
 
 from django.db import migrations
 

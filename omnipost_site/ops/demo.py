@@ -95,7 +95,8 @@ def _saved_credentials(path: Path, tenant: Tenant) -> Demo | None:
 
 
 def _ensure_console_providers(tenant: Tenant) -> None:
-    from notifications.models import Channel, Provider, ProviderKind
+    from core.channels import Channel
+    from providers.models import Provider, ProviderKind
 
     for channel in Channel.values:
         Provider.objects.get_or_create(

@@ -124,8 +124,8 @@ class OmniPostCollector(Collector):
     def _circuits(self) -> Metric:
         """Breakers that are not closed (closed ones have no series), lowest provider ids first, at most
         OMNIPOST_METRICS_MAX_PROVIDERS of them: one query of the small provider_circuits table."""
-        from notifications import circuits
-        from notifications.models import Provider
+        from providers.models import Provider
+        from routing import circuits
 
         metric = GaugeMetricFamily(
             "omnipost_provider_circuit_state",
@@ -141,7 +141,7 @@ class OmniPostCollector(Collector):
 
     # --- rate limits --------------------------------------------------------------------------------
     def _rate_limits(self) -> Iterator[Metric]:
-        from notifications.models import Provider
+        from providers.models import Provider
         from queueing.models import QueueItem, RateBucket
 
         waiting = GaugeMetricFamily(
@@ -200,7 +200,8 @@ class OmniPostCollector(Collector):
     # --- attempts ------------------------------------------------------------------------------------
     def _attempts(self, totals: dict[tuple[int, str, int], tuple[int, float]]) -> Iterator[Metric]:
         from notifications import counters
-        from notifications.models import AttemptOutcome, Provider
+        from notifications.models import AttemptOutcome
+        from providers.models import Provider
 
         ids = sorted({pid for pid, outcome, _ in totals if outcome != counters.LATENCY and pid})
         # The lowest ids keep a series of their own, the rest add up in `other`: counters only ever
@@ -312,7 +313,7 @@ class OmniPostCollector(Collector):
         return family
 
     def _receipts_ignored(self) -> Metric:
-        from notifications.models import Provider
+        from providers.models import Provider
         from receipts.services import ignored_totals
 
         family = CounterMetricFamily(

@@ -8,7 +8,7 @@ base64-encoded in `X-Twilio-Email-Event-Webhook-Signature`, the timestamp (epoch
 than 5 minutes from now, either way, is stale.
 
 Every event of the array becomes one `Receipt`; its notification is the `notification_id` custom
-arg the send put in (notifications.providers.sendgrid), its event id SendGrid's `sg_event_id`.
+arg the send put in (providers.kinds.sendgrid), its event id SendGrid's `sg_event_id`.
 
 | event | type in `events` | receipt |
 |---|---|---|
@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from core.masking import mask_text
-from notifications.providers.sendgrid import load_public_key
+from providers.kinds.sendgrid import load_public_key
 from receipts.inbound import InboundRequest, ProviderView, Receipt, Rejected, adapter
 
 SIGNATURE_HEADER = "X-Twilio-Email-Event-Webhook-Signature"

@@ -10,7 +10,7 @@ Authentication is SNS's message signature, checked the way AWS documents it
 - `SignatureVersion` 1 is SHA1withRSA, 2 is SHA256withRSA (PKCS #1 v1.5), `Signature` base64;
 - the key is the one in the X.509 certificate at `SigningCertURL`, fetched only when the whole URL
   matches `settings.OMNIPOST_SNS_CERT_URL_PATTERN` (`re.fullmatch`), through the SSRF guard
-  (`notifications.providers.transport.fetch`), and kept in a small in-process cache by URL.
+  (`providers.transport.fetch`), and kept in a small in-process cache by URL.
 
 A provider whose config names a `topic_arn` accepts only messages of that topic.
 `SubscriptionConfirmation`: after its signature checks, the `SubscribeURL` is fetched (GET, through
@@ -20,7 +20,7 @@ the SSRF guard) when its scheme, host and port are those of the already-accepted
 notification's `notificationType`): `Bounce` (`Permanent` → hard, `Transient`/`Undetermined` →
 soft), `Complaint` → complained, `Delivery` → delivered; other event types are events without a
 receipt. The notification id is the `notification_id` email tag (`mail.tags`) that
-`notifications.providers.ses` sets, else its `X-OmniPost-Notification-Id` header in `mail.headers`;
+`providers.kinds.ses` sets, else its `X-OmniPost-Notification-Id` header in `mail.headers`;
 the event id is the SNS `MessageId`. Recipient addresses in details are masked.
 """
 
@@ -45,8 +45,8 @@ from django.conf import settings
 
 from core.http import HttpError, split_url
 from core.masking import mask_email, mask_text
-from notifications.providers.transport import fetch
-from notifications.ssrf import DestinationForbidden
+from providers.ssrf import DestinationForbidden
+from providers.transport import fetch
 from receipts.inbound import Handled, InboundRequest, ProviderView, Receipt, Rejected, adapter
 
 NOTIFICATION_FIELDS = ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type")

@@ -2,7 +2,7 @@
 
 Twilio signs each callback with HMAC-SHA1, keyed with the account's auth token, over the full URL
 it was told (the provider's events URL with `?n=<notification id>`, see
-notifications.providers.twilio) followed by the form fields sorted by name. The check is the
+providers.kinds.twilio) followed by the form fields sorted by name. The check is the
 `twilio` package's own `RequestValidator`, which also tries the URL with and without the default
 port, as Twilio's signers differ there (the URL exactly as received is tried first, with the same
 package's `compute_signature` and `compare`: one HMAC instead of two for the callbacks that match it).

@@ -20,7 +20,8 @@ from core.management.commands.create_staff_user import operators_group
 from core.masking import mask_recipient
 from core.models import ApiKey, AuditEvent, Tenant, TenantMembership
 from dlq.models import DeadLetter
-from notifications.models import Enrollment, IdempotencyRecord, Notification, Provider, Sequence
+from notifications.models import Enrollment, IdempotencyRecord, Notification, Sequence
+from providers.models import Provider
 
 REPO = Path(settings.BASE_DIR)
 

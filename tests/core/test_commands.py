@@ -128,6 +128,10 @@ def test_create_staff_user_with_password_from_stdin(tenant_a, tenant_b, monkeypa
     assert "tenant-a" in html and "tenant-b" not in html
     assert client.get("/admin/core/apikey/").status_code == 200
     assert client.get("/admin/core/auditevent/").status_code == 200
+    # the rooms' consoles: providers and templates (their own apps), notifications
+    for page in ("/admin/providers/provider/", "/admin/templating/template/", "/admin/notifications/notification/"):
+        assert client.get(page).status_code == 200, page
+    assert client.get("/admin/recipients/suppression/").status_code == 403  # not an operator's
 
 
 def test_create_staff_user_for_several_tenants_and_rerun(tenant_a, tenant_b, monkeypatch):

@@ -15,8 +15,9 @@ from django.db import connection
 from django.test import override_settings
 
 from core import crypto
-from notifications.models import Enrollment, Notification, Provider
+from notifications.models import Enrollment, Notification
 from omnipost_site.keys import load_encryption_keys, parse_keys
+from providers.models import Provider
 from tests.core.conftest import PHONE, WHSEC, clean_env, run_manage
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from dispatch.delivery import Attempt, Outcome, claim_and_start, record_outcomes
 from dispatch.providers import provider_versions
 from queueing.janitor import Janitor, vacuum_if_needed
 from queueing.wakeup import Doorbell
-from tests.notifications.conftest import email, make_setup
 from tests.queueing.test_janitor import autocommit_connection, dead_rows, leave_dead_queue_rows
+from tests.support.setups import email, make_setup
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]

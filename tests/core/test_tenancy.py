@@ -6,7 +6,8 @@ import pytest
 
 from core.models import ApiKey, AuditEvent, Tenant
 from dlq.models import DeadLetter
-from notifications.models import Notification, Provider
+from notifications.models import Notification
+from providers.models import Provider
 from tests.conftest import client_for
 from tests.core.conftest import staff_client
 

@@ -21,7 +21,7 @@ from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from dispatch.providers import CachedProvider
 from dlq.models import DeadLetter
 from notifications.models import DeliveryAttempt, Notification
-from notifications.scrub import forms, secret_values
+from providers.scrub import forms, secret_values
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver

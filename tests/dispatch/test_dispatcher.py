@@ -154,7 +154,7 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
     dispatcher = Dispatcher(DispatcherConfig(jitter=False), clock=lambda: now[0])
 
     def claim(n: int) -> set:
-        prepared, _, _, _ = dispatcher.claimer.claim(n)
+        prepared = dispatcher.claimer.claim(n).send
         return {p.notification_id for p in prepared}
 
     assert claim(2) <= starving  # the first claim looks: the starving items outrank priority 9
@@ -230,7 +230,7 @@ def test_a_delivered_outcome_records_what_the_classifier_would():
     from dispatch.sending import Sender
     from dlq.classifier import classify
     from dlq.retry import RetryPolicy
-    from notifications.providers.base import DeliveryResult
+    from providers.kinds.base import DeliveryResult
 
     lease = DispatchLease(7, uuid.uuid4(), 3, False, str(uuid.uuid4()), str(uuid.uuid4()))
     item = Prepared(lease, "webhook", "token", "s", "b", {}, datetime.now(UTC), 4, 2)

@@ -11,12 +11,13 @@ import uuid
 from datetime import UTC, datetime
 
 from core import crypto
+from dispatch.claims import ClaimResult
 from dispatch.delivery import DispatchLease, Prepared
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from dispatch.providers import CachedProvider
-from notifications.providers import build_provider
-from notifications.providers.base import BaseProvider, DeliveryResult, OutboundMessage
-from notifications.providers.transport import new_client
+from providers.kinds import build_provider
+from providers.kinds.base import BaseProvider, DeliveryResult, OutboundMessage
+from providers.transport import new_client
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
 HOOK, SLOW = 1, 2
@@ -249,7 +250,7 @@ def test_a_claim_that_returns_after_a_signal_is_given_back_unsent():
 
             async def claim_during_which_a_signal_comes(fn, *args):  # noqa: ANN001, ANN202
                 dispatcher._on_signal(signal.SIGTERM)
-                return work, [], None, []
+                return ClaimResult(send=work)
 
             dispatcher.db = claim_during_which_a_signal_comes
             await dispatcher._fetch_loop()

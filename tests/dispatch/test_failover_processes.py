@@ -11,12 +11,13 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from notifications import circuits
-from notifications.circuits import ProviderCircuit
 from notifications.models import DeliveryAttempt, Notification
 from notifications.services import NotificationSpec, create_notifications
+from providers.circuit import CLOSED, OPEN
 from queueing import ratelimit
 from queueing.models import QueueItem, RateBucket
+from routing import circuits
+from routing.models import ProviderCircuit
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
@@ -65,15 +66,15 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             #    and the failures open the first's breaker (shared: three dispatchers add to it).
             wave1 = _send(tenant_a, first, 20)
             assert wait_until(lambda: _done(n.id for n in wave1), 30)
-            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == circuits.OPEN, 5)
+            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == OPEN, 5)
             seen_by_first = len(first_rx.requests)
             assert 10 <= seen_by_first <= 20
-            time.sleep(0.6)  # the dispatchers' view of the breakers (dispatch.routing.REFRESH_SECONDS)
+            time.sleep(0.6)  # the dispatchers' view of the breakers (routing.failover.REFRESH_SECONDS)
 
             # 2. While it is open, new notifications go straight to the second: the first sees nothing.
             wave2 = _send(tenant_a, first, 30)
             assert wait_until(lambda: _done(n.id for n in wave2), 30)
-            assert circuits.states([first.pk])[first.pk] == circuits.OPEN
+            assert circuits.states([first.pk])[first.pk] == OPEN
             assert len(first_rx.requests) == seen_by_first
             tried = DeliveryAttempt.objects.filter(notification_id__in=[n.id for n in wave2])
             assert set(tried.values_list("provider_id", flat=True)) == {second.pk}
@@ -86,11 +87,11 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             ProviderCircuit.objects.filter(provider=first).update(opened_at=F("opened_at") - timedelta(seconds=60))
             trickle: list[Notification] = []
             deadline = time.monotonic() + 40
-            while circuits.states([first.pk])[first.pk] != circuits.CLOSED and time.monotonic() < deadline:
+            while circuits.states([first.pk])[first.pk] != CLOSED and time.monotonic() < deadline:
                 trickle += _send(tenant_a, first, 1)
                 time.sleep(0.2)
-            assert circuits.states([first.pk])[first.pk] == circuits.CLOSED
-            time.sleep(0.6)  # the dispatchers' view of the breakers (dispatch.routing.REFRESH_SECONDS)
+            assert circuits.states([first.pk])[first.pk] == CLOSED
+            time.sleep(0.6)  # the dispatchers' view of the breakers (routing.failover.REFRESH_SECONDS)
             wave3 = _send(tenant_a, first, 20)
             everything = [*wave1, *wave2, *trickle, *wave3]
             assert wait_until(lambda: _done(n.id for n in everything), 30)

@@ -6,7 +6,7 @@ import pytest
 
 from dispatch import policy
 from dlq.retry import RetryPolicy
-from notifications.providers.base import DeliveryResult
+from providers.kinds.base import DeliveryResult
 
 RETRY = RetryPolicy(base=2.0, cap=60.0)
 HALF = lambda: 0.5  # noqa: E731 - the jitter's draw, fixed

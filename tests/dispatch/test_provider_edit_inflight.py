@@ -11,7 +11,8 @@ import signal
 import pytest
 from standardwebhooks import Webhook
 
-from notifications.models import DeliveryAttempt, Notification, Provider
+from notifications.models import DeliveryAttempt, Notification
+from providers.models import Provider
 from queueing.models import QueueItem
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
@@ -105,7 +106,7 @@ def test_a_replaced_instance_is_closed_only_once_its_sends_in_flight_are_done(te
         async def scenario() -> tuple[list[str], bool, bool, int]:
             dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=10, batch_size=10))
             dispatcher.bind(asyncio.get_running_loop())
-            prepared, _, _, _ = await asyncio.to_thread(on_db_thread, dispatcher.claimer.claim, 10)
+            prepared = (await asyncio.to_thread(on_db_thread, dispatcher.claimer.claim, 10)).send
             dispatcher._start_all(prepared)
             old = dispatcher.providers.entries[prov.pk].instance
             await asyncio.sleep(0.1)  # the five requests are on the wire

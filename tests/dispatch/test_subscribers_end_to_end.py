@@ -9,9 +9,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from notifications import suppressions
 from notifications.models import DeliveryAttempt, Notification
 from queueing.models import QueueItem
+from recipients import suppressions
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver, SmtpSink

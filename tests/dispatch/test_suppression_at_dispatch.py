@@ -8,9 +8,9 @@ import pytest
 
 from dispatch import delivery
 from dispatch.delivery import Outcome, claim_and_start, record_outcomes, suppressed_among
-from notifications import suppressions
 from notifications.models import DeliveryAttempt, Notification
 from queueing.models import QueueItem
+from recipients import suppressions
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 from tests.support.receivers import SmtpSink
@@ -123,7 +123,7 @@ def test_a_suppression_added_while_the_dispatcher_is_stopped_is_honoured(tenant_
 
 @pytest.mark.django_db
 def test_at_dispatch_a_critical_category_ignores_entries_scoped_to_it_but_not_those_for_all(tenant_a):
-    from notifications.models import Category
+    from recipients.models import Category
 
     Category.objects.create(tenant=tenant_a, key="security", critical=True)
     Category.objects.create(tenant=tenant_a, key="news")

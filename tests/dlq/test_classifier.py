@@ -8,8 +8,8 @@ import pytest
 
 from core.http import HttpConnectError, HttpDnsError, HttpTimeout, HttpTlsError
 from dlq.classifier import Classification, classify
-from notifications.providers.base import DeliveryResult, result_from_exception
-from notifications.ssrf import DestinationForbidden
+from providers.kinds.base import DeliveryResult, result_from_exception
+from providers.ssrf import DestinationForbidden
 
 
 def failed(**kw) -> DeliveryResult:

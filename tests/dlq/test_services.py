@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from core.models import AuditEvent, Tenant
 from dlq import services
 from dlq.models import DeadLetter
-from notifications.models import DeliveryAttempt, Notification, Provider
+from notifications.models import DeliveryAttempt, Notification
+from providers.models import Provider
 from queueing.models import QueueItem
 from tests import factories
 

@@ -76,7 +76,7 @@ def test_outcomes_become_signed_events_for_subscribed_types_only(tenant_a, tenan
 
 def test_no_endpoint_no_event_and_the_dispatcher_runs_without_the_lane(tenant_a, webhook_receiver):
     factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 5)
-    run_once(events=False)
+    run_once(event_lane=False)
     assert webhook_receiver.wait_for(5)
     assert not Event.objects.exists()
 
@@ -110,7 +110,7 @@ def test_the_record_statement_stays_one_per_batch_with_events(tenant_a, monkeypa
     ]  # fmt: skip
     sent = _counting_executes(monkeypatch)
     recorded = record_outcomes(outcomes)
-    assert len(sent) == 1 and len(recorded.ours) == size and recorded.events == size
+    assert len(sent) == 1 and len(recorded.ours) == size and recorded.batched == size
     monkeypatch.undo()
     # the outbox: one row for the batch, its facts in arrays; no event or delivery yet
     assert _outcome_batches() == [size] and not Event.objects.exists() and not EventDelivery.objects.exists()
@@ -154,7 +154,7 @@ def test_outcomes_of_tenants_without_an_endpoint_make_no_batch(tenant_a, tenant_
     prepared, _ = claim_and_start(4, lease_seconds=30)
     now = factories_now()
     recorded = record_outcomes([Outcome(p.lease, "delivered", Attempt(1, now, now, "delivered")) for p in prepared])
-    assert len(recorded.ours) == 4 and recorded.events == 0 and _outcome_batches() == []
+    assert len(recorded.ours) == 4 and recorded.batched == 0 and _outcome_batches() == []
 
 
 def factories_now():

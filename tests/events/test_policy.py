@@ -6,7 +6,7 @@ import pytest
 
 from dispatch.policy import decide_event
 from dlq.retry import RetryPolicy
-from notifications.providers.base import DeliveryResult
+from providers.kinds.base import DeliveryResult
 
 RETRY = RetryPolicy(base=2, cap=3600)
 

@@ -12,7 +12,7 @@ from django.test import override_settings
 from core.api.throttling import TenantRateThrottle
 from notifications.api import views
 from notifications.models import Notification
-from tests.notifications.conftest import email
+from tests.support.setups import email
 
 URL = "/api/v1/notifications"
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from django.utils import timezone
 from notifications import services
 from notifications.api.idempotency import IN_FLIGHT_TIMEOUT
 from notifications.models import IdempotencyRecord, Notification
-from tests.notifications.conftest import email, make_setup
+from tests.support.setups import email, make_setup
 
 URL = "/api/v1/notifications"
 BATCH = "/api/v1/notifications/batch"

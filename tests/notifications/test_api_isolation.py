@@ -9,10 +9,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from notifications.models import Notification, Provider, Template
+from notifications.models import Notification
+from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
+from templating.models import Template
 from tests.factories import queued
-from tests.notifications.conftest import EMAIL, WHSEC, email
+from tests.support.setups import EMAIL, WHSEC, email
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from core.fields import Ciphertext
 from notifications.models import DeliveryAttempt, Notification
 from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE, TOKEN, email
+from tests.support.setups import EMAIL, PHONE, TOKEN, email
 
 pytestmark = pytest.mark.django_db
 

@@ -19,8 +19,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from core.models import ApiKey, Tenant
-from notifications.models import DeliveryAttempt, Provider
-from tests.notifications.conftest import EMAIL, make_setup
+from notifications.models import DeliveryAttempt
+from providers.models import Provider
+from tests.support.setups import EMAIL, make_setup
 
 CHECKS = [
     not_a_server_error,

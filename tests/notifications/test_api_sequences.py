@@ -12,9 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.models import AuditEvent
-from notifications.models import Enrollment, Notification, Sequence, SequenceStep, Template
+from notifications.models import Enrollment, Notification, Sequence, SequenceStep
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE, TOKEN
+from templating.models import Template
+from tests.support.setups import EMAIL, PHONE, TOKEN
 
 pytestmark = pytest.mark.django_db
 

@@ -18,9 +18,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from notifications import tenant_config
-from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification, Provider
+from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
+from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import email
+from tests.support.setups import email
 
 URL = "/api/v1/notifications"
 pytestmark = pytest.mark.django_db

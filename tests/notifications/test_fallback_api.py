@@ -11,10 +11,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from notifications import suppressions, tenant_config
-from notifications.models import Notification, Provider
+from notifications import tenant_config
+from notifications.models import Notification
+from providers.models import Provider
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE, TOKEN
+from recipients import suppressions
+from tests.support.setups import EMAIL, PHONE, TOKEN
 
 URL = "/api/v1/notifications"
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from notifications.models import IdempotencyRecord, Notification
-from tests.notifications.conftest import email
+from tests.support.setups import email
 
 URL = "/api/v1/notifications"
 BATCH = "/api/v1/notifications/batch"

@@ -8,7 +8,7 @@ import pytest
 from notifications import services
 from notifications.models import Notification, TenantQueue
 from queueing.models import QueueItem
-from tests.notifications.conftest import email
+from tests.support.setups import email
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/notifications"

@@ -14,13 +14,14 @@ from core.models import Tenant
 from dispatch.delivery import claim_and_start
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from notifications import sequences
-from notifications.models import DeliveryAttempt, Enrollment, Notification, Template
+from notifications.models import DeliveryAttempt, Enrollment, Notification
 from notifications.sequences import StepSpec
 from queueing.models import QueueItem, ScheduledJob
 from queueing.scheduler import Scheduler
+from templating.models import Template
 from tests import factories
-from tests.notifications.conftest import EMAIL
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
+from tests.support.setups import EMAIL
 
 ACTOR = "test:sequences"
 

@@ -15,12 +15,14 @@ from core.api.errors import Conflict
 from core.models import AuditEvent
 from dispatch.delivery import claim_and_start
 from notifications import services
-from notifications.models import Notification, Provider, Status, Template
+from notifications.models import Notification, Status
 from notifications.services import NotificationSpec
 from notifications.validation import Draft
+from providers.models import Provider
 from queueing import queue
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE
+from templating.models import Template
+from tests.support.setups import EMAIL, PHONE
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from notifications import services
 from notifications.models import Notification
 from notifications.services import NotificationSpec
 from queueing.models import QueueItem
-from tests.notifications.conftest import EMAIL
 from tests.support.grouping import run_in_turn
+from tests.support.setups import EMAIL
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db(transaction=True)]
 

@@ -11,10 +11,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from notifications import services, suppressions
+from notifications import services
 from notifications.models import DeliveryAttempt, IdempotencyRecord, Notification
 from queueing.models import QueueItem, ScheduledJob
-from tests.notifications.conftest import EMAIL, PHONE, email
+from recipients import suppressions
+from tests.support.setups import EMAIL, PHONE, email
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/notifications"

@@ -16,8 +16,9 @@ from django.test import override_settings
 
 from core import crypto
 from core.fields import encrypted_fields
-from notifications.models import Enrollment, IdempotencyRecord, Notification, Provider
+from notifications.models import Enrollment, IdempotencyRecord, Notification
 from operations import key_rotation
+from providers.models import Provider
 from tests.core.conftest import PHONE, WHSEC
 
 pytestmark = pytest.mark.django_db
@@ -29,7 +30,7 @@ def test_every_encrypted_column_is_covered_by_rotation():
     names = {f"{m._meta.label}.{f.name}" for m, f in encrypted_fields()}
     assert {
         "notifications.Notification.recipient",
-        "notifications.Provider.secrets",
+        "providers.Provider.secrets",
         "notifications.IdempotencyRecord.response_body",
         "notifications.Enrollment.recipient",
     } <= names
@@ -124,7 +125,7 @@ def test_the_service_reports_progress_per_column_and_returns_the_count(secrets_e
     assert seen["notifications.Notification.recipient"] == [1, 1]
     assert {label for label, (total, done) in seen.items() if total} == {
         "notifications.Notification.recipient",
-        "notifications.Provider.secrets",
+        "providers.Provider.secrets",
         "notifications.IdempotencyRecord.response_body",
         "notifications.Enrollment.recipient",
     }

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from notifications.models import Provider
+from providers.models import Provider
 from queueing import janitor
 from queueing.janitor import Janitor
 from queueing.wakeup import Doorbell, _conninfo

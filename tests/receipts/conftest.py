@@ -14,7 +14,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from core.models import Tenant
-from notifications.models import Notification, Provider
+from notifications.models import Notification
+from providers.models import Provider
 from receipts import providers as provider_views
 from receipts import throttle
 from receipts.inbound import ProviderView, Receipt

@@ -16,9 +16,9 @@ from queueing.scheduler import promote_due
 from receipts import providers as provider_views
 from receipts.services import apply_receipts
 from tests import factories
-from tests.notifications.conftest import PHONE, TOKEN, make_setup
 from tests.receipts.conftest import receipt
 from tests.support import plans
+from tests.support.setups import PHONE, TOKEN, make_setup
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import OperationalError
 
-from notifications import verp
+from providers import verp
 from receipts.bounce_listener import BounceListener, ListenerConfig
 from receipts.inbound import ProviderView, Receipt
 from tests.queueing.dispatch_support import wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from notifications import verp
+from providers import verp
 from tests.queueing.dispatch_support import ROOT, wait_until
 from tests.receipts.test_bounce_parsing import sample
 

@@ -12,8 +12,8 @@ import smtplib
 import pytest
 from django.db import connection
 
-from notifications import verp
 from notifications.models import DeliveryAttempt, Notification
+from providers import verp
 from receipts.models import NotificationEvent, ReceiptCounter
 from tests import factories
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit

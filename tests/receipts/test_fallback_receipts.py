@@ -22,8 +22,8 @@ from queueing.models import ScheduledJob
 from receipts import providers as provider_views
 from receipts.models import NotificationEvent, ReceiptCounter, ReceiptDedup
 from receipts.services import apply_receipts
-from tests.notifications.conftest import PHONE, TOKEN, make_setup
 from tests.receipts.conftest import receipt
+from tests.support.setups import PHONE, TOKEN, make_setup
 
 pytestmark = pytest.mark.django_db
 

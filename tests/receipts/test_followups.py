@@ -10,10 +10,10 @@ from django.test.utils import CaptureQueriesContext
 
 from events.models import Event
 from events.services import create_endpoint
-from notifications.models import Suppression
-from notifications.suppressions import matching
 from receipts import providers as provider_views
 from receipts.services import apply_receipts
+from recipients.models import Suppression
+from recipients.suppressions import matching
 from tests import factories
 from tests.receipts.conftest import receipt
 

@@ -15,10 +15,10 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import pytest
 from twilio.request_validator import RequestValidator
 
-from notifications.providers import build_provider
+from providers.kinds import build_provider
 from receipts.inbound import ADAPTERS, InboundRequest, ProviderView, Rejected
 from receipts.vendors import twilio as twilio_adapter
-from tests.notifications.test_providers_twilio import FROM, SID, TOKEN, message
+from tests.providers.test_twilio import FROM, SID, TOKEN, message
 from tests.support.receivers import HttpReceiver
 
 PUBLIC = "https://notify.example.com"
@@ -225,7 +225,7 @@ def test_a_callback_to_the_url_a_send_handed_out_names_that_notification(twilio_
 @pytest.mark.django_db
 def test_the_dispatcher_builds_twilio_providers_with_their_id(tenant_a, settings):
     from dispatch.providers import instantiate
-    from notifications.models import Provider
+    from providers.models import Provider
 
     settings.OMNIPOST_PUBLIC_URL = PUBLIC
     row = Provider.objects.create(
@@ -240,7 +240,7 @@ def test_the_dispatcher_builds_twilio_providers_with_their_id(tenant_a, settings
 
 @pytest.mark.django_db
 def test_changing_the_auth_token_keeps_the_old_one_for_callbacks(api_a):
-    from notifications.models import Provider
+    from providers.models import Provider
 
     body = {"name": "sms", "channel": "sms", "kind": "twilio", "secrets": {"auth_token": TOKEN},
             "config": {"account_sid": SID, "from_number": FROM, "base_url": "http://127.0.0.1:9"}}  # fmt: skip

@@ -20,8 +20,8 @@ from twilio.request_validator import RequestValidator
 from core.models import ApiKey
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from receipts.models import NotificationEvent
-from tests.notifications.test_providers_sendgrid import API_KEY
-from tests.notifications.test_providers_twilio import FROM, SID, TOKEN
+from tests.providers.test_sendgrid import API_KEY
+from tests.providers.test_twilio import FROM, SID, TOKEN
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit
 from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
 from tests.receipts.test_end_to_end import server  # noqa: F401  (gunicorn serving the API and the hooks)

@@ -11,8 +11,8 @@ import pytest
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from notifications.models import DeliveryAttempt, Notification
 from tests import factories
-from tests.notifications.test_providers_sendgrid import API_KEY, PUBLIC_KEY
-from tests.notifications.test_providers_twilio import FROM, SID, TOKEN
+from tests.providers.test_sendgrid import API_KEY, PUBLIC_KEY
+from tests.providers.test_twilio import FROM, SID, TOKEN
 from tests.support.receivers import HttpReceiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from notifications import verp
-from notifications.providers import build_provider
-from tests.notifications.test_providers_smtp import FROM, message
+from providers import verp
+from providers.kinds import build_provider
+from tests.providers.test_smtp import FROM, message
 from tests.support.receivers import SmtpSink
 
 DOMAIN = "bounces.omnipost.example"
@@ -103,7 +103,7 @@ def test_without_a_bounce_domain_or_provider_id_the_envelope_sender_is_from_emai
 @pytest.mark.django_db
 def test_the_dispatcher_builds_smtp_providers_with_their_id(tenant_a):
     from dispatch.providers import instantiate
-    from notifications.models import Provider
+    from providers.models import Provider
 
     row = Provider.objects.create(
         tenant=tenant_a, name="mail", channel="email", kind="smtp",

@@ -49,7 +49,7 @@ def config_from(options: dict) -> DispatcherConfig:
         max_items=options["max_items"],
         jitter=not options["no_jitter"],
         listen=not options["no_listen"],
-        events=not options.get("no_events", False),
+        event_lane=not options.get("no_events", False),
         event_concurrency=options.get("event_concurrency") or 100,
     )
     if options["lease_seconds"] is not None:

@@ -11,9 +11,9 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from core.management.tenants import resolve_tenant
+from core.validation import NAME, parse_aware_datetime
 from dlq import services
 from dlq.models import FailureClass
-from notifications import validation
 
 ACTOR = "system:dlq_redrive"
 
@@ -97,12 +97,12 @@ class Command(BaseCommand):
             choices = ", ".join(FailureClass.values)
             raise CommandError(f"--failure-class must be one of {choices}, got {failure_class!r}")
         provider = options["provider"]
-        if provider is not None and not validation.NAME.fullmatch(provider):
+        if provider is not None and not NAME.fullmatch(provider):
             raise CommandError(f"--provider must be a provider name, got {provider!r}")
         since = None
         if options["since"] is not None:
             try:
-                since = validation.parse_aware_datetime(options["since"])
+                since = parse_aware_datetime(options["since"])
             except ValueError as exc:
                 raise CommandError(f"--since {exc}") from None
         tenant = resolve_tenant(options["tenant"]) if options["tenant"] is not None else None

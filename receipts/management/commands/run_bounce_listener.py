@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from core.process_name import set_process_name
-from notifications import verp
+from providers import verp
 from receipts.bounce_listener import DEFAULT_BIND, DEFAULT_MAX_MESSAGE_BYTES, BounceListener, ListenerConfig, parse_bind
 
 

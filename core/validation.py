@@ -1,0 +1,116 @@
+"""Checks of API input that every room applies, as plain functions (fast enough for 1,000 items a
+request): field errors in the API's shape, unknown fields, recipients per channel, names, JSON sizes,
+texts and date-times. Each raises ValueError with what to fix; a room's own rules build on these."""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import EmailValidator
+
+from core.channels import Channel
+from core.plain_json import plain_size
+
+E164 = re.compile(r"^\+[1-9]\d{1,14}$")
+NAME = re.compile(r"^[-A-Za-z0-9_]{1,100}$")  # provider names, template keys, category keys are slugs
+MAX_TOKEN_CHARS = 4096
+MAX_METADATA_BYTES = 4096
+MAX_SUBJECT_CHARS = 998  # RFC 5322 line length
+MAX_BODY_CHARS = 256 * 1024
+
+
+class _EagerEmailValidator(EmailValidator):
+    """Django's EmailValidator with its own patterns compiled once, here: Django's are lazy objects,
+    and every match went through their proxy (≈ 5 % of a 1,000-item batch's Python)."""
+
+    user_regex = re.compile(EmailValidator.user_regex.pattern, EmailValidator.user_regex.flags)
+    domain_regex = re.compile(EmailValidator.domain_regex.pattern, EmailValidator.domain_regex.flags)
+    literal_regex = re.compile(EmailValidator.literal_regex.pattern, EmailValidator.literal_regex.flags)
+
+
+_email = _EagerEmailValidator()
+
+
+class FieldErrors(Exception):
+    """field → list of messages, in the API's error `details` shape."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+def unknown_fields(data: dict, allowed: tuple[str, ...] | frozenset[str]) -> dict[str, list[str]]:
+    message = f"unknown field; allowed: {', '.join(allowed)}"
+    return {key: [message] for key in sorted(map(str, data)) if key not in allowed}
+
+
+def check_recipient(value: Any, channel: str) -> str:
+    """The recipient if it suits the channel; raises ValueError with the reason."""
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if channel == Channel.EMAIL:
+        if len(value) > 254:
+            raise ValueError("must be an email address of at most 254 characters")
+        try:
+            _email(value)
+        except DjangoValidationError:
+            raise ValueError("must be an email address (RFC 5322 addr-spec, e.g. jane@example.com)") from None
+        return value
+    if channel == Channel.SMS:
+        if not E164.match(value):
+            raise ValueError("must be a phone number in E.164 format, e.g. +15551234567")
+        return value
+    if not 1 <= len(value) <= MAX_TOKEN_CHARS:
+        raise ValueError(f"must be 1 to {MAX_TOKEN_CHARS} characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def parse_aware_datetime(value: Any) -> datetime:
+    """An ISO 8601 date-time that states its UTC offset, as a UTC datetime."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError("must be an ISO 8601 date-time string with a UTC offset, e.g. 2030-01-31T09:00:00+01:00")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO 8601 date-time, e.g. 2030-01-31T09:00:00+01:00") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError("must include a UTC offset (e.g. +00:00 or Z); naive date-times are ambiguous")
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range") from None
+
+
+def json_size(value: Any) -> int:
+    """Bytes of `value` as compact UTF-8 JSON (orjson's count where it writes alike, core.plain_json)."""
+    size = plain_size(value)
+    return size if size is not None else len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def check_object(value: Any, limit: int) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    if json_size(value) > limit:
+        raise ValueError(f"must be at most {limit} bytes as JSON")
+    return value
+
+
+def check_text(value: Any, limit: int) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if len(value) > limit:
+        raise ValueError(f"must be at most {limit} characters")
+    return value
+
+
+def check_name(value: Any) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ValueError("must be a name of 1 to 100 letters, digits, '-' or '_'")
+    return value

@@ -1,0 +1,23 @@
+"""Routes under /api/v1/ (no trailing slashes)."""
+
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from recipients.api import views
+
+router = SimpleRouter(trailing_slash=False)
+router.register("suppressions", views.SuppressionViewSet, basename="suppression")
+router.register("categories", views.CategoryViewSet, basename="category")
+
+subscribers = views.SubscriberViewSet.as_view({"get": "list", "put": "bulk"})
+subscriber = views.SubscriberViewSet.as_view(
+    {"get": "retrieve", "put": "update", "patch": "partial_update", "delete": "destroy"}
+)
+
+urlpatterns = [
+    path("subscribers", subscribers, name="subscriber-list"),
+    path("subscribers/<str:external_id>", subscriber, name="subscriber-detail"),
+    *router.urls,
+]

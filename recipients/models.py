@@ -1,0 +1,136 @@
+"""Who a tenant's notifications go to, and who they must not reach: categories of notification,
+subscribers and the suppression list.
+
+A subscriber is the tenant's user, named by the tenant's own `external_id`; its addresses are stored
+encrypted (and masked beside them, for lists that must not decrypt), its `preferences` say which
+categories it wants on which channel. Categories are the tenant's kinds of message; a critical one
+ignores opt-outs. A suppression is an address the tenant's notifications on one channel must not
+reach (recipients.suppressions)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from core.channels import Channel
+from core.fields import EncryptedJSONField, EncryptedTextField
+from core.ids import uuid7
+from core.models import Tenant, TenantOwned
+from core.models.tenancy import HOT_FK
+
+GENERAL = "general"
+
+
+class Category(TenantOwned):
+    key = models.SlugField(max_length=100)
+    critical = models.BooleanField(default=False)
+    description = models.TextField(blank=True, default="")
+    # {"start": "HH:MM", "end": "HH:MM"} or null (inherits general's); used by quiet hours.
+    quiet_hours = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "categories"
+        ordering = ["key"]
+        verbose_name_plural = "categories"
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="category_key_unique_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.key}{' (critical)' if self.critical else ''}"
+
+
+class Subscriber(TenantOwned):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    external_id = models.CharField(max_length=200)
+    email = EncryptedTextField(null=True, blank=True)
+    email_masked = models.CharField(max_length=200, blank=True, default="")
+    phone = EncryptedTextField(null=True, blank=True)
+    phone_masked = models.CharField(max_length=40, blank=True, default="")
+    push_tokens = EncryptedJSONField(default=list, blank=True)
+    push_tokens_masked = models.JSONField(default=list, blank=True)
+    timezone = models.CharField(max_length=64, blank=True, default="")
+    preferences = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "subscribers"
+        constraints = [
+            # GET/PUT subscribers/{external_id}, notifications by subscriber, the bulk upsert's ON CONFLICT.
+            models.UniqueConstraint(fields=["tenant", "external_id"], name="subscriber_external_id_unique"),
+        ]
+        indexes = [
+            # GET subscribers: a tenant's newest first, cursor-paginated on (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="subscriber_tenant_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.external_id
+
+    def address_for(self, channel: str) -> str | None:
+        """The address a notification on `channel` goes to (push: the first token); None if none."""
+        if channel == "email":
+            return self.email or None
+        if channel == "sms":
+            return self.phone or None
+        if channel == "push":
+            tokens = self.push_tokens or []
+            return tokens[0] if tokens else None
+        return None  # webhook: no subscriber address
+
+    def opted_out(self, category: str, channel: str) -> bool:
+        return (self.preferences or {}).get(category, {}).get(channel) is False
+
+
+class SuppressionReason(models.TextChoices):
+    HARD_BOUNCE = "hard_bounce"
+    COMPLAINT = "complaint"
+    UNSUBSCRIBED = "unsubscribed"
+    MANUAL = "manual"
+
+
+class Suppression(TenantOwned):
+    """An address a tenant's notifications on one channel must not reach.
+
+    The address is stored encrypted; `recipient_index` is its keyed blind index (`core.crypto.blind_index`
+    of the normalised address, `recipients.suppressions.normalise`), which every lookup matches, so the
+    table is searched by exact address without decrypting it. `category` null blocks every category on the
+    channel; a category blocks that one only (and never a critical category)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    recipient = EncryptedTextField()
+    recipient_masked = models.CharField(max_length=200)
+    recipient_index = models.CharField(max_length=64)
+    reason = models.CharField(max_length=16, choices=SuppressionReason.choices)
+    category = models.CharField(max_length=100, null=True, blank=True)
+    source_notification_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "suppressions"
+        constraints = [
+            # One entry per (tenant, channel, address, category); null category is its own value.
+            models.UniqueConstraint(
+                fields=["tenant", "channel", "recipient_index"], condition=Q(category__isnull=True),
+                name="suppression_unique_all_categories",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "channel", "recipient_index", "category"], condition=Q(category__isnull=False),
+                name="suppression_unique_per_category",
+            ),
+        ]
+        indexes = [
+            # GET suppressions: a tenant's newest first, cursor-paginated on (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="suppression_tenant_recent_idx"),
+            # GET suppressions?recipient= (any channel) and the checks at creation and dispatch.
+            models.Index(fields=["tenant", "recipient_index"], name="suppression_lookup_idx"),
+        ]
+
+    def __str__(self) -> str:
+        scope = self.category or "all categories"
+        return f"{self.channel} {self.recipient_masked} ({self.reason}, {scope})"
