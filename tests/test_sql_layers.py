@@ -110,7 +110,8 @@ def package_sources(package: str) -> dict[str, str]:
     }
 
 
-LOWER = ("core", "queueing")
+# core and queueing are the generic layers; the rooms under notifications hold to the same rule.
+LOWER = ("core", "queueing", "providers", "recipients", "templating", "routing")
 
 
 @pytest.mark.parametrize("package", LOWER)

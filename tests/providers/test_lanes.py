@@ -7,8 +7,8 @@ import importlib
 from types import SimpleNamespace
 
 import pytest
-from django.apps import apps
 from django.db import connection
+from django.db.migrations.loader import MigrationLoader
 
 from notifications.models import Notification
 from queueing.models import LaneLimit, QueueItem
@@ -54,7 +54,9 @@ def test_the_migration_fills_the_lanes_from_the_providers(tenant_a, tenant_b):
     factories.provider(tenant_a, "free")
     LaneLimit.objects.all().delete()  # as before the migration
     migration = importlib.import_module("notifications.migrations.0019_lane_limits")
-    migration.fill_lane_limits(apps, SimpleNamespace(connection=connection))
+    # The models as they were at that migration (Provider was still notifications'), on today's tables.
+    at = MigrationLoader(connection).project_state(("notifications", "0019_lane_limits")).apps
+    migration.fill_lane_limits(at, SimpleNamespace(connection=connection))
     assert limits() == {capped.pk: (5.0, 7.0), other.pk: (0.5, None)}
     assert dict(LaneLimit.objects.values_list("lane_id", "tenant_id")) == {capped.pk: tenant_a.pk,
                                                                           other.pk: tenant_b.pk}  # fmt: skip

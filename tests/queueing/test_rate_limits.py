@@ -78,10 +78,10 @@ def test_claimers_sharing_a_bucket_claim_exactly_what_it_earns(tenant_a):
     def claim_round() -> tuple[int, list[float | None]]:
         claimed, waits = 0, []
         for claimer in claimers:
-            prepared, skipped, next_token_in, unready = claimer.claim(3)
-            assert not skipped and not unready
-            claimed += len(prepared)
-            waits.append(next_token_in)
+            result = claimer.claim(3)
+            assert not result.skipped and not result.unready
+            claimed += len(result.send)
+            waits.append(result.next_token_in)
         now[0] += 1.0  # the claimers' own clock: lanes are looked up again
         return claimed, waits
 
