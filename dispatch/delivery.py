@@ -28,7 +28,7 @@ from django.db import connections
 
 from core import crypto, hot_sql, pooling
 from dlq import statements as dlq_statements
-from events.emit import outcome_batch_cte
+from events.statements import outcome_batch_cte
 from notifications import counters, fallback, statements
 from notifications.models import Status
 from queueing import queue
@@ -373,7 +373,7 @@ _RECORD_SQL = """
     # beside them): the batch carries only what the queue row does not know
     settle=queue.settle_ctes("settling", returning=_OURS, reroute=True),
     # the event outbox: delivered / failed / dead_lettered outcomes of tenants with an event endpoint, one
-    # event_outcome_batches row (events.emit), which the event lane opens into notification.* events
+    # event_outcome_batches row (events.statements), which the event lane opens into notification.* events
     outbox=outcome_batch_cte("changed"),
     # channel fallback (notifications.fallback): accepted → the fallback is due after_seconds later,
     # failed / dead-lettered → now, suppressed → cancelled

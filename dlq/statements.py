@@ -59,3 +59,9 @@ def insert_dead_letters_sql(ours: str) -> str:
         SELECT gen_random_uuid(), d.tenant_id, d.notification_id, coalesce(d.a_provider, d.provider_id),
                d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), ''
         FROM {ours} d WHERE d.d_class IS NOT NULL"""  # noqa: S608 - the caller's CTE names
+
+
+def delete_dead_letters_sql(ids: str) -> str:
+    """`DELETE … RETURNING 1` of the entries of the notifications whose ids `ids` (an SQL uuid[])
+    holds; for prune (operations.retention), which has checked that none is open."""
+    return f"DELETE FROM dead_letter_queue WHERE notification_id = ANY({ids}) RETURNING 1"  # noqa: S608
