@@ -45,7 +45,8 @@ _DESCRIPTIONS = {
     413: "Request body larger than OMNIPOST_MAX_REQUEST_BYTES.",
     422: "Idempotency-Key reused with a different request (idempotency_key_reused).",
     429: "Too many requests for this tenant; see the Retry-After header.",
-    503: "No database primary reachable (a failover under way): nothing was stored; retry after Retry-After.",
+    503: ("No database primary reachable (a failover under way), or the session was lost: a write may or may not "
+          "have been stored; retry after Retry-After with the same Idempotency-Key."),
 }
 
 
