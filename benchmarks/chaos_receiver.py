@@ -7,7 +7,8 @@
 Two listening ports, one per target: `provider` (the webhook provider's URL: notifications arrive
 with `webhook-id` = the notification id) and `events` (the tenant's event endpoint: `webhook-id` =
 the event id, the body's `data.notification_id` names the notification). A third, the control
-port, answers `GET /stats` (counts per target as JSON) and `POST /mode` with
+port, answers `GET /stats` (counts per target as JSON), `GET /accepted/<target>/<index>` (the
+accepted requests from that index on, for a live follower) and `POST /mode` with
 `{"target": "provider" | "events", "mode": …}`:
 
 - `ok`: 200 to every request;
@@ -197,6 +198,14 @@ class _Control(asyncio.Protocol):
         status, out = 200, b""
         if request_line == [b"GET", b"/stats"]:
             out = json.dumps({name: t.stats() for name, t in self.targets.items()}).encode()
+        elif request_line[:1] == [b"GET"] and request_line[1].startswith(b"/accepted/"):
+            # GET /accepted/<target>/<since>: accepted requests from that index on (a live follower)
+            _, _, name, since = request_line[1].decode().split("/")
+            target = self.targets.get(name)
+            if target is None or not since.isdigit():
+                status, out = 404, b'{"error": "GET /accepted/<provider|events>/<index>"}'
+            else:
+                out = json.dumps(target.accepted[int(since) :]).encode()
         elif request_line == [b"POST", b"/mode"]:
             try:
                 wanted = json.loads(body)
@@ -280,6 +289,12 @@ class ChaosReceiver:
 
     def stats(self) -> dict[str, Any]:
         return self._client.get(f"{self.control}/stats").json()
+
+    def accepted_since(self, target: str, since: int) -> list[tuple[str, str, float]]:
+        """Requests `target` answered 2xx, from the `since`-th on: (webhook id, notification id, unix time)."""
+        response = self._client.get(f"{self.control}/accepted/{target}/{since}")
+        response.raise_for_status()
+        return [tuple(row) for row in response.json()]  # type: ignore[misc]
 
     def stop(self) -> tuple[dict[str, Any], list[tuple[str, str, str, float]]]:
         self._client.close()
