@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-every", type=positive, default=20.0, help="seconds between faults (default 20)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kinds", type=kinds, default=FAULT_KINDS, help=f"comma-separated of {', '.join(FAULT_KINDS)}")
+    parser.add_argument("--provider-delay-ms", type=float, default=100.0,
+                        help="the provider's time to answer, ms (default 100)")
     parser.add_argument("--quick", action="store_true", help="short faults and a 4 s lease (the test's soak)")
     parser.add_argument("--workdir", type=Path, help="keep the processes' logs here")
     parser.add_argument("--json", type=Path)
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak {time.strftime('%H:%M:%S')}: {message}", file=sys.stderr, flush=True)
 
     config = SoakConfig(seconds=seconds, rate=args.rate, fault_every=args.fault_every, seed=args.seed,
-                        kinds=args.kinds, quick=args.quick, workdir=args.workdir, progress=progress)  # fmt: skip
+                        kinds=args.kinds, quick=args.quick, workdir=args.workdir, progress=progress,
+                        provider_delay_ms=args.provider_delay_ms)  # fmt: skip
     report = run(config)
     text = markdown(report)
     print(text)

@@ -2,7 +2,7 @@
 (benchmarks/soak.py; a subprocess, not for production use).
 
     python -m benchmarks.chaos_receiver --provider-secret whsec_… --events-secret whsec_… \
-        [--verify-every N] --log FILE
+        [--verify-every N] [--delay-ms D] --log FILE
 
 Two listening ports, one per target: `provider` (the webhook provider's URL: notifications arrive
 with `webhook-id` = the notification id) and `events` (the tenant's event endpoint: `webhook-id` =
@@ -11,7 +11,8 @@ port, answers `GET /stats` (counts per target as JSON), `GET /accepted/<target>/
 accepted requests from that index on, for a live follower) and `POST /mode` with
 `{"target": "provider" | "events", "mode": …}`:
 
-- `ok`: 200 to every request;
+- `ok`: 200 to every request (the provider's after --delay-ms: a provider takes time, so a kill
+  finds sends in flight; the request counts as taken in when it arrives);
 - `503` / `429`: that status with `Retry-After: 1`;
 - `hang`: no answer; held connections are closed unanswered when the mode changes (so a held
   request never counts as accepted, and a sender's timeout is a plain failure, not a delivery
@@ -59,8 +60,9 @@ _ANSWERS = {
 class Target:
     """One listening port and the mode it answers in."""
 
-    def __init__(self, name: str, secret: str | None, verify_every: int) -> None:
+    def __init__(self, name: str, secret: str | None, verify_every: int, delay_ms: float = 0.0) -> None:
         self.name = name
+        self.delay = delay_ms / 1000
         self.mode = "ok"
         self.port = 0
         self.server: asyncio.AbstractServer | None = None
@@ -166,9 +168,16 @@ class _Connection(asyncio.Protocol):
             except (orjson.JSONDecodeError, AttributeError):
                 notification_id = ""
         target.by_answer["200"] += 1
-        target.accepted.append((webhook_id, notification_id, now))
-        self.transport.write(_ANSWERS["ok"])  # type: ignore[union-attr]
+        target.accepted.append((webhook_id, notification_id, now))  # taken in: sent, whether or not the answer is heard
+        if target.delay:
+            asyncio.get_running_loop().call_later(target.delay, self._write_ok)
+        else:
+            self._write_ok()
         return True
+
+    def _write_ok(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_ANSWERS["ok"])
 
 
 class _Control(asyncio.Protocol):
@@ -229,7 +238,7 @@ async def serve(args: argparse.Namespace) -> None:
     gc.disable()  # tuples of strings and floats only: no collector pauses in arrival times
     loop = asyncio.get_running_loop()
     targets = {
-        "provider": Target("provider", args.provider_secret, args.verify_every),
+        "provider": Target("provider", args.provider_secret, args.verify_every, args.delay_ms),
         "events": Target("events", args.events_secret, args.verify_every),
     }
     for target in targets.values():
@@ -257,10 +266,11 @@ class ChaosReceiver:
     """The receiver in a subprocess: its URLs, `mode(target, mode)`, `stats()`, and on `stop()`
     every accepted request as (target, webhook id, notification id, unix time)."""
 
-    def __init__(self, log: Path, *, provider_secret: str, events_secret: str, verify_every: int = 10) -> None:
+    def __init__(self, log: Path, *, provider_secret: str, events_secret: str, verify_every: int = 10,
+                 delay_ms: float = 0.0) -> None:  # fmt: skip
         self.log = log
         command = [sys.executable, "-m", "benchmarks.chaos_receiver", "--provider-secret", provider_secret,
-                   "--events-secret", events_secret, "--verify-every", str(verify_every),
+                   "--events-secret", events_secret, "--verify-every", str(verify_every), "--delay-ms", str(delay_ms),
                    "--log", str(log)]  # fmt: skip
         self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
@@ -310,6 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--provider-secret")
     parser.add_argument("--events-secret")
     parser.add_argument("--verify-every", type=int, default=10)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="the provider's time to answer a 2xx")
     parser.add_argument("--max-seconds", type=float, default=6 * 3600.0)
     parser.add_argument("--log", required=True)
     args = parser.parse_args(argv)

@@ -81,6 +81,7 @@ class SoakConfig:
     seed: int = 1
     kinds: tuple[str, ...] = FAULT_KINDS
     quick: bool = False  # short faults and lease, for the test's soak
+    provider_delay_ms: float = 100.0  # the provider's time to answer: sends are in flight when a kill comes
     dispatchers: int = 3
     webs: int = 2
     workdir: Path | None = None  # logs; a temporary directory when None
@@ -500,6 +501,8 @@ class Faults:
         if pid is None:
             fault.detail, fault.ended = "not running", time.time()
             return
+        if name.startswith("dispatcher"):
+            self.soak.busy()
         os.kill(pid, signal.SIGKILL)
         if name.startswith("dispatcher"):
             fault.in_flight = self.soak.leased()
@@ -524,6 +527,7 @@ class Faults:
         if pid is None:
             fault.detail, fault.ended = "not running", time.time()
             return
+        self.soak.busy()
         os.kill(pid, signal.SIGSTOP)
         fault.in_flight = self.soak.leased()
         seconds = self.soak.config.fault_seconds("sigstop_dispatcher")
@@ -752,6 +756,13 @@ class Soak:
                     raise
                 time.sleep(0.2)
 
+    def busy(self, within: float = 3.0) -> None:
+        """Wait (up to `within` seconds) until some notification is leased, so that a kill or stop of a
+        dispatcher comes while sends are in flight, as a crash or a deploy in production would."""
+        deadline = time.time() + within
+        while time.time() < deadline and not self.leased():
+            time.sleep(0.05)
+
     def _sample(self) -> None:
         while not self.sampling.wait(self.sample_every):
             now = time.time()
@@ -784,7 +795,8 @@ class Soak:
             else:
                 self._manage("migrate", "--no-input", "-v", "0", env=env)
             self.receiver = receiver = ChaosReceiver(workdir / "receiver.log", provider_secret=PROVIDER_SECRET,
-                                                     events_secret=EVENTS_SECRET)  # fmt: skip
+                                                     events_secret=EVENTS_SECRET,
+                                                     delay_ms=config.provider_delay_ms)  # fmt: skip
             self.web_ports = [free_port() for _ in range(config.webs)]
             env["OMNIPOST_PUBLIC_URL"] = f"http://127.0.0.1:{self.web_ports[0]}"
             self._start_processes(env, workdir)
@@ -1047,7 +1059,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
                    "recovered_after": f.recovered_after} for f in faults.done]  # fmt: skip
     cfg = {"seconds": config.seconds, "rate": config.rate, "fault_every": config.fault_every, "seed": config.seed,
            "kinds": list(config.kinds), "quick": config.quick, "dispatchers": config.dispatchers, "webs": config.webs,
-           "lease_seconds": config.lease_seconds,
+           "lease_seconds": config.lease_seconds, "provider_delay_ms": config.provider_delay_ms,
            "circuit_open_seconds": config.circuit_open_seconds}  # fmt: skip
     return Report(cfg, ledger, fault_rows, processes, timeline, load, failures,
                   {**meta, "machine": f"{os.cpu_count()} CPUs"})  # fmt: skip
@@ -1060,7 +1072,8 @@ def markdown(report: Report) -> str:
         f"(seed {cfg['seed']})", "",
         f"**{'PASS' if report.ok else 'FAIL'}**" + ("" if report.ok else ": " + "; ".join(report.failures)), "",
         f"{cfg['webs']} web, {cfg['dispatchers']} dispatchers, a scheduler and the bounce listener on a private "
-        f"PostgreSQL server; lease {cfg['lease_seconds']:g} s; breakers open {cfg['circuit_open_seconds']:g} s; "
+        f"PostgreSQL server; the provider answers in {cfg['provider_delay_ms']:g} ms; "
+        f"lease {cfg['lease_seconds']:g} s; breakers open {cfg['circuit_open_seconds']:g} s; "
         f"{report.meta.get('machine', '')}; set-up "
         f"{report.meta.get('setup_seconds')} s.", "",
         "## Ledger", "", "| | |", "|---|---|",
