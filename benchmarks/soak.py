@@ -35,6 +35,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -906,6 +907,23 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+GROWTH_MIN_SECONDS = 120.0  # incarnations sampled at least this long are checked for growth
+GROWTH_MAX_RSS_MB = 100.0
+GROWTH_MAX_FILES = 50
+
+
+def growth(samples: list[tuple[float, int, int]]) -> dict[str, float]:
+    """RSS (MB) and open files from the second quarter of an incarnation's samples (past its warm-up)
+    to the last quarter, medians of each; empty for one sampled shorter than GROWTH_MIN_SECONDS."""
+    if len(samples) < 8 or samples[-1][0] - samples[0][0] < GROWTH_MIN_SECONDS:
+        return {}
+    quarter = len(samples) // 4
+    early, late = samples[quarter : 2 * quarter], samples[-quarter:]
+    return {"rss_growth_mb": round((statistics.median(s[1] for s in late) - statistics.median(s[1] for s in early))
+                                   / 2**20, 1),
+            "files_growth": statistics.median(s[2] for s in late) - statistics.median(s[2] for s in early)}  # fmt: skip
+
+
 def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, accepted: list, api_view: dict,
                  alive: dict[str, bool], drained: bool, meta: dict[str, Any]) -> Report:  # fmt: skip
     sent = soak.load.sent
@@ -966,7 +984,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
                 "rss_mb_last": round(rss[-1] / 2**20, 1) if rss else None,
                 "rss_mb_max": round(max(rss) / 2**20, 1) if rss else None,
                 "files_first": files[0] if files else None, "files_last": files[-1] if files else None,
-                "files_max": max(files) if files else None,
+                "files_max": max(files) if files else None, **growth(samples),
             })  # fmt: skip
         killed = sum(1 for f in faults.done if f.kind in ("kill9", "scheduler_kill") and f.target == name)
         processes[name] = {"alive_at_end": alive.get(name, False), "starts": len(proc.incarnations),
@@ -1016,6 +1034,11 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         failures.append(f"{len(soak.receipts.failed)} receipts not acknowledged: {soak.receipts.failed[:2]}")
     if receipts_missing:
         failures.append(f"{len(receipts_missing)} acknowledged receipts not shown, e.g. {receipts_missing[:3]}")
+    for name, proc in processes.items():
+        for inc in proc["incarnations"]:
+            if inc.get("rss_growth_mb", 0) > GROWTH_MAX_RSS_MB or inc.get("files_growth", 0) > GROWTH_MAX_FILES:
+                failures.append(f"{name} (pid {inc['pid']}) grew: RSS {inc['rss_growth_mb']:+} MB, "
+                                f"open files {inc['files_growth']:+}")  # fmt: skip
     dead = [name for name, ok in alive.items() if not ok]
     if dead:
         failures.append(f"not alive at the end: {dead}")
@@ -1101,14 +1124,20 @@ def markdown(report: Report) -> str:
         "", "Recovery: from the fault's end (a killed process back up, a mode switched back, the server "
         "started again) to the first arrival of a notification due after it that took at most "
         f"{RECOVERED_PICKUP:g} s from due to arrival (the fault's backlog is behind it).", "",
-        "## Processes (RSS MB and open files, first → last sample of each incarnation)", "",
-        "| process | starts | killed | unexplained exits | RSS MB | open files |", "|---|---:|---:|---:|---|---|",
+        "## Processes", "",
+        "RSS (MB, the process and its children) and open files, first → last sample of each incarnation; growth: "
+        "median of the last quarter of its samples less that of the second quarter (incarnations sampled "
+        f"{GROWTH_MIN_SECONDS:g} s or more; more than {GROWTH_MAX_RSS_MB:g} MB or {GROWTH_MAX_FILES} files fails).",
+        "", "| process | starts | killed | unexplained exits | RSS MB | open files | growth (MB, files) |",
+        "|---|---:|---:|---:|---|---|---|",
     ]  # fmt: skip
     for name, proc in report.processes.items():
         rss = "; ".join(f"{i['rss_mb_first']}→{i['rss_mb_last']}" for i in proc["incarnations"])
         files = "; ".join(f"{i['files_first']}→{i['files_last']}" for i in proc["incarnations"])
+        grew = "; ".join(f"{i['rss_growth_mb']:+}, {i['files_growth']:+}" for i in proc["incarnations"]
+                         if "rss_growth_mb" in i) or "–"  # fmt: skip
         lines.append(f"| {name} | {proc['starts']} | {proc['killed_by_soak']} | {proc['unexplained_exits']} "
-                     f"| {rss} | {files} |")  # fmt: skip
+                     f"| {rss} | {files} | {grew} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
