@@ -822,7 +822,7 @@ class Soak:
             self.load.start()
             self.receipts.start()
             faults.start()
-            time.sleep(config.seconds)
+            self._run_for(load_started + config.seconds, faults)
             self.load.stop()
             load_ended = time.time()
             faults.stop()
@@ -846,6 +846,16 @@ class Soak:
         return build_report(config, self, faults, final, accepted, api_view, alive, drained,
                             {"setup_seconds": round(setup_seconds, 1), "load_started": load_started,
                              "load_ended": load_ended, "workdir": str(workdir)})  # fmt: skip
+
+    def _run_for(self, until: float, faults: Faults) -> None:
+        """Let the load and the faults run until `until`, saying how far they got every 30 s."""
+        said = time.time()
+        while (now := time.time()) < until:
+            time.sleep(min(1.0, until - now))
+            if now - said >= 30:
+                said = now
+                sent, arrived = len(self.load.sent), len(self.receipts.arrived)
+                self.config.progress(f"{sent:,} acknowledged, {arrived:,} delivered, {len(faults.done)} faults")
 
     def _drain(self, deadline: float) -> bool:
         """Until every acknowledged notification that is not suppressed has arrived at the provider
