@@ -62,7 +62,7 @@ def check_recipient(value: Any, channel: str) -> str:
             raise ValueError("must be an email address (RFC 5322 addr-spec, e.g. jane@example.com)") from None
         return value
     if channel == Channel.SMS:
-        if not E164.match(value):
+        if not E164.fullmatch(value):
             raise ValueError("must be a phone number in E.164 format, e.g. +15551234567")
         return value
     if not 1 <= len(value) <= MAX_TOKEN_CHARS:
@@ -111,6 +111,6 @@ def check_text(value: Any, limit: int) -> str:
 
 
 def check_name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise ValueError("must be a name of 1 to 100 letters, digits, '-' or '_'")
     return value
