@@ -18,8 +18,9 @@ does not grow with history.
 - open dead letters: `omnipost_site.ops.figures.dlq_open()`, exact up to 100,000, then the planner's estimate;
 - scheduler lag: min(run_at) of due pending jobs, `scheduled_jobs_due_idx`;
 - workers live/stale: `queueing.stats.workers()`;
-- receipts ignored (unknown or another tenant's notification): `receipt_counters`, sharded like the
-  delivery counters, by provider (folded past OMNIPOST_METRICS_MAX_PROVIDERS like the attempts).
+- receipts ignored (unknown, another tenant's, or another provider's notification): `receipt_counters`,
+  sharded like the delivery counters, by provider (folded past OMNIPOST_METRICS_MAX_PROVIDERS like the
+  attempts).
 
 Counters never go down: nothing subtracts from them, and `prune` deletes attempts, not counters.
 
@@ -367,8 +368,9 @@ class OmniPostCollector(Collector):
 
         family = CounterMetricFamily(
             "omnipost_receipts_ignored",
-            "Provider receipts acknowledged but not applied: for no known notification (reason=\"unknown\") or "
-            "for another tenant's (reason=\"foreign\"), by the provider that reported them.",
+            "Provider receipts acknowledged but not applied: for no known notification (reason=\"unknown\"), "
+            "for another tenant's (reason=\"foreign\"), or for one the reporting provider did not send "
+            "(reason=\"other_provider\"), by the provider that reported them.",
             labels=["provider", "provider_id", "reason"],
         )
         totals = ignored_totals(self.using)
