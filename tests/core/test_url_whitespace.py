@@ -85,3 +85,22 @@ def test_other_provider_urls_are_400_naming_the_field(api_a, settings, kind, cha
     body = {"name": "p", "channel": channel, "kind": kind, "config": config, "secrets": secrets}
     assert field in details(api_a.post("/api/v1/providers", body, format="json"))["config"]
     assert not Provider.objects.exists()
+
+
+def test_endpoints_stored_with_such_urls_before_are_disabled_with_the_reason(tenant_a):
+    """The migration that came with the check: an endpoint whose url kept CR/LF cannot be sent to."""
+    import importlib
+
+    from django.db import connection
+
+    bad = EventEndpoint.objects.create(tenant=tenant_a, name="bad", url="http://127.0.0.1:9/c2\r\nX-Injected:1",
+                                       event_types=["*"], secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")  # fmt: skip
+    good = EventEndpoint.objects.create(tenant=tenant_a, name="good", url="http://127.0.0.1:9/ok", event_types=["*"],
+                                        secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")  # fmt: skip
+    sql = importlib.import_module("events.migrations.0005_disable_urls_with_whitespace").DISABLE
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert not bad.enabled and "whitespace or control characters" in bad.disabled_reason
+    assert good.enabled and good.disabled_reason == ""
