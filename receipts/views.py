@@ -15,6 +15,9 @@ OMNIPOST_PUBLIC_URL).
 - the adapter rejects the request (bad signature, another provider's secret, stale timestamp,
   unreadable payload): `401`, nothing stored. A view from the per-process cache that rejects is read
   afresh and tried once more (the secret may have just been rotated).
+- the request verifies but carries a value OmniPost cannot store (a date-time outside
+  1970-01-01..9999-12-30 UTC, core.validation.check_datetime_range): `400` naming the field, nothing
+  stored.
 - the adapter handled it without receipts (an SNS subscription confirmed): `200 {"received": 0}`.
 - otherwise `apply_receipts`, in one statement with the process's concurrent requests
   (`receipts.grouping`), then `200 {"received": n}` (n receipts in the request, applied, duplicate
@@ -34,7 +37,7 @@ from django.views.decorators.csrf import csrf_exempt
 from core.masking import mask_text
 from receipts import providers, throttle
 from receipts.grouping import apply_grouped
-from receipts.inbound import ADAPTERS, Handled, InboundRequest, ProviderView, Rejected
+from receipts.inbound import ADAPTERS, Handled, InboundRequest, Invalid, ProviderView, Rejected
 
 logger = logging.getLogger("omnipost.receipts")
 
@@ -101,6 +104,9 @@ def _handle(inbound: InboundRequest, view: ProviderView) -> Answer | object:
         return _REJECTED
     except Handled:
         return 200, {"received": 0}, {}
+    except Invalid as exc:
+        return error_answer(400, "validation_error", "The request verifies but carries a value that cannot be "
+                            "stored; nothing was stored.", {exc.field: [exc.message]})  # fmt: skip
     result = apply_grouped(view, receipts)
     if result.stale:
         return _STALE

@@ -125,9 +125,8 @@ class WebhookProvider(BaseProvider):
         reject_unknown_keys(config, ("url", "timeout_seconds"), section="config")
         reject_unknown_keys(secrets, ("signing_secret",), section="secrets")
         url = config.get("url")
-        if not isinstance(url, str) or not url.strip():
+        if not isinstance(url, str) or not url:
             raise config_error("url", "required: the http(s) URL to POST notifications to")
-        url = url.strip()
         try:
             origin, _ = split_url(url)
         except ValueError as exc:
