@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
-from core import crypto, hot_sql
+from core import crypto, hot_sql, tracing
 from core.api.errors import Conflict
 from core.fields import EncryptedTextField
 from core.grouping import GroupRunner
@@ -443,6 +443,7 @@ def create_notifications(
     """
     if not specs:
         return []
+    started = tracing.now() if tracing.ENABLED else 0
     now = timezone.now()
     created = [_instance(tenant, spec, now) for spec in specs]
     # Each fallback is stored with its notification, in the same statement (notifications.fallback).
@@ -478,7 +479,25 @@ def create_notifications(
         raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
     logger.info("%s created %d notification(s) (%d scheduled, %d fallbacks)", actor, len(created), len(jobs),
                 len(fallbacks))  # fmt: skip
+    if started:
+        _trace_created(rows, started)
     return created
+
+
+def _trace_created(rows: list[Notification], started: int) -> None:
+    """The root span of each new notification's trace (core.tracing), once the rows are committed."""
+    ended = tracing.now()
+    roots = [(row.pk, {"omnipost.channel": row.channel, "omnipost.status": row.status,
+                       "omnipost.provider_kind": row.provider.kind if row.provider is not None else ""})
+             for row in rows]  # fmt: skip
+
+    def emit() -> None:
+        try:
+            tracing.roots("notification.create", roots, started, ended)
+        except Exception:  # noqa: BLE001 - never in the way of a create: the rows are stored
+            logger.exception("could not trace %d created notification(s)", len(roots))
+
+    transaction.on_commit(emit, using=Notification.objects.db)
 
 
 _CHECK_ROUNDS = 4
