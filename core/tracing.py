@@ -69,7 +69,9 @@ def configure(role: str) -> bool:
             "host.name": socket.gethostname(),
         })  # fmt: skip
         _ids = _id_generator()
-        _provider = TracerProvider(resource=resource, id_generator=_ids, shutdown_on_exit=False)
+        sampler = _sampler()
+        _provider = TracerProvider(resource=resource, id_generator=_ids, shutdown_on_exit=False,
+                                   **({"sampler": sampler} if sampler is not None else {}))  # fmt: skip
         _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # the endpoint etc. from OTEL_*
         _tracer = _provider.get_tracer("omnipost")
         import atexit
@@ -137,6 +139,26 @@ def _id_generator() -> Any:  # noqa: ANN401
     return Ids()
 
 
+def _sampler() -> Any:  # noqa: ANN401
+    """`OTEL_TRACES_SAMPLER=[parentbased_]traceidratio` on the trace id's low 56 bits, or None (the SDK
+    reads the variables itself). The SDK's ratio sampler reads the low 64 bits, whose top two are a
+    UUID's variant (`10`): with trace ids that are notifications' UUIDs it would keep nothing at a
+    ratio up to 0.5 and everything from 0.75. The low 56 bits are random in version 4 and 7 UUIDs."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if name not in ("traceidratio", "parentbased_traceidratio"):
+        return None
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    class LowBitsRatio(TraceIdRatioBased):
+        TRACE_ID_LIMIT = (1 << 56) - 1
+
+    try:
+        rate = min(1.0, max(0.0, float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))))
+    except ValueError:
+        rate = 1.0
+    return LowBitsRatio(rate) if name == "traceidratio" else ParentBased(LowBitsRatio(rate))
+
+
 # --- spans ----------------------------------------------------------------------------------------------
 
 
@@ -159,18 +181,25 @@ def _root_context(notification_id: uuid.UUID | str) -> Any:  # noqa: ANN401
     return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
 
-def roots(name: str, notifications: Sequence[tuple[uuid.UUID | str, Attributes]], start_ns: int, end_ns: int) -> None:
+Root = tuple[uuid.UUID | str, Attributes, uuid.UUID | str | None]  # a notification, its attributes, a related one
+
+
+def roots(name: str, notifications: Sequence[Root], start_ns: int, end_ns: int) -> None:
     """A root span per notification, with the notification's trace and span ids, linked to the span
-    current here (an HTTP request's, where one is traced)."""
+    current here (an HTTP request's, where one is traced) and to the root of the related notification."""
     from opentelemetry import context, trace
 
     current = trace.get_current_span().get_span_context()
-    links = [trace.Link(current)] if current.is_valid else None
+    request = [trace.Link(current)] if current.is_valid else []
     empty = context.Context()
-    for notification_id, attributes in notifications:
+    for notification_id, attributes, related in notifications:
+        links = request
+        if related is not None:
+            links = [*request, trace.Link(trace.SpanContext(trace_id_of(related), root_span_id_of(related), True))]
         _ids.forced.ids = (trace_id_of(notification_id), root_span_id_of(notification_id))
         try:
-            span = _tracer.start_span(name, context=empty, attributes=attributes, links=links, start_time=start_ns)
+            span = _tracer.start_span(name, context=empty, attributes=attributes, links=links or None,
+                                      start_time=start_ns)  # fmt: skip
         finally:
             _ids.forced.ids = None
         span.end(end_ns)
