@@ -75,8 +75,11 @@ def configure(role: str) -> bool:
         _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # the endpoint etc. from OTEL_*
         _tracer = _provider.get_tracer("omnipost")
         import atexit
+        from multiprocessing import util
 
         atexit.register(shutdown)
+        # A multiprocessing child (a granian worker) ends in os._exit, past atexit; its finalizers run.
+        util.Finalize(None, shutdown, exitpriority=100)
         ENABLED = True
     logger.info("exporting traces over OTLP to %s as %s", endpoint(), resource.attributes["service.name"])
     return True

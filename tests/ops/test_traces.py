@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -29,6 +31,7 @@ from tests.receipts.conftest import signed
 from tests.support import web
 from tests.support.fixtures import webhook_receiver  # noqa: F401
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
+from tests.support.pgserver import free_port
 from tests.support.receivers import TEST_SIGNING_SECRET
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -157,6 +160,51 @@ def test_a_failed_send_is_an_error_span_and_the_service_name_is_configurable(
     # Its parent's parent is the root no process stored: rebuilt from the notification's id.
     assert _one(spans, "notification.claim").parent_span_id == f"{tracing.root_span_id_of(note.pk):016x}"
     assert webhook_receiver.requests[0].headers["traceparent"] == f"00-{trace_id}-{send.span_id}-01"
+
+
+def test_each_process_exports_what_it_holds_when_it_stops(
+    otlp, webhook_receiver, tenant_a, subprocess_env, tmp_path  # noqa: F811
+):
+    """The web server as the Procfile runs it (granian, whose workers end past atexit) and a
+    dispatcher, each exporting only when it stops (a batch delay of a minute): the spans arrive."""
+    env = {**_traced_env(subprocess_env, otlp), "OTEL_BSP_SCHEDULE_DELAY": "60000"}
+    hook = factories.provider(tenant_a, "hook", config={"url": webhook_receiver.url},
+                              secrets={"signing_secret": TEST_SIGNING_SECRET}, is_default=True)  # fmt: skip
+    port = free_port()
+    server = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", "1", "--blocking-threads", "2",
+         "--host", "127.0.0.1", "--port", str(port), "--no-ws", "--log-level", "warning",
+         "omnipost_site.wsgi:application"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "granian did not come up"
+            time.sleep(0.2)
+        api = httpx.Client(base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {ApiKey.issue(tenant_a)[1]}"},
+                           timeout=10)  # fmt: skip
+        created = api.post("/notifications", json={"channel": "webhook", "recipient": RECIPIENT, "body": "hi"})
+        assert created.status_code == 201, created.text
+        trace_id = uuid.UUID(created.json()["id"]).hex
+        assert otlp.wait_for(["notification.create"], trace_id, timeout=0.5) == []  # held for its batch
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    spans = otlp.wait_for(["notification.create"], trace_id, timeout=10)
+    assert [(s.name, s.resource["omnipost.process"]) for s in spans] == [("notification.create", "web")], \
+        "the web worker's spans were not exported when it stopped"
+    [dispatcher] = start_dispatchers(1, env, "--once", "--no-listen", "--no-events", log_dir=tmp_path)
+    assert wait_exit([dispatcher], 90) == [0], (tmp_path / "dispatcher0.log").read_text()[-3000:]
+    spans = otlp.wait_for(["notification.claim", "notification.send"], trace_id, timeout=10)
+    assert sorted(s.name for s in spans) == ["notification.claim", "notification.create", "notification.send"]
+    assert hook.pk and webhook_receiver.requests[0].headers["traceparent"].startswith(f"00-{trace_id}-")
 
 
 def test_unset_no_sdk_no_exporter_thread_no_traceparent(webhook_receiver, tenant_a, subprocess_env, tmp_path):  # noqa: F811
