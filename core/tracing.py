@@ -86,17 +86,31 @@ def configure(role: str) -> bool:
 
 
 def shutdown() -> None:
-    """Export the spans still buffered (within SHUTDOWN_TIMEOUT_MILLIS) and stop the exporter's thread."""
+    """Export the spans still buffered and stop the exporter, within SHUTDOWN_TIMEOUT_MILLIS whatever the
+    collector does (the exporter's own retries and timeouts would hold a stopping process for longer)."""
     global ENABLED
     provider = _provider
     if provider is None or not ENABLED:
         return
     ENABLED = False
+
+    def stop() -> None:
+        try:
+            provider.force_flush(SHUTDOWN_TIMEOUT_MILLIS)
+            provider.shutdown()
+        except Exception as exc:  # noqa: BLE001 - at exit: spans lost are logged, never a crash
+            logger.warning("could not export the last spans: %s", exc)
+
     try:
-        provider.force_flush(SHUTDOWN_TIMEOUT_MILLIS)
-        provider.shutdown()
-    except Exception as exc:  # noqa: BLE001 - at exit: spans lost are logged, never a crash
-        logger.warning("could not export the last spans: %s", exc)
+        stopping = threading.Thread(target=stop, name="omnipost-trace-flush", daemon=True)
+        stopping.start()
+    except RuntimeError:  # no new thread this late in the interpreter's exit: in this one, unbounded
+        stop()
+        return
+    stopping.join(SHUTDOWN_TIMEOUT_MILLIS / 1000)
+    if stopping.is_alive():
+        logger.warning("traces: the collector did not take the last spans within %d ms; they are dropped",
+                       SHUTDOWN_TIMEOUT_MILLIS)  # fmt: skip
 
 
 # --- ids ----------------------------------------------------------------------------------------------
