@@ -36,6 +36,7 @@ SHUTDOWN_TIMEOUT_MILLIS = 5000  # a process's last spans, at exit: bounded, a co
 _provider: Any = None
 _tracer: Any = None
 _ids: Any = None  # the IdGenerator that gives a root span its notification's ids
+_api: Any = None  # opentelemetry.trace and .context, imported once tracing is on (`api()`)
 _lock = threading.Lock()
 
 Attributes = Mapping[str, str | bool | int | float]
@@ -68,6 +69,7 @@ def configure(role: str) -> bool:
             "process.pid": os.getpid(),
             "host.name": socket.gethostname(),
         })  # fmt: skip
+        api()
         _ids = _id_generator()
         sampler = _sampler()
         _provider = TracerProvider(resource=resource, id_generator=_ids, shutdown_on_exit=False,
@@ -111,6 +113,17 @@ def shutdown() -> None:
     if stopping.is_alive():
         logger.warning("traces: the collector did not take the last spans within %d ms; they are dropped",
                        SHUTDOWN_TIMEOUT_MILLIS)  # fmt: skip
+
+
+def api() -> Any:  # noqa: ANN401
+    """The OpenTelemetry API modules the span functions use, imported on the first call (an import
+    statement in each function would cost ≈ 1 µs a span)."""
+    global _api
+    if _api is None:
+        from opentelemetry import context, trace
+
+        _api = (trace, context)
+    return _api
 
 
 # --- ids ----------------------------------------------------------------------------------------------
@@ -187,8 +200,7 @@ def now() -> int:
 def _root_context(notification_id: uuid.UUID | str) -> Any:  # noqa: ANN401
     """A context whose current span is the notification's root, as a remote parent (its ids alone);
     sampled as the root itself was (the sampler's decision for the root depends on the trace id only)."""
-    from opentelemetry import trace
-
+    trace = _api[0]
     trace_id = trace_id_of(notification_id)
     sampled = _provider.sampler.should_sample(None, trace_id, "notification.create").decision.is_sampled()
     span_context = trace.SpanContext(
@@ -204,8 +216,7 @@ Root = tuple[uuid.UUID | str, Attributes, uuid.UUID | str | None]  # a notificat
 def roots(name: str, notifications: Sequence[Root], start_ns: int, end_ns: int) -> None:
     """A root span per notification, with the notification's trace and span ids, linked to the span
     current here (an HTTP request's, where one is traced) and to the root of the related notification."""
-    from opentelemetry import context, trace
-
+    trace, context = _api
     current = trace.get_current_span().get_span_context()
     request = [trace.Link(current)] if current.is_valid else []
     empty = context.Context()
@@ -232,9 +243,7 @@ def child(
 ) -> Any:  # noqa: ANN401
     """A span in the notification's trace, child of `parent` or of the root; ended at `end_ns` if given,
     else left for `finish()`."""
-    from opentelemetry import trace
-
-    context = _root_context(notification_id) if parent is None else trace.set_span_in_context(parent)
+    context = _root_context(notification_id) if parent is None else _api[0].set_span_in_context(parent)
     span = _tracer.start_span(name, context=context, attributes=attributes, start_time=start_ns)
     if end_ns is not None:
         span.end(end_ns)
@@ -243,11 +252,10 @@ def child(
 
 def finish(span: Any, attributes: Attributes, *, error: str = "", end_ns: int | None = None) -> None:  # noqa: ANN401
     """End `span` with `attributes`; `error` (a code, never free text) marks it failed."""
-    from opentelemetry.trace import Status, StatusCode
-
     span.set_attributes(attributes)
     if error:
-        span.set_status(Status(StatusCode.ERROR, error))
+        trace = _api[0]
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error))
     span.end(end_ns)
 
 

@@ -22,6 +22,7 @@ URL = "/api/v1/notifications"
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, sampler: object = None) -> tuple[TracerProvider, InMemorySpanExporter]:
+    tracing.api()
     ids = tracing._id_generator()
     provider = TracerProvider(id_generator=ids, shutdown_on_exit=False, **({"sampler": sampler} if sampler else {}))
     exporter = InMemorySpanExporter()
