@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 logger = logging.getLogger("omnipost.tracing")
 
@@ -83,7 +84,9 @@ def configure(role: str) -> bool:
         # A multiprocessing child (a granian worker) ends in os._exit, past atexit; its finalizers run.
         util.Finalize(None, shutdown, exitpriority=100)
         ENABLED = True
-    logger.info("exporting traces over OTLP to %s as %s", endpoint(), resource.attributes["service.name"])
+    where = urlsplit(endpoint())  # without any user:password in it
+    logger.info("exporting traces over OTLP to %s://%s as %s", where.scheme, where.hostname or "",
+                resource.attributes["service.name"])  # fmt: skip
     return True
 
 
