@@ -17,7 +17,10 @@ def error_response(status: int, code: str, message: str, details: dict | None = 
 # While no primary is reachable (a failover under way, PostgreSQL restarting) a request that needed
 # the database is answered 503 with Retry-After, never 201: nothing it asked for was acknowledged.
 UNAVAILABLE_CODE = "unavailable"
-UNAVAILABLE_MESSAGE = "The database is unavailable (a failover or restart may be under way); retry."
+UNAVAILABLE_MESSAGE = (
+    "The database is unavailable (a failover or restart may be under way); a write may or may not have "
+    "been stored: retry, with the same Idempotency-Key, to get the stored result rather than a second one."
+)
 UNAVAILABLE_RETRY_AFTER = "1"
 
 

@@ -62,7 +62,7 @@ def check_recipient(value: Any, channel: str) -> str:
             raise ValueError("must be an email address (RFC 5322 addr-spec, e.g. jane@example.com)") from None
         return value
     if channel == Channel.SMS:
-        if not E164.match(value):
+        if not E164.fullmatch(value):
             raise ValueError("must be a phone number in E.164 format, e.g. +15551234567")
         return value
     if not 1 <= len(value) <= MAX_TOKEN_CHARS:
@@ -72,20 +72,51 @@ def check_recipient(value: Any, channel: str) -> str:
     return value
 
 
+# The date-times OmniPost stores, from any input (API fields, vendors' receipts): PostgreSQL holds far
+# more (4713 BC to 294276 AD), but Python's datetime, and so psycopg reading a row back, holds years
+# 1 to 9999 only — and a reader shows a stored instant in its own offset (±14:00). An instant before
+# year 1 or past 9999 in some offset made every later read of its row fail (GET notifications/{id}
+# answered 500 for ever). Nothing OmniPost does predates the Unix epoch, and 9999-12-30 ends a day
+# before any offset can carry an instant past 9999.
+EARLIEST_DATETIME = datetime(1970, 1, 1, tzinfo=UTC)
+END_OF_DATETIMES = datetime(9999, 12, 31, tzinfo=UTC)  # exclusive: 9999-12-30T23:59:59.999999Z is the last
+DATETIME_RANGE_MESSAGE = "must be between 1970-01-01T00:00:00Z and 9999-12-30T23:59:59Z (UTC)"
+
+
+def check_datetime_range(value: datetime) -> datetime:
+    """An aware date-time as UTC if OmniPost can store it and every reader show it
+    (EARLIEST_DATETIME ≤ value < END_OF_DATETIMES); ValueError otherwise. The one range check every
+    date-time input goes through: the API's fields (parse_aware_datetime) and vendors' receipts."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must include a UTC offset (e.g. +00:00 or Z); naive date-times are ambiguous")
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):  # before year 1 or past 9999 once in UTC
+        raise ValueError(DATETIME_RANGE_MESSAGE) from None
+    if not EARLIEST_DATETIME <= utc < END_OF_DATETIMES:
+        raise ValueError(DATETIME_RANGE_MESSAGE)
+    return utc
+
+
+def datetime_from_timestamp(value: Any) -> datetime:  # noqa: ANN401
+    """A Unix time in seconds (an int or float, not a bool) as a UTC datetime in the range above."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a Unix time in seconds")
+    try:
+        return check_datetime_range(datetime.fromtimestamp(value, UTC))
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(DATETIME_RANGE_MESSAGE) from None
+
+
 def parse_aware_datetime(value: Any) -> datetime:
-    """An ISO 8601 date-time that states its UTC offset, as a UTC datetime."""
+    """An ISO 8601 date-time that states its UTC offset, as a UTC datetime (within check_datetime_range)."""
     if not isinstance(value, str) or len(value) > 64:
         raise ValueError("must be an ISO 8601 date-time string with a UTC offset, e.g. 2030-01-31T09:00:00+01:00")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError("must be an ISO 8601 date-time, e.g. 2030-01-31T09:00:00+01:00") from None
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValueError("must include a UTC offset (e.g. +00:00 or Z); naive date-times are ambiguous")
-    try:
-        return parsed.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("is out of range") from None
+    return check_datetime_range(parsed)
 
 
 def json_size(value: Any) -> int:
@@ -111,6 +142,6 @@ def check_text(value: Any, limit: int) -> str:
 
 
 def check_name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise ValueError("must be a name of 1 to 100 letters, digits, '-' or '_'")
     return value

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connection
 
+from core import tracing
 from core.db_faults import Backoff, is_connection_lost, reset_connection
 from dispatch import gc_tuning, upkeep
 from dispatch.claims import Claimer
@@ -293,6 +294,7 @@ class Dispatcher:
                 free, leave_out = spare, self._noisy()
             want = min(self.config.batch_size, free, remaining if remaining is not None else free)
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
+            claim_started = tracing.now() if tracing.ENABLED else 0
             try:
                 claimed = await self.db(self.claimer.claim, want, leave_out)
             except SessionLost as exc:
@@ -301,6 +303,8 @@ class Dispatcher:
                 await self._sleep(delay)
                 continue
             self._outage.reset()
+            if claim_started:  # traces are exported: the claim's window, for the claim spans of its sends
+                self.sender.claim_window = (claim_started, tracing.now())
             if claimed.unready:  # claimed, but the session was lost before their providers were loaded
                 self._give_back(claimed.unready)
             if claimed.skipped:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from core import tracing
 from dispatch import policy
 from dispatch.delivery import Attempt, Outcome, Prepared
 from dispatch.providers import ProviderCache
@@ -40,6 +41,10 @@ class Sender:
         # reads it to know what a replaced instance still carries
         self.inflight: dict[int, tuple[Cancellable, Prepared]] = providers.inflight
         self.capacity = asyncio.Event()  # set whenever a slot frees up
+        # Where traces are exported (core.tracing): the claim that the items being started came from
+        # (its start and end, epoch ns), and each send's span until its outcome.
+        self.claim_window = (0, 0)
+        self.spans: dict[int, Any] = {}
 
     def start(self, item: Prepared) -> None:
         """Start one delivery. A provider that can (`start_send`: the webhook provider) sends at once
@@ -52,10 +57,11 @@ class Sender:
             recipient = item.recipient()
             headers = () if item.channel != "email" or item.critical else (
                 unsubscribe.headers(item.tenant_key, recipient, item.category))  # fmt: skip
+            traceparent = self._trace(item, instance.kind) if tracing.ENABLED else ""
             message = OutboundMessage(
                 notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
                 recipient=recipient, subject=item.subject, body=item.body, metadata=item.metadata,
-                created_at=item.created_at, attempt=item.attempt_number, headers=headers,
+                created_at=item.created_at, attempt=item.attempt_number, headers=headers, traceparent=traceparent,
             )  # fmt: skip
             handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
         except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
@@ -96,11 +102,51 @@ class Sender:
         except Exception:  # noqa: BLE001 - a bug must still leave exactly one outcome for the item
             logger.exception("could not judge the result of delivering %s", item.notification_id)
             outcome = _unjudged(item, result, started, self.retry)
+        if tracing.ENABLED:
+            self._traced(item, outcome)
         self.recorder.add(outcome)
 
     def given_back(self, item: Prepared) -> None:
         if self._leave(item) is not None:
-            self.recorder.add(Outcome(lease=item.lease, kind="deferred"))
+            outcome = Outcome(lease=item.lease, kind="deferred")
+            if tracing.ENABLED:
+                self._traced(item, outcome)
+            self.recorder.add(outcome)
+
+    def _trace(self, item: Prepared, kind: str) -> str:
+        """The item's claim and send spans (its notification's trace); the send's `traceparent`."""
+        try:
+            attributes = {"omnipost.provider_kind": kind, "omnipost.channel": item.channel,
+                          "omnipost.attempt": item.attempt_number}  # fmt: skip
+            key = item.lease.notification_key
+            claimed_from, claimed_to = self.claim_window
+            if not claimed_from:  # started outside a claim (tests): a claim of no length, now
+                claimed_from = claimed_to = tracing.now()
+            claim = tracing.child("notification.claim", key, claimed_from, claimed_to, attributes)
+            span = tracing.child("notification.send", key, tracing.now(), None, attributes, parent=claim)
+            self.spans[item.lease.item_id] = span
+            return tracing.traceparent(span)
+        except Exception:  # noqa: BLE001 - a tracing bug must never keep a notification from being sent
+            logger.exception("could not trace the send of %s", item.notification_key)
+            return ""
+
+    def _traced(self, item: Prepared, outcome: Outcome) -> None:
+        """End the item's send span with its outcome."""
+        span = self.spans.pop(item.lease.item_id, None)
+        if span is None:
+            return
+        attributes: dict[str, Any] = {"omnipost.outcome": outcome.kind}
+        attempt = outcome.attempt
+        if attempt is not None:
+            if attempt.http_status is not None:
+                attributes["http.response.status_code"] = attempt.http_status
+            if attempt.error_code:
+                attributes["omnipost.error_code"] = attempt.error_code
+        error = "" if outcome.kind in ("delivered", "deferred") else (outcome.error_code or outcome.kind)
+        try:
+            tracing.finish(span, attributes, error=error)
+        except Exception:  # noqa: BLE001 - never in the way of recording the outcome
+            logger.exception("could not end the send span of %s", item.notification_key)
 
     def cancel_all(self) -> None:
         """Cancel every unfinished delivery and give it back now (whatever its task or callback

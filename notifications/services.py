@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
-from core import crypto, hot_sql
+from core import crypto, hot_sql, tracing
 from core.api.errors import Conflict
 from core.grouping import GroupRunner
 from core.ids import uuid7
@@ -427,7 +427,12 @@ def _masked(channel: str, recipient: str) -> str:
 
 
 def create_notifications(
-    tenant: Tenant, specs: Sequence[NotificationSpec], *, actor: str, idempotency: IdempotentResponse | None = None
+    tenant: Tenant,
+    specs: Sequence[NotificationSpec],
+    *,
+    actor: str,
+    idempotency: IdempotentResponse | None = None,
+    traced: bool = True,
 ) -> list[Notification]:
     """Store notifications and queue or schedule them, in the caller's transaction if any.
 
@@ -438,9 +443,12 @@ def create_notifications(
     Raises StaleConfig when the specs' config_version is no longer the tenant's, and
     IdempotencyKeyTaken when the key has a record already; nothing is stored then.
     The returned instances have `provider`, `template` and `tenant` loaded (no further queries).
+    Where traces are exported, each new notification's trace starts here (`traced`; False: the caller's
+    thread starts them, as create_notifications_shared does for a request's own rows).
     """
     if not specs:
         return []
+    started = tracing.now() if tracing.ENABLED else 0
     now = timezone.now()
     created = [_instance(tenant, spec, now) for spec in specs]
     # Each fallback is stored with its notification, in the same statement (notifications.fallback).
@@ -476,7 +484,29 @@ def create_notifications(
         raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
     logger.info("%s created %d notification(s) (%d scheduled, %d fallbacks)", actor, len(created), len(jobs),
                 len(fallbacks))  # fmt: skip
+    if started:  # the fallbacks' traces start here whoever traces the rest
+        _trace_created(rows if traced else [linked for _, linked in fallbacks], started)
     return created
+
+
+def _trace_created(rows: list[Notification], started: int) -> None:
+    """The root span of each new notification's trace (core.tracing), once the rows are committed."""
+    ended = tracing.now()
+    if not rows:
+        return
+    # A fallback's trace is linked to its notification's: it is sent if and when that one fails.
+    roots = [(row.pk, {"omnipost.channel": row.channel, "omnipost.status": row.status,
+                       "omnipost.provider_kind": row.provider.kind if row.provider is not None else ""},
+              row.__dict__.get("fallback_of"))
+             for row in rows]  # fmt: skip
+
+    def emit() -> None:
+        try:
+            tracing.roots("notification.create", roots, started, ended)
+        except Exception:  # noqa: BLE001 - never in the way of a create: the rows are stored
+            logger.exception("could not trace %d created notification(s)", len(roots))
+
+    transaction.on_commit(emit, using=Notification.objects.db)
 
 
 _CHECK_ROUNDS = 4
@@ -488,7 +518,7 @@ SHARED_MAX_ROWS = 64
 
 def _create_shared_batch(context: tuple[Tenant, str], specs: list[NotificationSpec]) -> list[Notification]:
     tenant, actor = context
-    return create_notifications(tenant, specs, actor=actor)
+    return create_notifications(tenant, specs, actor=actor, traced=False)  # each request's thread traces its own
 
 
 _SHARED = GroupRunner(_create_shared_batch, key=lambda context: (context[0].pk, context[1]),
@@ -505,8 +535,12 @@ def create_notifications_shared(
     connection = connections[Notification.objects.db]
     if idempotency is not None or connection.in_atomic_block:
         return create_notifications(tenant, specs, actor=actor, idempotency=idempotency)
+    started = tracing.now() if tracing.ENABLED else 0
     rows, start = _SHARED.submit((tenant, actor), list(specs))
-    return rows[start : start + len(specs)]
+    mine = rows[start : start + len(specs)]
+    if started:  # the request's own rows, linked to its span (core.tracing), whichever thread stored them
+        _trace_created(mine, started)
+    return mine
 
 
 def _fallback_rows(

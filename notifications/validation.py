@@ -100,7 +100,7 @@ def check_scheduled_for(value: Any, now: datetime | None = None) -> datetime | N
 
 
 def check_queue(value: Any) -> str:
-    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+    if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):
         raise ValueError("must be a queue name: 1 to 64 letters, digits, '-' or '_', starting with a letter or digit")
     return value
 

@@ -16,3 +16,7 @@ application = get_asgi_application()
 from receipts.asgi import ReceiptsFastPathASGI  # noqa: E402 - needs the app registry get_asgi_application set up
 
 application = ReceiptsFastPathASGI(application)
+
+from core import tracing  # noqa: E402
+
+tracing.configure("web")  # with OTEL_EXPORTER_OTLP_ENDPOINT set: spans of creates and receipts

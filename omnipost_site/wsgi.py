@@ -22,6 +22,10 @@ from receipts.wsgi import ReceiptsFastPath  # noqa: E402 - needs the app registr
 
 application = ReceiptsFastPath(application)
 
+from core import tracing  # noqa: E402
+
+tracing.configure("web")  # with OTEL_EXPORTER_OTLP_ENDPOINT set: spans of creates and receipts
+
 if "granian" in sys.modules:  # imported by a granian worker: its stop must reach the main thread
     from omnipost_site import signal_relay
 

@@ -37,7 +37,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from core import partitions
+from core import partitions, tracing
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from queueing import heartbeat
 from queueing.janitor import Janitor, vacuum_on_default
@@ -219,7 +219,12 @@ class Scheduler:
     # --- one step ---------------------------------------------------------------------------------
     def run_once(self) -> int:
         """Promote one batch; returns how many jobs were promoted (queued)."""
+        started = tracing.now() if tracing.ENABLED else 0
         self.last = promote_due(self.batch_size, using=self.using)
+        if started and self.last.claimed:  # traces are exported: a span per batch that promoted any
+            tracing.span("scheduler.promote", started, tracing.now(), {
+                "omnipost.promoted": self.last.promoted, "omnipost.cancelled": self.last.cancelled,
+                "omnipost.max_lag_seconds": float(self.last.max_lag or 0.0)})  # fmt: skip
         if self.last.claimed:
             self.promoted_total += self.last.promoted
             self._unreported += self.last.promoted

@@ -14,6 +14,13 @@
   reporting MTA keeps the report and tries again later, so nothing is lost, and the report's
   Message-ID makes the retry one event.
 
+- also accepts `unsubscribe@` the bounce domain: the `mailto:` of the `List-Unsubscribe` header
+  (recipients.unsubscribe; RFC 8058's one-click POST stays the preferred way, RFC 2369 the mailto).
+  The mail's subject carries the signed token (`unsubscribe <token>`, as the header's `?subject=`
+  puts it); a valid one opts the address out of the category on email, as the POST does, and is
+  `250`; a forged, altered or missing token is `550 5.7.1`, and changes nothing. One message is
+  either an unsubscribe or a report: mixing the two kinds of recipient is `452` for the second.
+
 SIGTERM or SIGINT: stop accepting connections, let reports being applied finish within the grace
 period, close the remaining sessions, exit 0. A second signal exits at once.
 Logs name notifications and providers by id; addresses never appear in them.
@@ -23,8 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email
+import email.policy
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +51,7 @@ from providers.models import Provider
 from receipts.bounces import NotAReport, Report, parse_report
 from receipts.inbound import ProviderView, Receipt
 from receipts.services import apply_receipts
+from recipients import unsubscribe as unsubscribing
 
 logger = logging.getLogger("omnipost.bounces")
 
@@ -50,6 +61,31 @@ MAX_RECIPIENTS = 20  # per transaction: a report goes to one return path
 
 Resolve = Callable[[set[int]], dict[int, ProviderView]]
 Apply = Callable[[ProviderView, list[Receipt]], Any]
+Unsubscribe = Callable[[str], Any]  # a token -> opted out (recipients.unsubscribe.unsubscribe); BadToken otherwise
+
+UNSUBSCRIBE_LOCAL = "unsubscribe"  # unsubscribe@<bounce domain>, the List-Unsubscribe mailto (recipients.unsubscribe)
+# The token after "unsubscribe" in the subject (a reply may prefix "Re: "); Fernet tokens are urlsafe base64.
+_UNSUBSCRIBE_SUBJECT = re.compile(r"\bunsubscribe\s+([A-Za-z0-9_-]{40,4096})", re.IGNORECASE)
+MAX_UNSUBSCRIBE_HEAD_BYTES = 64 * 1024  # the subject is in the head; a body is not read
+
+
+def is_unsubscribe_address(address: str) -> bool:
+    """unsubscribe@ our bounce domain (case-insensitive)."""
+    domain = verp.bounce_domain()
+    local, at, host = address.strip().strip("<>").rpartition("@")
+    return bool(domain) and bool(at) and host.lower().rstrip(".") == domain and local.lower() == UNSUBSCRIBE_LOCAL
+
+
+def unsubscribe_token(raw: bytes) -> str | None:
+    """The token in an unsubscribe mail's Subject, or None."""
+    head = raw[:MAX_UNSUBSCRIBE_HEAD_BYTES].split(b"\r\n\r\n", 1)[0].split(b"\n\n", 1)[0]
+    message = email.message_from_bytes(head + b"\r\n\r\n", policy=email.policy.default)
+    try:
+        subject = str(message.get("Subject") or "")
+    except (ValueError, TypeError, IndexError):  # a malformed encoded word
+        return None
+    match = _UNSUBSCRIBE_SUBJECT.search(subject)
+    return match[1] if match else None
 
 
 class TryLater(Exception):
@@ -118,6 +154,12 @@ class _Handler:
     async def handle_RCPT(self, server, session, envelope, address: str, rcpt_options) -> str:  # noqa: ANN001
         if len(envelope.rcpt_tos) >= MAX_RECIPIENTS:
             return "452 4.5.3 Too many recipients"
+        unsubscribing_ = is_unsubscribe_address(address)
+        if envelope.rcpt_tos and unsubscribing_ != is_unsubscribe_address(envelope.rcpt_tos[0]):
+            return "452 4.5.3 One message is either an unsubscribe or a report; send the other separately"
+        if unsubscribing_:
+            envelope.rcpt_tos.append(address)
+            return "250 OK"
         if verp.read_address(address) is None:
             self.listener.counts["refused_rcpt"] += 1
             logger.info("refused RCPT from %s: not a return path of this bounce domain", _peer(session))
@@ -129,6 +171,8 @@ class _Handler:
         raw = envelope.original_content or envelope.content or b""
         if isinstance(raw, str):
             raw = raw.encode("utf-8", "surrogateescape")
+        if envelope.rcpt_tos and is_unsubscribe_address(envelope.rcpt_tos[0]):
+            return await self.listener.unsubscribe(raw, _peer(session))
         targets = {t for t in (verp.read_address(a) for a in envelope.rcpt_tos) if t is not None}
         return await self.listener.receive(raw, targets, _peer(session))
 
@@ -151,14 +195,17 @@ class BounceListener:
         *,
         resolve: Resolve = load_providers,
         apply: Apply = apply_receipts,
+        unsubscribe: Unsubscribe = unsubscribing.unsubscribe,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or ListenerConfig()
         self.resolve = resolve
         self.apply = apply
+        self.opt_out = unsubscribe
         self.clock = clock
         self.port = self.config.port
-        self.counts = {"applied": 0, "not_a_report": 0, "refused_rcpt": 0, "try_later": 0, "unknown_provider": 0}
+        self.counts = {"applied": 0, "not_a_report": 0, "refused_rcpt": 0, "try_later": 0, "unknown_provider": 0,
+                       "unsubscribed": 0, "bad_unsubscribe": 0}  # fmt: skip
         self._server: asyncio.AbstractServer | None = None
         self._sessions: set[Any] = set()
         self._busy = 0
@@ -218,6 +265,49 @@ class BounceListener:
             return "250 OK: report received"
         finally:
             self._leave()
+
+    async def unsubscribe(self, raw: bytes, peer: str) -> str:
+        """One mail to unsubscribe@: the SMTP answer to its DATA (the module docstring's rules)."""
+        loop = asyncio.get_running_loop()
+        self._enter()
+        try:
+            token = await loop.run_in_executor(self._parser, unsubscribe_token, raw)
+            if token is None:
+                self.counts["bad_unsubscribe"] += 1
+                logger.info("refused an unsubscribe mail from %s: no token in its subject", peer)
+                return "550 5.7.1 No unsubscribe token in the subject; use the List-Unsubscribe address as given"
+            try:
+                await loop.run_in_executor(self._db, self._opt_out, token)
+            except unsubscribing.BadToken:
+                self.counts["bad_unsubscribe"] += 1
+                logger.info("refused an unsubscribe mail from %s: the token does not verify", peer)
+                return "550 5.7.1 This unsubscribe token is not valid"
+            except TryLater as exc:
+                self.counts["try_later"] += 1
+                logger.warning("unsubscribe mail from %s not applied, asked to retry: %s", peer, exc)
+                return "451 4.3.0 Temporary failure, please try again later"
+            self.counts["unsubscribed"] += 1
+            logger.info("unsubscribed by mail from %s", peer)
+            return "250 OK: unsubscribed"
+        finally:
+            self._leave()
+
+    def _opt_out(self, token: str) -> None:
+        """On the database thread: the opt-out, tried once more on a new session if the idle one was
+        lost (it is idempotent); BadToken passes through, any other failure is TryLater."""
+        for attempt in (1, 2):
+            try:
+                self.opt_out(token)
+                return
+            except unsubscribing.BadToken:
+                raise
+            except Exception as exc:
+                if not is_connection_lost(exc):
+                    logger.exception("applying an unsubscribe failed")
+                    raise TryLater(f"{type(exc).__name__} while unsubscribing") from exc
+                reset_connection()
+                if attempt == 2:
+                    raise TryLater("the database connection was lost") from exc
 
     def _deliver(self, targets: Iterable[verp.VerpTarget], report: Report, raw: bytes) -> None:
         """On the database thread: resolve the providers, apply each one's receipts. A session lost

@@ -48,6 +48,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from core.masking import mask_email, mask_text
+from core.validation import check_datetime_range
 from receipts.inbound import Receipt
 
 MAX_DETAIL_CHARS = 300
@@ -231,6 +232,10 @@ def _date(value: object, now: datetime) -> datetime | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
+    try:  # a mail has no field to name in a 400: a date OmniPost cannot store is no date
+        when = check_datetime_range(when)
+    except ValueError:
+        return None
     if when > now + timedelta(days=1):  # a clock far ahead, or nonsense: the arrival is the better guess
         return None
     return when

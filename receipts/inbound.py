@@ -4,7 +4,8 @@
     def parse(request: InboundRequest, provider: ProviderView) -> list[Receipt]: ...
 
 An adapter authenticates the request with the vendor's own scheme (raising `Rejected`, answered
-`401` with nothing stored), then returns the receipts it carries — possibly none (a vendor state
+`401` with nothing stored; a verified request with a value OmniPost cannot store raises `Invalid`,
+answered `400` naming the field), then returns the receipts it carries — possibly none (a vendor state
 that is not a receipt still comes back as a `Receipt` with `receipt=None`, so it appears in the
 notification's `events`). A request that asks for an answer rather than carrying receipts (an SNS
 `SubscriptionConfirmation`) raises `Handled` after doing what it asks.
@@ -66,6 +67,17 @@ class Receipt:
 
 class Rejected(Exception):
     """Bad signature, wrong provider, stale timestamp or unreadable payload: 401, nothing stored."""
+
+
+class Invalid(Exception):
+    """A request that verifies but carries a value OmniPost cannot take (a date-time out of the range
+    core.validation.check_datetime_range allows): 400 naming the field, nothing stored. Raised only
+    after the signature checked out, so a vendor's own mistakes are told apart from forgeries (401)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 class Handled(Exception):

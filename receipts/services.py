@@ -4,9 +4,14 @@
 also makes fallbacks due or cancels them, only when a receipt names a notification with a channel
 fallback — the first then stores nothing):
 
-1. reads the notifications the receipts name; those of another tenant than the provider's, or of no
-   notification at all, are *ignored*: counted in `receipt_counters` (`/metrics`:
-   `omnipost_receipts_ignored_total`), nothing else changes;
+1. reads the notifications the receipts name; those of no notification at all, of another tenant
+   than the provider's, or of the tenant but sent through another of its providers (the
+   notification's provider is not the one reporting, nor is the provider of any of its attempts,
+   which after a failover went through another) are *ignored*: counted in `receipt_counters`
+   (`/metrics`: `omnipost_receipts_ignored_total{reason="unknown"|"foreign"|"other_provider"}`),
+   nothing else changes. A vendor's signature proves which provider speaks, and a provider can only
+   know of what it sent: without this, one provider's signed callback could mark delivered, bounce
+   and suppress what another provider of the tenant sent;
 2. inserts each remaining receipt's de-duplication key (`receipt_dedup`, unique per provider)
    `ON CONFLICT DO NOTHING`: a receipt whose key is already there is a *duplicate* and changes nothing;
 3. inserts the new ones as `notification_events` (receipt states and other vendor states alike);
@@ -60,7 +65,7 @@ class ApplyResult:
     provider_id: int
     applied: int = 0  # new events stored
     duplicate: int = 0  # already applied (same provider and dedup key), changed nothing
-    ignored: int = 0  # unknown notification or another tenant's: counted, changed nothing
+    ignored: int = 0  # unknown notification, another tenant's, or another provider's: counted, changed nothing
     changed: tuple[ChangedRow, ...] = ()
     stale: bool = False  # the provider changed since the view was read: nothing stored, read it again
 
@@ -164,7 +169,10 @@ def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: st
 # - `found` looks each id up by itself (LATERAL … LIMIT 1, which the planner cannot flatten into a hash
 #   join over the whole table: one notifications_pkey probe per receipt, whatever the
 #   planner guesses of the input's size), by id alone, so another tenant's notification is told apart
-#   from none (the counter's reason); `mine` keeps the provider's tenant's.
+#   from none (the counter's reason); `sent` says whether the reporting provider sent it: the
+#   notification's own provider (no further read), else one of its attempts' providers (a failover;
+#   attempt_number_unique, led by notification_id, finds its few attempts); `mine` keeps the
+#   provider's tenant's that it sent.
 # - `fresh` is the de-duplication: only keys this statement inserted go on (the input has one row per key).
 # - `locked` takes the rows to update in id order (MATERIALIZED: a CTE with FOR UPDATE runs as written),
 #   so two applies touching the same notifications cannot deadlock; the UPDATE's rank test is re-checked
@@ -181,15 +189,20 @@ input AS (
     WHERE EXISTS (SELECT 1 FROM gate)
 ),
 found AS (
-    SELECT i.*, n.tenant_id AS owner, n.fallback_notification_id IS NOT NULL AS linked FROM input i
-    LEFT JOIN LATERAL (SELECT tenant_id, fallback_notification_id FROM notifications
+    SELECT i.*, n.tenant_id AS owner, n.fallback_notification_id IS NOT NULL AS linked,
+           CASE WHEN n.provider_id = %(provider)s THEN true
+                ELSE EXISTS (SELECT 1 FROM delivery_attempts a
+                             WHERE a.notification_id = i.notification_id AND a.provider_id = %(provider)s)
+           END AS sent
+    FROM input i
+    LEFT JOIN LATERAL (SELECT tenant_id, fallback_notification_id, provider_id FROM notifications
                        WHERE id = i.notification_id LIMIT 1) n ON true
 ),
 go AS (
     SELECT {GO} AS ok
 ),
 mine AS (
-    SELECT * FROM found WHERE owner = %(tenant)s::uuid AND (SELECT ok FROM go)
+    SELECT * FROM found WHERE owner = %(tenant)s::uuid AND sent AND (SELECT ok FROM go)
 ),
 fresh AS (
     INSERT INTO receipt_dedup (provider_id, dedup_key, created_at)
@@ -225,8 +238,9 @@ changed AS ({CHANGED}
 ignored AS (
     INSERT INTO receipt_counters (shard, provider_id, reason, count)
     SELECT pg_backend_pid() %% {SHARDS}, %(provider)s,
-           CASE WHEN owner IS NULL THEN 'unknown' ELSE 'foreign' END AS reason, count(*)
-    FROM found WHERE owner IS DISTINCT FROM %(tenant)s::uuid AND (SELECT ok FROM go)
+           CASE WHEN owner IS NULL THEN 'unknown' WHEN owner <> %(tenant)s::uuid THEN 'foreign'
+                ELSE 'other_provider' END AS reason, count(*)
+    FROM found WHERE (owner IS DISTINCT FROM %(tenant)s::uuid OR NOT sent) AND (SELECT ok FROM go)
     GROUP BY reason
     ON CONFLICT (shard, provider_id, reason) DO UPDATE SET count = receipt_counters.count + EXCLUDED.count
 )
@@ -259,7 +273,7 @@ _APPLY_LINKED_SQL = (
 # PostgreSQL opens their tables and indexes for every execution: ≈ 60 µs of a ≈ 250 µs statement.
 _APPLY_PLAIN_SQL = (
     _APPLY_SQL.replace("{FALLBACK}", "fb_ring AS (SELECT 1 WHERE false)")
-    .replace("{GO}", "NOT EXISTS (SELECT 1 FROM found WHERE owner = %(tenant)s::uuid AND linked)")
+    .replace("{GO}", "NOT EXISTS (SELECT 1 FROM found WHERE owner = %(tenant)s::uuid AND sent AND linked)")
 )
 
 

@@ -15,6 +15,9 @@ OMNIPOST_PUBLIC_URL).
 - the adapter rejects the request (bad signature, another provider's secret, stale timestamp,
   unreadable payload): `401`, nothing stored. A view from the per-process cache that rejects is read
   afresh and tried once more (the secret may have just been rotated).
+- the request verifies but carries a value OmniPost cannot store (a date-time outside
+  1970-01-01..9999-12-30 UTC, core.validation.check_datetime_range): `400` naming the field, nothing
+  stored.
 - the adapter handled it without receipts (an SNS subscription confirmed): `200 {"received": 0}`.
 - otherwise `apply_receipts`, in one statement with the process's concurrent requests
   (`receipts.grouping`), then `200 {"received": n}` (n receipts in the request, applied, duplicate
@@ -24,6 +27,7 @@ OMNIPOST_PUBLIC_URL).
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -31,10 +35,12 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from core import tracing
 from core.masking import mask_text
 from receipts import providers, throttle
 from receipts.grouping import apply_grouped
-from receipts.inbound import ADAPTERS, Handled, InboundRequest, ProviderView, Rejected
+from receipts.inbound import ADAPTERS, Handled, InboundRequest, Invalid, ProviderView, Receipt, Rejected
+from receipts.services import ApplyResult
 
 logger = logging.getLogger("omnipost.receipts")
 
@@ -101,10 +107,37 @@ def _handle(inbound: InboundRequest, view: ProviderView) -> Answer | object:
         return _REJECTED
     except Handled:
         return 200, {"received": 0}, {}
+    except Invalid as exc:
+        return error_answer(400, "validation_error", "The request verifies but carries a value that cannot be "
+                            "stored; nothing was stored.", {exc.field: [exc.message]})  # fmt: skip
+    started = tracing.now() if tracing.ENABLED else 0
     result = apply_grouped(view, receipts)
     if result.stale:
         return _STALE
+    if started:
+        _trace(view, receipts, result, started)
     return 200, {"received": len(receipts)}, {}
+
+
+def _trace(view: ProviderView, receipts: list[Receipt], result: ApplyResult, started: int) -> None:
+    """A "notification.receipt" span in the trace of each notification a receipt names (core.tracing)."""
+    try:
+        ended = tracing.now()
+        changed = {row.notification_id for row in result.changed}
+        for receipt in receipts:
+            try:
+                notification_id = uuid.UUID(str(receipt.notification_id))
+            except ValueError:
+                continue  # names no notification: no trace to add to
+            attributes = {
+                "omnipost.provider_kind": view.kind,
+                "omnipost.receipt_type": receipt.type[:40],
+                "omnipost.receipt": receipt.receipt or "",
+                "omnipost.receipt_changed": notification_id in changed,
+            }
+            tracing.child("notification.receipt", notification_id, started, ended, attributes)
+    except Exception:  # noqa: BLE001 - never in the way of the answer: the receipts are stored
+        logger.exception("could not trace receipts for provider %s", view.id)
 
 
 def _respond(answer: Answer) -> JsonResponse:

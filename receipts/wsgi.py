@@ -36,7 +36,7 @@ from receipts.views import MAX_BODY_BYTES, TOO_LARGE, Answer, error_answer, form
 logger = logging.getLogger("omnipost.receipts")
 
 PATH = re.compile(r"/hooks/providers/([0-9]{1,18})")
-_REASONS = {200: "OK", 401: "Unauthorized", 404: "Not Found", 413: "Request Entity Too Large",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 413: "Request Entity Too Large",
             429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]

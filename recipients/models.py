@@ -134,3 +134,19 @@ class Suppression(TenantOwned):
     def __str__(self) -> str:
         scope = self.category or "all categories"
         return f"{self.channel} {self.recipient_masked} ({self.reason}, {scope})"
+
+
+class RevokedUnsubscribeToken(TenantOwned):
+    """One unsubscribe token revoked by itself (`recipients.unsubscribe.revoke`): a link that leaked,
+    say in a forwarded email, stops working while every other email's link keeps working. Each email's
+    token is unique (Fernet's IV and time), so its SHA-256 names it; the token itself is not kept."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    token_digest = models.CharField(max_length=64, unique=True)  # read_token's lookup
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "unsubscribe_token_revocations"
+
+    def __str__(self) -> str:
+        return f"revoked unsubscribe token {self.token_digest[:12]}…"

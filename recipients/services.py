@@ -74,7 +74,7 @@ def check_quiet_hours(value: Any) -> dict[str, str] | None:
     if not isinstance(value, dict) or set(value) != {"start", "end"}:
         raise ValueError('must be null or {"start": "HH:MM", "end": "HH:MM"}')
     for name in ("start", "end"):
-        if not isinstance(value[name], str) or not _CLOCK.match(value[name]):
+        if not isinstance(value[name], str) or not _CLOCK.fullmatch(value[name]):
             raise ValueError(f"{name} must be a time of day as HH:MM (00:00 to 23:59)")
     if value["start"] == value["end"] and value["start"] != "00:00":
         raise ValueError('start and end are equal: give {"start": "00:00", "end": "00:00"} for no quiet hours, '

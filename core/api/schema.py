@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import RegexValidator
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
@@ -45,7 +47,8 @@ _DESCRIPTIONS = {
     413: "Request body larger than OMNIPOST_MAX_REQUEST_BYTES.",
     422: "Idempotency-Key reused with a different request (idempotency_key_reused).",
     429: "Too many requests for this tenant; see the Retry-After header.",
-    503: "No database primary reachable (a failover under way): nothing was stored; retry after Retry-After.",
+    503: ("No database primary reachable (a failover under way), or the session was lost: a write may or may not "
+          "have been stored; retry after Retry-After with the same Idempotency-Key."),
 }
 
 
@@ -97,6 +100,27 @@ class StrictSerializerSchema(OpenApiSerializerExtension):
         return schema
 
 
+class FullMatchValidator(RegexValidator):
+    """A RegexValidator that wants the whole value to match: Django's `search` lets a pattern that ends
+    in `$` match before a trailing newline ("+15550100123\n"), and a value with one would be stored."""
+
+    def __call__(self, value: Any) -> None:  # noqa: ANN401
+        if self.regex.fullmatch(str(value)) is None:
+            raise DjangoValidationError(self.message, code=self.code, params={"value": value})
+
+
+class FullRegexField(serializers.RegexField):
+    """DRF's RegexField, matched against the whole value (FullMatchValidator). The pattern stays as
+    written for the OpenAPI schema, where `$` (ECMA-262, no multiline flag) means the very end. Nor is
+    the value trimmed first: a name sent with a newline is refused, not stored as some other name."""
+
+    def __init__(self, regex: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(regex, **kwargs)
+        plain = self.validators[-1]
+        self.validators[-1] = FullMatchValidator(plain.regex, message=plain.message)
+
+
 # DRF coerces 5 → "5", "true" → True and "5" → 5; the schema promises exact JSON types, so these refuse
 # anything else (a client sending the wrong type has a bug worth hearing about).
 def _typed(base: type[serializers.Field], types: tuple[type, ...], message: str) -> type[serializers.Field]:
@@ -109,7 +133,7 @@ def _typed(base: type[serializers.Field], types: tuple[type, ...], message: str)
 
 
 StrictCharField = _typed(serializers.CharField, (str,), "must be a string")
-StrictRegexField = _typed(serializers.RegexField, (str,), "must be a string")
+StrictRegexField = _typed(FullRegexField, (str,), "must be a string")
 StrictBooleanField = _typed(serializers.BooleanField, (bool,), "must be true or false")
 StrictIntegerField = _typed(serializers.IntegerField, (int,), "must be an integer")
 StrictFloatField = _typed(serializers.FloatField, (int, float), "must be a number")

@@ -28,6 +28,7 @@ from core.http.client import (
     Resolver,
     Response,
     build_head,
+    refuse_whitespace,
     split_url,
 )
 
@@ -47,5 +48,6 @@ __all__ = [
     "Resolver",
     "Response",
     "build_head",
+    "refuse_whitespace",
     "split_url",
 ]

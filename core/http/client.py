@@ -28,6 +28,7 @@ import asyncio
 import re
 import socket
 import ssl
+import unicodedata
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -91,9 +92,27 @@ def default_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+# Whitespace and control characters never belong in a URL (RFC 3986 §2: they are percent-encoded).
+# They must be refused before urlsplit, which silently drops TAB, CR and LF (WHATWG's rule), so a URL
+# checked through it looked clean while the raw string, stored and echoed, kept `\r\nX-Injected: 1`.
+_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+
+def refuse_whitespace(text: str, what: str = "URL") -> None:
+    """ValueError naming the first whitespace or control character of `text`, if any."""
+    for position, ch in enumerate(text):
+        if ch.isspace() or unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            raise ValueError(
+                f"{what} must not contain whitespace or control characters (U+{ord(ch):04X} at position "
+                f"{position}); percent-encode them"
+            )
+
+
 @lru_cache(maxsize=1024)
 def split_url(url: str) -> tuple[Origin, str]:
-    """Parse an absolute http(s) URL into its origin and request target; ValueError if unusable."""
+    """Parse an absolute http(s) URL into its origin and request target; ValueError if unusable
+    (whitespace or control characters anywhere in it included)."""
+    refuse_whitespace(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):

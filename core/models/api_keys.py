@@ -72,7 +72,7 @@ class ApiKey(models.Model):
         while warm, revocations reach it within a second) or one query."""
         from core import auth_cache
 
-        match = KEY_RE.match(raw_key or "")
+        match = KEY_RE.fullmatch(raw_key or "")
         if not match:
             return None
         digest = hash_key(raw_key)

@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.schema import (
+    FullRegexField,
     StrictBooleanField,
     StrictFloatField,
     StrictIntegerField,
@@ -104,7 +105,7 @@ def _common_filters(data: Any, clean: dict, errors: dict) -> None:
 class DeadLetterFilterSerializer(serializers.Serializer):
     failure_class = serializers.ChoiceField(choices=FailureClass.choices, required=False)
     status = DeadLetterStatusField(choices=DeadLetter.Status.choices, required=False)
-    provider = serializers.RegexField(NAME.pattern, required=False, help_text="Provider name.")
+    provider = FullRegexField(NAME.pattern, required=False, help_text="Provider name.")
     created_after = serializers.DateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:

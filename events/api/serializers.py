@@ -24,7 +24,6 @@ def check_url(url: str) -> str:
     OMNIPOST_ALLOW_PRIVATE_DESTINATIONS); the lane checks the resolved address again at connect time."""
     from core.http import split_url
 
-    url = url.strip()
     try:
         origin, _ = split_url(url)
     except ValueError as exc:
@@ -42,7 +41,10 @@ def check_url(url: str) -> str:
 
 class EventEndpointSerializer(StrictSerializer):
     name = StrictRegexField(NAME.pattern, max_length=100, help_text="Fixed once created.")
-    url = StrictCharField(max_length=2000, help_text="http(s) URL events are POSTed to; public addresses only.")
+    url = StrictCharField(
+        max_length=2000, trim_whitespace=False,  # refused with the reason (core.http.split_url), never trimmed
+        help_text="http(s) URL events are POSTed to; public addresses only; no whitespace or control characters.",
+    )  # fmt: skip
     event_types = serializers.ListField(
         child=serializers.ChoiceField(choices=TYPE_CHOICES), allow_empty=False, max_length=len(TYPE_CHOICES),
         help_text='Event types to receive, or ["*"] for every type.',

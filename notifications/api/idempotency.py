@@ -96,7 +96,7 @@ def run_idempotent(
     key = request.headers.get(HEADER)
     if key is None:
         return handler(None)
-    if not KEY_PATTERN.match(key):
+    if not KEY_PATTERN.fullmatch(key):
         raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
     digest = fingerprint(request)
     for _ in range(5):
@@ -126,7 +126,7 @@ def run_idempotent_in_transaction(request: Request, view: Any, handler: Callable
     key = request.headers.get(HEADER)
     if key is None:
         return handler()
-    if not KEY_PATTERN.match(key):
+    if not KEY_PATTERN.fullmatch(key):
         raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
     digest = fingerprint(request)
     for _ in range(5):

@@ -12,7 +12,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.schema import StrictSerializer, iso
+from core.api.schema import FullRegexField, StrictSerializer, iso
 from core.channels import Channel
 from core.validation import MAX_BODY_CHARS, MAX_SUBJECT_CHARS, MAX_TOKEN_CHARS, NAME, FieldErrors, parse_aware_datetime
 from notifications import reads, validation
@@ -43,11 +43,11 @@ class NotificationCreateSerializer(StrictSerializer):
         help_text="A subscriber's external_id instead of `recipient`: its address for the channel is used "
         "(push: its first token; not for the webhook channel).",
     )  # fmt: skip
-    category = serializers.RegexField(
+    category = FullRegexField(
         NAME.pattern, required=False, default="general",
         help_text="A category key of the tenant (default `general`); opt-outs and suppressions are per category.",
     )  # fmt: skip
-    provider = serializers.RegexField(
+    provider = FullRegexField(
         NAME.pattern, required=False, allow_null=True,
         help_text="Provider name; default: the tenant's default provider for the channel.",
     )  # fmt: skip
@@ -58,13 +58,13 @@ class NotificationCreateSerializer(StrictSerializer):
         required=False, allow_null=True, allow_blank=True, max_length=MAX_BODY_CHARS,
         help_text="Required unless `template` is given.",
     )  # fmt: skip
-    template = serializers.RegexField(
+    template = FullRegexField(
         NAME.pattern, required=False, allow_null=True,
         help_text="Template key; renders subject and body from `context` (not with subject/body).",
     )  # fmt: skip
     context = serializers.DictField(required=False, allow_null=True, help_text="Template variables (≤ 64 KiB).")
     priority = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=9, default=5)
-    queue = serializers.RegexField(validation.QUEUE_NAME.pattern, required=False, allow_null=True, default="default")
+    queue = FullRegexField(validation.QUEUE_NAME.pattern, required=False, allow_null=True, default="default")
     scheduled_for = serializers.DateTimeField(
         required=False, allow_null=True,
         help_text="ISO 8601 with a UTC offset; in the future the notification is scheduled, else queued now "

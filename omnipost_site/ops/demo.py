@@ -87,7 +87,7 @@ def _saved_credentials(path: Path, tenant: Tenant) -> Demo | None:
         return None
     if demo.tenant_id != str(tenant.pk):
         return None
-    match = KEY_RE.match(demo.api_key)
+    match = KEY_RE.fullmatch(demo.api_key)
     key = ApiKey.objects.for_tenant(tenant).active().filter(prefix=match["prefix"]).first() if match else None
     if key is None or key.key_hash != hash_key(demo.api_key):
         return None

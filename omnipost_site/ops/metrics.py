@@ -9,7 +9,8 @@ does not grow with history.
   one grouped scan of `queue_state` (live items only, so it stays small); the OMNIPOST_METRICS_MAX_QUEUES
   (20) deepest queues by name, the rest added up as `queue="other"`;
 - rate-limited items waiting for tokens: `queue_state_lane_idx`; token buckets: `rate_limit_buckets`
-  (one row per limited provider or tenant);
+  (one row per limited provider or tenant), providers' by provider (folded past
+  OMNIPOST_METRICS_MAX_PROVIDERS), tenants' added up by scope: no tenant id is ever a label value;
 - delivery attempts by outcome and provider, and the due → delivered latency histogram: counters
   (`notifications.counters`) that the dispatcher's record statement adds to per batch, summed over
   their shards: a table of a few rows per provider; providers past OMNIPOST_METRICS_MAX_PROVIDERS
@@ -17,14 +18,15 @@ does not grow with history.
 - open dead letters: `omnipost_site.ops.figures.dlq_open()`, exact up to 100,000, then the planner's estimate;
 - scheduler lag: min(run_at) of due pending jobs, `scheduled_jobs_due_idx`;
 - workers live/stale: `queueing.stats.workers()`;
-- receipts ignored (unknown or another tenant's notification): `receipt_counters`, sharded like the
-  delivery counters, by provider (folded past OMNIPOST_METRICS_MAX_PROVIDERS like the attempts).
+- receipts ignored (unknown, another tenant's, or another provider's notification): `receipt_counters`,
+  sharded like the delivery counters, by provider (folded past OMNIPOST_METRICS_MAX_PROVIDERS like the
+  attempts).
 
 Counters never go down: nothing subtracts from them, and `prune` deletes attempts, not counters.
 
-Labels carry queue names, provider names and ids, outcomes and worker kinds only: never a
-recipient, a tenant's data or a secret. With OMNIPOST_METRICS_TOKEN set, a scrape needs
-`Authorization: Bearer <token>` (401 otherwise).
+Labels carry queue names, provider names and ids, outcomes, bucket scopes and worker kinds only,
+each capped in number: never a tenant id, a recipient, a tenant's data or a secret. With
+OMNIPOST_METRICS_TOKEN set, a scrape needs `Authorization: Bearer <token>` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ from queueing import stats
 OTHER = "other"  # the label value of what is folded past a cap
 MAX_QUEUES = 20
 MAX_PROVIDERS = 200
+
+
+BUCKET_SCOPES = ("provider", "tenant", "api")  # the prefixes of rate_limit_buckets.key
+
+
+def _bucket_scope(key: str) -> tuple[str, int | None]:
+    """A bucket key's scope label (one of BUCKET_SCOPES, else "other") and, for a provider's, its id."""
+    scope, _, key_id = key.partition(":")
+    if scope == "provider":
+        return (scope, int(key_id)) if key_id.isascii() and key_id.isdigit() else (OTHER, None)
+    return (scope if scope in BUCKET_SCOPES else OTHER), None
 
 
 def _provider_label(provider_id: int | None, names: dict[int, str]) -> tuple[str, str]:
@@ -147,7 +160,8 @@ class OmniPostCollector(Collector):
         waiting = GaugeMetricFamily(
             "omnipost_rate_limited_ready_items",
             "Ready items of rate-limited providers, claimed only as fast as their token buckets allow "
-            "(deferred by the rate limit while this stays above zero).",
+            "(deferred by the rate limit while this stays above zero; past OMNIPOST_METRICS_MAX_PROVIDERS, "
+            "provider=\"other\").",
             labels=["provider", "provider_id"],
         )
         # queue_state_lane_idx: WHERE ready AND rate_limited, by provider (without `ready`, a scan of
@@ -162,40 +176,76 @@ class OmniPostCollector(Collector):
         )
         # Each row carries the database's clock, the one the buckets are refilled on.
         buckets = list(RateBucket.objects.using(self.using).annotate(db_now=Now()).order_by("key"))
-        ids = {r["provider_id"] for r in rows if r["provider_id"] is not None}
-        ids |= {int(b.key.split(":", 1)[1]) for b in buckets if b.key.startswith("provider:")}
-        names = dict(Provider.objects.using(self.using).filter(pk__in=ids).values_list("pk", "name")) if ids else {}
+        provider_ids = {r["provider_id"] for r in rows if r["provider_id"] is not None}
+        provider_ids |= {int(b.key.split(":", 1)[1]) for b in buckets if _bucket_scope(b.key)[0] == "provider"}
+        # The lowest ids keep their own series (new providers get higher ids, so no series ever moves).
+        named = sorted(provider_ids)[: self.max_providers]
+        names = dict(Provider.objects.using(self.using).filter(pk__in=named).values_list("pk", "name")) if named else {}
+        shown: dict[tuple[str, str], int] = defaultdict(int)
         for r in rows:
-            waiting.add_metric(list(_provider_label(r["provider_id"], names)), r["n"])
+            shown[self._provider_or_other(r["provider_id"], names)] += r["n"]
+        for labels, n in sorted(shown.items()):
+            waiting.add_metric(list(labels), n)
         yield waiting
 
+        # Tenants' buckets (the API's `api:<tenant>`, the dispatcher's `tenant:<tenant>`) are added up by
+        # scope: /metrics may be read without a token, and a tenant id is neither a public value nor a
+        # bounded one. Providers' keep their own series, up to OMNIPOST_METRICS_MAX_PROVIDERS.
         labels = ["scope", "id", "provider"]
         configured = GaugeMetricFamily(
-            "omnipost_rate_limit_rate", "Configured rate of a shared token bucket (tokens/s).", labels=labels
+            "omnipost_rate_limit_rate",
+            "Configured rate of shared token buckets (tokens/s): by provider (past OMNIPOST_METRICS_MAX_PROVIDERS, "
+            "id=\"other\"), tenants' added up by scope (id empty).",
+            labels=labels,
         )
         effective = GaugeMetricFamily(
             "omnipost_rate_limit_effective_rate",
-            "Adaptive rate of a shared token bucket (tokens/s): lowered on 429s, raised back on success.",
+            "Adaptive rate of shared token buckets (tokens/s): lowered on 429s, raised back on success.",
             labels=labels,
         )
         tokens = GaugeMetricFamily(
-            "omnipost_rate_limit_tokens", "Tokens a bucket holds now (refilled up to its burst).", labels=labels
+            "omnipost_rate_limit_tokens",
+            "Tokens shared buckets hold now (refilled up to their burst), labelled like omnipost_rate_limit_rate.",
+            labels=labels,
+        )
+        counted = GaugeMetricFamily(
+            "omnipost_rate_limit_buckets", "Shared token buckets by scope (provider, tenant, api).", labels=["scope"]
         )
         exhausted = GaugeMetricFamily(
             "omnipost_rate_limit_buckets_exhausted",
             "Token buckets holding less than one token now: their lanes wait for the next token.",
         )
         empty = 0
+        sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        per_scope: dict[str, int] = dict.fromkeys(BUCKET_SCOPES, 0)
         for bucket in buckets:
-            scope, _, key_id = bucket.key.partition(":")
-            name = names.get(int(key_id), "") if scope == "provider" and key_id.isdigit() else ""
+            scope, provider_id = _bucket_scope(bucket.key)
             elapsed = max(0.0, (bucket.db_now - bucket.updated_at).total_seconds())
             available = min(bucket.burst, bucket.tokens + elapsed * bucket.effective_rate)
             empty += available < 1
-            for family, value in ((configured, bucket.rate), (effective, bucket.effective_rate), (tokens, available)):
-                family.add_metric([scope, key_id, name], round(value, 6))
+            per_scope[scope] = per_scope.get(scope, 0) + 1
+            if scope == "provider":
+                name, key_id = self._provider_or_other(provider_id, names)
+                key = (scope, key_id, name)
+            else:
+                key = (scope, "", "")
+            total = sums[key]
+            total[0] += bucket.rate
+            total[1] += bucket.effective_rate
+            total[2] += available
+        for key, (rate, effective_rate, available) in sorted(sums.items()):
+            for family, value in ((configured, rate), (effective, effective_rate), (tokens, available)):
+                family.add_metric(list(key), round(value, 6))
+        for scope, n in per_scope.items():
+            counted.add_metric([scope], n)
         exhausted.add_metric([], empty)
-        yield from (configured, effective, tokens, exhausted)
+        yield from (configured, effective, tokens, counted, exhausted)
+
+    def _provider_or_other(self, provider_id: int | None, names: dict[int, str]) -> tuple[str, str]:
+        """(name, id) labels of a provider among `names` (the capped ones), else ("other", "other")."""
+        if provider_id is not None and provider_id not in names:
+            return OTHER, OTHER
+        return _provider_label(provider_id, names)
 
     # --- attempts ------------------------------------------------------------------------------------
     def _attempts(self, totals: dict[tuple[int, str, int], tuple[int, float]]) -> Iterator[Metric]:
@@ -318,8 +368,9 @@ class OmniPostCollector(Collector):
 
         family = CounterMetricFamily(
             "omnipost_receipts_ignored",
-            "Provider receipts acknowledged but not applied: for no known notification (reason=\"unknown\") or "
-            "for another tenant's (reason=\"foreign\"), by the provider that reported them.",
+            "Provider receipts acknowledged but not applied: for no known notification (reason=\"unknown\"), "
+            "for another tenant's (reason=\"foreign\"), or for one the reporting provider did not send "
+            "(reason=\"other_provider\"), by the provider that reported them.",
             labels=["provider", "provider_id", "reason"],
         )
         totals = ignored_totals(self.using)

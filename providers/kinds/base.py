@@ -39,6 +39,9 @@ class OutboundMessage:
     attempt: int = 1
     # Extra message headers (email: List-Unsubscribe, List-Unsubscribe-Post; recipients.unsubscribe).
     headers: tuple[tuple[str, str], ...] = ()
+    # W3C trace context of the send (core.tracing), where traces are exported: a provider whose
+    # request can carry it (the webhook's) sends it as the `traceparent` header. Empty: none.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

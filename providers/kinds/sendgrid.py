@@ -103,7 +103,7 @@ class SendgridProvider(BaseProvider):
         base_url = config.get("base_url") or DEFAULT_BASE_URL
         if not isinstance(base_url, str):
             raise config_error("base_url", "must be an http(s) URL such as https://api.sendgrid.com")
-        base_url = base_url.strip().rstrip("/")
+        base_url = base_url.rstrip("/")
         try:
             origin, target = split_url(base_url)
         except ValueError as exc:

@@ -122,7 +122,7 @@ class SesProvider(BaseProvider):
         base_url = config.get("base_url") or default_base_url(region)
         if not isinstance(base_url, str):
             raise config_error("base_url", "must be an http(s) URL such as https://email.eu-west-1.amazonaws.com")
-        base_url = base_url.strip().rstrip("/")
+        base_url = base_url.rstrip("/")
         try:
             origin, target = split_url(base_url)
         except ValueError as exc:

@@ -247,9 +247,9 @@ class SmtpProvider(BaseProvider):
         reject_unknown_keys(config, allowed, section="config")
         reject_unknown_keys(secrets, ("password",), section="secrets")
         host = config.get("host")
-        if not isinstance(host, str) or not host.strip() or any(c in host for c in " /\\@\r\n"):
-            raise config_error("host", "required: the SMTP server's host name or IP address")
-        host = host.strip().strip("[]")
+        if not isinstance(host, str) or not host or any(not c.isprintable() or c in " /\\@" for c in host):
+            raise config_error("host", "required: the SMTP server's host name or IP address, without whitespace")
+        host = host.strip("[]")
         for flag in ("use_tls", "use_ssl"):
             if not isinstance(config.get(flag, False), bool):
                 raise config_error(flag, "must be true or false")

@@ -125,9 +125,8 @@ class WebhookProvider(BaseProvider):
         reject_unknown_keys(config, ("url", "timeout_seconds"), section="config")
         reject_unknown_keys(secrets, ("signing_secret",), section="secrets")
         url = config.get("url")
-        if not isinstance(url, str) or not url.strip():
+        if not isinstance(url, str) or not url:
             raise config_error("url", "required: the http(s) URL to POST notifications to")
-        url = url.strip()
         try:
             origin, _ = split_url(url)
         except ValueError as exc:
@@ -218,13 +217,14 @@ class WebhookProvider(BaseProvider):
                     message=clean_message(f"payload is not JSON-serialisable: {exc}"),
                     permanent=True,
                 )
-            head = self._signed_head(msg_id, body)
+            head = self._signed_head(msg_id, body, message.traceparent)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return self._failure(exc)
         return head, body
 
-    def _signed_head(self, msg_id: str, body: bytes) -> bytes:
-        """The request head with the Standard Webhooks headers for `body` sent as `msg_id`."""
+    def _signed_head(self, msg_id: str, body: bytes, traceparent: str = "") -> bytes:
+        """The request head with the Standard Webhooks headers for `body` sent as `msg_id` (and the
+        W3C `traceparent` of the send, where traces are exported)."""
         now = time.time()
         timestamp = str(int(now))
         signed = f"{msg_id}.{timestamp}.".encode()
@@ -236,7 +236,11 @@ class WebhookProvider(BaseProvider):
             msg_id.encode(),
             timestamp.encode(),
             signature,
-        ) + b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n" % (msg_id.encode(), len(body))
+        ) + b"Idempotency-Key: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+            msg_id.encode(),
+            b"traceparent: %s\r\n" % traceparent.encode() if traceparent else b"",
+            len(body),
+        )
 
     def _result(self, response: Response) -> DeliveryResult:
         status = response.status

@@ -35,8 +35,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from core.masking import mask_text
+from core.validation import datetime_from_timestamp
 from providers.kinds.sendgrid import load_public_key
-from receipts.inbound import InboundRequest, ProviderView, Receipt, Rejected, adapter
+from receipts.inbound import InboundRequest, Invalid, ProviderView, Receipt, Rejected, adapter
 
 SIGNATURE_HEADER = "X-Twilio-Email-Event-Webhook-Signature"
 TIMESTAMP_HEADER = "X-Twilio-Email-Event-Webhook-Timestamp"
@@ -78,13 +79,15 @@ def _text(value: Any, limit: int = MAX_TEXT_CHARS) -> str:
     return mask_text(str(value))[:limit]
 
 
-def _occurred_at(event: Mapping[str, Any], now: datetime) -> datetime:
+def _occurred_at(event: Mapping[str, Any], now: datetime, index: int) -> datetime:
+    """The event's `timestamp` (Unix seconds; now without one); Invalid (400 naming `[index].timestamp`)
+    outside what OmniPost stores (core.validation.check_datetime_range)."""
     stamp = event.get("timestamp")
     if isinstance(stamp, int | float) and not isinstance(stamp, bool):
         try:
-            return datetime.fromtimestamp(stamp, UTC)
-        except (OverflowError, OSError, ValueError):
-            pass
+            return datetime_from_timestamp(stamp)
+        except ValueError as exc:
+            raise Invalid(f"[{index}].timestamp", str(exc)) from None
     return now
 
 
@@ -96,7 +99,7 @@ def _canonical(event: Mapping[str, Any]) -> bytes:
         return json.dumps(event, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _receipt(event: Mapping[str, Any], name: str, now: datetime) -> Receipt:
+def _receipt(event: Mapping[str, Any], name: str, now: datetime, index: int = 0) -> Receipt:
     kind = str(event.get("type") or "").lower()
     receipt: str | None = None
     bounce_type: str | None = None
@@ -115,7 +118,7 @@ def _receipt(event: Mapping[str, Any], name: str, now: datetime) -> Receipt:
     return Receipt(
         notification_id=str(notification_id)[:MAX_ID_CHARS] if notification_id is not None else "",
         type=shown,
-        occurred_at=_occurred_at(event, now),
+        occurred_at=_occurred_at(event, now, index),
         receipt=receipt,
         bounce_type=bounce_type,
         details=details,
@@ -138,11 +141,11 @@ def parse(request: InboundRequest, provider: ProviderView, *, now: Callable[[], 
     if not isinstance(events, list) or len(events) > MAX_EVENTS:
         raise Rejected("the body is not a JSON array of events")
     receipts = []
-    for event in events:
+    for index, event in enumerate(events):
         if not isinstance(event, dict):
             raise Rejected("an event is not a JSON object")
         name = event.get("event")
         if not isinstance(name, str) or not name:
             raise Rejected("an event has no `event` name")
-        receipts.append(_receipt(event, name.lower()[:40], at))
+        receipts.append(_receipt(event, name.lower()[:40], at, index))
     return receipts

@@ -45,9 +45,10 @@ from django.conf import settings
 
 from core.http import HttpError, split_url
 from core.masking import mask_email, mask_text
+from core.validation import check_datetime_range
 from providers.ssrf import DestinationForbidden
 from providers.transport import fetch
-from receipts.inbound import Handled, InboundRequest, ProviderView, Receipt, Rejected, adapter
+from receipts.inbound import Handled, InboundRequest, Invalid, ProviderView, Receipt, Rejected, adapter
 
 NOTIFICATION_FIELDS = ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type")
 SUBSCRIPTION_FIELDS = ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type")
@@ -244,11 +245,12 @@ def ses_receipt(text: str, *, event_id: str, sent_at: str) -> Receipt | None:
     receipt: str | None = None
     bounce_type: str | None = None
     when: object = None
+    where = ""  # the field `when` came from, named in a 400
     if event_type == "Bounce":
         bounce = _obj(event.get("bounce"))
         receipt, kind = "bounced", "bounced"
         bounce_type = "hard" if bounce.get("bounceType") == "Permanent" else "soft"
-        when = bounce.get("timestamp")
+        when, where = bounce.get("timestamp"), "Message.bounce.timestamp"
         details |= _pick(bounce, "bounceType", "bounceSubType", "feedbackId", "reportingMTA", "remoteMtaIp")
         details["bounce_type"] = bounce_type
         details["recipients"] = [
@@ -258,7 +260,7 @@ def ses_receipt(text: str, *, event_id: str, sent_at: str) -> Receipt | None:
     elif event_type == "Complaint":
         complaint = _obj(event.get("complaint"))
         receipt, kind = "complained", "complained"
-        when = complaint.get("timestamp")
+        when, where = complaint.get("timestamp"), "Message.complaint.timestamp"
         details |= _pick(
             complaint, "complaintFeedbackType", "complaintSubType", "feedbackId", "userAgent", "arrivalDate"
         )
@@ -266,16 +268,17 @@ def ses_receipt(text: str, *, event_id: str, sent_at: str) -> Receipt | None:
     elif event_type == "Delivery":
         delivery = _obj(event.get("delivery"))
         receipt, kind = "delivered", "delivered"
-        when = delivery.get("timestamp")
+        when, where = delivery.get("timestamp"), "Message.delivery.timestamp"
         details |= _pick(delivery, "smtpResponse", "reportingMTA", "processingTimeMillis", "remoteMtaIp")
         details["recipients"] = [mask_email(r) for r in delivery.get("recipients") or [] if isinstance(r, str)]
     else:  # Send, Reject, DeliveryDelay, Open, Click, RenderingFailure, Subscription: events, not receipts
         kind = _CAMEL.sub("_", event_type).lower()
-        when = _obj(event.get(event_type[:1].lower() + event_type[1:])).get("timestamp")
+        section = event_type[:1].lower() + event_type[1:]
+        when, where = _obj(event.get(section)).get("timestamp"), f"Message.{section[:40]}.timestamp"
     return Receipt(
         notification_id=_notification_id(mail),
         type=kind,
-        occurred_at=_when(when) or _when(sent_at) or datetime.now(UTC),
+        occurred_at=_when(when, where) or _when(sent_at, "Timestamp") or datetime.now(UTC),
         receipt=receipt,
         bounce_type=bounce_type,
         details=details,
@@ -297,14 +300,19 @@ def _notification_id(mail: Mapping[str, Any]) -> str:
     return ""
 
 
-def _when(value: object) -> datetime | None:
+def _when(value: object, field: str) -> datetime | None:
+    """An ISO 8601 time (UTC when it states no offset); None if there is none to read, Invalid (400
+    naming `field`) if it lies outside what OmniPost stores (core.validation.check_datetime_range)."""
     if not isinstance(value, str):
         return None
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    try:
+        return check_datetime_range(parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC))
+    except ValueError as exc:
+        raise Invalid(field, str(exc)) from None
 
 
 def _obj(value: object) -> dict[str, Any]:

@@ -9,7 +9,7 @@ package (which also refuses a `webhook-timestamp` more than 5 minutes off).
 
     {"type": "delivered" | "bounced" | "complained" | "failed",
      "notification_id": "<the webhook-id OmniPost sent>",
-     "occurred_at": "<ISO 8601 with offset; default: webhook-timestamp>",
+     "occurred_at": "<ISO 8601 with offset, 1970-01-01..9999-12-30 UTC; default: webhook-timestamp>",
      "details": {"bounce_type": "hard" | "soft", ...}}
 
 During a secret rotation's grace period (OMNIPOST_SECRET_ROTATION_GRACE_SECONDS) an event signed
@@ -19,13 +19,14 @@ larger ones are replaced by `{"truncated": true}`.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 
 import orjson
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from receipts.inbound import BOUNCE_TYPES, InboundRequest, ProviderView, Receipt, Rejected, adapter
+from core.validation import datetime_from_timestamp, parse_aware_datetime
+from receipts.inbound import BOUNCE_TYPES, InboundRequest, Invalid, ProviderView, Receipt, Rejected, adapter
 
 TYPES = ("delivered", "bounced", "complained", "failed")
 MAX_DETAILS_BYTES = 8 * 1024
@@ -62,20 +63,17 @@ def _verify(request: InboundRequest, provider: ProviderView) -> None:
 
 
 def _occurred_at(value: object, fallback: str) -> datetime:
+    """`occurred_at` (core.validation's parse and range: 400 naming it otherwise), or the signed
+    webhook-timestamp (within 5 minutes of now: the signature check saw to that)."""
     if value is None:
         try:
-            return datetime.fromtimestamp(int(fallback), tz=UTC)
+            return datetime_from_timestamp(int(fallback))
         except (TypeError, ValueError):
             raise Rejected("webhook-timestamp is not a number") from None
-    if not isinstance(value, str):
-        raise Rejected("occurred_at must be an ISO 8601 string with a UTC offset")
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise Rejected("occurred_at must be an ISO 8601 string with a UTC offset") from None
-    if parsed.tzinfo is None:
-        raise Rejected("occurred_at needs a UTC offset (e.g. 2026-01-01T12:00:00Z)")
-    return parsed
+        return parse_aware_datetime(value)
+    except ValueError as exc:
+        raise Invalid("occurred_at", str(exc)) from None
 
 
 @adapter("webhook")

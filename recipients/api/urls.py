@@ -17,6 +17,8 @@ subscriber = views.SubscriberViewSet.as_view(
 )
 
 urlpatterns = [
+    path("unsubscribe-tokens/revoke", views.UnsubscribeTokenRevokeView.as_view({"post": "create"}),
+         name="unsubscribe-token-revoke"),
     path("subscribers", subscribers, name="subscriber-list"),
     path("subscribers/<str:external_id>", subscriber, name="subscriber-detail"),
     *router.urls,

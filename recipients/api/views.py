@@ -25,8 +25,9 @@ from core.api.schema import (
 )
 from core.api.viewsets import actor, as_uuid, config_docs
 from core.channels import Channel
+from core.masking import mask_email
 from core.validation import MAX_TOKEN_CHARS, NAME, FieldErrors, check_recipient, unknown_fields
-from recipients import services, suppressions
+from recipients import services, suppressions, unsubscribe
 from recipients.models import Category, Subscriber, Suppression, SuppressionReason
 
 MAX_BULK_SUBSCRIBERS = 1000
@@ -137,6 +138,52 @@ class SuppressionViewSet(
         if not suppressions.remove(request.tenant.pk, as_uuid(pk), actor=actor(request)):
             raise NotFound()
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- unsubscribe tokens ---------------------------------------------------------------------------
+
+
+class TokenRevokeSerializer(StrictSerializer):
+    token = StrictCharField(
+        max_length=4096, trim_whitespace=False,
+        help_text="The token of one email's List-Unsubscribe link, or the whole link "
+        "(https URL or the mailto's subject).",
+    )  # fmt: skip
+
+
+class UnsubscribeTokenRevokeView(StrictQueryMixin, viewsets.ViewSet):
+    """`POST unsubscribe-tokens/revoke`: one email's unsubscribe link stops working (a forwarded or
+    leaked one), every other email's keeps working."""
+
+    @extend_schema(
+        request=TokenRevokeSerializer,
+        responses={200: inline_serializer("UnsubscribeTokenRevoked", {
+            "revoked": serializers.BooleanField(), "already_revoked": serializers.BooleanField(),
+            "category": serializers.CharField(), "recipient_masked": serializers.CharField(),
+        }), **errors(400)},
+    )  # fmt: skip
+    def create(self, request: Request) -> Response:
+        body = TokenRevokeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        token = _token_of(body.validated_data["token"])
+        try:
+            category, address, created = unsubscribe.revoke(request.tenant.pk, token, actor=actor(request))
+        except unsubscribe.BadToken:
+            raise serializers.ValidationError(
+                {"token": ["not an unsubscribe token of this tenant (forged, altered, or another tenant's)"]}
+            ) from None
+        return Response({"revoked": True, "already_revoked": not created, "category": category,
+                         "recipient_masked": mask_email(address)})  # fmt: skip
+
+
+def _token_of(value: str) -> str:
+    """The token in what a tenant pastes: the token, the https link (…/unsubscribe/<token>) or the
+    mailto's subject (`unsubscribe <token>`)."""
+    if unsubscribe.PATH in value:
+        value = value.rsplit(unsubscribe.PATH, 1)[1].split("?", 1)[0].split("#", 1)[0]
+    elif value[:12].lower().startswith("unsubscribe "):
+        value = value[12:]
+    return value
 
 
 # --- categories -----------------------------------------------------------------------------------

@@ -236,7 +236,8 @@ def test_readyz_ready_with_migrations_applied():
     body = response.json()
     assert body["status"] == "ready"
     assert body["checks"] == {"database": "ok", "migrations": "ok", "scheduler": "ok"}
-    assert body["workers"] == {"live": 0, "stale": 0, "stale_workers": []} and body["warnings"] == []
+    assert body["workers"] == {"live": 0, "stale": 0, "stale_by_kind": {"dispatcher": 0, "scheduler": 0}}
+    assert body["warnings"] == []
 
 
 def test_readyz_503_when_the_database_is_unreachable():

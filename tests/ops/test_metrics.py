@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.models import Tenant
 from dispatch.delivery import Attempt, Outcome, claim_and_start, record_outcomes
 from dlq.models import DeadLetter
 from notifications import counters
@@ -388,3 +389,39 @@ def test_database_reconnects_reported_by_heartbeats_are_counted():
     text = scrape()
     assert metric_value(text, "omnipost_db_reconnects_total", kind="dispatcher") == db_faults.reconnects() + 3
     assert metric_value(text, "omnipost_db_reconnects_total", kind="scheduler") == 2
+
+
+@pytest.mark.django_db
+def test_no_tenant_id_in_the_unauthenticated_scrape_and_bucket_labels_are_bounded(tenant_a, tenant_b, settings):
+    """/metrics needs no token by default: tenants' API and dispatch buckets are added up by scope, and
+    providers' buckets (and waiting items) past OMNIPOST_METRICS_MAX_PROVIDERS fold into "other"."""
+    settings.OMNIPOST_METRICS_MAX_PROVIDERS = 2
+    settings.OMNIPOST_METRICS_TOKEN = ""
+    now = timezone.now()
+    hooks = [factories.provider(tenant_a, f"hook-{i}") for i in range(4)]
+    for hook in hooks:
+        RateBucket.objects.create(key=f"provider:{hook.pk}", rate=10, effective_rate=10, burst=10, tokens=10,
+                                  updated_at=now)  # fmt: skip
+        factories.queued(tenant_a, hook, 1, rate_limited=True)
+    many = [tenant_a, tenant_b, *(Tenant.objects.create(name=f"t{i}") for i in range(30))]
+    for tenant in many:
+        for scope in ("api", "tenant"):
+            RateBucket.objects.create(key=f"{scope}:{tenant.pk}", rate=2, effective_rate=2, burst=5, tokens=5,
+                                      updated_at=now)  # fmt: skip
+    analyze_queue_state()
+
+    text = scrape()
+    assert not any(str(t.pk) in text or str(t.pk).replace("-", "") in text for t in many)
+    for name in ("omnipost_rate_limit_rate", "omnipost_rate_limit_effective_rate", "omnipost_rate_limit_tokens"):
+        series = {(lab["scope"], lab["id"], lab["provider"]) for n, lab, _ in samples(text) if n == name}
+        assert series == {("provider", str(hooks[0].pk), "hook-0"), ("provider", str(hooks[1].pk), "hook-1"),
+                          ("provider", "other", "other"), ("api", "", ""), ("tenant", "", "")}  # fmt: skip
+    assert metric_value(text, "omnipost_rate_limit_tokens", scope="api") == 5 * len(many)
+    assert metric_value(text, "omnipost_rate_limit_rate", scope="provider", id="other") == 20
+    assert metric_value(text, "omnipost_rate_limit_buckets", scope="api") == len(many)
+    assert metric_value(text, "omnipost_rate_limit_buckets", scope="provider") == 4
+    waiting = {lab["provider_id"]: v for n, lab, v in samples(text) if n == "omnipost_rate_limited_ready_items"}
+    assert waiting == {str(hooks[0].pk): 1, str(hooks[1].pk): 1, "other": 2}
+    # Every label value of the whole scrape comes from a bounded set.
+    values = {v for _, labels, _ in samples(text) for k, v in labels.items() if k not in ("le",)}
+    assert len(values) < 40

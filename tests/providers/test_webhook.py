@@ -387,8 +387,12 @@ def test_provider_survives_being_used_from_a_new_event_loop(receiver):
 
 # -- validation ----------------------------------------------------------------------------
 def test_validate_normalises_config():
-    config = WebhookProvider.validate({"url": " https://hooks.example.com/x?y=1 "}, SECRETS, check_destination=False)
+    config = WebhookProvider.validate({"url": "https://hooks.example.com/x?y=1"}, SECRETS, check_destination=False)
     assert config == {"url": "https://hooks.example.com/x?y=1", "timeout_seconds": 10.0}
+    # Whitespace around a URL is refused like whitespace inside it (core.http.split_url), not trimmed.
+    with pytest.raises(ValidationError) as refused:
+        WebhookProvider.validate({"url": " https://hooks.example.com/x?y=1 "}, SECRETS, check_destination=False)
+    assert "url" in refused.value.detail["config"]
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ def created(tenant_a, api_a):  # noqa: ANN001, ANN201
         return Notification.objects.get(pk=data["id"]), Notification.objects.get(pk=data["fallback_notification_id"])
 
     create.view = provider_views.load(setup.push.pk)
+    create.sms_view = provider_views.load(setup.text.pk)  # the fallbacks' provider: their receipts come from it
     return create
 
 
@@ -67,11 +68,12 @@ def test_a_bad_receipt_makes_the_fallback_due_at_once(created, kind):
 
 def test_a_batch_naming_a_notification_with_a_fallback_is_applied_once_by_the_statement_that_follows_it(created):
     """Receipts of notifications without a fallback take the statement without the fallback's CTEs;
-    one with a fallback in the batch makes that statement store nothing and the full one apply all."""
+    one with a fallback in the batch makes that statement store nothing and the full one apply all
+    (receipts for what another provider sent are ignored by both)."""
     original, linked = created()
     _, plain = created()  # a fallback has no fallback of its own
     with CaptureQueriesContext(connection) as ctx:
-        result = apply_receipts(created.view, [receipt(plain, "delivered")])
+        result = apply_receipts(created.sms_view, [receipt(plain, "delivered")])
     assert len(ctx.captured_queries) == 1 and "scheduled_jobs" not in ctx.captured_queries[0]["sql"]
     assert result.applied == 1
 
@@ -80,11 +82,12 @@ def test_a_batch_naming_a_notification_with_a_fallback_is_applied_once_by_the_st
         result = apply_receipts(created.view, batch)
     applies = [q["sql"] for q in ctx.captured_queries if "receipt_dedup" in q["sql"]]  # then the follow-ups'
     assert len(applies) == 2 and "scheduled_jobs" not in applies[0] and "scheduled_jobs" in applies[1]
-    assert (result.applied, result.duplicate, result.ignored) == (2, 0, 1)
-    assert {row.notification_id for row in result.changed} == {original.pk, linked.pk}
-    assert NotificationEvent.objects.filter(notification_id__in=[original.pk, linked.pk]).count() == 2
-    assert ReceiptDedup.objects.count() == 3  # the plain one's and this batch's two, once each
-    assert sum(ReceiptCounter.objects.values_list("count", flat=True)) == 1  # the unknown id, counted once
+    # `linked` went out through the SMS provider: the push provider's word on it is ignored.
+    assert (result.applied, result.duplicate, result.ignored) == (1, 0, 2)
+    assert {row.notification_id for row in result.changed} == {original.pk}
+    assert NotificationEvent.objects.filter(notification_id__in=[original.pk, linked.pk]).count() == 1
+    assert ReceiptDedup.objects.count() == 2  # the plain one's and the original's, once each
+    assert sorted(ReceiptCounter.objects.values_list("reason", "count")) == [("other_provider", 1), ("unknown", 1)]
     assert ScheduledJob.objects.get(notification_id=linked.pk).status == "pending"  # made due by `undelivered`
 
 

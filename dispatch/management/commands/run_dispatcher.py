@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core import tracing
 from core.process_name import set_process_name
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 
@@ -31,7 +32,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         set_process_name("omnipost-disp")  # before the dispatcher's threads start: they inherit it
-        if Dispatcher(config_from(options)).run() != 0:
+        config = config_from(options)
+        tracing.configure("dispatcher")  # with OTEL_EXPORTER_OTLP_ENDPOINT set: spans of claims and sends
+        try:
+            status = Dispatcher(config).run()
+        finally:
+            tracing.shutdown()  # its last spans go out before the process ends
+        if status != 0:
             raise CommandError("the dispatcher stopped after an internal error; see the log above")
 
 

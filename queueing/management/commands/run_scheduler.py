@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core import tracing
 from queueing.scheduler import DEFAULT_BATCH_SIZE, DEFAULT_INTERVAL, DEFAULT_JITTER, Scheduler
 
 
@@ -38,4 +39,9 @@ class Command(BaseCommand):
             raise CommandError("--interval must be a positive number of seconds, e.g. --interval 5")
         if batch_size <= 0:
             raise CommandError("--batch-size must be a positive integer, e.g. --batch-size 1000")
-        Scheduler(batch_size=batch_size, interval=interval, jitter=0.0 if no_jitter else DEFAULT_JITTER).run(once=once)
+        tracing.configure("scheduler")  # with OTEL_EXPORTER_OTLP_ENDPOINT set: a span per promotion
+        scheduler = Scheduler(batch_size=batch_size, interval=interval, jitter=0.0 if no_jitter else DEFAULT_JITTER)
+        try:
+            scheduler.run(once=once)
+        finally:
+            tracing.shutdown()

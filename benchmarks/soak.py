@@ -1,0 +1,1198 @@
+"""The chaos soak: OmniPost's real processes under mixed load while faults are injected, then a
+ledger of what survived (bench/soak.py is the command line; tests/benchmarks/test_soak.py runs a
+short one).
+
+What runs, all on this machine's loopback:
+
+- a private PostgreSQL server (benchmarks.pgserver: `initdb`, `pg_ctl`), migrated;
+- 2 web processes (gunicorn gthread), 3 dispatchers, a scheduler and the bounce listener, each
+  under a small supervisor (a thread here) that starts it again when it dies;
+- the chaos receiver (benchmarks.chaos_receiver): the webhook provider and the tenant's event
+  endpoint, switchable to 503 / 429 / hang / down.
+
+The load, at `rate` notifications a second: single creates (with an `Idempotency-Key`, retried
+with the same key on a 5xx or a broken connection until acknowledged), batches of 10, future-dated
+sends, sends to subscribers by category (one subscriber in four opted out of it: stored
+`suppressed`), and receipts for delivered notifications (signed, some posted twice, some followed
+by an older one: out of order).
+
+Faults, one every `fault_every` seconds, drawn from a seeded bag (every kind once per round, in a
+random order, so a run with at least as many faults as kinds has each kind): FAULT_KINDS. kill9's
+victims come from a bag too: every process once a round, a dispatcher first.
+
+The ledger (`Ledger.failures`): no acknowledged notification lost; duplicates at the provider
+only for notifications in flight (leased) at a kill or a stop of a dispatcher, never more than
+were; every delivered notification's event delivered at least once; every receipt acknowledged
+and visible; the opted-out sends suppressed and never sent; the API and the provider agree on
+what was delivered; every process alive at the end (or started again by its supervisor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.chaos_receiver import ChaosReceiver
+from benchmarks.pgserver import PrivatePostgres, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DBNAME = "omnipost_soak"
+PROVIDER_SECRET = "whsec_" + "U29ha1Byb3ZpZGVyU2lnbmluZ1NlY3JldDAxMjM0NTY="  # noqa: S105 - loopback only
+EVENTS_SECRET = "whsec_" + "U29ha0V2ZW50RW5kcG9pbnRTZWNyZXQwMTIzNDU2Nzg="  # noqa: S105 - loopback only
+FAULT_KINDS = (
+    "terminate_backends",  # pg_terminate_backend of every OmniPost session
+    "pg_restart",  # pg_ctl restart -m fast, down for a moment
+    "kill9",  # kill -9 of any supervised process
+    "sigstop_dispatcher",  # SIGSTOP a dispatcher past its lease, then SIGCONT
+    "provider_503",  # the provider answers 503 (Retry-After: 1) for a while
+    "provider_429",  # … 429
+    "provider_hang",  # … does not answer at all
+    "events_down",  # the event endpoint's port is closed for a while
+    "scheduler_kill",  # kill -9 of the scheduler
+)
+KILLS = ("kill9", "sigstop_dispatcher", "scheduler_kill")
+RECOVERED_PICKUP = 2.0  # seconds from due to arrival that count as "flowing again" after a fault
+SUBSCRIBERS = 40  # sub-0 … sub-39; every fourth opted out of `news` on push
+
+
+@dataclass
+class SoakConfig:
+    seconds: float = 300.0
+    rate: float = 50.0  # notifications a second
+    fault_every: float = 20.0
+    seed: int = 1
+    kinds: tuple[str, ...] = FAULT_KINDS
+    quick: bool = False  # short faults and lease, for the test's soak
+    provider_delay_ms: float = 100.0  # the provider's time to answer: sends are in flight when a kill comes
+    dispatchers: int = 3
+    webs: int = 2
+    workdir: Path | None = None  # logs; a temporary directory when None
+    prepare: Callable[[str], None] | None = None  # makes the schema (given a DSN); default: manage.py migrate
+    progress: Callable[[str], None] = lambda message: None
+
+    @property
+    def lease_seconds(self) -> float:
+        return 4.0 if self.quick else 10.0
+
+    def fault_seconds(self, kind: str) -> float:
+        """How long a fault with a duration lasts."""
+        quick = {"provider_503": 2.5, "provider_429": 2.5, "provider_hang": 3.0, "events_down": 6.0}
+        full = {"provider_503": 8.0, "provider_429": 8.0, "provider_hang": 6.0, "events_down": 45.0}
+        if kind == "sigstop_dispatcher":
+            return self.lease_seconds + 2.0
+        return (quick if self.quick else full).get(kind, 0.0)
+
+    @property
+    def circuit_open_seconds(self) -> float:
+        """The providers' breaker stays open this long (default 30 s; shorter here so that one
+        provider fault does not hide the next ones behind the same open breaker)."""
+        return 3.0 if self.quick else 5.0
+
+    @property
+    def drain_seconds(self) -> float:
+        return 45.0 if self.quick else 180.0
+
+
+# --- processes under supervision ---------------------------------------------------------------
+@dataclass
+class Incarnation:
+    pid: int
+    started: float
+    ended: float | None = None
+    code: int | None = None
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (unix time, RSS bytes, open files)
+
+
+class Supervised:
+    """One program kept running: started again (after a short pause) whenever it exits, until
+    `stop()`. Each start is an Incarnation; `ready` says when a new one is up (web: /healthz)."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path,
+                 ready: Callable[[Supervised], bool]) -> None:  # fmt: skip
+        self.name = name
+        self.command = command
+        self.env = env
+        self.log = log
+        self.ready = ready
+        self.incarnations: list[Incarnation] = []
+        self.up_at: list[float] = []  # when each incarnation became ready
+        self.proc: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=f"supervise-{name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def pid(self) -> int | None:
+        with self.lock:
+            return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            with self.lock, open(self.log, "a") as out:
+                self.proc = subprocess.Popen(  # noqa: S603
+                    self.command, cwd=ROOT, env=self.env, stdout=out, stderr=out, start_new_session=True
+                )
+                incarnation = Incarnation(self.proc.pid, time.time())
+                self.incarnations.append(incarnation)
+            proc = self.proc
+            threading.Thread(target=self._watch_ready, args=(proc,), daemon=True).start()
+            code = proc.wait()
+            incarnation.ended, incarnation.code = time.time(), code
+            if self.stopping.is_set():
+                return
+            self.stopping.wait(0.3)
+
+    def _watch_ready(self, proc: subprocess.Popen) -> None:
+        deadline = time.time() + 60
+        while proc.poll() is None and time.time() < deadline:
+            if self.ready(self):
+                self.up_at.append(time.time())
+                return
+            time.sleep(0.1)
+
+    def stop(self, grace: float = 10.0) -> None:
+        self.stopping.set()
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # a gunicorn worker left behind by a killed master
+            os.killpg(proc.pid, signal.SIGKILL)
+        self.thread.join(15)
+
+    def alive(self) -> bool:
+        proc = self.proc
+        return proc is not None and proc.poll() is None and self.ready(self)
+
+
+def answers_http(url: str) -> Callable[[Supervised], bool]:
+    """Ready once `url` answers 200 (a web process's /healthz)."""
+
+    def ready(_: Supervised) -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    return ready
+
+
+def accepts_tcp(port: int) -> Callable[[Supervised], bool]:
+    """Ready once the port takes a connection (the bounce listener's SMTP)."""
+
+    def ready(_: Supervised) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    return ready
+
+
+def logged(marker: str) -> Callable[[Supervised], bool]:
+    """Ready once the log holds `marker` once per start so far (a dispatcher's "started (concurrency")."""
+
+    def ready(proc: Supervised) -> bool:
+        try:
+            return proc.log.read_text(errors="replace").count(marker) >= len(proc.incarnations)
+        except OSError:
+            return False
+
+    return ready
+
+
+def running(_: Supervised) -> bool:
+    return True
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (gunicorn's worker under its master)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    found, frontier = [pid], {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found.extend(frontier)
+    return found
+
+
+def rss_and_files(pid: int) -> tuple[int, int] | None:
+    """Resident bytes and open file descriptors of a process and its descendants (None once gone)."""
+    rss = files = 0
+    for member in _tree(pid):
+        try:
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            files += len(os.listdir(f"/proc/{member}/fd"))
+        except OSError:
+            if member == pid:
+                return None
+    return rss, files
+
+
+# --- the load ----------------------------------------------------------------------------------
+@dataclass
+class Sent:
+    kind: str  # single | batch | future | subscriber
+    acked_at: float  # unix time of the 201
+    due_at: float  # when it could be delivered at the earliest (acked_at, or scheduled_for)
+    status: str  # as the 201 gave it
+    provider: str  # hook | push
+
+
+class Api:
+    """HTTP to the web processes, round robin, failing over to the next one on a broken connection."""
+
+    def __init__(self, bases: list[str], key: str) -> None:
+        self.bases = bases
+        self.clients = [httpx.Client(base_url=b, headers={"Authorization": f"Bearer {key}"}, timeout=15)
+                        for b in bases]  # fmt: skip
+        self.turn = 0
+        self.lock = threading.Lock()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        with self.lock:
+            self.turn += 1
+            first = self.turn
+        error: Exception | None = None
+        for i in range(len(self.clients)):
+            try:
+                return self.clients[(first + i) % len(self.clients)].request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                error = exc
+        raise error  # type: ignore[misc]
+
+    def until_ok(self, method: str, path: str, deadline: float, **kwargs: Any) -> tuple[httpx.Response | None, int]:
+        """Retried (same arguments: same Idempotency-Key) while the answer is a 5xx or the connection
+        breaks, until `deadline`; the last answer (None: none) and the number of tries."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                response = self.request(method, path, **kwargs)
+                if response.status_code < 500:
+                    return response, tries
+            except httpx.TransportError:
+                response = None
+            if time.time() >= deadline:
+                return response, tries
+            time.sleep(0.3)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+class Load:
+    """Creates notifications at `rate` a second, in a mix, through a small thread pool; what the
+    API acknowledged goes into `sent`."""
+
+    WEIGHTS = (("single", 0.55), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15))
+
+    def __init__(self, api: Api, config: SoakConfig, rng: random.Random) -> None:
+        self.api, self.config, self.rng = api, config, rng
+        self.sent: dict[str, Sent] = {}
+        self.lock = threading.Lock()
+        self.answers: Counter[str] = Counter()
+        self.retried = 0
+        self.unacknowledged = 0  # creates never acknowledged before their deadline
+        self.odd: list[str] = []
+        self.offered = 0
+        self.shed = 0  # notifications not offered: every client thread busy
+        self.stopping = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=12, thread_name_prefix="load")
+        self.in_flight = 0
+        self.thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+        self.pool.shutdown(wait=True)
+
+    def _run(self) -> None:
+        budget, last = 0.0, time.monotonic()
+        kinds, weights = zip(*self.WEIGHTS, strict=True)
+        while not self.stopping.wait(0.05):
+            now = time.monotonic()
+            budget += (now - last) * self.config.rate
+            last = now
+            while budget >= 1:
+                kind = self.rng.choices(kinds, weights)[0]
+                size = 10 if kind == "batch" else 1
+                budget -= size
+                if self.in_flight >= 24:
+                    self.shed += size
+                    continue
+                with self.lock:
+                    self.in_flight += 1
+                self.offered += size
+                extra = self.rng.randrange(SUBSCRIBERS) if kind == "subscriber" else self.rng.uniform(1.0, 4.0)
+                self.pool.submit(self._one, kind, extra)
+
+    def _one(self, kind: str, extra: float) -> None:
+        try:
+            self._create(kind, extra)
+        except Exception as exc:  # noqa: BLE001 - a load thread reports, never dies
+            with self.lock:
+                self.odd.append(f"{kind}: {exc!r}"[:300])
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _create(self, kind: str, extra: float) -> None:
+        hook = {"channel": "webhook", "recipient": "https://example.test/hook", "provider": "hook",
+                "subject": "soak", "body": "soak body"}  # fmt: skip
+        path, body, due, provider = "/api/v1/notifications", dict(hook), 0.0, "hook"
+        if kind == "batch":
+            path, body = "/api/v1/notifications/batch", {"notifications": [dict(hook) for _ in range(10)]}
+        elif kind == "future":
+            due = time.time() + extra
+            body["scheduled_for"] = datetime.fromtimestamp(due, tz=UTC).isoformat()
+        elif kind == "subscriber":
+            body = {"channel": "push", "subscriber": f"sub-{int(extra)}", "category": "news", "provider": "push",
+                    "subject": "news", "body": "news body"}  # fmt: skip
+            provider = "push"
+        headers = {"Idempotency-Key": str(uuid.uuid4())}
+        response, tries = self.api.until_ok("POST", path, time.time() + 30, json=body, headers=headers)
+        acked = time.time()
+        with self.lock:
+            self.retried += tries - 1
+            self.answers[str(response.status_code) if response is not None else "no answer"] += 1
+            if response is None or response.status_code not in (200, 201):
+                self.unacknowledged += 10 if kind == "batch" else 1
+                if response is not None:
+                    self.odd.append(f"{kind} {response.status_code}: {response.text[:200]}")
+                return
+            rows = response.json()["results"] if kind == "batch" else [response.json()]
+            for row in rows:
+                self.sent[row["id"]] = Sent(kind, acked, max(acked, due), row["status"], provider)
+
+
+# --- faults ------------------------------------------------------------------------------------
+@dataclass
+class Fault:
+    kind: str
+    started: float
+    ended: float | None = None
+    target: str = ""
+    detail: str = ""
+    in_flight: list[str] | None = None  # kills and stops of a dispatcher: its leased notifications
+    recovered_after: float | None = None  # filled by the ledger
+
+
+class Faults:
+    """One fault every `fault_every` seconds, drawn from a seeded bag of `kinds`."""
+
+    def __init__(self, soak: Soak, rng: random.Random) -> None:
+        self.soak, self.rng = soak, rng
+        self.done: list[Fault] = []
+        self.bag: list[str] = []
+        self.victims: list[str] = []
+        self.errors: list[str] = []
+        self.generation: Counter[str] = Counter()
+        self.stopping = threading.Event()
+        self.timers: list[threading.Thread] = []
+        self.thread = threading.Thread(target=self._run, name="faults", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(60)
+        for timer in self.timers:
+            timer.join(60)
+
+    def draw(self) -> str:
+        if not self.bag:
+            self.bag = list(self.soak.config.kinds)
+            self.rng.shuffle(self.bag)
+        return self.bag.pop()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.soak.config.fault_every):
+            kind = self.draw()
+            fault = Fault(kind, time.time())
+            self.done.append(fault)
+            self.soak.config.progress(f"fault {len(self.done)}: {kind}")
+            try:
+                getattr(self, kind)(fault)
+            except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
+                fault.detail += f" (injection failed: {exc!r})"[:300]
+                fault.ended = fault.ended or time.time()
+                self.errors.append(f"{kind}: {exc!r}"[:300])
+
+    def later(self, seconds: float, action: Callable[[], None]) -> None:
+        def run() -> None:
+            time.sleep(seconds)  # not cut short by stop(): a fault always ends as it would have
+            action()
+
+        timer = threading.Thread(target=run, daemon=True)
+        self.timers.append(timer)
+        timer.start()
+
+    # the kinds -------------------------------------------------------------------------------
+    def terminate_backends(self, fault: Fault) -> None:
+        count = self.soak.pg.sql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'omnipost%%' AND pid <> pg_backend_pid()"
+        )
+        fault.detail = f"{count} sessions"
+        fault.ended = time.time()
+
+    def pg_restart(self, fault: Fault) -> None:
+        down = self.soak.pg.restart("fast", down_seconds=0.5 if self.soak.config.quick else 2.0)
+        fault.detail = f"unreachable {down:.1f} s"
+        fault.ended = time.time()
+
+    def victim(self) -> str:
+        """The next process for kill9: every process once a round, in a seeded order, a dispatcher
+        first (the kill that can make duplicates, so a short soak has one)."""
+        if not self.victims:
+            names = sorted(self.soak.procs)
+            dispatchers = [n for n in names if n.startswith("dispatcher")]
+            first = self.rng.choice(dispatchers)
+            rest = [n for n in names if n != first]
+            self.rng.shuffle(rest)
+            self.victims = [first, *rest]
+        return self.victims.pop(0)
+
+    def kill9(self, fault: Fault, name: str | None = None) -> None:
+        name = name or self.victim()
+        proc = self.soak.procs[name]
+        pid = proc.pid
+        fault.target = name
+        if pid is None:
+            fault.detail, fault.ended = "not running", time.time()
+            return
+        if name.startswith("dispatcher"):
+            self.soak.busy()
+        os.kill(pid, signal.SIGKILL)
+        if name.startswith("dispatcher"):
+            fault.in_flight = self.soak.leased()
+            fault.detail = f"{len(fault.in_flight)} leased"
+        starts = len(proc.up_at)
+
+        def restarted() -> None:
+            deadline = time.time() + 90
+            while len(proc.up_at) <= starts and time.time() < deadline:
+                time.sleep(0.05)
+            fault.ended = proc.up_at[starts] if len(proc.up_at) > starts else None
+
+        self.later(0, restarted)
+
+    def scheduler_kill(self, fault: Fault) -> None:
+        self.kill9(fault, "scheduler")
+
+    def sigstop_dispatcher(self, fault: Fault) -> None:
+        name = self.rng.choice(sorted(n for n in self.soak.procs if n.startswith("dispatcher")))
+        pid = self.soak.procs[name].pid
+        fault.target = name
+        if pid is None:
+            fault.detail, fault.ended = "not running", time.time()
+            return
+        self.soak.busy()
+        os.kill(pid, signal.SIGSTOP)
+        fault.in_flight = self.soak.leased()
+        seconds = self.soak.config.fault_seconds("sigstop_dispatcher")
+        fault.detail = f"{len(fault.in_flight)} leased, stopped {seconds:g} s"
+
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            fault.ended = time.time()
+
+        self.later(seconds, resume)
+
+    def _mode(self, fault: Fault, target: str, mode: str) -> None:
+        self.generation[target] += 1
+        mine = self.generation[target]
+        self.soak.receiver.mode(target, mode)
+        seconds = self.soak.config.fault_seconds(fault.kind)
+        fault.target, fault.detail = target, f"{mode} for {seconds:g} s"
+
+        def end() -> None:
+            if self.generation[target] == mine:  # a later fault of the same target ends it instead
+                self.soak.receiver.mode(target, "ok")
+            fault.ended = time.time()
+
+        self.later(seconds, end)
+
+    def provider_503(self, fault: Fault) -> None:
+        self._mode(fault, "provider", "503")
+
+    def provider_429(self, fault: Fault) -> None:
+        self._mode(fault, "provider", "429")
+
+    def provider_hang(self, fault: Fault) -> None:
+        self._mode(fault, "provider", "hang")
+
+    def events_down(self, fault: Fault) -> None:
+        self._mode(fault, "events", "down")
+
+
+# --- receipts ----------------------------------------------------------------------------------
+class Receipts:
+    """Follows the provider's accepted requests and posts signed `delivered` receipts for one in
+    five of the `hook` provider's notifications: one in four of those twice (the same event id),
+    and one in four followed by an older event of its own (out of order)."""
+
+    def __init__(self, soak: Soak, rng: random.Random) -> None:
+        from standardwebhooks import Webhook
+
+        self.soak, self.rng = soak, rng
+        self.signer = Webhook(PROVIDER_SECRET)
+        self.posted: dict[str, int] = {}  # notification id → receipts acknowledged (2xx)
+        self.failed: list[str] = []
+        self.arrived: dict[str, float] = {}  # provider side, followed live: notification id → first arrival
+        self.seen = 0
+        self.following = threading.Lock()
+        self.stopping = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="receipts")
+        self.thread = threading.Thread(target=self._run, name="receipts", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+        self.pool.shutdown(wait=True)
+
+    def follow(self) -> list[str]:
+        """New arrivals at the provider (the receipts' candidates and the drain's progress)."""
+        with self.following:
+            rows = self.soak.receiver.accepted_since("provider", self.seen)
+            self.seen += len(rows)
+            fresh = []
+            for _webhook_id, notification_id, at in rows:
+                if notification_id not in self.arrived:
+                    self.arrived[notification_id] = at
+                    fresh.append(notification_id)
+            return fresh
+
+    def _run(self) -> None:
+        while not self.stopping.wait(1.0):
+            try:
+                fresh = self.follow()
+            except httpx.HTTPError:
+                continue
+            for notification_id in fresh:
+                sent = self.soak.load.sent.get(notification_id)
+                if sent is None or sent.provider != "hook" or self.rng.random() >= 0.2:
+                    continue
+                self.pool.submit(self._post, notification_id, self.rng.random())
+
+    def _post(self, notification_id: str, draw: float) -> None:
+        now = datetime.now(tz=UTC)
+        events = [(f"rcpt-{uuid.uuid4().hex}", now)]
+        if draw < 0.25:
+            events.append(events[0])  # the same event again
+        elif draw < 0.5:
+            events.append((f"rcpt-{uuid.uuid4().hex}", now - timedelta(seconds=30)))  # an older one, after
+        for event_id, at in events:
+            body = json.dumps({"type": "delivered", "notification_id": notification_id,
+                               "occurred_at": at.isoformat()})  # fmt: skip
+            deadline = time.time() + 60
+            while True:
+                stamp = datetime.now(tz=UTC)
+                headers = {"webhook-id": event_id, "webhook-timestamp": str(int(stamp.timestamp())),
+                           "webhook-signature": self.signer.sign(event_id, stamp, body),
+                           "content-type": "application/json"}  # fmt: skip
+                try:
+                    response = self.soak.api.request("POST", f"/hooks/providers/{self.soak.hook_id}",
+                                                     content=body, headers=headers)  # fmt: skip
+                    if response.status_code < 300:
+                        self.posted[notification_id] = self.posted.get(notification_id, 0) + 1
+                        break
+                    if response.status_code < 500 and response.status_code != 429:
+                        self.failed.append(f"{notification_id}: {response.status_code} {response.text[:200]}")
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.time() > deadline:
+                    self.failed.append(f"{notification_id}: not acknowledged within 60 s")
+                    break
+                time.sleep(0.3)
+
+
+# --- the run -----------------------------------------------------------------------------------
+class Soak:
+    def __init__(self, config: SoakConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)  # noqa: S311 - reproducible draws, not secrets
+        self.procs: dict[str, Supervised] = {}
+        self.samples_started = 0.0
+
+    # set-up ------------------------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        from cryptography.fernet import Fernet
+
+        env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+        return {
+            **env, "DATABASE_URL": self.pg.url(DBNAME), "DEBUG": "false", "SECRET_KEY": uuid.uuid4().hex * 2,
+            "ALLOWED_HOSTS": "127.0.0.1,localhost", "OMNIPOST_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+            "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true", "OMNIPOST_LOG_LEVEL": "WARNING",
+            "OMNIPOST_RATE_LIMIT_API": "0", "OMNIPOST_RATE_LIMIT_RECEIPTS": "0", "CONN_MAX_AGE": "60",
+            "OMNIPOST_RETRY_BASE_SECONDS": "0.5", "OMNIPOST_RETRY_MAX_SECONDS": "4", "OMNIPOST_MAX_ATTEMPTS": "100",
+            "OMNIPOST_LEASE_SECONDS": str(self.config.lease_seconds), "PYTHONUNBUFFERED": "1",
+            "OMNIPOST_BOUNCE_DOMAIN": "bounces.soak.test",
+        }  # fmt: skip
+
+    def _manage(self, *args: str, env: dict[str, str]) -> str:
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,  # noqa: S603
+                              text=True, timeout=300, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"manage.py {args[0]} failed: {done.stderr.strip()[-1500:]}")
+        return done.stdout
+
+    def _setup_tenant(self, env: dict[str, str]) -> None:
+        created = json.loads(self._manage("create_tenant", "soak", "--json", env=env).strip().splitlines()[-1])
+        self.api = Api([f"http://127.0.0.1:{port}" for port in self.web_ports], created["api_key"])
+        deadline = time.time() + 60
+
+        def must(method: str, path: str, body: dict) -> dict:
+            response, _ = self.api.until_ok(method, path, deadline, json=body)
+            if response is None or response.status_code >= 300:
+                raise RuntimeError(f"{method} {path}: {response and response.status_code} {response and response.text}")
+            return response.json()
+
+        for name, channel in (("hook", "webhook"), ("push", "push")):
+            provider = must("POST", "/api/v1/providers", {
+                "name": name, "channel": channel, "kind": "webhook", "max_attempts": 100,
+                "config": {"url": self.receiver.provider_url, "timeout_seconds": 2},
+                "circuit": {"open_seconds": self.config.circuit_open_seconds},
+                "secrets": {"signing_secret": PROVIDER_SECRET}})  # fmt: skip
+            if name == "hook":
+                self.hook_id = provider["id"]
+        must("POST", "/api/v1/categories", {"key": "news"})
+        for i in range(SUBSCRIBERS):
+            prefs = {"news": {"push": False}} if i % 4 == 0 else {"news": {"push": True}}
+            must("PUT", f"/api/v1/subscribers/sub-{i}", {"push_tokens": [f"tok-{i}"], "preferences": prefs})
+        must("POST", "/api/v1/event-endpoints", {"name": "soak", "url": self.receiver.events_url,
+                                                  "event_types": ["notification.delivered"], "secret": EVENTS_SECRET})
+
+    def _start_processes(self, env: dict[str, str], logs: Path) -> None:
+        python = sys.executable
+        for i, port in enumerate(self.web_ports):
+            self.procs[f"web{i}"] = Supervised(
+                f"web{i}", [python, "-m", "gunicorn", "omnipost_site.wsgi:application", "--workers", "1",
+                            "--worker-class", "gthread", "--threads", "4", "--bind", f"127.0.0.1:{port}",
+                            "--graceful-timeout", "3", "--log-level", "warning"],
+                {**env, "OMNIPOST_APP_NAME": "omnipost-web"}, logs / f"web{i}.log",
+                answers_http(f"http://127.0.0.1:{port}/healthz"),
+            )  # fmt: skip
+        for i in range(self.config.dispatchers):
+            self.procs[f"dispatcher{i}"] = Supervised(
+                f"dispatcher{i}", [python, "manage.py", "run_dispatcher", "--no-jitter", "--concurrency", "32",
+                                   "--batch-size", "32", "--grace-seconds", "3"],
+                {**env, "OMNIPOST_APP_NAME": "omnipost-dispatcher", "OMNIPOST_LOG_LEVEL": "INFO"},
+                logs / f"dispatcher{i}.log",
+                logged("started (concurrency"),
+            )  # fmt: skip
+        self.procs["scheduler"] = Supervised(
+            "scheduler", [python, "manage.py", "run_scheduler", "--no-jitter", "--interval", "0.5"],
+            {**env, "OMNIPOST_APP_NAME": "omnipost-scheduler"}, logs / "scheduler.log", running,
+        )  # fmt: skip
+        bounce_port = free_port()
+        self.procs["bounce_listener"] = Supervised(
+            "bounce_listener", [python, "manage.py", "run_bounce_listener", "--bind", f"127.0.0.1:{bounce_port}"],
+            {**env, "OMNIPOST_APP_NAME": "omnipost-bounces"}, logs / "bounce_listener.log", accepts_tcp(bounce_port),
+        )  # fmt: skip
+        for proc in self.procs.values():
+            proc.start()
+
+    def leased(self) -> list[str]:
+        """Notifications leased now (claimed, not yet recorded): what a killed or stopped dispatcher
+        may have sent without recording. Read right after the kill, so it holds every lease the
+        victim took (nobody releases them until they expire)."""
+        import psycopg
+
+        deadline = time.time() + 15
+        while True:
+            try:
+                with psycopg.connect(self.pg.dsn(DBNAME), autocommit=True, connect_timeout=3) as conn:
+                    rows = conn.execute("SELECT notification_id::text FROM queue_state "
+                                        "WHERE lock_token IS NOT NULL AND locked_until > now()").fetchall()  # fmt: skip
+                return [row[0] for row in rows]
+            except psycopg.Error:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def busy(self, within: float = 3.0) -> None:
+        """Wait (up to `within` seconds) until some notification is leased, so that a kill or stop of a
+        dispatcher comes while sends are in flight, as a crash or a deploy in production would."""
+        deadline = time.time() + within
+        while time.time() < deadline and not self.leased():
+            time.sleep(0.05)
+
+    def _sample(self) -> None:
+        while not self.sampling.wait(self.sample_every):
+            now = time.time()
+            for proc in self.procs.values():
+                pid = proc.pid
+                if pid is None or not proc.incarnations:
+                    continue
+                reading = rss_and_files(pid)
+                if reading is not None and reading[0] > 0 and proc.incarnations[-1].pid == pid:  # 0: exiting
+                    proc.incarnations[-1].samples.append((now, *reading))
+
+    # the whole run -----------------------------------------------------------------------------
+    def run(self) -> Report:
+        import tempfile
+
+        config = self.config
+        say = config.progress
+        workdir = config.workdir or Path(tempfile.mkdtemp(prefix="omnipost-soak-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        began = time.time()
+        self.pg = PrivatePostgres(settings={"max_connections": "200"})
+        receiver = None
+        try:
+            self.pg.start()
+            self.pg.create_database(DBNAME)
+            env = self._env()
+            say("schema")
+            if config.prepare is not None:
+                config.prepare(self.pg.dsn(DBNAME))
+            else:
+                self._manage("migrate", "--no-input", "-v", "0", env=env)
+            self.receiver = receiver = ChaosReceiver(workdir / "receiver.log", provider_secret=PROVIDER_SECRET,
+                                                     events_secret=EVENTS_SECRET,
+                                                     delay_ms=config.provider_delay_ms)  # fmt: skip
+            self.web_ports = [free_port() for _ in range(config.webs)]
+            env["OMNIPOST_PUBLIC_URL"] = f"http://127.0.0.1:{self.web_ports[0]}"
+            self._start_processes(env, workdir)
+            say("processes starting")
+            self._setup_tenant(env)
+            deadline = time.time() + 90
+            while not all(proc.up_at for proc in self.procs.values()):
+                if time.time() > deadline:
+                    raise RuntimeError(f"not up: {[n for n, p in self.procs.items() if not p.up_at]}")
+                time.sleep(0.2)
+            setup_seconds = time.time() - began
+            say(f"set up in {setup_seconds:.1f} s; load at {config.rate:g}/s for {config.seconds:g} s")
+
+            self.sampling = threading.Event()
+            self.sample_every = 1.0 if config.quick else 5.0
+            sampler = threading.Thread(target=self._sample, daemon=True)
+            sampler.start()
+            self.load = Load(self.api, config, random.Random(config.seed + 1))  # noqa: S311
+            self.receipts = Receipts(self, random.Random(config.seed + 2))  # noqa: S311
+            faults = Faults(self, random.Random(config.seed + 3))  # noqa: S311
+            load_started = time.time()
+            self.load.start()
+            self.receipts.start()
+            faults.start()
+            self._run_for(load_started + config.seconds, faults)
+            self.load.stop()
+            load_ended = time.time()
+            faults.stop()
+            for target in ("provider", "events"):
+                receiver.mode(target, "ok")
+            say(f"load stopped ({len(self.load.sent)} acknowledged); draining")
+            drained = self._drain(load_ended + config.drain_seconds)
+            self.receipts.stop()
+            say(f"drained: {drained}; reading the API")
+            api_view = self._api_view()
+            alive = {name: proc.alive() for name, proc in self.procs.items()}
+            self.sampling.set()
+            sampler.join(10)
+        finally:
+            for proc in self.procs.values():
+                proc.stop()
+            final, accepted = receiver.stop() if receiver is not None else ({}, [])
+            if hasattr(self, "api"):
+                self.api.close()
+            self.pg.close()
+        return build_report(config, self, faults, final, accepted, api_view, alive, drained,
+                            {"setup_seconds": round(setup_seconds, 1), "load_started": load_started,
+                             "load_ended": load_ended, "workdir": str(workdir)})  # fmt: skip
+
+    def _run_for(self, until: float, faults: Faults) -> None:
+        """Let the load and the faults run until `until`, saying how far they got every 30 s."""
+        said = time.time()
+        while (now := time.time()) < until:
+            time.sleep(min(1.0, until - now))
+            if now - said >= 30:
+                said = now
+                sent, arrived = len(self.load.sent), len(self.receipts.arrived)
+                self.config.progress(f"{sent:,} acknowledged, {arrived:,} delivered, {len(faults.done)} faults")
+
+    def _drain(self, deadline: float) -> bool:
+        """Until every acknowledged notification that is not suppressed has arrived at the provider
+        and an event of it at the endpoint (or the deadline)."""
+        events_seen: set[str] = set()
+        index = 0
+        while time.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                self.receipts.follow()
+                rows = self.receiver.accepted_since("events", index)
+                index += len(rows)
+                events_seen.update(row[1] for row in rows)
+            wanted = {i for i, s in self.load.sent.items() if s.status != "suppressed"}
+            if wanted <= set(self.receipts.arrived) and wanted <= events_seen:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _api_view(self) -> dict[str, dict[str, Any]]:
+        """Every notification as the API lists it: id → {status, receipt}."""
+        found: dict[str, dict[str, Any]] = {}
+        url: str | None = "/api/v1/notifications?limit=500"
+        deadline = time.time() + 300
+        while url:
+            response, _ = self.api.until_ok("GET", url, deadline)
+            if response is None or response.status_code != 200:
+                raise RuntimeError(f"listing notifications: {response and response.status_code}")
+            page = response.json()
+            for row in page["results"]:
+                found[row["id"]] = {"status": row["status"], "receipt": row.get("receipt")}
+            url = page.get("next")
+        return found
+
+
+# --- the ledger and the report -----------------------------------------------------------------
+@dataclass
+class Report:
+    config: dict[str, Any]
+    ledger: dict[str, Any]
+    faults: list[dict[str, Any]]
+    processes: dict[str, dict[str, Any]]
+    timeline: dict[str, list]
+    load: dict[str, Any]
+    failures: list[str]
+    meta: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+GROWTH_MIN_SECONDS = 120.0  # incarnations sampled at least this long are checked for growth
+GROWTH_MAX_RSS_MB = 100.0
+GROWTH_MAX_FILES = 50
+
+
+def growth(samples: list[tuple[float, int, int]]) -> dict[str, float]:
+    """RSS (MB) and open files from the second quarter of an incarnation's samples (past its warm-up)
+    to the last quarter, medians of each; empty for one sampled shorter than GROWTH_MIN_SECONDS."""
+    if len(samples) < 8 or samples[-1][0] - samples[0][0] < GROWTH_MIN_SECONDS:
+        return {}
+    quarter = len(samples) // 4
+    early, late = samples[quarter : 2 * quarter], samples[-quarter:]
+    return {"rss_growth_mb": round((statistics.median(s[1] for s in late) - statistics.median(s[1] for s in early))
+                                   / 2**20, 1),
+            "files_growth": statistics.median(s[2] for s in late) - statistics.median(s[2] for s in early)}  # fmt: skip
+
+
+def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, accepted: list, api_view: dict,
+                 alive: dict[str, bool], drained: bool, meta: dict[str, Any]) -> Report:  # fmt: skip
+    sent = soak.load.sent
+    provider_hits: dict[str, list[float]] = defaultdict(list)
+    event_hits: dict[str, int] = Counter()
+    event_times: list[float] = []
+    for target, _webhook_id, notification_id, at in accepted:
+        if target == "provider":
+            provider_hits[notification_id].append(at)
+        else:
+            event_hits[notification_id] += 1
+            event_times.append(at)
+    expected = {i for i, s in sent.items() if s.status != "suppressed"}
+    suppressed = {i for i, s in sent.items() if s.status == "suppressed"}
+    delivered = expected & set(provider_hits)
+    lost = sorted(expected - set(provider_hits))
+    suppressed_sent = sorted(suppressed & set(provider_hits))
+    unacknowledged_arrivals = sorted(set(provider_hits) - set(sent))
+    duplicates = {i: len(times) - 1 for i, times in provider_hits.items() if len(times) > 1}
+
+    kills = [f for f in faults.done if f.in_flight is not None]
+    in_flight_union = set().union(*(set(f.in_flight or ()) for f in kills)) if kills else set()
+    unexplained_dups = sorted(set(duplicates) - in_flight_union)
+    per_kill = []
+    for f in kills:
+        mine = set(duplicates) & set(f.in_flight or ())
+        per_kill.append({"kind": f.kind, "target": f.target, "at": round(f.started - meta["load_started"], 1),
+                         "in_flight": len(f.in_flight or ()),
+                         "duplicates": sum(duplicates[i] for i in mine)})  # fmt: skip
+
+    api_delivered = {i for i, row in api_view.items() if row["status"] == "delivered"}
+    api_mismatch = sorted((delivered ^ (api_delivered & set(sent))) - set(lost))
+    not_suppressed_by_api = sorted(i for i in suppressed if api_view.get(i, {}).get("status") != "suppressed")
+    opted_out = {i for i, s in sent.items() if s.kind == "subscriber" and s.status == "suppressed"}
+    missing_events = sorted(i for i in api_delivered & set(sent) if not event_hits.get(i))
+    receipts_posted = soak.receipts.posted
+    receipts_missing = sorted(i for i in receipts_posted if not api_view.get(i, {}).get("receipt"))
+    status_counts = Counter(row["status"] for i, row in api_view.items() if i in sent)
+
+    # recovery: from a fault's end to the first arrival of a notification due after it that took
+    # at most RECOVERED_PICKUP (the backlog the fault made is behind it). A scheduler's kill: of a
+    # future-dated one (what only the scheduler moves); the event endpoint's outage: any event. A
+    # notification can arrive a moment before its creator reads the 201: those count from the 201.
+    prompt = [(s.due_at, max(min(provider_hits[i]), s.due_at), s.kind) for i, s in sent.items()
+              if i in provider_hits and min(provider_hits[i]) - s.due_at <= RECOVERED_PICKUP]  # fmt: skip
+    event_times.sort()
+    for f in faults.done:
+        if f.ended is None:
+            continue
+        if f.kind == "events_down":
+            later = [at for at in event_times if at >= f.ended][:1]
+        else:
+            wanted = ("future",) if f.kind == "scheduler_kill" else ("single", "batch", "future", "subscriber")
+            later = [arrived for due, arrived, kind in prompt if due >= f.ended and kind in wanted]
+        f.recovered_after = round(min(later) - f.ended, 2) if later else None
+
+    processes = {}
+    for name, proc in soak.procs.items():
+        incarnations = []
+        for inc in proc.incarnations:
+            samples = inc.samples
+            rss = [s[1] for s in samples]
+            files = [s[2] for s in samples]
+            incarnations.append({
+                "pid": inc.pid, "exit": inc.code, "seconds": round((inc.ended or time.time()) - inc.started, 1),
+                "rss_mb_first": round(rss[0] / 2**20, 1) if rss else None,
+                "rss_mb_last": round(rss[-1] / 2**20, 1) if rss else None,
+                "rss_mb_max": round(max(rss) / 2**20, 1) if rss else None,
+                "files_first": files[0] if files else None, "files_last": files[-1] if files else None,
+                "files_max": max(files) if files else None, **growth(samples),
+            })  # fmt: skip
+        killed = sum(1 for f in faults.done if f.kind in ("kill9", "scheduler_kill") and f.target == name)
+        processes[name] = {"alive_at_end": alive.get(name, False), "starts": len(proc.incarnations),
+                           "killed_by_soak": killed, "unexplained_exits": len(proc.incarnations) - 1 - killed,
+                           "incarnations": incarnations,
+                           "samples": [(round(t - meta["load_started"], 1), round(r / 2**20, 1), n)
+                                       for inc in proc.incarnations for t, r, n in inc.samples]}  # fmt: skip
+
+    # timeline: per bucket of seconds since the load started
+    bucket = 1.0 if config.quick else 5.0
+    start = meta["load_started"]
+    arrivals = Counter(int((min(t) - start) // bucket) for i, t in provider_hits.items() if i in sent)
+    pickups: dict[int, list[float]] = defaultdict(list)
+    for i, s in sent.items():
+        if i in provider_hits:
+            pickups[int((s.due_at - start) // bucket)].append(min(provider_hits[i]) - s.due_at)
+    last = max([*arrivals, *pickups, 0]) + 1
+    timeline = {
+        "bucket_seconds": [bucket],
+        "t": [round(b * bucket, 1) for b in range(last)],
+        "delivered_per_second": [round(arrivals.get(b, 0) / bucket, 1) for b in range(last)],
+        "pickup_p99_ms": [round(p * 1000, 1) if (p := _percentile(pickups.get(b, []), 0.99)) is not None else None
+                          for b in range(last)],  # fmt: skip
+    }
+    all_pickups = [min(provider_hits[i]) - s.due_at for i, s in sent.items() if i in provider_hits]
+
+    failures = []
+    if lost:
+        failures.append(f"{len(lost)} acknowledged notifications never reached the provider, e.g. {lost[:3]}")
+    if unexplained_dups:
+        failures.append(f"{len(unexplained_dups)} duplicates outside any kill's in-flight set, e.g. "
+                        f"{unexplained_dups[:3]}")  # fmt: skip
+    for kill in per_kill:
+        if kill["duplicates"] > kill["in_flight"]:
+            failures.append(f"{kill['kind']} of {kill['target']}: {kill['duplicates']} duplicates, "
+                            f"{kill['in_flight']} in flight")  # fmt: skip
+    if missing_events:
+        failures.append(f"{len(missing_events)} delivered notifications without their event, e.g. {missing_events[:3]}")
+    if suppressed_sent:
+        failures.append(f"{len(suppressed_sent)} suppressed notifications reached the provider")
+    if not_suppressed_by_api:
+        failures.append(f"{len(not_suppressed_by_api)} acknowledged as suppressed but not so in the API")
+    if api_mismatch:
+        failures.append(f"{len(api_mismatch)} where the API and the provider disagree on delivery, "
+                        f"e.g. {api_mismatch[:3]}")  # fmt: skip
+    if soak.receipts.failed:
+        failures.append(f"{len(soak.receipts.failed)} receipts not acknowledged: {soak.receipts.failed[:2]}")
+    if receipts_missing:
+        failures.append(f"{len(receipts_missing)} acknowledged receipts not shown, e.g. {receipts_missing[:3]}")
+    for name, proc in processes.items():
+        for inc in proc["incarnations"]:
+            if inc.get("rss_growth_mb", 0) > GROWTH_MAX_RSS_MB or inc.get("files_growth", 0) > GROWTH_MAX_FILES:
+                failures.append(f"{name} (pid {inc['pid']}) grew: RSS {inc['rss_growth_mb']:+} MB, "
+                                f"open files {inc['files_growth']:+}")  # fmt: skip
+    dead = [name for name, ok in alive.items() if not ok]
+    if dead:
+        failures.append(f"not alive at the end: {dead}")
+    if soak.load.unacknowledged:
+        failures.append(f"{soak.load.unacknowledged} creates not acknowledged within 30 s of retries")
+    if faults.errors:
+        failures.append(f"faults not injected: {faults.errors[:3]}")
+    missing_kinds = sorted(set(config.kinds) - {f.kind for f in faults.done})
+    if not sent:
+        failures.append("nothing was acknowledged")
+
+    ledger = {
+        "acknowledged": len(sent), "acknowledged_by_kind": dict(Counter(s.kind for s in sent.values())),
+        "expected_deliveries": len(expected), "delivered": len(delivered), "suppressed": len(suppressed),
+        "opted_out_suppressed": len(opted_out), "lost": len(lost), "lost_ids": lost[:20],
+        "duplicates": sum(duplicates.values()), "duplicate_notifications": len(duplicates),
+        "duplicates_outside_in_flight": len(unexplained_dups), "kills": per_kill,
+        "events_delivered": sum(1 for i in api_delivered & set(sent) if event_hits.get(i)),
+        "events_missing": len(missing_events),
+        "event_duplicates": sum(n - 1 for n in event_hits.values() if n > 1),
+        "receipts_acknowledged": sum(receipts_posted.values()), "receipt_notifications": len(receipts_posted),
+        "receipts_missing": len(receipts_missing), "receipts_failed": len(soak.receipts.failed),
+        "api_statuses": dict(status_counts), "api_provider_mismatch": len(api_mismatch),
+        "arrivals_not_acknowledged": len(unacknowledged_arrivals),
+        "suppressed_but_sent": len(suppressed_sent), "drained": drained,
+        "pickup_ms": {q: round(p * 1000, 1) if (p := _percentile(all_pickups, v)) is not None else None
+                      for q, v in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))},  # fmt: skip
+        "faults_by_kind": dict(Counter(f.kind for f in faults.done)), "fault_kinds_missing": missing_kinds,
+        "processes_alive": sum(alive.values()), "processes": len(alive),
+        "restarts": sum(p["starts"] - 1 for p in processes.values()),
+        "unexplained_exits": sum(max(0, p["unexplained_exits"]) for p in processes.values()),
+    }  # fmt: skip
+    load_seconds = meta["load_ended"] - meta["load_started"]
+    load = {"offered": soak.load.offered, "shed": soak.load.shed, "answers": dict(soak.load.answers),
+            "retried_requests": soak.load.retried, "odd": soak.load.odd[:10],
+            "acknowledged_per_second": round(len(sent) / load_seconds, 1) if load_seconds else None,
+            "receiver": final}  # fmt: skip
+    fault_rows = [{"kind": f.kind, "at": round(f.started - start, 1),
+                   "seconds": round(f.ended - f.started, 1) if f.ended else None, "target": f.target,
+                   "detail": f.detail.strip(), "in_flight": len(f.in_flight) if f.in_flight is not None else None,
+                   "recovered_after": f.recovered_after} for f in faults.done]  # fmt: skip
+    cfg = {"seconds": config.seconds, "rate": config.rate, "fault_every": config.fault_every, "seed": config.seed,
+           "kinds": list(config.kinds), "quick": config.quick, "dispatchers": config.dispatchers, "webs": config.webs,
+           "lease_seconds": config.lease_seconds, "provider_delay_ms": config.provider_delay_ms,
+           "circuit_open_seconds": config.circuit_open_seconds}  # fmt: skip
+    return Report(cfg, ledger, fault_rows, processes, timeline, load, failures,
+                  {**meta, "machine": f"{os.cpu_count()} CPUs"})  # fmt: skip
+
+
+def markdown(report: Report) -> str:
+    led, cfg = report.ledger, report.config
+    lines = [
+        f"# Chaos soak: {cfg['seconds']:g} s at {cfg['rate']:g}/s, a fault every {cfg['fault_every']:g} s "
+        f"(seed {cfg['seed']})", "",
+        f"**{'PASS' if report.ok else 'FAIL'}**" + ("" if report.ok else ": " + "; ".join(report.failures)), "",
+        f"{cfg['webs']} web, {cfg['dispatchers']} dispatchers, a scheduler and the bounce listener on a private "
+        f"PostgreSQL server; the provider answers in {cfg['provider_delay_ms']:g} ms; "
+        f"lease {cfg['lease_seconds']:g} s; breakers open {cfg['circuit_open_seconds']:g} s; "
+        f"{report.meta.get('machine', '')}; set-up "
+        f"{report.meta.get('setup_seconds')} s.", "",
+        "## Ledger", "", "| | |", "|---|---|",
+        f"| acknowledged by the API | {led['acknowledged']:,} ({', '.join(f'{k} {v:,}' for k, v in sorted(led['acknowledged_by_kind'].items()))}) |",  # noqa: E501
+        f"| delivered (provider side, unique) | {led['delivered']:,} of {led['expected_deliveries']:,} expected |",
+        f"| suppressed (opted out) | {led['suppressed']:,}; sent anyway: {led['suppressed_but_sent']} |",
+        f"| **lost** | **{led['lost']}** |",
+        f"| duplicates at the provider | {led['duplicates']} ({led['duplicates_outside_in_flight']} outside a kill's in-flight set) |",  # noqa: E501
+        f"| events delivered (≥ 1 per delivered notification) | {led['events_delivered']:,}; missing {led['events_missing']}; duplicates {led['event_duplicates']} |",  # noqa: E501
+        f"| receipts acknowledged | {led['receipts_acknowledged']:,} for {led['receipt_notifications']:,} notifications; not shown {led['receipts_missing']} |",  # noqa: E501
+        f"| API and provider disagree | {led['api_provider_mismatch']} |",
+        f"| arrivals the API never acknowledged | {led['arrivals_not_acknowledged']} |",
+        f"| pickup p50 / p99 / max | {led['pickup_ms']['p50']} / {led['pickup_ms']['p99']} / {led['pickup_ms']['max']} ms |",  # noqa: E501
+        f"| processes alive at the end | {led['processes_alive']} of {led['processes']}; restarts {led['restarts']}; unexplained exits {led['unexplained_exits']} |",  # noqa: E501
+        f"| load | offered {report.load['offered']:,}, shed {report.load['shed']:,}, acknowledged {report.load['acknowledged_per_second']}/s, retried requests {report.load['retried_requests']} |",  # noqa: E501
+        f"| API statuses | {', '.join(f'{k} {v:,}' for k, v in sorted(led['api_statuses'].items()))} |",
+        "", "## Kills and their in-flight bound", "", "| at (s) | fault | process | in flight | duplicates |",
+        "|---:|---|---|---:|---:|",
+        *[f"| {k['at']} | {k['kind']} | {k['target']} | {k['in_flight']} | {k['duplicates']} |" for k in led["kills"]],
+        "", "## Faults", "",
+        f"By kind: {', '.join(f'{k} {v}' for k, v in sorted(led['faults_by_kind'].items()))}.", "",
+        "| at (s) | fault | target | lasted (s) | detail | recovered after (s) |", "|---:|---|---|---:|---|---:|",
+        *[f"| {f['at']} | {f['kind']} | {f['target']} | {f['seconds']} | {f['detail']} | {f['recovered_after']} |"
+          for f in report.faults],
+        "", "Recovery: from the fault's end (a killed process back up, a mode switched back, the server "
+        "started again) to the first arrival of a notification due after it that took at most "
+        f"{RECOVERED_PICKUP:g} s from due to arrival (the fault's backlog is behind it); after a scheduler's "
+        "kill, of a future-dated one; after the event endpoint's outage, of the first event.", "",
+        "## Processes", "",
+        "RSS (MB, the process and its children) and open files, first → last sample of each incarnation; growth: "
+        "median of the last quarter of its samples less that of the second quarter (incarnations sampled "
+        f"{GROWTH_MIN_SECONDS:g} s or more; more than {GROWTH_MAX_RSS_MB:g} MB or {GROWTH_MAX_FILES} files fails).",
+        "", "| process | starts | killed | unexplained exits | RSS MB | open files | growth (MB, files) |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]  # fmt: skip
+    for name, proc in report.processes.items():
+        rss = "; ".join(f"{i['rss_mb_first']}→{i['rss_mb_last']}" for i in proc["incarnations"])
+        files = "; ".join(f"{i['files_first']}→{i['files_last']}" for i in proc["incarnations"])
+        grew = "; ".join(f"{i['rss_growth_mb']:+}, {i['files_growth']:+}" for i in proc["incarnations"]
+                         if "rss_growth_mb" in i) or "–"  # fmt: skip
+        lines.append(f"| {name} | {proc['starts']} | {proc['killed_by_soak']} | {proc['unexplained_exits']} "
+                     f"| {rss} | {files} | {grew} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def png(report: Report, path: Path) -> None:
+    """Throughput and pickup p99 over time, faults as shaded spans and markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = report.timeline["t"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True)
+    top.plot(t, report.timeline["delivered_per_second"], color="black", linewidth=1)
+    top.set_ylabel("delivered / s")
+    p99 = [v if v is not None else float("nan") for v in report.timeline["pickup_p99_ms"]]
+    bottom.plot(t, p99, color="black", linewidth=1)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("pickup p99 (ms, by due time)")
+    bottom.set_xlabel("seconds since the load started")
+    colours = dict(zip(FAULT_KINDS, plt.get_cmap("tab10").colors, strict=False))
+    seen: set[str] = set()
+    for f in report.faults:
+        colour = colours.get(f["kind"], "grey")
+        for ax in (top, bottom):
+            ax.axvspan(f["at"], f["at"] + max(f["seconds"] or 0, 0.3), color=colour, alpha=0.2)
+        top.axvline(f["at"], color=colour, linewidth=1, label=None if f["kind"] in seen else f["kind"])
+        seen.add(f["kind"])
+    top.legend(loc="upper left", fontsize=7, ncol=3)
+    cfg = report.config
+    fig.suptitle(f"OmniPost chaos soak: {cfg['rate']:g}/s, a fault every {cfg['fault_every']:g} s, "
+                 f"lost {report.ledger['lost']}, duplicates {report.ledger['duplicates']}")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(config: SoakConfig) -> Report:
+    return Soak(config).run()

@@ -1,0 +1,36 @@
+"""The short chaos soak (benchmarks/soak.py, as `bench/soak.py --quick --seconds 40 --rate 50`):
+the real processes on a private PostgreSQL server, every kind of fault at least once, and the same
+ledger as the long soak, so a change that breaks recovery fails here. About 75 s of wall time."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.soak import FAULT_KINDS, SoakConfig, markdown, run
+from tests.queueing.conftest import migrated_schema, restore_schema  # noqa: F401 - the fixture, for this module
+
+# django_db: the test database (which `migrated_schema` dumps) is made only for tests that use one
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+
+@pytest.mark.timeout(240)
+def test_a_short_soak_with_every_fault_loses_nothing_and_recovers(migrated_schema, tmp_path):  # noqa: F811
+    config = SoakConfig(seconds=40, rate=50, fault_every=40 / (len(FAULT_KINDS) + 0.5), seed=7, quick=True,
+                        workdir=tmp_path, prepare=lambda dsn: restore_schema(migrated_schema, dsn))  # fmt: skip
+    report = run(config)
+    print(markdown(report))  # the figures, in the test's output (-s) or its failure report
+    ledger = report.ledger
+
+    assert report.failures == []
+    assert set(ledger["faults_by_kind"]) == set(FAULT_KINDS)
+    assert ledger["lost"] == 0 and ledger["acknowledged"] >= 1500
+    assert ledger["delivered"] == ledger["expected_deliveries"]
+    assert ledger["suppressed"] == ledger["opted_out_suppressed"] > 0 and ledger["suppressed_but_sent"] == 0
+    assert ledger["events_missing"] == 0 and ledger["events_delivered"] == ledger["delivered"]
+    assert ledger["receipts_acknowledged"] > 0 and ledger["receipts_missing"] == 0
+    assert ledger["duplicates_outside_in_flight"] == 0
+    assert all(kill["duplicates"] <= kill["in_flight"] for kill in ledger["kills"])
+    assert any(kill["target"].startswith("dispatcher") and kill["kind"] == "kill9" for kill in ledger["kills"])
+    assert ledger["processes_alive"] == ledger["processes"] == 7
+    assert ledger["restarts"] >= 2  # the scheduler's kill and kill9's victim were started again
+    assert all(f["recovered_after"] is not None for f in report.faults), report.faults

@@ -1,0 +1,84 @@
+"""The soak's ledger fails a run for what it must not find: a lost notification, a duplicate outside
+every kill's in-flight set, a delivered notification without its event, a suppressed one sent, a
+receipt not shown, a process not alive. Built here from made-up sides, without a run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.soak import Fault, Incarnation, Sent, SoakConfig, build_report
+
+T0 = 1_000_000.0
+
+
+def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None):  # noqa: ANN001, ANN202
+    sent = sent or {
+        "a": Sent("single", T0 + 1, T0 + 1, "queued", "hook"),
+        "b": Sent("batch", T0 + 2, T0 + 2, "queued", "hook"),
+        "s": Sent("subscriber", T0 + 3, T0 + 3, "suppressed", "push"),
+    }
+    api = api or {"a": {"status": "delivered", "receipt": "delivered"}, "b": {"status": "delivered", "receipt": None},
+                  "s": {"status": "suppressed", "receipt": None}}  # fmt: skip
+    load = SimpleNamespace(sent=sent, unacknowledged=0, offered=len(sent), shed=0, answers={}, retried=0, odd=[])
+    procs = {"dispatcher0": SimpleNamespace(incarnations=[Incarnation(10, T0, samples=[(T0 + 1, 2**20, 9)])])}
+    soak = SimpleNamespace(load=load, procs=procs,
+                           receipts=SimpleNamespace(posted=receipts if receipts is not None else {"a": 1}, failed=[]))
+    faults = SimpleNamespace(done=[Fault("kill9", T0 + 5, T0 + 6, "dispatcher0", "", list(ids)) for ids in kills],
+                             errors=[])  # fmt: skip
+    return build_report(SoakConfig(kinds=("kill9",), quick=True), soak, faults, {}, accepted, api,
+                        alive or {"dispatcher0": True}, True, {"load_started": T0, "load_ended": T0 + 10})  # fmt: skip
+
+
+CLEAN = [("provider", "a", "a", T0 + 1.1), ("provider", "b", "b", T0 + 2.1), ("events", "evt_1", "a", T0 + 1.2),
+         ("events", "evt_2", "b", T0 + 2.2)]  # fmt: skip
+
+
+def test_a_clean_run_passes_and_counts_every_side():
+    clean = report(accepted=CLEAN)
+    assert clean.failures == []
+    led = clean.ledger
+    assert (led["acknowledged"], led["delivered"], led["suppressed"], led["lost"], led["duplicates"]) == (3, 2, 1, 0, 0)
+    assert (led["events_delivered"], led["receipts_acknowledged"]) == (2, 1)
+
+
+def test_a_duplicate_within_a_kills_in_flight_set_passes_and_is_counted_against_it():
+    ok = report(accepted=[*CLEAN, ("provider", "a", "a", T0 + 7)], kills=[["a", "x"]])
+    assert ok.failures == []
+    assert ok.ledger["kills"][0]["in_flight"] == 2 and ok.ledger["kills"][0]["duplicates"] == 1
+
+
+@pytest.mark.parametrize(
+    ("accepted", "kills", "api", "alive", "receipts", "failure"),
+    [
+        (CLEAN[1:], [], None, None, None, "never reached the provider"),
+        ([*CLEAN, ("provider", "a", "a", T0 + 7)], [["b"]], None, None, None, "outside any kill's in-flight set"),
+        ([*CLEAN, ("provider", "a", "a", T0 + 7)], [], None, None, None, "outside any kill's in-flight set"),
+        (CLEAN[:3], [], None, None, None, "without their event"),
+        ([*CLEAN, ("provider", "s", "s", T0 + 4)], [], None, None, None, "suppressed notifications reached"),
+        (CLEAN, [], None, None, {"b": 1}, "receipts not shown"),
+        (CLEAN, [], None, {"dispatcher0": False}, None, "not alive at the end"),
+        (CLEAN, [], {"a": {"status": "delivered", "receipt": "delivered"}, "b": {"status": "queued", "receipt": None},
+                     "s": {"status": "suppressed", "receipt": None}}, None, None, "disagree"),  # fmt: skip
+    ],
+)
+def test_what_the_soak_must_not_find_fails_the_ledger(accepted, kills, api, alive, receipts, failure):
+    failed = report(accepted=accepted, kills=kills, api=api, alive=alive, receipts=receipts)
+    assert any(failure in message for message in failed.failures), failed.failures
+    assert not failed.ok
+
+
+def test_a_process_whose_open_files_keep_growing_fails_and_one_that_is_flat_passes():
+    flat = [(T0 + i * 5, 90 * 2**20, 40 + i % 3) for i in range(40)]  # 200 s, open files 40–42
+    leaking = [(T0 + i * 5, 90 * 2**20, 40 + 3 * i) for i in range(40)]  # +3 files every 5 s
+    for samples, failing in ((flat, False), (leaking, True)):
+        procs = {"dispatcher0": SimpleNamespace(incarnations=[Incarnation(10, T0, samples=samples)])}
+        load = SimpleNamespace(sent={"a": Sent("single", T0 + 1, T0 + 1, "queued", "hook")}, unacknowledged=0,
+                               offered=1, shed=0, answers={}, retried=0, odd=[])  # fmt: skip
+        soak = SimpleNamespace(load=load, procs=procs, receipts=SimpleNamespace(posted={}, failed=[]))
+        built = build_report(SoakConfig(kinds=("kill9",)), soak, SimpleNamespace(done=[], errors=[]), {},
+                             [("provider", "a", "a", T0 + 2), ("events", "e", "a", T0 + 3)],
+                             {"a": {"status": "delivered", "receipt": None}}, {"dispatcher0": True}, True,
+                             {"load_started": T0, "load_ended": T0 + 200})  # fmt: skip
+        assert any("grew" in f for f in built.failures) is failing, built.failures
