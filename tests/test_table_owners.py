@@ -39,6 +39,7 @@ OWNERS: dict[str, str] = {
     "subscribers": "recipients/services.py",
     "suppressions": "recipients/suppressions.py",
     "categories": "recipients/models.py",
+    "unsubscribe_token_revocations": "recipients/models.py",
     "provider_circuits": "routing/circuits.py",
     "templates": "templating/models.py",
     # notifications: the notification rows and what hangs off them; the /metrics counters
