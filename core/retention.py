@@ -30,3 +30,10 @@ def register(*tables: RetainedTable) -> None:
     for table in tables:
         if all(t.table != table.table for t in TABLES):
             TABLES.append(table)
+
+
+def page_delete_sql(name: str, condition: str) -> str:
+    """The DELETE of one batch of prune's page ranges (operations.retention): the rows of `name` (a
+    quoted identifier: a registered table, or a history partition found in the catalog; never its
+    partitions, ONLY) that `condition` selects, between the tids %(lo)s and %(hi)s."""
+    return f"DELETE FROM ONLY {name} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND ({condition})"  # noqa: S608

@@ -27,8 +27,9 @@ from django.conf import settings
 from django.db import connections
 
 from core import crypto, hot_sql, pooling
-from events.emit import outcome_batch_cte
-from notifications import counters, fallback
+from dlq import statements as dlq_statements
+from events.statements import outcome_batch_cte
+from notifications import counters, fallback, statements
 from notifications.models import Status
 from queueing import queue
 from queueing.queue import Lease
@@ -359,51 +360,10 @@ _RECORD_SQL = """
         FROM outcome o
     ), {settle}, ours AS (
         SELECT * FROM acked UNION ALL SELECT * FROM released
-    ), changed AS (
-        UPDATE notifications n
-        SET status = k.status,
-            attempt_count = CASE WHEN k.attempts >= 0 THEN k.attempts ELSE n.attempt_count END,
-            last_error_code = k.code,
-            delivered_at = CASE WHEN k.status = 'delivered' THEN now() ELSE n.delivered_at END,
-            enqueued_at = CASE WHEN k.status = 'retrying' THEN now() ELSE n.enqueued_at END,
-            updated_at = now()
-        FROM ours k
-        WHERE n.id = k.notification_id AND n.status IN ('queued', 'retrying', 'dispatching') AND k.status <> ''
-        -- due (created, or scheduled_for) → delivered_at, for the latency histogram
-        RETURNING extract(epoch FROM now() - greatest(n.created_at, n.scheduled_for))::float8 AS seconds,
-                  k.status, n.id AS notification_id, n.tenant_id, n.channel, n.provider_id, n.recipient_masked,
-                  n.attempt_count, k.code AS error_code, {fallback_returning}
-    ), {outbox}, {fallback}, attempts AS (
-        INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
-                                       outcome, error_class, error_code, error_message, http_status, duration_ms)
-        SELECT a.tenant_id, a.notification_id, a.a_number, coalesce(a.a_provider, a.provider_id), a.a_started,
-               a.a_finished, a.a_outcome, a.a_class, a.a_code, a.a_message, a.a_status, a.a_duration
-        FROM ours a WHERE a.a_number IS NOT NULL
-        RETURNING provider_id, outcome, http_status
-    ), counted AS (
-        -- /metrics' counters (notifications.counters), added to per batch: the session's own shard,
-        -- rows in key order (peers that share a shard lock them in the same order)
-        INSERT INTO delivery_counters AS dc (shard, provider_id, outcome, le, count, total)
-        SELECT pg_backend_pid() %% {shards}, x.provider_id, x.outcome, x.le, count(*), sum(x.seconds)
-        FROM (
-            SELECT coalesce(a.provider_id, 0) AS provider_id, a.outcome, -1 AS le, 0::float8 AS seconds
-            FROM attempts a
-            UNION ALL
-            SELECT coalesce(a.provider_id, 0), a.outcome, {throttled}, 0 FROM attempts a WHERE a.http_status = 429
-            UNION ALL
-            SELECT 0, 'latency', {latency_bucket}, greatest(l.seconds, 0)
-            FROM changed l WHERE l.status = 'delivered'
-        ) x
-        GROUP BY x.provider_id, x.outcome, x.le
-        ORDER BY x.provider_id, x.outcome, x.le
-        ON CONFLICT (shard, provider_id, outcome, le)
-        DO UPDATE SET count = dc.count + excluded.count, total = dc.total + excluded.total
-    ), dead AS (
-        INSERT INTO dead_letter_queue (id, tenant_id, notification_id, provider_id, failure_class, failure_reason,
-                                       error_code, last_status_code, attempt_count, status, created_at, resolved_by)
-        SELECT gen_random_uuid(), d.tenant_id, d.notification_id, coalesce(d.a_provider, d.provider_id),
-               d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), ''
-        FROM ours d WHERE d.d_class IS NOT NULL
+    ), changed AS ({changed}
+    ), {outbox}, {fallback}, attempts AS ({attempts}
+    ), counted AS ({counted}
+    ), dead AS ({dead}
     ), {circuit}
     SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
 """.format(
@@ -413,20 +373,20 @@ _RECORD_SQL = """
     # beside them): the batch carries only what the queue row does not know
     settle=queue.settle_ctes("settling", returning=_OURS, reroute=True),
     # the event outbox: delivered / failed / dead_lettered outcomes of tenants with an event endpoint, one
-    # event_outcome_batches row (events.emit), which the event lane opens into notification.* events
+    # event_outcome_batches row (events.statements), which the event lane opens into notification.* events
     outbox=outcome_batch_cte("changed"),
     # channel fallback (notifications.fallback): accepted → the fallback is due after_seconds later,
     # failed / dead-lettered → now, suppressed → cancelled
-    fallback_returning=fallback.RETURNING,
+    # the notifications' new statuses, their attempts (notifications.statements)
+    changed=statements.record_outcomes_sql("ours", fallback.RETURNING),
+    attempts=statements.insert_attempts_sql("ours"),
     fallback=fallback.record_ctes("changed"),
     # the providers' breakers (routing.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
     circuit=circuits.record_ctes("attempts", counters.breaker_totals_sql),
-    shards=counters.SHARDS,
-    throttled=counters.THROTTLED,
-    latency_bucket="CASE "
-    + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(counters.LATENCY_BUCKETS))
-    + f" ELSE {len(counters.LATENCY_BUCKETS)} END",
+    # /metrics' counters (notifications.counters) and the dead letters (dlq.statements)
+    counted=counters.add_sql("attempts", "changed"),
+    dead=dlq_statements.insert_dead_letters_sql("ours"),
 )
 
 

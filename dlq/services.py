@@ -41,7 +41,9 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from core.models import AuditEvent, Tenant
+from dlq import statements
 from dlq.models import DeadLetter
+from notifications import statements as notification_statements
 from notifications.models import Status
 from queueing.queue import NewItem, enqueue
 
@@ -173,39 +175,9 @@ def _audit(action: str, actor: str, rows: Iterable[tuple], extra: dict[str, Any]
 
 # --- redrive ---------------------------------------------------------------------------------------
 
-# Literals stay in the SQL so the statements read as the state machine they enforce.
-# The CTE locks the entries in id order (ORDER BY … FOR UPDATE), so two batches that overlap in any
-# order wait for each other instead of deadlocking; after a wait PostgreSQL re-checks
-# `status = 'open'` on the row's newest version, and a row someone else took drops out.
-_TAKE_ENTRIES = """
-WITH mine AS (
-    SELECT d.id FROM dead_letter_queue d JOIN notifications n ON n.id = d.notification_id
-    WHERE d.id = ANY(%(ids)s::uuid[]) AND d.status = 'open'
-      AND (%(tenant)s::uuid IS NULL OR d.tenant_id = %(tenant)s::uuid)
-      AND n.status IN ('failed', 'dead_lettered')
-    ORDER BY d.id
-    FOR UPDATE OF d
-)
-UPDATE dead_letter_queue d
-SET status = 'redriven', resolved_at = now(), resolved_by = %(actor)s
-FROM mine
-WHERE d.id = mine.id AND d.status = 'open'
-RETURNING d.id, d.notification_id, d.tenant_id, d.failure_class, d.error_code
-"""
-
-_REQUEUE = """
-UPDATE notifications n
-SET status = 'queued', attempt_offset = n.attempt_count, last_error_code = '', enqueued_at = now(),
-    updated_at = now()
-WHERE n.id = ANY(%s::uuid[]) AND n.status IN ('failed', 'dead_lettered')
-RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel
-"""
-
-# Only if a notification left failed/dead_lettered between statements 1 and 2 (nothing in OmniPost
-# does that today): its entry goes back to open, so no entry claims a redrive that never happened.
-_REOPEN = """
-UPDATE dead_letter_queue SET status = 'open', resolved_at = NULL, resolved_by = '' WHERE id = ANY(%s::uuid[])
-"""
+# A redrive batch: the entries are taken (dlq.statements.TAKE_FOR_REDRIVE), their notifications
+# re-queued (notifications.statements.REQUEUE_DEAD_LETTERED); an entry whose notification was not
+# re-queued goes back to open (dlq.statements.REOPEN).
 
 
 def _requeue_items(rows: Iterable[tuple], entry_of: dict[uuid.UUID, uuid.UUID], delays: dict[uuid.UUID, float]):  # noqa: ANN202
@@ -237,17 +209,17 @@ def _take_and_requeue(
     ids: list[uuid.UUID], actor: str, tenant_id: uuid.UUID | None, using: str
 ) -> tuple[list[tuple], list[tuple]]:
     with connections[using].cursor() as cursor:
-        cursor.execute(_TAKE_ENTRIES, {"ids": ids, "actor": actor, "tenant": tenant_id})
+        cursor.execute(statements.TAKE_FOR_REDRIVE, {"ids": ids, "actor": actor, "tenant": tenant_id})
         taken = cursor.fetchall()
         if not taken:
             return [], []
-        cursor.execute(_REQUEUE, [[row[1] for row in taken]])
+        cursor.execute(notification_statements.REQUEUE_DEAD_LETTERED, [[row[1] for row in taken]])
         requeued = cursor.fetchall()
         if len(requeued) != len(taken):
             back = {row[0] for row in requeued}
             lost = [row for row in taken if row[1] not in back]
             logger.warning("%d notification(s) changed state during a redrive; their entries stay open", len(lost))
-            cursor.execute(_REOPEN, [[row[0] for row in lost]])
+            cursor.execute(statements.REOPEN, [[row[0] for row in lost]])
             taken = [row for row in taken if row[1] in back]
     return taken, requeued
 
@@ -284,25 +256,11 @@ def redrive(
 
 # --- discard ---------------------------------------------------------------------------------------
 
-_DISCARD = """
-WITH mine AS (
-    SELECT id FROM dead_letter_queue
-    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'open' AND (%(tenant)s::uuid IS NULL OR tenant_id = %(tenant)s::uuid)
-    ORDER BY id
-    FOR UPDATE
-)
-UPDATE dead_letter_queue d
-SET status = 'discarded', resolved_at = now(), resolved_by = %(actor)s
-FROM mine
-WHERE d.id = mine.id AND d.status = 'open'
-RETURNING d.id, d.notification_id, d.tenant_id, d.failure_class, d.error_code
-"""
-
 
 def _discard_batch(ids: list[uuid.UUID], actor: str, tenant_id: uuid.UUID | None, using: str) -> DiscardResult:
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
-            cursor.execute(_DISCARD, {"ids": ids, "actor": actor, "tenant": tenant_id})
+            cursor.execute(statements.DISCARD, {"ids": ids, "actor": actor, "tenant": tenant_id})
             taken = cursor.fetchall()
         _audit("dead_letter.discarded", actor, taken)
         done = [row[0] for row in taken]

@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import connection
 
 from core import pooling
-from events.emit import open_outcomes_ctes
+from events import statements
 
 DELIVERED, RETRY, FAILED, DEFERRED = "delivered", "retry", "failed", "deferred"
 
@@ -66,73 +66,6 @@ class Result:
     attempted_at: datetime | None = None
 
 
-_CLAIM_SQL = """
-    WITH due AS (
-        SELECT d.id FROM event_deliveries d
-        WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-          AND (d.locked_until IS NULL OR d.locked_until < now())
-          AND EXISTS (SELECT FROM event_endpoints e WHERE e.id = d.endpoint_id AND e.enabled)
-        ORDER BY d.next_attempt_at, d.id
-        LIMIT %(n)s
-        FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE event_deliveries d
-        SET lock_token = %(token)s, locked_until = now() + make_interval(secs => %(lease)s),
-            attempts = d.attempts + 1
-        -- by primary key whatever the plan: a join with `due` was planned, generically, as a hash
-        -- join over a sequential scan of the whole table (357 ms a claim at 20,000 deliveries)
-        WHERE d.id = ANY(ARRAY(SELECT id FROM due))
-        RETURNING d.id, d.event_id, d.endpoint_id, d.tenant_id, d.attempts, d.next_attempt_at
-    ), unspread AS (
-        -- the outbox: events not fanned out yet, oldest first, as many as the due deliveries left room for
-        SELECT ev.id FROM events ev
-        WHERE ev.fanout_pending
-        ORDER BY ev.id
-        LIMIT greatest(%(n)s - (SELECT count(*) FROM claimed), 0)
-        FOR UPDATE SKIP LOCKED
-    ), spread AS (
-        UPDATE events ev SET fanout_pending = false
-        WHERE ev.id = ANY(ARRAY(SELECT id FROM unspread))
-        RETURNING ev.id, ev.tenant_id, ev.type
-    ), fanned AS (
-        -- one delivery per endpoint enabled and subscribed to the event now, leased to this claim;
-        -- one that `recover` made meanwhile is left as it is
-        INSERT INTO event_deliveries (tenant_id, event_id, endpoint_id, status, attempts, next_attempt_at, lock_token,
-                                      locked_until, last_error_code, created_at)
-        SELECT s.tenant_id, s.id, e.id, 'pending', 1, now(), %(token)s, now() + make_interval(secs => %(lease)s),
-               '', now()
-        FROM spread s
-        JOIN event_endpoints e ON e.tenant_id = s.tenant_id AND e.enabled
-                              AND (e.event_types ? s.type OR e.event_types ? '*')
-        ON CONFLICT (endpoint_id, event_id) DO NOTHING
-        RETURNING id, event_id, endpoint_id, tenant_id, attempts, next_attempt_at
-    ), boxed AS (
-        -- room left still: the oldest batch of outcomes becomes events (fanned out by the next claim)
-        SELECT b.id FROM event_outcome_batches b
-        WHERE (SELECT count(*) FROM claimed) + (SELECT count(*) FROM unspread) < %(n)s
-        ORDER BY b.id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED
-    ), opened AS (
-        DELETE FROM event_outcome_batches b WHERE b.id = ANY(ARRAY(SELECT id FROM boxed))
-        RETURNING b.*
-    ), {OPEN}, taken AS (
-        SELECT * FROM claimed UNION ALL SELECT * FROM fanned
-    )
-    SELECT * FROM (
-        SELECT c.id, 'evt_' || replace(c.event_id::text, '-', ''), ev.type, c.endpoint_id, c.tenant_id::text,
-               c.attempts, ev.payload::text, e.url, e.secret, e.previous_secret, e.secret_rotated_at, e.updated_at
-        FROM taken c
-        JOIN events ev ON ev.id = c.event_id
-        JOIN event_endpoints e ON e.id = c.endpoint_id
-        ORDER BY c.next_attempt_at, c.id
-    ) claims
-    UNION ALL  -- a row without a delivery: how many events the opened batch made
-    SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM oc_new)::int, NULL, NULL, NULL, NULL, NULL, NULL
-    WHERE EXISTS (SELECT FROM opened)
-""".replace("{OPEN}", open_outcomes_ctes("opened", prefix="oc"))
-
-
 class ClaimedBatch(list):
     """A claim's deliveries (`Claimed`), and `opened`: the events it made from a batch of outcomes,
     which the next claim fans out (so the lane claims again at once)."""
@@ -159,76 +92,7 @@ def claim_due(n: int, lease_seconds: float, token: uuid.UUID, *, cursor: Any = N
 
 def claim_statement(n: int, lease_seconds: float, token: uuid.UUID) -> tuple[str, dict[str, Any]]:
     """The claim of up to `n` due deliveries, and its parameters."""
-    return _CLAIM_SQL, {"n": n, "lease": float(lease_seconds), "token": token}
-
-
-_RECORD_SQL = """
-    WITH r AS (
-        SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(kinds)s::text[], %(delays)s::float8[],
-                             %(statuses)s::int[], %(codes)s::text[], %(durations)s::int[], %(at)s::timestamptz[])
-            AS r(id, lock_token, kind, delay, http_status, code, duration_ms, attempted_at)
-    ), settled AS (
-        UPDATE event_deliveries d
-        SET status = CASE r.kind WHEN 'delivered' THEN 'delivered' WHEN 'failed' THEN 'failed' ELSE 'pending' END,
-            attempts = CASE WHEN r.kind = 'deferred' THEN greatest(d.attempts - 1, 0) ELSE d.attempts END,
-            next_attempt_at = now() + make_interval(secs => r.delay),
-            lock_token = NULL, locked_until = NULL,
-            last_http_status = CASE WHEN r.kind = 'deferred' THEN d.last_http_status ELSE r.http_status END,
-            last_error_code = CASE WHEN r.kind = 'deferred' THEN d.last_error_code ELSE r.code END,
-            delivered_at = CASE WHEN r.kind = 'delivered' THEN now() ELSE d.delivered_at END
-        FROM r
-        -- fenced by the token alone (only a claim sets it; settling, recover and re-enabling clear
-        -- it): a status condition here made the planner walk the whole due index instead of the pkey
-        WHERE d.id = r.id AND d.lock_token = r.lock_token
-        RETURNING d.id, d.tenant_id, d.event_id, d.endpoint_id, r.kind, r.http_status, r.code, r.duration_ms,
-                  r.attempted_at
-    ), logged AS (
-        INSERT INTO event_attempts (tenant_id, event_id, endpoint_id, event_type, status, http_status, error_code,
-                                    duration_ms, attempted_at)
-        SELECT s.tenant_id, s.event_id, s.endpoint_id, ev.type,
-               CASE WHEN s.kind = 'delivered' THEN 'delivered' ELSE 'failed' END, s.http_status, s.code,
-               s.duration_ms, s.attempted_at
-        FROM settled s JOIN events ev ON ev.id = s.event_id
-        WHERE s.kind <> 'deferred'
-    ), last_success AS (
-        SELECT s.endpoint_id, max(s.attempted_at) FILTER (WHERE s.kind = 'delivered') AS at
-        FROM settled s WHERE s.kind <> 'deferred' GROUP BY s.endpoint_id
-    ), runs AS (
-        -- failing_since after this batch: a success ends the run (a failure after it starts a new
-        -- one, now); failures alone keep the run's start or start it now
-        SELECT l.endpoint_id,
-               CASE WHEN NOT EXISTS (SELECT FROM settled s
-                                     WHERE s.endpoint_id = l.endpoint_id AND s.kind IN ('retry', 'failed')
-                                       AND (l.at IS NULL OR s.attempted_at > l.at)) THEN NULL
-                    WHEN l.at IS NULL THEN coalesce(e.failing_since, now())
-                    ELSE now() END AS since
-        FROM last_success l
-        JOIN event_endpoints e ON e.id = l.endpoint_id
-    ), tracked AS (
-        UPDATE event_endpoints e
-        SET failing_since = runs.since,
-            enabled = e.enabled AND NOT coalesce(runs.since <= now() - make_interval(secs => %(disable_after)s), false),
-            disabled_reason = CASE WHEN e.enabled AND runs.since <= now() - make_interval(secs => %(disable_after)s)
-                                   THEN %(reason)s ELSE e.disabled_reason END,
-            updated_at = CASE WHEN e.enabled AND runs.since <= now() - make_interval(secs => %(disable_after)s)
-                              THEN now() ELSE e.updated_at END
-        FROM runs
-        WHERE e.id = runs.endpoint_id
-          AND (e.failing_since IS DISTINCT FROM runs.since
-               OR (e.enabled AND runs.since <= now() - make_interval(secs => %(disable_after)s)))
-        RETURNING e.id, e.enabled
-    ), shelved AS (
-        -- a disabled endpoint's undelivered events are kept, not attempted: `recover` re-sends them
-        UPDATE event_deliveries d
-        SET status = 'failed', lock_token = NULL, locked_until = NULL
-        FROM tracked t
-        WHERE NOT t.enabled AND d.endpoint_id = t.id AND d.status = 'pending'
-          AND d.id <> ALL(%(ids)s::bigint[])
-          -- a one-time gate: nothing is read unless this batch disabled an endpoint
-          AND EXISTS (SELECT FROM tracked WHERE NOT enabled)
-    )
-    SELECT id FROM settled
-"""
+    return statements.CLAIM, {"n": n, "lease": float(lease_seconds), "token": token}
 
 
 def record(results: Sequence[Result], *, cursor: Any = None) -> set[int]:  # noqa: ANN401
@@ -249,7 +113,7 @@ def record(results: Sequence[Result], *, cursor: Any = None) -> set[int]:  # noq
         "disable_after": hours * 3600.0,
         "reason": disabled_reason(hours),
     }
-    return {row[0] for row in _run(cursor, _RECORD_SQL, params, fetch=True)}
+    return {row[0] for row in _run(cursor, statements.RECORD, params, fetch=True)}
 
 
 def disabled_reason(hours: float) -> str:

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from core.api.errors import Conflict
 from core.models import AuditEvent, Tenant
+from events import statements
 from events.models import DeliveryStatus, EventDelivery, EventEndpoint
 
 SECRET_BYTES = 32
@@ -107,19 +108,6 @@ class EndpointDisabled(Conflict):
     default_code = "endpoint_disabled"
 
 
-_RECOVER_SQL = """
-    INSERT INTO event_deliveries AS d (tenant_id, event_id, endpoint_id, status, attempts, next_attempt_at,
-                                       last_error_code, created_at)
-    SELECT ev.tenant_id, ev.id, e.id, 'pending', 0, now(), '', now()
-    FROM event_endpoints e
-    JOIN events ev ON ev.tenant_id = e.tenant_id AND ev.created_at >= %(since)s
-    WHERE e.id = %(endpoint)s AND e.enabled AND (e.event_types ? ev.type OR e.event_types ? '*')
-    ON CONFLICT (endpoint_id, event_id) DO UPDATE
-        SET status = 'pending', next_attempt_at = now(), lock_token = NULL, locked_until = NULL
-        WHERE d.status = 'failed'
-"""
-
-
 def recover(endpoint: EventEndpoint, since: datetime, *, actor: str) -> int:
     """Re-send, with their original ids, the endpoint's events since `since` that it never got:
     failed deliveries become pending again, and events of its types created while it was disabled
@@ -131,7 +119,7 @@ def recover(endpoint: EventEndpoint, since: datetime, *, actor: str) -> int:
                 f"The event endpoint {endpoint.name!r} is disabled; PATCH it with {{\"enabled\": true}} first."
             )
         with connection.cursor() as cursor:
-            cursor.execute(_RECOVER_SQL, {"since": since, "endpoint": endpoint.pk})
+            cursor.execute(statements.RECOVER, {"since": since, "endpoint": endpoint.pk})
             count = cursor.rowcount
         AuditEvent.record(
             actor=actor, action="event_endpoint.recovered", target=endpoint,

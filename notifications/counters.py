@@ -79,6 +79,38 @@ def breaker_totals_sql(provider: str) -> str:
         )"""  # noqa: S608 - fixed fragments
 
 
+# The `le` of a delivery's latency `l.seconds`, in SQL (latency_bucket's rule).
+_LATENCY_BUCKET = (
+    "CASE "
+    + " ".join(f"WHEN l.seconds <= {bound!r} THEN {i}" for i, bound in enumerate(LATENCY_BUCKETS))
+    + f" ELSE {len(LATENCY_BUCKETS)} END"
+)
+
+
+def add_sql(attempts: str, changed: str) -> str:
+    """The body of the record statement's `counted` CTE (dispatch.delivery): adds the batch's
+    attempts (`attempts`: provider_id, outcome, http_status) and its deliveries' latencies
+    (`changed`: status, seconds) to the session's shard, INSERT … ON CONFLICT, as `add` does."""
+    return f"""
+        -- /metrics' counters (notifications.counters), added to per batch: the session's own shard,
+        -- rows in key order (peers that share a shard lock them in the same order)
+        INSERT INTO delivery_counters AS dc (shard, provider_id, outcome, le, count, total)
+        SELECT pg_backend_pid() %% {SHARDS}, x.provider_id, x.outcome, x.le, count(*), sum(x.seconds)
+        FROM (
+            SELECT coalesce(a.provider_id, 0) AS provider_id, a.outcome, -1 AS le, 0::float8 AS seconds
+            FROM {attempts} a
+            UNION ALL
+            SELECT coalesce(a.provider_id, 0), a.outcome, {THROTTLED}, 0 FROM {attempts} a WHERE a.http_status = 429
+            UNION ALL
+            SELECT 0, 'latency', {_LATENCY_BUCKET}, greatest(l.seconds, 0)
+            FROM {changed} l WHERE l.status = 'delivered'
+        ) x
+        GROUP BY x.provider_id, x.outcome, x.le
+        ORDER BY x.provider_id, x.outcome, x.le
+        ON CONFLICT (shard, provider_id, outcome, le)
+        DO UPDATE SET count = dc.count + excluded.count, total = dc.total + excluded.total"""  # noqa: S608 - the caller's CTE names and this module's constants
+
+
 def add(increments: dict[Key, tuple[int, float]], *, shard: int = 0, using: str = "default") -> None:
     """Add counts (and seconds) to their rows, creating the rows that do not exist yet, through the
     ORM (the dispatcher's record statement does the same in its own SQL, INSERT … ON CONFLICT)."""

@@ -38,10 +38,11 @@ from typing import Any
 
 from django.db.models.functions import Now
 
+from notifications import statements
 from notifications.models import Notification, Status
 from queueing import queue
 from queueing.models import ScheduledJob
-from queueing.schedule import ring_sql, upsert_jobs_sql
+from queueing.schedule import cancel_pending_jobs_sql, ring_sql, upsert_jobs_sql
 from routing.fallback import ON_OUTCOME, ON_RECEIPT, Decision, decision_sql
 
 # The columns a statement's `changed` CTE returns for these fragments (besides tenant_id):
@@ -66,23 +67,13 @@ def _ctes(due: str, *, unqueue: bool = False) -> str:
     return f"""fb_due AS ({due}
     ), fb_jobs AS ({jobs}
     ), fb_dropped AS (
-        UPDATE scheduled_jobs j SET status = 'cancelled'
-        FROM fb_due d WHERE d.cancel AND j.notification_id = d.notification_id AND j.status = 'pending'
-        RETURNING 1
+        {cancel_pending_jobs_sql("fb_due", "d.cancel")}
     ), fb_unqueued AS (
         -- a promoted fallback that no dispatcher holds (a claim in flight is waited for, then seen as
         -- a lease and left alone) leaves the queue
         {unqueued}
     ), fb_rows AS (
-        UPDATE notifications f
-        SET status = CASE WHEN d.cancel THEN 'cancelled' ELSE f.status END,
-            scheduled_for = CASE WHEN d.cancel THEN f.scheduled_for ELSE coalesce(j.run_at, f.scheduled_for) END,
-            updated_at = now()
-        FROM fb_due d LEFT JOIN fb_jobs j ON j.notification_id = d.notification_id
-        WHERE f.id = d.notification_id
-          AND (f.status = 'scheduled'
-               OR (f.status IN ('queued', 'retrying') AND f.id IN (SELECT notification_id FROM fb_unqueued)))
-        RETURNING 1
+        {statements.settle_fallbacks_sql("fb_due", "fb_jobs", "fb_unqueued")}
     ), fb_ring AS (
         SELECT {ring_sql("run_at")} FROM fb_jobs HAVING count(*) > 0
     )"""  # noqa: S608 - fixed fragments

@@ -2,7 +2,8 @@
 (registered from NotificationsConfig.ready; queueing knows a job only by its `notification_id`).
 
 ONE statement per batch, composed of queueing's fragments for `scheduled_jobs` and `queue_state`
-(queueing.scheduler, queue.insert_items_sql) and this app's own for `notifications`:
+(queueing.scheduler, queueing.schedule, queue.insert_items_sql) and this app's own for `notifications`
+(notifications.statements):
   due     - the oldest due jobs, locked (SKIP LOCKED: a peer's are left to it).
   held    - their notifications, locked; one a cancel is changing is skipped, and its job stays pending
             for the next batch. Under the lock the status is current, so a cancel that committed first
@@ -18,7 +19,8 @@ ONE statement per batch, composed of queueing's fragments for `scheduled_jobs` a
 
 from __future__ import annotations
 
-from queueing import scheduler
+from notifications import statements
+from queueing import schedule, scheduler
 from queueing.queue import insert_items_sql
 
 _ITEMS = insert_items_sql(
@@ -40,13 +42,9 @@ WITH due AS (
     FROM due LEFT JOIN held ON held.id = due.notification_id
     WHERE held.id IS NOT NULL OR NOT EXISTS (SELECT 1 FROM notifications g WHERE g.id = due.notification_id)
 ), queued AS (
-    UPDATE notifications n
-    SET status = 'queued', enqueued_at = now(), updated_at = now()
-    FROM decided d
-    WHERE n.id = d.notification_id AND d.live
-    RETURNING n.id, n.tenant_id, n.provider_id, n.queue, n.priority, n.channel, d.run_at
+{statements.queue_due_sql("decided")}
 ), jobs AS (
-    {scheduler.settle_jobs_sql("decided")}
+    {schedule.settle_jobs_sql("decided")}
 ), items AS ({_ITEMS}
     RETURNING queue_name
 ), {scheduler.promotion_result_sql("jobs", "items")}

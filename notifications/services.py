@@ -26,7 +26,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import JSONField, Q
+from django.db.models import Q
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -34,14 +34,12 @@ from rest_framework.exceptions import NotFound
 
 from core import crypto, hot_sql, tracing
 from core.api.errors import Conflict
-from core.fields import EncryptedTextField
 from core.grouping import GroupRunner
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from core.plain_json import plain_json
 from core.validation import MAX_SUBJECT_CHARS
-from notifications import fallback, tenant_config
+from notifications import fallback, statements, tenant_config
 from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Status, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, Draft
 from providers.models import Provider
@@ -598,24 +596,6 @@ def _jobs_for(tenant: Tenant, rows: list[Notification], now: datetime) -> list[S
 
 
 _GATE = """gate AS (SELECT {version} AS version_ok, {lock} AS key_free, {check} AS check_ok)"""
-# An Idempotency-Key's record, written with what it replays. The advisory lock (held until the
-# statement's transaction ends) tells a request whose twin is being stored right now (409) from
-# one that finds the record stored (replay or 422), instead of waiting on the unique index.
-_RECORD = """record AS (
-    INSERT INTO idempotency_records (tenant_id, key, fingerprint, state, response_status, response_body,
-                                     created_at, expires_at)
-    SELECT %s, %s, %s, 'completed', %s, %s, %s::timestamptz, %s::timestamptz FROM gate
-    WHERE version_ok AND key_free AND check_ok
-    ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_tenant DO UPDATE
-        SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, response_status = EXCLUDED.response_status,
-            response_body = EXCLUDED.response_body, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-        WHERE idempotency_records.expires_at <= EXCLUDED.created_at
-           OR (idempotency_records.state = 'in_flight' AND idempotency_records.created_at < %s::timestamptz)
-    RETURNING 1)"""
-_QUEUES = """new_queues AS (
-    INSERT INTO tenant_queues (tenant_id, name, created_at)
-    SELECT %s, unnest(%s::text[]), %s::timestamptz FROM gate WHERE version_ok AND key_free AND check_ok
-    ON CONFLICT DO NOTHING)"""
 _ITEMS = "items AS (" + insert_items_sql(  # noqa: S608 - fixed fragments, values are parameters
     """(SELECT n.queue AS queue_name, n.priority, jsonb_build_object('channel', n.channel) AS payload,
                0::float8 AS delay, n.tenant_id, n.id AS notification_id, n.provider_id
@@ -659,7 +639,7 @@ def _store(
     if new_queues:
         params += [tenant.pk, sorted(new_queues), now]
     gated = "EXISTS (SELECT 1 FROM record)" if idempotency is not None else _GATED
-    insert_sql, insert_params = _insert_sql(connection, rows, where=gated)
+    insert_sql, insert_params = statements.insert_notifications_sql(connection, rows, where=gated)
     params += insert_params
     queued = [n for n in rows if n.status == Status.QUEUED]
     if jobs:
@@ -695,8 +675,9 @@ def _create_statement(
     """`_store`'s text for its shape, composed once (its parameters follow the same order): the
     suppression check of `keys` blind indexes (None: none), the tenant's config version, the
     Idempotency-Key's lock and record, new queue names, the notifications' INSERT, their queue items,
-    their scheduled jobs. `many` (a batch): the arrays travel in binary, as `_insert_sql`'s do; one
-    create's stay text, so its long statement keeps `core.hot_sql`'s converted-once placeholders."""
+    their scheduled jobs. `many` (a batch): the arrays travel in binary, as those of
+    `statements.insert_notifications_sql` do; one create's stay text, so its long statement keeps
+    `core.hot_sql`'s converted-once placeholders."""
     ctes: list[str] = []
     array = "%b" if many else "%s"
     check_sql, positions_sql = "true", "NULL::int[]"
@@ -712,9 +693,9 @@ def _create_statement(
     lock_sql = "pg_try_advisory_xact_lock(hashtextextended(%s, 0))" if idempotent else "true"
     ctes.append(_GATE.format(version=version_sql, lock=lock_sql, check=check_sql))
     if idempotent:
-        ctes.append(_RECORD)
+        ctes.append(statements.IDEMPOTENCY_RECORD)
     if queues:
-        ctes.append(_QUEUES)
+        ctes.append(statements.NEW_QUEUES)
     ctes.append(f"n AS ({insert_sql} RETURNING id, tenant_id, provider_id, queue, priority, channel, status, "
                 "scheduled_for)")  # fmt: skip
     if queued:
@@ -731,7 +712,7 @@ def store_idempotency_record(tenant: Tenant, idempotency: IdempotentResponse) ->
     connection = connections[IdempotencyRecord.objects.db]
     body = IdempotencyRecord._meta.get_field("response_body").get_prep_value(idempotency.body.decode())
     gate = _GATE.format(version="true", lock="true", check="true")
-    sql = "WITH " + gate + ", " + _RECORD + " SELECT count(*) FROM record"  # noqa: S608
+    sql = "WITH " + gate + ", " + statements.IDEMPOTENCY_RECORD + " SELECT count(*) FROM record"  # noqa: S608
     with connection.cursor() as cursor:
         cursor.execute(sql, [tenant.pk, idempotency.key, idempotency.fingerprint, idempotency.status, body,
                              idempotency.created_at, idempotency.expires_at, idempotency.abandoned_before])  # fmt: skip
@@ -776,79 +757,6 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
     row._state = ModelState()  # adding, not stored yet
     row._state.fields_cache.update(tenant=tenant, provider=spec.provider, template=spec.template)
     return row
-
-
-@lru_cache(maxsize=1)
-def _fields() -> tuple[Any, ...]:
-    return tuple(Notification._meta.concrete_fields)
-
-
-@lru_cache(maxsize=4)
-def _columns(alias: str) -> tuple[tuple[Any, str, str], ...]:
-    """(field, quoted column, SQL type) of each concrete field: computed once, not per create."""
-    connection = connections[alias]
-    return tuple((f, connection.ops.quote_name(f.column), f.db_type(connection)) for f in _fields())
-
-
-def _insert_sql(connection: Any, rows: list[Notification], *, where: str = "") -> tuple[str, list[Any]]:
-    """`INSERT INTO notifications … SELECT` of `rows` (only `where` the condition holds).
-    The rows travel as one array per column (`… FROM unnest(…)`), in binary (`%b`: psycopg's text
-    array dumper was a quarter of a 1,000-item batch's Python, binary ≈ 10 % less CPU a batch), and a
-    column whose value is the same in every row (tenant, status, timestamps, counters…) travels
-    once; several times faster than bulk_create. One row (the API's single create) has one fixed
-    text, built once. For `core.hot_sql` (psycopg's own cursor: Django's binds on the client)."""
-    if len(rows) == 1:
-        values = rows[0].__dict__
-        params = []
-        for column, _, _ in _columns(connection.alias):
-            value = values[column.attname]
-            if isinstance(column, EncryptedTextField):
-                value = column.get_prep_value(value)
-            elif isinstance(column, JSONField):
-                value = _json_text(value, column.encoder)
-            params.append(value)
-        return _single_insert_sql(connection.alias, where), params
-    names, selects, params, arrays, aliases = [], [], [], [], []
-    for index, (column, name, cast) in enumerate(_columns(connection.alias)):
-        values = [row.__dict__[column.attname] for row in rows]
-        if isinstance(column, EncryptedTextField):
-            values = [column.get_prep_value(v) for v in values]
-        elif isinstance(column, JSONField):
-            values = [_json_text(v, column.encoder) for v in values]
-        names.append(name)
-        first = values[0]
-        if all(v == first for v in values):
-            selects.append(f"%s::{cast}")
-            params.append(first)
-        else:
-            selects.append(f"u.c{index}")
-            arrays.append((f"%b::{cast}[]", values))
-            aliases.append(f"c{index}")
-    source = ""
-    if arrays:
-        source = f" FROM unnest({', '.join(a for a, _ in arrays)}) AS u({', '.join(aliases)})"
-    condition = f" WHERE {where}" if where else ""
-    sql = f"INSERT INTO notifications ({', '.join(names)}) SELECT {', '.join(selects)}{source}{condition}"  # noqa: S608
-    return sql, [*params, *(values for _, values in arrays)]
-
-
-def _json_text(value: Any, encoder: type[json.JSONEncoder] | None) -> str:  # noqa: ANN401
-    """A JSON column's text: orjson's for plain values (core.plain_json; ≈ 10 % of a 1,000-item
-    batch's Python went to json.dumps), the column's encoder's for anything else. PostgreSQL stores
-    jsonb, so the two texts' spacing does not matter."""
-    content = plain_json(value)
-    return content.decode() if content is not None else json.dumps(value, cls=encoder)
-
-
-@lru_cache(maxsize=16)
-def _single_insert_sql(alias: str, where: str) -> str:
-    """`_insert_sql`'s text for one row: every column a parameter."""
-    columns = _columns(alias)
-    condition = f" WHERE {where}" if where else ""
-    return (
-        f"INSERT INTO notifications ({', '.join(name for _, name, _ in columns)}) "  # noqa: S608 - model columns
-        f"SELECT {', '.join(f'%s::{cast}' for _, _, cast in columns)}{condition}"
-    )
 
 
 # --- cancelling -----------------------------------------------------------------------------------

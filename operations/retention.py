@@ -52,8 +52,11 @@ from django.utils import timezone
 
 from core import partitions, pooling, retention
 from core.models import AuditEvent
+from dlq import statements as dlq_statements
 from dlq.models import DeadLetter
+from notifications import statements
 from notifications.models import FINISHED, DeliveryAttempt, IdempotencyRecord, Notification
+from queueing import schedule
 from queueing.models import QueueItem, ScheduledJob
 
 DEFAULT_DAYS = 30.0
@@ -88,21 +91,27 @@ WITH victims AS (
     -- finished_at bound: a victim's attempts finished before it was last changed (< cutoff), give or take
     -- a lease and the workers' clocks; on the partitioned table only the partitions up to the cutoff's
     -- next day are probed, not every newer one
-    DELETE FROM delivery_attempts WHERE notification_id = ANY((SELECT ids FROM ids)::uuid[])
-      AND finished_at < %(cutoff)s::timestamptz + interval '1 day'
-    RETURNING outcome, provider_id
+    {ATTEMPTS}
 ), dead AS (
-    DELETE FROM dead_letter_queue WHERE notification_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1
+    {DEAD}
 ), jobs AS (
-    DELETE FROM scheduled_jobs WHERE notification_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1
+    {JOBS}
 ), gone AS (
-    DELETE FROM notifications WHERE id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING created_at
+    {GONE}
 )
 SELECT 'notifications', NULL::text, NULL::bigint, count(*), max(created_at) FROM gone
 UNION ALL SELECT 'dead_letters', NULL, NULL, count(*), NULL FROM dead
 UNION ALL SELECT 'jobs', NULL, NULL, count(*), NULL FROM jobs
 UNION ALL SELECT 'attempts', outcome, provider_id, count(*), NULL FROM attempts GROUP BY outcome, provider_id
 """
+# Each DELETE is its table's owner's (notifications.statements, dlq.statements, queueing.schedule).
+_IDS = "(SELECT ids FROM ids)::uuid[]"
+_BATCH = (
+    _BATCH.replace("{ATTEMPTS}", statements.delete_attempts_sql(_IDS, "%(cutoff)s::timestamptz + interval '1 day'"))
+    .replace("{DEAD}", dlq_statements.delete_dead_letters_sql(_IDS))
+    .replace("{JOBS}", schedule.delete_jobs_sql(_IDS))
+    .replace("{GONE}", statements.delete_notifications_sql(_IDS))
+)
 
 
 @dataclass
@@ -286,7 +295,7 @@ class Pruner:
         for start in range(0, pages, step):
             with self.batch(), connections[self.using].cursor() as cursor:
                 cursor.execute(
-                    f"DELETE FROM ONLY {name} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND ({condition})",  # noqa: S608
+                    retention.page_delete_sql(name, condition),
                     {"lo": f"({start},0)", "hi": f"({start + step},0)", "cutoff": self.cutoff},
                 )
                 yield cursor.rowcount

@@ -1,4 +1,6 @@
-"""Creating scheduled jobs. The scheduler (queueing/scheduler.py) promotes them when due."""
+"""Scheduled jobs: creating them, and every statement that writes `scheduled_jobs` (the fragments
+the domain's statements compose: the create, the scheduler's promotion, channel fallback, prune).
+The scheduler (queueing/scheduler.py) promotes them when due."""
 
 from __future__ import annotations
 
@@ -66,3 +68,29 @@ def ring_sql(run_at: str) -> str:
     earliest `run_at` of a FROM item `run_at` names, when it has rows (for a statement's own CTE)."""
     text = f"""to_char(min({run_at}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
     return f"pg_notify('{SCHEDULE_CHANNEL}', {text})"
+
+
+def settle_jobs_sql(source: str) -> str:
+    """`UPDATE scheduled_jobs … RETURNING j.status, j.run_at` of the jobs in `source` (a relation with
+    columns job_id and live): executed when live, else cancelled. A job left out of `source` stays
+    pending (its notification was held by someone else: the next batch takes it)."""
+    return f"""UPDATE scheduled_jobs j
+    SET status = CASE WHEN d.live THEN 'executed' ELSE 'cancelled' END,
+        executed_at = CASE WHEN d.live THEN now() END
+    FROM {source} d
+    WHERE j.job_id = d.job_id
+    RETURNING j.status, j.run_at"""  # noqa: S608 - the caller's relation
+
+
+def cancel_pending_jobs_sql(source: str, condition: str) -> str:
+    """`UPDATE scheduled_jobs … RETURNING 1`: the pending jobs of the notifications of `source` (a
+    relation with a notification_id, aliased `d`) whose rows meet `condition` are cancelled."""
+    return f"""UPDATE scheduled_jobs j SET status = 'cancelled'
+        FROM {source} d WHERE {condition} AND j.notification_id = d.notification_id AND j.status = 'pending'
+        RETURNING 1"""  # noqa: S608 - the caller's relation and condition
+
+
+def delete_jobs_sql(ids: str) -> str:
+    """`DELETE … RETURNING 1` of the jobs of the notifications whose ids `ids` (an SQL uuid[]) holds
+    (prune: a notification goes with its job)."""
+    return f"DELETE FROM scheduled_jobs WHERE notification_id = ANY({ids}) RETURNING 1"  # noqa: S608

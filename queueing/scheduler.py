@@ -82,7 +82,7 @@ class Promotion:
 # fragments and its own:
 #   due    - `due_jobs_sql()`: the oldest due jobs, locked; SKIP LOCKED leaves to a peer the jobs it holds.
 #   (its own CTEs: lock what the jobs stand for, decide which jobs are `live`, move those along)
-#   jobs   - `settle_jobs_sql(source)`: executed when live, else cancelled.
+#   jobs   - `schedule.settle_jobs_sql(source)`: executed when live, else cancelled.
 #   items  - `queue.insert_items_sql(…)`: the queue items of the live ones.
 #   then   - `promotion_result_sql()`: the batch's figures, and the dispatchers' doorbell (NOTIFY at
 #            commit) with the queues that got items, in the same statement.
@@ -99,21 +99,9 @@ def due_jobs_sql() -> str:
     FOR UPDATE OF j SKIP LOCKED"""
 
 
-def settle_jobs_sql(source: str) -> str:
-    """`UPDATE scheduled_jobs … RETURNING j.status, j.run_at` of the jobs in `source` (a relation with
-    columns job_id and live): executed when live, else cancelled. A job left out of `source` stays
-    pending (its notification was held by someone else: the next batch takes it)."""
-    return f"""UPDATE scheduled_jobs j
-    SET status = CASE WHEN d.live THEN 'executed' ELSE 'cancelled' END,
-        executed_at = CASE WHEN d.live THEN now() END
-    FROM {source} d
-    WHERE j.job_id = d.job_id
-    RETURNING j.status, j.run_at"""  # noqa: S608 - the caller's relation
-
-
 def promotion_result_sql(jobs: str = "jobs", items: str = "items") -> str:
     """The end of a promotion: `summary AS (…) SELECT promoted, cancelled, queues, max_lag`, from the
-    CTE `jobs` (`settle_jobs_sql`) and `items` (`insert_items_sql … RETURNING queue_name`), ringing
+    CTE `jobs` (`schedule.settle_jobs_sql`) and `items` (`insert_items_sql … RETURNING queue_name`), ringing
     the dispatchers' doorbell (%(channel)s) with the queues that got items."""
     return f"""summary AS (
     SELECT (SELECT count(*) FROM {jobs} WHERE status = 'executed') AS promoted,

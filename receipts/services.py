@@ -39,6 +39,7 @@ from django.db import transaction
 from core import hot_sql
 from core.masking import mask_mapping
 from notifications import fallback
+from notifications import statements as notification_statements
 from receipts import precedence
 from receipts.inbound import BOUNCE_TYPES, RECEIPTS, ProviderView, Receipt
 from receipts.models import ReceiptCounter
@@ -176,6 +177,7 @@ def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: st
 # - `locked` takes the rows to update in id order (MATERIALIZED: a CTE with FOR UPDATE runs as written),
 #   so two applies touching the same notifications cannot deadlock; the UPDATE's rank test is re-checked
 #   on the row as locked (READ COMMITTED), so concurrent applies converge on the highest rank.
+# - `changed`, the UPDATE of notifications, is its owner's (notifications.statements.raise_receipts_sql).
 _APPLY_SQL = """
 WITH gate AS (
     SELECT 1 FROM providers WHERE id = %(provider)s AND (%(version)s::timestamptz IS NULL OR updated_at = %(version)s)
@@ -230,13 +232,7 @@ locked AS MATERIALIZED (
     ORDER BY n.id
     FOR UPDATE OF n
 ),
-changed AS (
-    UPDATE notifications n
-    SET receipt = b.receipt, bounce_type = b.bounce_type, updated_at = statement_timestamp()
-    FROM best b JOIN locked l ON l.id = b.notification_id
-    WHERE n.id = l.id
-      AND coalesce(array_position('{ORDER}'::text[], n.receipt || coalesce(':' || n.bounce_type, '')), 0) < b.rank
-    RETURNING n.id, n.tenant_id, n.receipt, n.bounce_type, n.channel, n.provider_id, {FALLBACK_RETURNING}
+changed AS ({CHANGED}
 ),
 {FALLBACK},
 ignored AS (
@@ -258,8 +254,12 @@ SELECT EXISTS (SELECT 1 FROM gate),
        (SELECT ok FROM go)
 """
 _APPLY_SQL = (
-    _APPLY_SQL.replace("{FALLBACK_RETURNING}", fallback.RETURNING)
-    .replace("{ORDER}", "{" + ",".join(precedence.ORDER) + "}")
+    _APPLY_SQL.replace(
+        "{CHANGED}",
+        notification_statements.raise_receipts_sql(
+            "best", "locked", "{" + ",".join(precedence.ORDER) + "}", fallback.RETURNING
+        ),
+    )
     .replace("{SHARDS}", str(ReceiptCounter.SHARDS))
 )
 # With channel fallback (notifications.fallback): its CTEs after `changed`, for every receipt.

@@ -4,7 +4,8 @@ foreign key in the migrated schema, couples the generic queue to the domain just
 
 The layers are pyproject.toml's `[tool.importlinter]` contract; which app owns a table is Django's
 registry (each model's `db_table`), plus the tables an app creates in raw SQL (`RAW_TABLES`) and the
-partitions PostgreSQL keeps of a partitioned parent (same owner as the parent)."""
+partitions PostgreSQL keeps of a partitioned parent (same owner as the parent); tests.support.sql_scan
+reads them."""
 
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from django.apps import apps
 from django.db import connection
 
+from tests.support.sql_scan import tables_by_package
+
 ROOT = Path(__file__).resolve().parent.parent
-# Tables made by a migration's raw SQL, not by a model: app label -> tables.
-RAW_TABLES: dict[str, tuple[str, ...]] = {"events": ("event_outcome_batches",)}
 SQL_KEYWORDS = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|JOIN|TRUNCATE|VACUUM|ANALYZE|REFERENCES)\b", re.I)
 
 
@@ -32,16 +32,6 @@ def layer_of() -> dict[str, int]:
         for package in layer.split("#")[0].split("|"):
             order[package.strip()] = depth
     return order
-
-
-def tables_by_package() -> dict[str, set[str]]:
-    owned: dict[str, set[str]] = {}
-    for model in apps.get_models(include_auto_created=True):
-        package = model.__module__.split(".")[0]
-        owned.setdefault(package, set()).add(model._meta.db_table)
-    for package, tables in RAW_TABLES.items():
-        owned.setdefault(package, set()).update(tables)
-    return owned
 
 
 def higher_tables(package: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from rest_framework.exceptions import NotFound
 from core.api.errors import Conflict
 from core.models import AuditEvent
 from dispatch.delivery import claim_and_start
-from notifications import services
+from notifications import services, statements
 from notifications.models import Notification, Status
 from notifications.services import NotificationSpec
 from notifications.validation import Draft
@@ -253,7 +253,7 @@ def test_json_columns_hold_what_the_columns_encoder_would_write(value):
     from django.core.serializers.json import DjangoJSONEncoder
 
     expected = json.loads(json.dumps(value, cls=DjangoJSONEncoder))
-    assert json.loads(services._json_text(value, DjangoJSONEncoder)) == expected
+    assert json.loads(statements.json_text(value, DjangoJSONEncoder)) == expected
 
 
 def test_metadata_round_trips_through_the_create_statement(setup_a):

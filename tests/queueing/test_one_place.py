@@ -1,8 +1,9 @@
-"""One statement, one place: every write of `queue_state` is in `queueing/queue.py` (as a function or
-as a fragment other statements compose), and whether an item is rate-limited is decided only by
-`queueing.ratelimit` (`is_limited` / `limited_sql`). Read from the source tree, so a new write
-elsewhere fails here; the cancel-side functions it asks for (`lock_for`, `remove_for`) are checked
-for what they do and for their statement counts."""
+"""One statement, one place, for the queue: every ORM write of a queue item is in `queueing/queue.py`
+(its raw SQL writes, like every table's, are held to their owner by tests/test_table_owners.py), and
+whether an item is rate-limited is decided only by `queueing.ratelimit` (`is_limited` /
+`limited_sql`). Read from the source tree, so a new write elsewhere fails here; the cancel-side
+functions it asks for (`lock_for`, `remove_for`) are checked for what they do and for their
+statement counts."""
 
 from __future__ import annotations
 
@@ -18,32 +19,19 @@ from notifications.models import Notification
 from queueing import queue
 from queueing.models import QueueItem
 from tests import factories
+from tests.support import sql_scan
 
 REPO = Path(settings.BASE_DIR)
 QUEUE_MODULE = "queueing/queue.py"
-# The dispatcher's record statement acks and releases inside one statement of writable CTEs. It is
-# moving (with the claim) to the `dispatch/` app, which composes it from queue.py's fragments; until
-# that lands both places are allowed. Remove notifications/delivery.py from here once it has moved.
-COMPOSES_QUEUE_FRAGMENTS = ("notifications/delivery.py", "dispatch/")
-# Not production code: tests, migrations, and the benchmarks (they load millions of rows directly).
-NOT_SCANNED = ("tests/", "bench/", "benchmarks/", "queueing/bench/", ".venv/", "var/", "node_modules/")
-
-SQL_WRITE = re.compile(
-    r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+queue_state\b", re.IGNORECASE
-)
+# The one module that asks is_limited: the dispatcher's lanes, of the limits they load.
+DECIDES_LIMITS = "dispatch/providers.py"
 ORM_WRITES = {"update", "delete", "create", "bulk_create", "bulk_update", "get_or_create", "update_or_create",
               "_raw_delete", "save"}  # fmt: skip
 LIMIT_RULE_SQL = re.compile(r"rate_per_second\s+IS\s+(?:NOT\s+)?NULL", re.IGNORECASE)
 
 
 def production_sources() -> dict[str, str]:
-    sources = {}
-    for path in sorted(REPO.rglob("*.py")):
-        rel = path.relative_to(REPO).as_posix()
-        if rel.startswith(NOT_SCANNED) or "/migrations/" in rel:
-            continue
-        sources[rel] = path.read_text()
-    return sources
+    return sql_scan.production_sources(REPO)
 
 
 def _mentions_queue_item(node: ast.AST) -> bool:
@@ -59,10 +47,6 @@ def _mentions_queue_item(node: ast.AST) -> bool:
             node = node.value
         else:
             return False
-
-
-def sql_writes(source: str) -> list[str]:
-    return [m.group(0) for m in SQL_WRITE.finditer(source)]
 
 
 def orm_writes(source: str) -> list[int]:
@@ -91,18 +75,10 @@ def calls_of(source: str, name: str) -> list[int]:
     return lines
 
 
-def _allowed(path: str, *allowed: str) -> bool:
-    return any(path == a or (a.endswith("/") and path.startswith(a)) for a in allowed)
-
-
 # --- the scanners see what they are meant to ----------------------------------------------------------
 
 
 def test_the_scanners_catch_a_deliberate_write_elsewhere():
-    assert sql_writes("cursor.execute('update queue_state set ready = true')") == ["update queue_state"]
-    assert sql_writes('"""\nDELETE FROM queue_state q USING x"""') == ["DELETE FROM queue_state"]
-    assert sql_writes("INSERT OR IGNORE INTO queue_state (a) VALUES (1)") == ["INSERT OR IGNORE INTO queue_state"]
-    assert sql_writes("SELECT 1 FROM queue_state WHERE ready; UPDATE notifications SET x = 1") == []
     chained = "QueueItem.objects.for_tenant(t).filter(\n    notification_id__in=ids\n).delete()\n"
     assert orm_writes(chained) == [1]
     assert orm_writes("QueueItem.objects.filter(pk=1).update(ready=True)") == [1]
@@ -114,23 +90,13 @@ def test_the_scanners_catch_a_deliberate_write_elsewhere():
 
 def test_the_scan_covers_the_production_tree():
     sources = production_sources()
-    assert QUEUE_MODULE in sources and "notifications/services.py" in sources and "queueing/scheduler.py" in sources
+    assert QUEUE_MODULE in sources and "notifications/services.py" in sources and DECIDES_LIMITS in sources
     assert not any(p.startswith("tests/") for p in sources)
-    # The queue module itself holds every kind of write.
-    found = {w.split()[0].upper() for w in sql_writes(sources[QUEUE_MODULE])}
-    assert found == {"INSERT", "UPDATE", "DELETE"}
+    # The queue module itself writes queue items through the ORM (queue.remove_for).
+    assert orm_writes(sources[QUEUE_MODULE])
 
 
 # --- the rules --------------------------------------------------------------------------------------
-
-
-def test_queue_state_sql_writes_are_only_in_the_queue_module():
-    elsewhere = {
-        path: writes
-        for path, source in production_sources().items()
-        if (writes := sql_writes(source)) and not _allowed(path, QUEUE_MODULE, *COMPOSES_QUEUE_FRAGMENTS)
-    }
-    assert elsewhere == {}, "write queue_state through queueing/queue.py (a function or a fragment to compose)"
 
 
 def test_queue_item_orm_writes_are_only_in_the_queue_module():
@@ -149,9 +115,9 @@ def test_only_the_rate_limit_module_decides_whether_an_item_is_rate_limited():
     # Items get and change their flag only in the queue module's statements, which use limited_sql.
     composing = {p for p, s in sources.items() if calls_of(s, "limited_sql")}
     assert composing == {QUEUE_MODULE}
-    # The dispatcher's lanes ask is_limited of the limits they load (moving to dispatch/).
+    # The dispatcher's lanes ask is_limited of the limits they load, and nothing else does.
     deciding = {p for p, s in sources.items() if calls_of(s, "is_limited")}
-    assert all(_allowed(p, "queueing/worker.py", "dispatch/") for p in deciding), deciding
+    assert deciding == {DECIDES_LIMITS}
 
 
 # --- the functions cancels use --------------------------------------------------------------------------
