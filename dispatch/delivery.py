@@ -137,6 +137,8 @@ class Recorded:
     ours: set[int] = field(default_factory=set)
     lost: list[Outcome] = field(default_factory=list)
     batched: int = 0  # outcomes the statement put into the event outbox (the event lane is nudged only then)
+    # the breakers of the batch's providers as the statement left them (routing.circuits.RECORDED_STATES)
+    breakers: dict[int, str] = field(default_factory=dict)
 
 
 _FINAL_STATUS = {
@@ -326,9 +328,9 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
     """Write a batch's results atomically; returns the items that were still ours and those lost."""
     if not outcomes:
         return Recorded()
-    ours, batched = _record(outcomes, using)
+    ours, batched, breakers = _record(outcomes, using)
     lost = [o for o in outcomes if o.lease.item_id not in ours]
-    return Recorded(ours=ours, lost=lost, batched=batched)
+    return Recorded(ours=ours, lost=lost, batched=batched, breakers=breakers)
 
 
 # Placeholders are %(…)b: the long arrays travel in binary (psycopg's own list dumpers), not as array text.
@@ -365,7 +367,9 @@ _RECORD_SQL = """
     ), counted AS ({counted}
     ), dead AS ({dead}
     ), {circuit}
-    SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int FROM ours
+    SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int,
+           {breakers}
+    FROM ours
 """.format(
     arrays=", ".join(f"%({name})b::{kind}[]" for name, kind in _OUTCOME_COLUMNS),
     names=", ".join(name for name, _ in _OUTCOME_COLUMNS),
@@ -384,17 +388,20 @@ _RECORD_SQL = """
     # the providers' breakers (routing.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
     circuit=circuits.record_ctes("attempts", counters.breaker_totals_sql),
+    breakers=circuits.RECORDED_STATES,
     # /metrics' counters (notifications.counters) and the dead letters (dlq.statements)
     counted=counters.add_sql("attempts", "changed"),
     dead=dlq_statements.insert_dead_letters_sql("ours"),
 )
 
 
-def _record(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int]:
+def _record(outcomes: Sequence[Outcome], using: str) -> tuple[set[int], int, dict[int, str]]:
     with hot_cursor(using) as cursor:
         cursor.execute(*record_statement(outcomes), prepare=pooling.prepare())
         rows = cursor.fetchall()
-        return {row[0] for row in rows}, rows[0][1] if rows else 0
+        if not rows:
+            return set(), 0, {}
+        return {row[0] for row in rows}, rows[0][1], circuits.recorded_states(rows[0][3], rows[0][4])
 
 
 def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:

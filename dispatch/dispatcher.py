@@ -104,6 +104,7 @@ class Dispatcher:
         self.providers = ProviderCache(clock)
         self.recorder = Recorder(self.db, self.providers, on_bug=self._recording_broke)
         self.router = Router(clock)
+        self.recorder.on_breakers = self.router.learn  # a breaker opened by a record is routed around at once
         self.sender = Sender(self.providers, self.recorder, RetryPolicy.from_settings(), self.router)
         self.claimer = Claimer(config.queues, config.lease_seconds, self.providers, clock, self.router)
         self._outage = Backoff(first=MIN_POLL, cap=MAX_POLL * 5)  # the fetch loop's, while the database is away

@@ -36,6 +36,8 @@ class Recorder:
         self.force = False  # a forced stop abandons what cannot be written now
         self.processed = 0
         self.after_write: Callable[[Recorded], None] | None = None  # told of each batch written
+        # on the DB thread, right after each record statement: the breaker states it returned (the router's learn)
+        self.on_breakers: Callable[[dict[int, str]], None] | None = None
 
     def add(self, outcome: Outcome) -> None:
         self.pending.append(outcome)
@@ -90,6 +92,8 @@ class Recorder:
     def write(self, batch: list[Outcome]) -> Recorded:
         """On the DB thread: the record statement, then what the rate buckets learn from it."""
         recorded = record_outcomes(batch)
+        if recorded.breakers and self.on_breakers is not None:
+            self.on_breakers(recorded.breakers)
         throttled, succeeded = set(), set()
         for o in batch:
             if not (o.attempt and self.providers.limited(o.lease.provider_id)):

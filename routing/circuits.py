@@ -194,6 +194,21 @@ NEXT_ROW = (
 )
 
 
+# The breakers the record statement looked at (every provider of its batch with a transient failure
+# or a breaker not closed, whoever opened it) and their state after it: two arrays in the statement's
+# result, so that the dispatcher routes by them from its next claim on instead of at its next
+# refresh (an open breaker gets at most the batches already claimed, not half a second of traffic).
+RECORDED_STATES = """(SELECT array_agg(n.provider_id ORDER BY n.provider_id) FROM circuit_next n),
+    (SELECT array_agg(CASE WHEN n.step IN ('open', 'reopen') THEN 'open' WHEN n.step = 'close' THEN 'closed'
+                           WHEN n.state = 'open' AND n.half_open THEN 'half_open' ELSE n.state END
+                      ORDER BY n.provider_id) FROM circuit_next n)"""
+
+
+def recorded_states(ids: list[int] | None, states: list[str] | None) -> dict[int, str]:
+    """RECORDED_STATES' two arrays as {provider id: closed | open | half_open}."""
+    return dict(zip(ids or (), states or (), strict=True))
+
+
 def record_ctes(attempts: str, totals: Callable[[str], str]) -> str:
     """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id,
     outcome and http_status): the breakers this batch changes (breaker.transition), decided from the

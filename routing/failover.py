@@ -9,7 +9,9 @@ attempt; when no provider of the order can take it, the item is given back with 
 
 The breakers are read from memory: `refresh()` (on the DB thread, at most every REFRESH_SECONDS) reads
 the failover orders and every breaker that is not closed (one small statement, however busy the
-dispatcher is). Only a half-open breaker costs a statement at claim time: its probes are reserved in
+dispatcher is), and `learn()` takes the states each record statement returns for the providers of
+its batch, so a breaker that opens (this dispatcher's record or a peer's) is routed around from the
+next claim on. Only a half-open breaker costs a statement at claim time: its probes are reserved in
 its row (`circuits.reserve_probes`), so all dispatchers together let at most `circuits.PROBES` through.
 A pinned notification whose provider is open waits (with the backoff) rather than fail over.
 
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from providers.circuit import HALF_OPEN
+from providers.circuit import CLOSED, HALF_OPEN
 from routing import circuits
 
 REFRESH_SECONDS = 0.5
@@ -78,6 +80,19 @@ class Router:
         self.limited = {pk for pk, _, _, limited in ordered if limited}
         self.position = {pk: key for key, ids in orders.items() for pk in ids}
         self._refreshed = now
+
+    def learn(self, states: dict[int, str]) -> None:
+        """Breaker states a record statement just read or wrote (circuits.RECORDED_STATES): the next
+        route() goes by them, without waiting for the next refresh."""
+        if not states:
+            return
+        known = dict(self.states)
+        for pk, state in states.items():
+            if state == CLOSED:
+                known.pop(pk, None)
+            else:
+                known[pk] = state
+        self.states = known  # replaced whole: route() on the DB thread reads one dict or the other
 
     def order_of(self, item: Routable) -> list[int]:
         """The providers the item may go through, starting with its current one."""

@@ -49,6 +49,36 @@ def fast_retries(subprocess_env):
     return {**subprocess_env, "OMNIPOST_RETRY_BASE_SECONDS": "0.05", "OMNIPOST_RETRY_MAX_SECONDS": "0.2"}
 
 
+def test_an_open_breaker_gets_at_most_a_claim_or_two_per_dispatcher(tenant_a, fast_retries, tmp_path):
+    """A provider that answers 503 at once to three dispatchers of concurrency 4: once its breaker
+    opens, each dispatcher learns it from its next record statement, not half a second later, so
+    the provider sees the failures that opened it and at most what each dispatcher had claimed by
+    then (two claims of `concurrency` each), not the 90-186 sends a half-second refresh let through."""
+    concurrency, dispatchers, min_requests = 4, 3, 10
+    with (
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120, status=503) as first_rx,
+        HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120) as second_rx,
+    ):
+        circuit = {"failure_threshold": 0.5, "min_requests": min_requests, "window_seconds": 30, "open_seconds": 60}
+        first = _hook(tenant_a, "first", first_rx, 0, circuit=circuit)
+        _hook(tenant_a, "second", second_rx, 1)
+        procs = start_dispatchers(dispatchers, fast_retries, "--batch-size", str(concurrency), "--concurrency",
+                                  str(concurrency), log_dir=tmp_path)  # fmt: skip
+        try:
+            assert wait_started(tmp_path, dispatchers)
+            sent = _send(tenant_a, first, 300)
+            assert wait_until(lambda: _done(n.id for n in sent), 60)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            assert wait_exit(procs, 30) == [0] * dispatchers
+        on_second = _delivered(second_rx)
+    assert circuits.states([first.pk])[first.pk] == OPEN
+    print(f"the open provider saw {len(first_rx.requests)} sends")  # shown with -s
+    assert len(first_rx.requests) <= min_requests + dispatchers * 2 * concurrency, len(first_rx.requests)
+    assert set(on_second) == {str(n.id) for n in sent} and max(on_second.values()) == 1
+
+
 def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, fast_retries, tmp_path):
     with (
         HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=120, status=503) as first_rx,

@@ -94,11 +94,13 @@ def test_the_record_statement_opens_and_closes_a_breaker(tenant_a):
     first = factories.provider(tenant_a, "first", failover_order=0,
                                circuit={"min_requests": 4, "failure_threshold": 0.5, "open_seconds": 0.3})
     items = _claimed(tenant_a, first, 3)
-    record_outcomes(_outcomes(items[:1], "delivered") + _outcomes(items[1:], "transient_error"))
+    recorded = record_outcomes(_outcomes(items[:1], "delivered") + _outcomes(items[1:], "transient_error"))
     assert circuits.states([first.pk]) == {first.pk: "closed"}, "3 sends: under min_requests"
+    assert recorded.breakers == {first.pk: "closed"}  # looked at (a failure), left closed
     items = _claimed(tenant_a, first, 3)
-    record_outcomes(_outcomes(items, "transient_error"))
+    recorded = record_outcomes(_outcomes(items, "transient_error"))
     assert circuits.states([first.pk]) == {first.pk: "open"}, "5 of 6 sends failed in the window"
+    assert recorded.breakers == {first.pk: "open"}, "the statement that opens it says so"
     with connection.cursor() as cursor:
         cursor.execute("UPDATE provider_circuits SET opened_at = now() - interval '1 second'")
     assert circuits.states([first.pk]) == {first.pk: "half_open"}
@@ -206,3 +208,32 @@ def test_metrics_and_providers_show_breakers(tenant_a, api_a):
     text = Client().get("/metrics").content.decode()
     assert f'omnipost_provider_circuit_state{{provider="first",provider_id="{first.pk}",state="open"}} 1.0' in text
     assert api_a.get("/api/v1/providers/first").json()["circuit_state"] == "open"
+
+
+def test_every_dispatcher_routes_around_a_breaker_at_its_next_record(tenant_a):
+    """A breaker one dispatcher's record opens is routed around by that dispatcher, and by a peer at
+    the peer's next record of a send to that provider, not at their next refresh."""
+    first = factories.provider(tenant_a, "first", failover_order=0,
+                               circuit={"min_requests": 2, "failure_threshold": 0.5, "open_seconds": 60})
+    second = factories.provider(tenant_a, "second", failover_order=1)
+    opener, peer = Router(), Router()  # two dispatchers, both refreshed while every breaker was closed
+    opener.refresh(force=True)
+    peer.refresh(force=True)
+    in_flight_at_peer = _claimed(tenant_a, first, 1)  # the peer's send, on the wire while the breaker opens
+
+    recorded = record_outcomes(_outcomes(_claimed(tenant_a, first, 2), "transient_error"))
+    opener.learn(recorded.breakers)
+    assert opener.states == {first.pk: "open"}
+    routed = opener.route([_item(tenant_a, first.pk)], circuits.reserve_probes)
+    assert [i.provider_id for i in routed.send] == [second.pk], "its next claim goes to the next provider"
+
+    recorded = record_outcomes(_outcomes(in_flight_at_peer, "delivered"))  # the peer's send succeeded
+    assert recorded.breakers == {first.pk: "open"}, "an open breaker of the batch is read, whoever opened it"
+    peer.learn(recorded.breakers)
+    routed = peer.route([_item(tenant_a, first.pk)], circuits.reserve_probes)
+    assert [i.provider_id for i in routed.send] == [second.pk]
+
+    # a batch of closed breakers and no failure looks at none (the statement's usual case)
+    assert record_outcomes(_outcomes(_claimed(tenant_a, second, 2), "delivered")).breakers == {}
+    peer.learn({first.pk: "closed"})
+    assert peer.states == {}
