@@ -113,6 +113,7 @@ class Attempt:
     error_message: str = ""
     http_status: int | None = None
     duration_ms: int = 0
+    message_id: str | None = None  # the provider's id of the accepted message, if it gave one (DeliveryResult)
 
 
 @dataclass(slots=True)
@@ -344,12 +345,12 @@ _OUTCOME_COLUMNS = (
     ("attempts", "int"), ("code", "text"), ("next_provider", "bigint"),
     ("a_number", "int"), ("a_started", "timestamptz"), ("a_finished", "timestamptz"), ("a_outcome", "text"),
     ("a_class", "text"), ("a_code", "text"), ("a_message", "text"), ("a_status", "int"), ("a_duration", "int"),
-    ("a_provider", "bigint"),
+    ("a_provider", "bigint"), ("a_message_id", "text"),
     ("d_class", "text"), ("d_reason", "text"), ("d_status_code", "int"), ("d_count", "int"),
 )  # fmt: skip
 _OURS = ("q.item_id, q.notification_id, q.tenant_id, q.provider_id, o.status, o.attempts, o.code, o.a_number, "
          "o.a_started, o.a_finished, o.a_outcome, o.a_class, o.a_code, o.a_message, o.a_status, o.a_duration, "
-         "o.a_provider, o.d_class, o.d_reason, o.d_status_code, o.d_count")  # fmt: skip
+         "o.a_provider, o.a_message_id, o.d_class, o.d_reason, o.d_status_code, o.d_count")  # fmt: skip
 _RECORD_SQL = """
     WITH outcome AS (
         SELECT * FROM unnest({arrays}) AS o({names})
@@ -366,6 +367,7 @@ _RECORD_SQL = """
     ), {outbox}, {fallback}, attempts AS ({attempts}
     ), counted AS ({counted}
     ), dead AS ({dead}
+    ), messages AS ({messages}
     ), {circuit}
     SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int,
            {breakers}
@@ -384,6 +386,9 @@ _RECORD_SQL = """
     # the notifications' new statuses, their attempts (notifications.statements)
     changed=statements.record_outcomes_sql("ours", fallback.RETURNING),
     attempts=statements.insert_attempts_sql("ours"),
+    # (provider, the provider's message id) → notification, for receipts that name only the message id
+    # (receipts.vendors.ses); only rows whose send returned one (a webhook's never does)
+    messages=statements.insert_provider_messages_sql("ours"),
     fallback=fallback.record_ctes("changed"),
     # the providers' breakers (routing.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
@@ -428,6 +433,7 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
         "a_duration": [a.duration_ms if a else None for a in tried],
         # the provider it went through (routing may change it), for its attempt and its dead letter
         "a_provider": [o.lease.provider_id for o in outcomes],
+        "a_message_id": [a.message_id if a else None for a in tried],
         "d_class": [d.failure_class if d else None for d in dead],
         "d_reason": [d.failure_reason[:2000] if d else None for d in dead],
         "d_status_code": [d.status_code if d else None for d in dead],

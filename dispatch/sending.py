@@ -179,7 +179,7 @@ class Sender:
             verdict = policy.DELIVERED_VERDICT
             attempt = Attempt(
                 item.attempt_number, started, datetime.now(UTC), verdict.outcome, result.error_class[:100],
-                "", result.message[:500], result.http_status, int(seconds * 1000),
+                "", result.message[:500], result.http_status, int(seconds * 1000), result.provider_message_id or None,
             )  # fmt: skip
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("delivered %s", item.notification_id, extra=_log_extra(item, verdict))

@@ -6,9 +6,14 @@ class NotificationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from core import retention
         from notifications import promotion, tenant_config  # noqa: F401 - tenant_config: its signals bump config_version
         from queueing import scheduler
         from recipients import services as recipients
 
         scheduler.register_promotion(promotion.promote)  # due scheduled notifications move to `queued`
         recipients.read_category_keys_with(tenant_config.category_keys)  # from this process's copy
+        # a provider's receipts come within days of the send, never past retention
+        retention.register(
+            retention.RetainedTable("provider_messages", "created_at < %(cutoff)s", "provider message id(s)")
+        )

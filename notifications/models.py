@@ -301,3 +301,26 @@ class TenantQueue(TenantOwned):
 
 
 from notifications.counters import DeliveryCounter  # noqa: E402, F401 - a model of this app, in its own module
+
+
+class ProviderMessage(models.Model):
+    """The id a provider gave a message it accepted (SES's `MessageId`, SendGrid's `X-Message-Id`), by
+    provider: how a receipt that names the message only by that id finds its notification
+    (receipts.vendors.ses, receipts.services), and only within the provider that receives it.
+
+    Written by the dispatcher's record statement (notifications.statements.insert_provider_messages_sql)
+    for deliveries that returned one; pruned past retention by its created_at (core.retention). No
+    foreign keys: a check per row on the dispatcher's hot path, and a notification pruned first just
+    leaves a row no receipt finds. The id is the provider's opaque handle, no address or secret."""
+
+    pk = models.CompositePrimaryKey("provider_id", "message_id")
+    provider_id = models.BigIntegerField()
+    message_id = models.TextField()
+    notification_id = models.UUIDField()
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+
+    class Meta:
+        db_table = "provider_messages"
+
+    def __str__(self) -> str:
+        return f"{self.message_id} of provider {self.provider_id}"

@@ -1,8 +1,9 @@
 """The SQL that writes this app's tables (notifications, delivery_attempts, idempotency_records,
-tenant_queues, and the sequences'), in one place: functions and fragments that the statements of
+tenant_queues, provider_messages, and the sequences'), in one place: functions and fragments that the statements of
 other modules and apps compose (the dispatcher's record statement, prune's batch, the receipts
 statement, the dead-letter redrive), so a change to how a notification's row moves is made here
-and nowhere else (tests/test_table_owners.py). Values are always bound parameters; the arguments
+and nowhere else (tests/test_table_owners.py); beside its write, the one read of
+provider_messages that the receipts statement composes. Values are always bound parameters; the arguments
 of these functions are the caller's CTE names and fixed fragments.
 """
 
@@ -84,6 +85,26 @@ def insert_attempts_sql(ours: str) -> str:
                a.a_finished, a.a_outcome, a.a_class, a.a_code, a.a_message, a.a_status, a.a_duration
         FROM {ours} a WHERE a.a_number IS NOT NULL
         RETURNING provider_id, outcome, http_status"""  # noqa: S608 - the caller's CTE names
+
+
+def insert_provider_messages_sql(ours: str) -> str:
+    """The body of the record statement's `messages` CTE: (provider, message id) → notification for
+    each row of `ours` whose send returned the provider's message id (a_message_id not null; never a
+    webhook's), through the provider it went through. A redelivered message id keeps its first row."""
+    return f"""
+        INSERT INTO provider_messages (provider_id, message_id, notification_id, created_at)
+        SELECT coalesce(m.a_provider, m.provider_id), m.a_message_id, m.notification_id, statement_timestamp()
+        FROM {ours} m WHERE m.a_message_id IS NOT NULL
+        ON CONFLICT DO NOTHING"""  # noqa: S608 - the caller's CTE names
+
+
+def provider_message_sql(provider: str, message_id: str) -> str:
+    """A scalar subquery: the notification whose send through `provider` returned the message id
+    `message_id` (SQL expressions of the caller's), NULL if none (receipts.services)."""
+    return (
+        f"(SELECT pm.notification_id FROM provider_messages pm "  # noqa: S608 - the caller's expressions
+        f"WHERE pm.provider_id = {provider} AND pm.message_id = {message_id})"
+    )
 
 
 def queue_due_sql(decided: str) -> str:

@@ -57,6 +57,10 @@ class Receipt:
     details: Mapping[str, Any] = field(default_factory=dict)  # scrubbed: no recipient, no secret
     event_id: str = ""  # the vendor's own event id; empty means: de-duplicate by `dedup_key` hash
     raw: bytes = b""  # the bytes this receipt came from, for the hash when there is no event id
+    # The provider's id of the message (SES's mail.messageId), when `notification_id` is empty: the
+    # receipt is about the notification whose send through the receiving provider returned this id
+    # (notifications.models.ProviderMessage), never another provider's.
+    provider_message_id: str = ""
 
     @property
     def dedup_key(self) -> str:

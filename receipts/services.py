@@ -46,6 +46,7 @@ from receipts.models import ReceiptCounter
 
 MAX_TYPE = 40  # notification_events.type
 MAX_DEDUP_KEY = 300  # receipt_dedup.dedup_key
+MAX_MESSAGE_ID = 200  # provider_messages.message_id (providers.kinds.base.MAX_PROVIDER_MESSAGE_ID)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ class _Row:
     bounce_type: str | None
     occurred_at: datetime
     details: dict[str, Any] = field(default_factory=dict)
+    message_id: str | None = None  # no notification id: the provider's message id names it (within the provider)
 
     @property
     def rank(self) -> int:
@@ -129,8 +131,9 @@ def _rows(receipts: Sequence[Receipt]) -> list[_Row]:
             notification_id = uuid.UUID(str(r.notification_id))
         except ValueError:
             notification_id = None
+        message_id = _no_nul(r.provider_message_id[:MAX_MESSAGE_ID]) if notification_id is None else ""
         rows[key] = _Row(key, notification_id, _no_nul((r.type or "")[:MAX_TYPE]), r.receipt, bounce_type,
-                         r.occurred_at, _no_nul(mask_mapping(dict(r.details or {}))))  # fmt: skip
+                         r.occurred_at, _no_nul(mask_mapping(dict(r.details or {}))), message_id or None)  # fmt: skip
     return list(rows.values())
 
 
@@ -166,6 +169,9 @@ def apply_receipts(provider: ProviderView, receipts: list[Receipt], *, using: st
 # Why each part is where it is:
 # - `gate`: a view read from the per-process cache carries the provider's updated_at; if the provider
 #   changed since (a rotated secret), nothing is stored and the caller verifies again with a fresh view.
+# - `input` names a receipt without a notification id by the provider's message id (notifications.statements.
+#   provider_message_sql: one provider_messages_pkey probe, only for such a receipt), within the reporting
+#   provider only: another provider's callback naming the same message id finds nothing.
 # - `found` looks each id up by itself (LATERAL … LIMIT 1, which the planner cannot flatten into a hash
 #   join over the whole table: one notifications_pkey probe per receipt, whatever the
 #   planner guesses of the input's size), by id alone, so another tenant's notification is told apart
@@ -183,9 +189,11 @@ WITH gate AS (
     SELECT 1 FROM providers WHERE id = %(provider)s AND (%(version)s::timestamptz IS NULL OR updated_at = %(version)s)
 ),
 input AS (
-    SELECT i.* FROM jsonb_to_recordset(%(rows)s::jsonb)
+    SELECT i.dedup_key, coalesce(i.notification_id, {BY_MESSAGE_ID}) AS notification_id, i.type, i.receipt,
+           i.bounce_type, i.occurred_at, i.details, i.rank
+    FROM jsonb_to_recordset(%(rows)s::jsonb)
          AS i(dedup_key text, notification_id uuid, type text, receipt text, bounce_type text,
-              occurred_at timestamptz, details jsonb, rank int)
+              occurred_at timestamptz, details jsonb, rank int, message_id text)
     WHERE EXISTS (SELECT 1 FROM gate)
 ),
 found AS (
@@ -261,6 +269,7 @@ _APPLY_SQL = (
         ),
     )
     .replace("{SHARDS}", str(ReceiptCounter.SHARDS))
+    .replace("{BY_MESSAGE_ID}", notification_statements.provider_message_sql("%(provider)s", "i.message_id"))
 )
 # With channel fallback (notifications.fallback): its CTEs after `changed`, for every receipt.
 _APPLY_LINKED_SQL = (
@@ -282,7 +291,8 @@ def _apply(provider: ProviderView, rows: list[_Row], using: str) -> ApplyResult:
     # process several times what encoding one document does.
     encoded = orjson.dumps([
         {"dedup_key": r.dedup_key, "notification_id": r.notification_id, "type": r.type, "receipt": r.receipt,
-         "bounce_type": r.bounce_type, "occurred_at": r.occurred_at, "details": r.details, "rank": r.rank}
+         "bounce_type": r.bounce_type, "occurred_at": r.occurred_at, "details": r.details, "rank": r.rank,
+         "message_id": r.message_id}
         for r in rows
     ], default=str).decode()  # fmt: skip
     params = {

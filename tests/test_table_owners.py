@@ -50,6 +50,7 @@ OWNERS: dict[str, str] = {
     "sequences": "notifications/statements.py",
     "sequence_steps": "notifications/statements.py",
     "sequence_enrollments": "notifications/statements.py",
+    "provider_messages": "notifications/statements.py",  # (provider, message id) → notification
     "delivery_counters": "notifications/counters.py",
     # dead letters
     "dead_letter_queue": "dlq/statements.py",

@@ -24,6 +24,14 @@ from providers import ssrf
 from providers.ssrf import DestinationForbidden
 
 MAX_MESSAGE_CHARS = 500
+MAX_PROVIDER_MESSAGE_ID = 200
+_PROVIDER_MESSAGE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_PROVIDER_MESSAGE_ID}}}")
+
+
+def provider_message_id(value: object) -> str:
+    """A provider's message id as stored: printable ASCII without spaces, ≤ MAX_PROVIDER_MESSAGE_ID
+    characters; anything else (absent, a number, an odd string) is no id ("")."""
+    return value if isinstance(value, str) and _PROVIDER_MESSAGE_ID.fullmatch(value) else ""
 
 
 @dataclass(slots=True)  # not frozen: a frozen init costs ≈ 2 µs a message; providers only read it
@@ -53,6 +61,10 @@ class DeliveryResult:
     error_class: str = ""  # exception class name when an exception happened
     message: str = ""  # human text with recipients and secrets stripped
     permanent: bool | None = None  # provider hint; None lets the classifier decide
+    # The id the provider gave the accepted message (SES's MessageId, SendGrid's X-Message-Id): stored
+    # per provider (notifications.models.ProviderMessage) for receipts that name only it. Opaque, never
+    # an address or a secret; empty when the provider gives none (at most MAX_PROVIDER_MESSAGE_ID chars).
+    provider_message_id: str = ""
 
 
 class DeliveryError(Exception):

@@ -38,6 +38,7 @@ from providers.kinds.base import (
     clean_message,
     config_error,
     parse_retry_after,
+    provider_message_id,
     reject_unknown_keys,
 )
 from providers.transport import new_client
@@ -150,7 +151,12 @@ class SendgridProvider(BaseProvider):
         status = response.status
         if 200 <= status < 300:
             message_id = response.headers.get("x-message-id", "")
-            return DeliveryResult(delivered=True, http_status=status, message=clean_message(f"message id {message_id}"))
+            return DeliveryResult(
+                delivered=True,
+                http_status=status,
+                message=clean_message(f"message id {message_id}"),
+                provider_message_id=provider_message_id(message_id),
+            )
         if 300 <= status < 400:
             return DeliveryResult(
                 delivered=False, http_status=status, error_code="redirect", message="redirect refused", permanent=True

@@ -8,7 +8,9 @@ provider shares.
 
 Every message carries the notification id twice: as the `notification_id` email tag (SES event
 publishing echoes tags in `mail.tags`, which is how `receipts.vendors.ses` finds the notification a
-Bounce/Complaint/Delivery event is about) and as the `X-OmniPost-Notification-Id` header.
+Bounce/Complaint/Delivery event is about) and as the `X-OmniPost-Notification-Id` header. SES's
+`MessageId` for the send is the result's `provider_message_id` (stored per provider by the dispatcher):
+an event without those tags or headers names the message by it (`mail.messageId`).
 
 Errors: 2xx delivered; 3xx permanent (never followed); 408/425/429/5xx transient, and SES's own
 throttling types (`TooManyRequestsException`, `LimitExceededException`, `Throttling`) whatever their
@@ -35,6 +37,7 @@ from providers.kinds.base import (
     clean_message,
     config_error,
     parse_retry_after,
+    provider_message_id,
     reject_unknown_keys,
 )
 from providers.transport import new_client
@@ -204,9 +207,9 @@ class SesProvider(BaseProvider):
         if not isinstance(data, dict):
             data = {}
         if 200 <= status < 300:
-            message_id = data.get("MessageId")
-            text = clean_message(f"SES message id {message_id}") if isinstance(message_id, str) else ""
-            return DeliveryResult(delivered=True, http_status=status, message=text)
+            message_id = provider_message_id(data.get("MessageId"))
+            text = clean_message(f"SES message id {message_id}") if message_id else ""
+            return DeliveryResult(delivered=True, http_status=status, message=text, provider_message_id=message_id)
         if 300 <= status < 400:
             return DeliveryResult(
                 delivered=False, http_status=status, error_code="redirect", message="redirect refused", permanent=True

@@ -20,8 +20,11 @@ the SSRF guard) when its scheme, host and port are those of the already-accepted
 notification's `notificationType`): `Bounce` (`Permanent` → hard, `Transient`/`Undetermined` →
 soft), `Complaint` → complained, `Delivery` → delivered; other event types are events without a
 receipt. The notification id is the `notification_id` email tag (`mail.tags`) that
-`providers.kinds.ses` sets, else its `X-OmniPost-Notification-Id` header in `mail.headers`;
-the event id is the SNS `MessageId`. Recipient addresses in details are masked.
+`providers.kinds.ses` sets, else its `X-OmniPost-Notification-Id` header in `mail.headers`, else
+(no configuration set's tags, no original headers: an identity's notifications) the one whose send
+through this provider SES answered with `mail.messageId` (the dispatcher stores it; looked up by
+receipts.services within the receiving provider only); the event id is the SNS `MessageId`.
+Recipient addresses in details are masked.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from django.conf import settings
 from core.http import HttpError, split_url
 from core.masking import mask_email, mask_text
 from core.validation import check_datetime_range
+from providers.kinds.base import provider_message_id
 from providers.ssrf import DestinationForbidden
 from providers.transport import fetch
 from receipts.inbound import Handled, InboundRequest, Invalid, ProviderView, Receipt, Rejected, adapter
@@ -223,6 +227,7 @@ def parse(request: InboundRequest, provider: ProviderView) -> list[Receipt]:
             details=receipt.details,
             event_id=receipt.event_id,
             raw=request.body,
+            provider_message_id=receipt.provider_message_id,
         )
     ]
 
@@ -275,14 +280,16 @@ def ses_receipt(text: str, *, event_id: str, sent_at: str) -> Receipt | None:
         kind = _CAMEL.sub("_", event_type).lower()
         section = event_type[:1].lower() + event_type[1:]
         when, where = _obj(event.get(section)).get("timestamp"), f"Message.{section[:40]}.timestamp"
+    notification_id = _notification_id(mail)
     return Receipt(
-        notification_id=_notification_id(mail),
+        notification_id=notification_id,
         type=kind,
         occurred_at=_when(when, where) or _when(sent_at, "Timestamp") or datetime.now(UTC),
         receipt=receipt,
         bounce_type=bounce_type,
         details=details,
         event_id=event_id,
+        provider_message_id="" if notification_id else provider_message_id(mail.get("messageId")),
     )
 
 

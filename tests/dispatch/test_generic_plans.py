@@ -44,6 +44,9 @@ def _outcomes(prepared: list) -> list[Outcome]:
         Outcome(p.lease, "retry", retry, retry_delay=30.0, error_code="http_503") if i % 10 == 0
         else Outcome(p.lease, "dead_lettered", dead, error_code="http_404", failure_class="permanent",
                      failure_reason="http_404", status_code=404) if i % 10 == 1
+        # an even one's provider gave a message id (as SES does), an odd one's none (as a webhook)
+        else Outcome(p.lease, "delivered", Attempt(1, now, now, "delivered", http_status=200, message_id=f"m-{i}"))
+        if i % 2 == 0
         else Outcome(p.lease, "delivered", delivered)
         for i, p in enumerate(prepared)
     ]  # fmt: skip
@@ -62,12 +65,13 @@ def test_the_record_statements_generic_plan_is_linear_in_the_batch(tenant_a):
     def written(cursor):  # noqa: ANN001, ANN202
         cursor.execute("SELECT (SELECT count(*) FROM delivery_attempts), (SELECT count(*) FROM dead_letter_queue), "
                        "(SELECT coalesce(sum(cardinality(notification_ids)), 0) FROM event_outcome_batches), "
-                       "(SELECT count(*) FROM queue_state)")  # fmt: skip
+                       "(SELECT count(*) FROM queue_state), (SELECT count(*) FROM provider_messages)")  # fmt: skip
         return cursor.fetchone()
 
     explained = plans.explain_generic(connection.connection, sql, params, inside=written)
     assert explained.generic_plans == 1
-    assert explained.seen == (600, 60, 540, 20_000 - 540)  # attempts, dead letters, events (not of retries), queue
+    # attempts, dead letters, events (not of retries), queue, message ids (the delivered even ones)
+    assert explained.seen == (600, 60, 540, 20_000 - 540, 240)
     rescans = [(n["Node Type"], n.get("Relation Name") or n.get("CTE Name"), n["Actual Loops"])
                for n in plans.nodes(explained.plan["Plan"])
                if n["Node Type"] in _RESCANNED and n["Actual Loops"] > 1]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
-from notifications.models import DeliveryAttempt, Notification
+from notifications.models import DeliveryAttempt, Notification, ProviderMessage
 from tests import factories
 from tests.support.aws import SesStandIn
 
@@ -41,6 +41,10 @@ def test_queued_emails_are_delivered_signed_and_tagged(tenant_a, ses):
     assert {r.payload["Destination"]["ToAddresses"][0] for r in ses.accepted} == {ADDRESS}
     attempts = DeliveryAttempt.objects.all()
     assert [(a.outcome, a.http_status) for a in attempts] == [("delivered", 200)] * 3
+    # SES's MessageId of each send, by provider: what an untagged SES event names the message by
+    stored = {(m.provider_id, m.message_id): m.notification_id for m in ProviderMessage.objects.all()}
+    by_id = {r.payload["EmailTags"][0]["Value"]: m for r, m in zip(ses.accepted, ses.message_ids, strict=True)}
+    assert stored == {(notes[0].provider_id, by_id[str(n.id)]): n.id for n in notes}
 
 
 def test_message_rejected_fails_and_throttling_retries(tenant_a, ses):
@@ -62,3 +66,4 @@ def test_message_rejected_fails_and_throttling_retries(tenant_a, ses):
     attempt = DeliveryAttempt.objects.get(notification=throttled)
     assert (throttled.status, attempt.outcome, attempt.http_status) == ("retrying", "transient_error", 429)
     assert SECRET not in str(list(DeliveryAttempt.objects.values()))
+    assert not ProviderMessage.objects.exists()  # a send SES refused has no message id

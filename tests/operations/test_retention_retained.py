@@ -1,5 +1,6 @@
 """`manage.py prune` empties what other apps register (core.retention): event attempts, finished event
-deliveries, the events no pending delivery needs, and receipts' de-duplication keys, by age."""
+deliveries, the events no pending delivery needs, receipts' de-duplication keys and the providers'
+message ids, by age."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from core import retention
 from events.emit import emit
 from events.models import Event, EventAttempt, EventDelivery
 from events.services import create_endpoint
+from notifications.models import ProviderMessage
 from receipts.models import ReceiptDedup
 from tests.support.outbox import fan_out
 
@@ -52,17 +54,22 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
         ReceiptDedup(provider_id=2, dedup_key="old-2", created_at=OLD),
         ReceiptDedup(provider_id=1, dedup_key="new", created_at=timezone.now()),
     ])  # fmt: skip
-    assert [t.table for t in retention.TABLES] == ["event_attempts", "event_deliveries", "events", "receipt_dedup"]
+    ProviderMessage.objects.bulk_create([
+        ProviderMessage(provider_id=1, message_id="old-1", notification_id=uuid.uuid4(), created_at=OLD),
+        ProviderMessage(provider_id=1, message_id="new", notification_id=uuid.uuid4(), created_at=timezone.now()),
+    ])  # fmt: skip
+    assert [t.table for t in retention.TABLES] == [
+        "provider_messages", "event_attempts", "event_deliveries", "events", "receipt_dedup"]  # fmt: skip
 
     dry = io.StringIO()
     call_command("prune", "--older-than", "30", "--dry-run", stdout=dry)
-    assert ("dry run: would delete 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
-            "2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
+    assert ("dry run: would delete 1 provider message id(s), 3 event attempt(s), 2 finished event delivery(s), "
+            "2 event(s), 2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
     assert Event.objects.count() == 5 and ReceiptDedup.objects.count() == 3  # a dry run deletes nothing
 
     out = io.StringIO()
     call_command("prune", "--older-than", "30", "--batch-size", "100", stdout=out, stderr=io.StringIO())
-    assert ("deleted 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
+    assert ("deleted 1 provider message id(s), 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
             "2 receipt de-duplication key(s);") in out.getvalue()  # fmt: skip
     assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done, old_unspread}
     assert not Event.objects.filter(pk__in=old_done).exists()
@@ -71,7 +78,9 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     # the pending delivery's own old attempt goes (history), the delivery and its event stay
     assert set(EventAttempt.objects.values_list("event_id", flat=True)) == {new_done}
     assert set(ReceiptDedup.objects.values_list("dedup_key", flat=True)) == {"new"}
+    assert set(ProviderMessage.objects.values_list("message_id", flat=True)) == {"new"}
 
     again = io.StringIO()
     call_command("prune", "--older-than", "30", stdout=again, stderr=io.StringIO())
-    assert "deleted 0 event attempt(s), 0 finished event delivery(s), 0 event(s), 0 receipt" in again.getvalue()
+    assert ("deleted 0 provider message id(s), 0 event attempt(s), 0 finished event delivery(s), 0 event(s), "
+            "0 receipt") in again.getvalue()

@@ -11,7 +11,7 @@ from rest_framework.exceptions import ValidationError
 
 from dlq.classifier import classify
 from providers.kinds import REGISTRY, build_provider
-from providers.kinds.base import OutboundMessage
+from providers.kinds.base import OutboundMessage, provider_message_id
 from providers.kinds.ses import SesProvider
 from tests.support.aws import SesStandIn
 
@@ -59,6 +59,7 @@ def test_send_email_signed_with_sigv4_and_tagged_with_the_notification_id(ses):
     result = send(ses, msg)
     assert result.delivered and result.http_status == 200
     assert "SES message id 0102" in result.message
+    assert result.provider_message_id == ses.message_ids[0]  # stored per provider by the dispatcher
     [req] = ses.requests
     assert req.verified, req.problem  # botocore recomputed the same signature in the stand-in
     assert (req.method, req.path) == ("POST", "/v2/email/outbound-emails")
@@ -234,3 +235,20 @@ def test_admin_shows_an_ses_provider_with_its_secret_masked(tenant_a):
         page = client.get(url).content.decode()
         assert "ses" in page and SECRET not in page and SECRET[:20] not in page
     assert "****" + SECRET[-4:] in client.get(f"/admin/providers/provider/{prov.pk}/change/").content.decode()
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("0102018c7f6a3b2e-1a2b3c4d-0000-000000", "0102018c7f6a3b2e-1a2b3c4d-0000-000000"),
+        ("<abc.def@example.com>", "<abc.def@example.com>"),
+        (None, ""),
+        (12345, ""),
+        ("", ""),
+        ("has space", ""),
+        ("line\nbreak", ""),
+        ("x" * 201, ""),
+    ],
+)
+def test_a_providers_message_id_is_stored_only_when_it_is_a_bounded_printable_token(value, stored):
+    assert provider_message_id(value) == stored

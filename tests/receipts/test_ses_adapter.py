@@ -253,3 +253,15 @@ def test_unsubscribe_confirmation_is_acknowledged(sns):
     with pytest.raises(Handled):
         post(message)
     assert sns.confirmations == []
+
+
+def test_an_event_without_tags_or_headers_names_its_message_by_ses_message_id(sns):
+    event = ses_event("Bounce", "")
+    del event["mail"]["tags"]
+    event["mail"]["messageId"] = "0102018c7f6a3b2e-1a2b3c4d-0000-000000"
+    [receipt] = post(sns.notification(event))
+    assert (receipt.notification_id, receipt.receipt) == ("", "bounced")
+    assert receipt.provider_message_id == "0102018c7f6a3b2e-1a2b3c4d-0000-000000"  # looked up within the provider
+    tagged = ses_event("Bounce", str(uuid.uuid4()))
+    [receipt] = post(sns.notification(tagged))
+    assert receipt.provider_message_id == ""  # the tag names it: the message id is not needed

@@ -143,6 +143,7 @@ class SesStandIn(_Server):
         self.error_message = ""
         self.retry_after: str | None = None
         self.on_accept = None  # callable(Recorded) after a verified, accepted send
+        self.message_ids: list[str] = []  # the MessageId of each accepted send, in order
 
     def configure(self, status: int = 200, error_type: str = "", error_message: str = "", retry_after=None) -> None:
         self.status, self.error_type, self.error_message, self.retry_after = (
@@ -169,7 +170,9 @@ class SesStandIn(_Server):
         if 200 <= self.status < 300:
             if self.on_accept is not None:
                 self.on_accept(rec)
-            return self.status, json_type, json.dumps({"MessageId": f"0102{uuid.uuid4().hex}-000000"}).encode()
+            message_id = f"0102{uuid.uuid4().hex}-000000"
+            self.message_ids.append(message_id)
+            return self.status, json_type, json.dumps({"MessageId": message_id}).encode()
         headers = dict(json_type)
         if self.error_type:
             headers["x-amzn-ErrorType"] = f"{self.error_type}:http://internal.amazon.com/coral/com.amazonaws.sesv2/"
