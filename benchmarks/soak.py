@@ -447,7 +447,12 @@ class Faults:
         return self.bag.pop()
 
     def _run(self) -> None:
-        while not self.stopping.wait(self.soak.config.fault_every):
+        # on a fixed cadence from the start: a fault that takes a while to inject (a SIGSTOP held past
+        # the lease, a restart on a loaded machine) does not push every later one back
+        every = self.soak.config.fault_every
+        next_at = time.monotonic() + every
+        while not self.stopping.wait(max(0.0, next_at - time.monotonic())):
+            next_at += every
             kind = self.draw()
             fault = Fault(kind, time.time())
             self.done.append(fault)
@@ -823,6 +828,11 @@ class Soak:
             self.receipts.start()
             faults.start()
             self._run_for(load_started + config.seconds, faults)
+            if config.seconds / config.fault_every >= len(config.kinds):
+                # a run long enough for every kind has each of them, even if injecting ran late: the load
+                # goes on until the first round of the bag is through (bounded)
+                self._run_for(time.time() + config.fault_every * (len(config.kinds) + 1), faults,
+                              done=lambda: len(faults.done) >= len(config.kinds))  # fmt: skip
             self.load.stop()
             load_ended = time.time()
             faults.stop()
@@ -847,10 +857,10 @@ class Soak:
                             {"setup_seconds": round(setup_seconds, 1), "load_started": load_started,
                              "load_ended": load_ended, "workdir": str(workdir)})  # fmt: skip
 
-    def _run_for(self, until: float, faults: Faults) -> None:
-        """Let the load and the faults run until `until`, saying how far they got every 30 s."""
+    def _run_for(self, until: float, faults: Faults, done: Callable[[], bool] = lambda: False) -> None:
+        """Let the load and the faults run until `until` (or `done()`), saying how far they got every 30 s."""
         said = time.time()
-        while (now := time.time()) < until:
+        while (now := time.time()) < until and not done():
             time.sleep(min(1.0, until - now))
             if now - said >= 30:
                 said = now
