@@ -2,14 +2,17 @@
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
         [--server gunicorn|granian|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
-        [--single-clients 8] [--batch-clients 4] [--modes single,batch,subscribers,read] [--client raw|httpx]
+        [--single-clients 8] [--batch-clients 4] [--modes single,keyed,batch,subscribers,read] [--client raw|httpx]
+        [--keys 40000]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
 worker) or uvicorn on the ASGI application; then a load generator in a separate process: in mode
 `single`, `--single-clients` keep-alive connections hammering `POST /api/v1/notifications`;
 `batch`, `--batch-clients` connections sending `POST /api/v1/notifications/batch` with
-`--batch-size` items; `subscribers`, the same batches naming `--batch-size` distinct subscribers
+`--batch-size` items; `keyed`, as `single` but each request with an `Idempotency-Key` of its own
+(`--keys` prepared per run, never repeated: a repeat would be a replay, not stored, and fail the
+final check); `subscribers`, the same batches naming `--batch-size` distinct subscribers
 (created beforehand) instead of a recipient, each resolved to its email address at creation; `read`,
 `--single-clients` connections reading `GET /api/v1/notifications/{id}`
 (with attempts) of notifications created beforehand.
@@ -154,7 +157,7 @@ def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
 
 def load(
     port: int, url: str | list[str], key: str, body: bytes | None, per_request: int, clients: int, seconds: float,
-    client: str, out: multiprocessing.Queue,
+    client: str, out: multiprocessing.Queue, keys: int = 0,
 ) -> None:
     if client == "httpx":
         out.put(load_httpx(port, url, key, body, per_request, clients, seconds))
@@ -163,7 +166,12 @@ def load(
 
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     paths = url if isinstance(url, list) else [url]
-    requests = [request_bytes("GET" if body is None else "POST", path, headers, body or b"") for path in paths]
+    if keys:  # one Idempotency-Key a request, this run's own
+        run_id = os.urandom(6).hex()
+        requests = [request_bytes("POST", paths[0], {**headers, "Idempotency-Key": f"bench-{run_id}-{i}"}, body or b"")
+                    for i in range(keys)]  # fmt: skip
+    else:
+        requests = [request_bytes("GET" if body is None else "POST", path, headers, body or b"") for path in paths]
     result = run("127.0.0.1", port, requests, clients=clients, seconds=seconds)
     out.put({"elapsed": result.elapsed, "latencies": result.latencies, "statuses": result.statuses,
              "per_request": per_request, "client_cpu": result.client_cpu_seconds})  # fmt: skip
@@ -260,11 +268,13 @@ def _backends(database_url: str) -> list[int]:
 
 def run_mode(
     port: int, url: str | list[str], key: str, body: bytes | None, per_request: int, clients: int, seconds: float,
-    *, client: str, server_pid: int, database_url: str,
+    *, client: str, server_pid: int, database_url: str, keys: int = 0,
 ) -> dict:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    process = context.Process(target=load, args=(port, url, key, body, per_request, clients, seconds, client, out))
+    process = context.Process(
+        target=load, args=(port, url, key, body, per_request, clients, seconds, client, out, keys)
+    )
     server = _tree(server_pid)
     backends = _backends(database_url)
     cpu_before = (_cpu_of(server), _cpu_of(backends))
@@ -311,6 +321,7 @@ def main() -> None:
     parser.add_argument("--batch-clients", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--modes", default="single,batch")
+    parser.add_argument("--keys", type=int, default=40000, help="distinct Idempotency-Keys a `keyed` run sends at most")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="load generator: raw keep-alive sockets on one selector loop (default), or httpx threads")
     args = parser.parse_args()
@@ -341,6 +352,7 @@ def main() -> None:
         modes = {
             "read": (read_urls, None, 1, args.single_clients),
             "single": (path, json.dumps(EMAIL_ITEM).encode(), 1, args.single_clients),
+            "keyed": (path, json.dumps(EMAIL_ITEM).encode(), 1, args.single_clients),
             "batch": (f"{path}/batch", json.dumps({"notifications": [EMAIL_ITEM] * args.batch_size}).encode(),
                       args.batch_size, args.batch_clients),
             "subscribers": (f"{path}/batch", json.dumps({"notifications": [
@@ -353,8 +365,11 @@ def main() -> None:
         for _ in range(args.repeat):
             for mode in args.modes.split(","):
                 url, body, per_request, clients = modes[mode]
+                if mode == "keyed" and args.client != "raw":
+                    raise SystemExit("--modes keyed needs --client raw")
                 result = run_mode(port, url, key, body, per_request, clients, args.seconds, client=args.client,
-                                  server_pid=server.pid, database_url=args.database_url)
+                                  server_pid=server.pid, database_url=args.database_url,
+                                  keys=args.keys if mode == "keyed" else 0)
                 if mode != "read":
                     total += result["accepted"]
                 results.setdefault(mode, []).append(result)
@@ -373,8 +388,9 @@ def main() -> None:
     for mode, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs)
                for k in ("accepted_per_s", "p50_ms", "p99_ms", "server_us", "db_us", "client_us")}  # fmt: skip
-        path = {"single": "POST notifications", "batch": "POST notifications/batch",
-                "subscribers": "POST batch by subscriber", "read": "GET notifications/{id}"}[mode]  # fmt: skip
+        path = {"single": "POST notifications", "keyed": "POST with Idempotency-Key",
+                "batch": "POST notifications/batch", "subscribers": "POST batch by subscriber",
+                "read": "GET notifications/{id}"}[mode]  # fmt: skip
         unit = "reads/s" if mode == "read" else "notifications/s"
         print(f"  {path:<26} {med['accepted_per_s']:9.0f} {unit:<16}"
               f"p50 {med['p50_ms']:7.1f} ms   p99 {med['p99_ms']:7.1f} ms   CPU/request: server "

@@ -41,7 +41,7 @@ from dispatch import gc_tuning, upkeep
 from dispatch.claims import Claimer
 from dispatch.delivery import Outcome, Prepared, Recorded
 from dispatch.events import EventLane
-from dispatch.providers import ProviderCache
+from dispatch.providers import SWEEP_SECONDS, ProviderCache
 from dispatch.recording import Recorder, SessionLost
 from dispatch.sending import Sender
 from dlq.retry import RetryPolicy
@@ -75,6 +75,8 @@ class DispatcherConfig:
     # Sends beyond `concurrency` that only tenants with fewer than this many in flight may take (see
     # `_fetch_loop`); None: a tenth of `concurrency`, at least 1. 0: none.
     spare_slots: int | None = None
+    # how often cached providers are checked for deleted rows (dispatch.providers)
+    provider_sweep_seconds: float = SWEEP_SECONDS
 
     @property
     def spare(self) -> int:
@@ -164,6 +166,9 @@ class Dispatcher:
         loops = [
             asyncio.create_task(upkeep.keep_leases(self.db, self.sender.inflight, self.config.lease_seconds)),
             asyncio.create_task(upkeep.beat(self.db, self.worker, lambda: self.processed)),
+            asyncio.create_task(
+                upkeep.sweep_providers(self.db, self.providers.sweep, self.config.provider_sweep_seconds)
+            ),
             asyncio.create_task(upkeep.maintain(self.db, keeper=janitor.Janitor(every=0.0, busy=self._busy))),
         ]
         try:

@@ -70,6 +70,7 @@ class Sender:
         if handle is None:
             handle = asyncio.get_running_loop().create_task(self._send(item, instance, message, started, t0))
         self.inflight[item.lease.item_id] = (handle, item)
+        self.providers.started(item.provider_id)
 
     async def _send(
         self, item: Prepared, instance: BaseProvider, message: OutboundMessage, started: datetime, t0: float
@@ -85,16 +86,22 @@ class Sender:
 
     def _sent(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
         """A send's callback, or its task's end."""
-        if self._leave(item) is None:
+        if self.inflight.pop(item.lease.item_id, None) is None:
             return  # given back already
-        self._judge(item, result, started, t0)
+        try:
+            self._judge(item, result, started, t0)  # reads the provider's entry: not evictable before
+        finally:
+            self._release(item)
 
     def _leave(self, item: Prepared) -> Any:  # noqa: ANN401
         entry = self.inflight.pop(item.lease.item_id, None)
         if entry is not None:
-            self.providers.drained(item.lease.item_id)
-            self.capacity.set()
+            self._release(item)
         return entry
+
+    def _release(self, item: Prepared) -> None:
+        self.providers.drained(item.lease.item_id, item.provider_id)
+        self.capacity.set()
 
     def _judge(self, item: Prepared, result: DeliveryResult, started: datetime, t0: float) -> None:
         try:

@@ -63,6 +63,17 @@ async def beat(db: Db, worker: Worker, processed: Callable[[], int], every: floa
         reported = done
 
 
+async def sweep_providers(db: Db, sweep: Callable[[], int], every: float) -> None:
+    """The provider cache's sweep (dispatch.providers) on the DB thread every `every` seconds: the
+    instances of providers deleted since they were claimed are closed even if no claim names them."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await db(sweep)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next sweep
+            logger.warning("provider sweep failed (%s)", exc if isinstance(exc, SessionLost) else repr(exc))
+
+
 async def maintain(db: Db, every: float = MAINTENANCE_SECONDS, keeper: janitor.Janitor | None = None) -> None:
     """The queue janitor (VACUUM of the churning tables once dead rows pile up), on the DB thread
     between claims: one cheap look at the statistics every `every` seconds."""

@@ -174,6 +174,9 @@ OMNIPOST_METRICS_MAX_PROVIDERS = number(env, "OMNIPOST_METRICS_MAX_PROVIDERS", 2
 # SMTP sends run on a pool of their own; one provider holds at most OMNIPOST_SMTP_THREADS_PER_PROVIDER.
 OMNIPOST_SMTP_THREADS = number(env, "OMNIPOST_SMTP_THREADS", 32, minimum=1, integer=True)
 OMNIPOST_SMTP_THREADS_PER_PROVIDER = number(env, "OMNIPOST_SMTP_THREADS_PER_PROVIDER", 8, minimum=1, integer=True)
+# Provider instances (each with its connection pool) one dispatcher keeps: past it, the least recently
+# claimed with no send in flight are closed (dispatch.providers).
+OMNIPOST_DISPATCHER_PROVIDER_CACHE = number(env, "OMNIPOST_DISPATCHER_PROVIDER_CACHE", 256, minimum=1, integer=True)
 # After a webhook signing secret is rotated, sends carry the old signature beside the new one this long.
 OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_GRACE_SECONDS", 86400.0)
 

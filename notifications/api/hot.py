@@ -9,7 +9,7 @@ directly with the very functions the views use (`views.create_rows`, `views.deta
 `serializers.notification_data`), and only the plain successful case:
 
 - the request has no query string, `Accept` is absent, `*/*` or `application/json`, a create's
-  `Content-Type` is `application/json` and it has no `Idempotency-Key`;
+  `Content-Type` is `application/json` and its `Idempotency-Key`, if any, is well-formed;
 - the bearer key is valid (`ApiKey.authenticate`, the same cache), the body parses
   (`StrictJSONParser`), every field is valid and the names resolve;
 - the tenant's rate limit allows it (`TenantRateThrottle.allow_tenant`), checked after the checks
@@ -18,6 +18,13 @@ directly with the very functions the views use (`views.create_rows`, `views.deta
 A create's statement is shared with the process's concurrent creates for the same tenant and key
 (`services.create_notifications_shared`, core.grouping): one statement, commit and WAL flush for
 the few that arrive while the one before runs, each answered with its own notification.
+
+A create with an `Idempotency-Key` runs the views' own `idempotency.run_keyed` and
+`views.create_response` (its record stored by the notification's statement, alone): the first
+answer is the record's bytes, a repeat replays them (`Idempotent-Replayed: true`), and 409
+`idempotency_request_in_progress` / 422 `idempotency_key_reused` are rendered by the API's
+exception handler, as the views render them. A body that fails its checks is handed over (the
+views tell a 400 from a key bound to another body).
 
 Anything else is handed on, untouched, to the ordinary stack, which answers it as it always has
 (401, 400 with field errors, 404, 406, 409, 415, 422, 429 with `Retry-After`): nothing is stored
@@ -40,17 +47,20 @@ from collections.abc import Callable
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ParseError, ValidationError
 
+from core.api.errors import exception_handler
 from core.api.parsers import StrictJSONParser
 from core.api.renderers import JSONRenderer
 from core.api.throttling import TenantRateThrottle
 from core.db_faults import is_connection_lost
 from core.middleware import unavailable_response
-from core.models import ApiKey
+from core.models import ApiKey, Tenant
 from core.plain_json import plain_json
+from notifications.api import idempotency
 from notifications.api.serializers import notification_data
-from notifications.api.views import create_rows, detail_data
+from notifications.api.views import create_response, create_rows, detail_data
+from notifications.services import IdempotentResponse
 
 LIST_PATH = "/api/v1/notifications"
 DETAIL_PATH = re.compile(r"/api/v1/notifications/([0-9a-fA-F-]{36})")
@@ -100,19 +110,56 @@ class HotPathMiddleware:
 
     def _create(self, request: HttpRequest) -> HttpResponse:
         meta = request.META
-        if meta.get("CONTENT_TYPE", "").lower() not in JSON_TYPES or "HTTP_IDEMPOTENCY_KEY" in meta:
+        if meta.get("CONTENT_TYPE", "").lower() not in JSON_TYPES:
             raise _HandOver()
+        idempotency_key = meta.get("HTTP_IDEMPOTENCY_KEY")
+        if idempotency_key is not None and not idempotency.KEY_PATTERN.fullmatch(idempotency_key):
+            raise _HandOver()  # the views' 400
         key = self._key(request)
         tenant = key.tenant
         data = StrictJSONParser().parse(io.BytesIO(request.body))  # ParseError: the views say why
         throttle = TenantRateThrottle()
+        counted = False
 
         def rate_limit() -> None:
+            nonlocal counted  # once a request, however often a keyed create tries again
+            if counted:
+                return
             if not throttle.allow_tenant(tenant):
                 raise _HandOver()  # the views' throttle answers 429 with Retry-After
+            counted = True
 
-        rows = create_rows(tenant, f"api_key:{key.prefix}", [data], single=True, before_store=rate_limit, shared=True)
+        actor = f"api_key:{key.prefix}"
+        if idempotency_key is not None:
+            return self._keyed(request, tenant, actor, idempotency_key, data, rate_limit)
+        rows = create_rows(tenant, actor, [data], single=True, before_store=rate_limit, shared=True)
         return self._json(notification_data(rows[0]), 201, ALLOW_LIST)
+
+    @staticmethod
+    def _keyed(
+        request: HttpRequest, tenant: Tenant, actor: str, idempotency_key: str, data: object,
+        rate_limit: Callable[[], None],
+    ) -> HttpResponse:  # fmt: skip
+        """A create with an Idempotency-Key, as the views run it (idempotency.run_keyed)."""
+
+        def create(record: IdempotentResponse) -> HttpResponse:
+            try:
+                return create_response(tenant, actor, [data], single=True, record=record, before_store=rate_limit,
+                                       shared=True)  # fmt: skip
+            except (ValidationError, ParseError):
+                raise _HandOver() from None  # invalid: the views answer it (400, or the key's 422 / replay)
+
+        digest = idempotency.fingerprint_of("POST", request.path, data)
+        try:
+            response = idempotency.run_keyed(tenant, idempotency_key, digest, create)
+        except APIException as exc:
+            answer = exception_handler(exc, {}) if _answered_here(exc) else None
+            if answer is None:
+                raise
+            response = HttpResponse(_render(answer.data), status=answer.status_code, content_type="application/json")
+        response["Allow"] = ALLOW_LIST
+        response["Content-Length"] = str(len(response.content))
+        return response
 
     def _detail(self, request: HttpRequest, pk: str) -> HttpResponse:
         try:
@@ -134,6 +181,13 @@ class HotPathMiddleware:
         response["Allow"] = allow
         response["Content-Length"] = str(len(content))  # as CommonMiddleware sets it for the views
         return response
+
+
+def _answered_here(exc: APIException) -> bool:
+    """An answer of the Idempotency-Key itself (409 in progress or contended, 422 reused): given
+    after the rate limit counted the request, so answered here rather than counted twice."""
+    code = getattr(exc.detail, "code", None)
+    return code in ("idempotency_request_in_progress", "idempotency_key_reused")
 
 
 def _render(data: object) -> bytes:

@@ -35,6 +35,7 @@ from rest_framework.response import Response
 
 from core.api.errors import Conflict, Unprocessable
 from core.api.renderers import JSONRenderer
+from core.models import Tenant
 from notifications import services
 from notifications.models import IdempotencyRecord
 
@@ -49,11 +50,22 @@ State = IdempotencyRecord.State
 
 def fingerprint(request: Request) -> str:
     """HMAC-SHA256 of the canonical JSON of method, path and parsed body."""
+    return fingerprint_of(request.method or "", request.path, request.data)
+
+
+def fingerprint_of(method: str, path: str, body: Any) -> str:  # noqa: ANN401
+    """`fingerprint` from its parts (the API's hot path has no DRF request)."""
     canonical = json.dumps(
-        {"method": request.method, "path": request.path, "body": request.data},
+        {"method": method, "path": path, "body": body},
         sort_keys=True, separators=(",", ":"), ensure_ascii=False,
     )  # fmt: skip
     return hmac.new(settings.SECRET_KEY.encode(), canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def check_key(key: str) -> None:
+    """A 400 for a key that is not 1 to 255 printable ASCII characters."""
+    if not KEY_PATTERN.fullmatch(key):
+        raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
 
 
 def _replay(record: IdempotencyRecord) -> HttpResponse:
@@ -62,10 +74,10 @@ def _replay(record: IdempotencyRecord) -> HttpResponse:
     return response
 
 
-def _existing(request: Request, key: str, digest: str) -> HttpResponse | None:
+def _existing(tenant: Tenant, key: str, digest: str) -> HttpResponse | None:
     """What a request gets whose key has a record: the replay, or 422 / 409; None when the record
     went away or expired meanwhile (the caller tries again)."""
-    existing = IdempotencyRecord.objects.for_tenant(request.tenant).filter(key=key).first()
+    existing = IdempotencyRecord.objects.for_tenant(tenant).filter(key=key).first()
     now = timezone.now()
     if existing is None or existing.expires_at <= now:
         return None
@@ -96,9 +108,15 @@ def run_idempotent(
     key = request.headers.get(HEADER)
     if key is None:
         return handler(None)
-    if not KEY_PATTERN.fullmatch(key):
-        raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
-    digest = fingerprint(request)
+    check_key(key)
+    return run_keyed(request.tenant, key, fingerprint(request), handler)
+
+
+def run_keyed(
+    tenant: Tenant, key: str, digest: str, handler: Callable[[services.IdempotentResponse], HttpResponse]
+) -> HttpResponse:
+    """`run_idempotent` for a checked `key` and the request's `digest` (`fingerprint`): the views'
+    and the API's hot path's (notifications.api.hot)."""
     for _ in range(5):
         now = timezone.now()
         record = services.IdempotentResponse(
@@ -112,9 +130,9 @@ def run_idempotent(
                 raise _in_progress() from None
         except (ValidationError, ParseError):
             # Invalid, so it stored nothing; but a key bound to another request is a misuse first (422).
-            if _existing(request, key, digest) is None:
+            if _existing(tenant, key, digest) is None:
                 raise
-        answer = _existing(request, key, digest)
+        answer = _existing(tenant, key, digest)
         if answer is not None:
             return answer
     raise Conflict(f"The {HEADER} is contended; retry.", code="idempotency_request_in_progress")
@@ -126,11 +144,10 @@ def run_idempotent_in_transaction(request: Request, view: Any, handler: Callable
     key = request.headers.get(HEADER)
     if key is None:
         return handler()
-    if not KEY_PATTERN.fullmatch(key):
-        raise ValidationError({HEADER: ["must be 1 to 255 printable ASCII characters"]})
+    check_key(key)
     digest = fingerprint(request)
     for _ in range(5):
-        answer = _existing(request, key, digest)
+        answer = _existing(request.tenant, key, digest)
         if answer is not None:
             return answer
         now = timezone.now()

@@ -169,12 +169,14 @@ def detail_data(tenant: Tenant, notification_id: UUID) -> dict[str, Any] | None:
 
 def create_response(
     tenant: Tenant, actor: str, items: list[Any], *, single: bool, record: services.IdempotentResponse | None,
+    before_store: Callable[[], None] | None = None, shared: bool = False,
 ) -> Response | HttpResponse:  # fmt: skip
     """Check every item, resolve names and render templates, then store all or nothing (with
-    the Idempotency-Key's `record` and the response it replays, when there is one)."""
+    the Idempotency-Key's `record` and the response it replays, when there is one).
+    `before_store`, `shared`: see `create_rows`."""
     if record is not None:
         record.render = lambda rows: render(status.HTTP_201_CREATED, _data(rows, single))
-    rows = create_rows(tenant, actor, items, single=single, record=record)
+    rows = create_rows(tenant, actor, items, single=single, record=record, before_store=before_store, shared=shared)
     if record is not None:
         return respond(record)
     return Response(_data(rows, single), status=status.HTTP_201_CREATED)

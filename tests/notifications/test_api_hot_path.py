@@ -11,7 +11,8 @@ from django.test import override_settings
 
 from core.api.throttling import TenantRateThrottle
 from notifications.api import views
-from notifications.models import Notification
+from notifications.api.hot import _render
+from notifications.models import IdempotencyRecord, Notification
 from tests.support.setups import email
 
 URL = "/api/v1/notifications"
@@ -91,12 +92,70 @@ def test_field_errors_name_the_field(api_a, setup_a):
     assert set(response.json()["error"]["details"]) == {"priority", "recipient"}
 
 
-def test_a_create_with_an_idempotency_key_goes_through_the_views_and_replays(api_a, setup_a):
-    first = api_a.post(URL, email(), format="json", HTTP_IDEMPOTENCY_KEY="k-1")
-    again = api_a.post(URL, email(), format="json", HTTP_IDEMPOTENCY_KEY="k-1")
-    assert first.status_code == again.status_code == 201
-    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+def keyed(client, body: dict, key: str, *, views: bool):  # noqa: ANN001, ANN201
+    """A keyed create through the views (an Accept the hot path leaves alone) or the hot path."""
+    extra = {"HTTP_ACCEPT": "application/json; q=1"} if views else {}
+    return client.post(URL, body, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra)
+
+
+def test_creates_with_an_idempotency_key_are_answered_as_the_views_answer_them(api_a, setup_a, monkeypatch):
+    """The same sequence through the views, then through the hot path (the views refusing): a
+    first create, its replay, another body (422), a request in progress (409)."""
+
+    def sequence(key: str, *, views: bool) -> list:  # noqa: ANN001
+        first = keyed(api_a, email(subject=key), key, views=views)
+        replay = keyed(api_a, email(subject=key), key, views=views)
+        reused = keyed(api_a, email(subject="another body"), key, views=views)
+        IdempotencyRecord.objects.filter(key=key).update(state="in_flight")
+        in_progress = keyed(api_a, email(subject=key), key, views=views)
+        IdempotencyRecord.objects.filter(key=key).update(state="completed")
+        return [first, replay, reused, in_progress]
+
+    slow = sequence("k-views", views=True)
+    monkeypatch.setattr(views.NotificationViewSet, "create", _refuse)
+    fast = sequence("k-hot", views=False)
+    assert [r.status_code for r in fast] == [r.status_code for r in slow] == [201, 201, 422, 409]
+    for f, s in zip(fast, slow, strict=True):
+        assert {h: f.get(h) for h in (*SAME_HEADERS, "Idempotent-Replayed")} == {
+            h: s.get(h) for h in (*SAME_HEADERS, "Idempotent-Replayed")}  # fmt: skip
+        assert int(f["Content-Length"]) == len(f.content)
+    assert fast[1]["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in fast[0]
+    assert fast[1].content == fast[0].content, "the replay is the stored bytes"
+    assert fast[2].content == slow[2].content and fast[3].content == slow[3].content  # byte for byte
+    assert fast[2].json()["error"]["code"] == "idempotency_key_reused"
+    assert fast[3].json()["error"]["code"] == "idempotency_request_in_progress"
+    # the first answers differ only in the notification's own fields
+    a, b = json.loads(fast[0].content), json.loads(slow[0].content)
+    assert a.keys() == b.keys() and {k for k in a if a[k] != b[k]} <= {"id", "subject", "created_at", "updated_at",
+                                                                      "enqueued_at"}  # fmt: skip
+    assert fast[0].content == _render({**b, **{k: a[k] for k in a if a[k] != b[k]}}), "the views' rendering"
+    record = IdempotencyRecord.objects.get(key="k-hot")
+    assert record.response_status == 201 and record.response_body.encode() == fast[0].content
+    assert Notification.objects.count() == 2
+
+
+@override_settings(OMNIPOST_RATE_LIMIT_API=3)
+def test_a_keyed_create_counts_once_against_the_rate_limit(api_a, setup_a):
+    TenantRateThrottle._local.clear()
+    statuses = [
+        keyed(api_a, email(), "k-1", views=False).status_code,
+        keyed(api_a, email(), "k-1", views=False).status_code,  # its replay
+        keyed(api_a, email(subject="other"), "k-1", views=False).status_code,  # 422, answered by the hot path
+        keyed(api_a, email(), "k-2", views=False).status_code,  # the 4th request of 3 a minute
+    ]
+    assert statuses == [201, 201, 422, 429]
     assert Notification.objects.count() == 1
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "caf\u00e9"])
+def test_a_malformed_key_is_the_views_400(api_a, setup_a, key):
+    response = keyed(api_a, email(), key, views=False)
+    assert response.status_code == 400 and "Idempotency-Key" in response.json()["error"]["details"]
+    assert not Notification.objects.exists()
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the view was called")
 
 
 def test_reads_of_unknown_or_foreign_ids_are_the_views_404(api_a, api_b, setup_a, setup_b, views_refuse):

@@ -14,6 +14,9 @@ from tests.support.setups import email
 URL = "/api/v1/notifications"
 BATCH = "/api/v1/notifications/batch"
 KEY = "retry-after-fix"
+# Every keyed single create here that is a 201, a replay or a 409 is the hot path's (its test of the
+# views' answers: tests/notifications/test_api_hot_path.py).
+pytestmark = pytest.mark.usefixtures("keyed_creates_on_the_hot_path")
 
 
 def post(client, body, url: str = URL, key: str = KEY, **extra):  # noqa: ANN001, ANN201

@@ -18,6 +18,9 @@ from tests.support.setups import email
 
 URL = "/api/v1/notifications"
 BATCH = "/api/v1/notifications/batch"
+# Every keyed single create here that is a 201, a replay or a 409 is the hot path's (its test of the
+# views' answers: tests/notifications/test_api_hot_path.py).
+pytestmark = pytest.mark.usefixtures("keyed_creates_on_the_hot_path")
 
 
 def _lose_reply(wrapper) -> None:  # noqa: ANN001
