@@ -49,6 +49,19 @@ def test_a_duplicate_within_a_kills_in_flight_set_passes_and_is_counted_against_
     assert ok.ledger["kills"][0]["in_flight"] == 2 and ok.ledger["kills"][0]["duplicates"] == 1
 
 
+def test_a_duplicate_after_a_send_that_timed_out_passes_only_within_its_timeouts():
+    def api(timeouts: int) -> dict:  # noqa: ANN001
+        return {"a": {"status": "delivered", "receipt": "delivered", "timeouts": timeouts},
+                "b": {"status": "delivered", "receipt": None}, "s": {"status": "suppressed", "receipt": None}}
+
+    once_more = [*CLEAN, ("provider", "a", "a", T0 + 7)]
+    ok = report(accepted=once_more, api=api(1))
+    assert ok.failures == [] and ok.ledger["duplicates_after_timeout"] == 1
+    twice_more = [*once_more, ("provider", "a", "a", T0 + 8)]
+    assert any("outside any kill's in-flight set" in f for f in report(accepted=twice_more, api=api(1)).failures)
+    assert any("outside any kill's in-flight set" in f for f in report(accepted=once_more, api=api(0)).failures)
+
+
 @pytest.mark.parametrize(
     ("accepted", "kills", "api", "alive", "receipts", "failure"),
     [
