@@ -434,11 +434,20 @@ class Faults:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop_injecting(self) -> None:
+        """No new fault from now on; those under way end as they would have."""
         self.stopping.set()
         self.thread.join(60)
+
+    def stop(self) -> None:
+        self.stop_injecting()
         for timer in self.timers:
             timer.join(60)
+
+    def settled(self, margin: float) -> bool:
+        """Every fault injected so far ended at least `margin` seconds ago."""
+        now = time.time()
+        return all(f.ended is not None and now >= f.ended + margin for f in self.done)
 
     def draw(self) -> str:
         if not self.bag:
@@ -833,6 +842,11 @@ class Soak:
                 # goes on until the first round of the bag is through (bounded)
                 self._run_for(time.time() + config.fault_every * (len(config.kinds) + 1), faults,
                               done=lambda: len(faults.done) >= len(config.kinds))  # fmt: skip
+            # and on until the last fault has ended and what was created after it could arrive, so that
+            # its recovery is measured even when a restart on a loaded machine ends it late (bounded)
+            faults.stop_injecting()
+            self._run_for(time.time() + config.fault_every * 2 + 15, faults,
+                          done=lambda: faults.settled(RECOVERED_PICKUP + 3))  # fmt: skip
             self.load.stop()
             load_ended = time.time()
             faults.stop()
