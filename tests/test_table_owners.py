@@ -40,6 +40,7 @@ OWNERS: dict[str, str] = {
     "suppressions": "recipients/suppressions.py",
     "categories": "recipients/models.py",
     "unsubscribe_token_revocations": "recipients/models.py",
+    "devices": "recipients/devices.py",  # registration's upsert, the record statement's deactivation
     "provider_circuits": "routing/circuits.py",
     "templates": "templating/models.py",
     # notifications: the notification rows and what hangs off them; the /metrics counters
