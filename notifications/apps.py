@@ -18,5 +18,9 @@ class NotificationsConfig(AppConfig):
         devices.check_endpoint_with(ssrf.check_host)  # Web Push endpoints at registration: the SSRF rules
         # a provider's receipts come within days of the send, never past retention
         retention.register(
-            retention.RetainedTable("provider_messages", "created_at < %(cutoff)s", "provider message id(s)")
+            retention.RetainedTable("provider_messages", "created_at < %(cutoff)s", "provider message id(s)"),
+            # a push's devices once settled: a pending one may belong to a notification scheduled far ahead
+            retention.RetainedTable(
+                "notification_devices", "updated_at < %(cutoff)s AND status <> 'pending'", "push device result(s)"
+            ),
         )

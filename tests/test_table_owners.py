@@ -52,6 +52,7 @@ OWNERS: dict[str, str] = {
     "sequence_steps": "notifications/statements.py",
     "sequence_enrollments": "notifications/statements.py",
     "provider_messages": "notifications/statements.py",  # (provider, message id) → notification
+    "notification_devices": "notifications/statements.py",  # a push's devices and how each went
     "delivery_counters": "notifications/counters.py",
     # dead letters
     "dead_letter_queue": "dlq/statements.py",

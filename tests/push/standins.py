@@ -110,6 +110,8 @@ class AsgiServer:
         sockets = config.create_sockets()
         bound = sockets.secure_sockets if self.tls is not None else sockets.insecure_sockets
         self.port = bound[0].getsockname()[1]
+        for sock in bound:  # accepting into the backlog from now on, before the server's loop runs
+            sock.listen(128)
         self.thread.start()
 
         async def serve() -> None:
