@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
-from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppressed_among
+from dispatch.delivery import DispatchLease, Prepared, claim_and_start, push_targets, suppressed_among
 from dispatch.providers import ProviderCache
 from providers.models import Provider
 from queueing import queue, ratelimit
@@ -108,7 +108,8 @@ class Claimer:
                 self.router.refresh()
                 routed = self.router.route(prepared, circuits.reserve_probes)
                 prepared, result.waiting, result.relaned = routed.send, routed.wait, routed.relane
-            self.providers.load({p.provider_id for p in prepared})
+            # a push to devices goes through the provider of each device's kind (one statement for the pushes)
+            self.providers.load({p.provider_id for p in prepared} | push_targets(prepared))
         except Exception as exc:
             if not is_connection_lost(exc):
                 raise

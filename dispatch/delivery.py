@@ -28,12 +28,12 @@ from django.db import connections
 
 from core import crypto, hot_sql, pooling
 from dlq import statements as dlq_statements
-from events.statements import outcome_batch_cte
+from events.statements import device_events_ctes, outcome_batch_cte
 from notifications import counters, fallback, statements
 from notifications.models import Status
 from queueing import queue
 from queueing.queue import Lease
-from recipients import suppressions
+from recipients import devices, suppressions
 from routing import circuits
 
 
@@ -75,6 +75,11 @@ class Prepared:
     category: str = "general"  # for the suppression check of the claim (dispatch.claims)
     critical: bool = False  # its category is critical (set by the check): no List-Unsubscribe
     provider_named: bool = True  # the client named the provider: it never fails over (routing.failover)
+    push: dict | None = None  # its push fields (push_targets)
+    # A push to a subscriber's devices (push_targets): the devices still pending; None: one recipient.
+    targets: list[Target] | None = None
+    any_delivered: bool = False  # some device of it accepted in an earlier try
+    device_results: list[DeviceOutcome] | None = None  # how each target's send went (dispatch.sending)
 
     @property
     def notification_key(self) -> str:
@@ -100,6 +105,26 @@ class Prepared:
         if self.opened_recipient is not None:
             return self.opened_recipient
         return crypto.decrypt(self.recipient_token, where=f"Notification.recipient of row {self.notification_id}")
+
+
+@dataclass(slots=True)
+class Target:
+    """One device a push goes to in this try, and the provider that serves its kind."""
+
+    device_id: uuid.UUID
+    kind: str
+    provider_id: int
+    token: str  # plaintext: the device token, or the Web Push subscription's JSON
+    active: bool
+
+
+@dataclass(slots=True)
+class DeviceOutcome:
+    notification_id: uuid.UUID
+    device_id: uuid.UUID
+    status: str  # delivered | failed | deactivated | pending (a transient failure: tried again)
+    code: str = ""
+    reason: str | None = None  # the vendor said the token is dead: the device is deactivated with this
 
 
 @dataclass(slots=True)
@@ -131,6 +156,7 @@ class Outcome:
     failure_class: str = ""
     status_code: int | None = None
     next_provider_id: int | None = None  # a retry's next try goes through this provider (failover)
+    devices: list[DeviceOutcome] | None = None  # a push to devices: how each went (notification_devices)
 
 
 @dataclass(slots=True)
@@ -324,6 +350,81 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
     return blocked
 
 
+# --- the devices of a claim's pushes ------------------------------------------------------------------
+
+# The claim's push notifications: their push fields and, for a push to a subscriber's devices, the
+# devices still pending (with each device as it is now: a device deactivated since is not sent to).
+_PUSH_TARGETS = """
+    SELECT u.i - 1, n.push, nd.device_id, nd.kind, nd.provider_id, d.token, coalesce(d.active, false),
+           EXISTS (SELECT 1 FROM notification_devices x WHERE x.notification_id = u.id) AS fanout,
+           EXISTS (SELECT 1 FROM notification_devices x WHERE x.notification_id = u.id AND x.status = 'delivered')
+    FROM unnest(%s::uuid[]) WITH ORDINALITY AS u(id, i)
+    JOIN notifications n ON n.id = u.id
+    LEFT JOIN notification_devices nd ON nd.notification_id = u.id AND nd.status = 'pending'
+    LEFT JOIN devices d ON d.id = nd.device_id
+    ORDER BY u.i, nd.id
+"""
+
+
+def push_targets(prepared: Sequence[Prepared], *, using: str = "default") -> set[int]:
+    """Fill in the push fields and the pending devices of the claim's push items (one statement, none
+    without a push item); returns the providers their devices go through."""
+    pushes = [(i, p) for i, p in enumerate(prepared) if p.channel == "push"]
+    if not pushes:
+        return set()
+    with hot_cursor(using) as cursor:
+        cursor.execute(_PUSH_TARGETS, [[p.notification_key for _, p in pushes]], prepare=pooling.prepare())
+        rows = cursor.fetchall()
+    providers: set[int] = set()
+    tokens: list[str] = []
+    waiting: list[Target] = []
+    for position, push, device_id, kind, provider_id, token, active, fanout, delivered in rows:
+        item = pushes[position][1]
+        item.push = _json_loads(push) if isinstance(push, str) else push
+        if not fanout:
+            continue
+        if item.targets is None:
+            item.targets, item.any_delivered = [], delivered
+        if device_id is None:
+            continue
+        target = Target(device_id, kind, provider_id, "", bool(active) and token is not None)
+        item.targets.append(target)
+        if target.active:
+            providers.add(provider_id)
+            tokens.append(token)
+            waiting.append(target)
+    for target, token, opened in zip(waiting, tokens, crypto.decrypt_many(tokens), strict=True):
+        target.token = (
+            opened if opened is not None else crypto.decrypt(token, where=f"Device.token of {target.device_id}")
+        )
+    return providers
+
+
+# A device that accepted while its push's other devices are still being sent to, written at once (fenced
+# by the item's lease): a dispatcher that dies before the push's outcome is recorded leaves it
+# `delivered`, so the next try (after the lease) does not send it again.
+_ACCEPTED_SQL = f"""
+    WITH w AS (
+        SELECT v.*, 'delivered'::text AS status, ''::text AS code
+        FROM unnest(%s::bigint[], %s::uuid[], %s::uuid[], %s::uuid[])
+             AS v(item_id, lock_token, notification_id, device_id)
+        WHERE EXISTS (SELECT 1 FROM queue_state q WHERE q.item_id = v.item_id AND q.lock_token = v.lock_token)
+    ), done AS ({statements.record_devices_sql("w")}
+    ), used AS ({devices.used_sql("w")})
+    SELECT count(*) FROM done"""  # noqa: S608 - fragments of the tables' owners
+
+
+def record_accepted(accepted: Sequence[tuple[DispatchLease, uuid.UUID]], *, using: str = "default") -> int:
+    """Devices that accepted their push, before the push's outcome: (lease, device id) each; one statement."""
+    if not accepted:
+        return 0
+    params = [[lease.item_id for lease, _ in accepted], [lease.lock_token for lease, _ in accepted],
+              [lease.notification_id for lease, _ in accepted], [device for _, device in accepted]]  # fmt: skip
+    with hot_cursor(using) as cursor:
+        cursor.execute(_ACCEPTED_SQL, params, prepare=pooling.prepare())
+        return cursor.fetchone()[0]
+
+
 # --- record -----------------------------------------------------------------------------------------
 def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> Recorded:
     """Write a batch's results atomically; returns the items that were still ours and those lost."""
@@ -368,7 +469,17 @@ _RECORD_SQL = """
     ), counted AS ({counted}
     ), dead AS ({dead}
     ), messages AS ({messages}
-    ), {circuit}
+    ), dev_in AS (
+        -- a push's devices (notification_devices), for the items still ours: each device's result; the
+        -- devices the vendor called dead deactivated, with their device.deactivated events; last_used_at
+        SELECT v.* FROM unnest(%(dv_notification)s::uuid[], %(dv_device)s::uuid[], %(dv_status)s::text[],
+                               %(dv_code)s::text[], %(dv_reason)s::text[])
+                        AS v(notification_id, device_id, status, code, reason)
+        WHERE v.notification_id IN (SELECT notification_id FROM ours)
+    ), dev_results AS ({dev_results}
+    ), dev_dead AS ({dev_dead}
+    ), dev_used AS ({dev_used}
+    ), {dev_events}, {circuit}
     SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int,
            {breakers}
     FROM ours
@@ -397,6 +508,10 @@ _RECORD_SQL = """
     # /metrics' counters (notifications.counters) and the dead letters (dlq.statements)
     counted=counters.add_sql("attempts", "changed"),
     dead=dlq_statements.insert_dead_letters_sql("ours"),
+    dev_results=statements.record_devices_sql("dev_in"),
+    dev_dead=devices.deactivate_sql("dev_in"),
+    dev_used=devices.used_sql("dev_in"),
+    dev_events=device_events_ctes("dev_dead"),
 )
 
 
@@ -439,4 +554,10 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
         "d_status_code": [d.status_code if d else None for d in dead],
         "d_count": [(d.attempt.number if d.attempt else 0) if d else None for d in dead],
     }
+    results = [r for o in outcomes if o.devices for r in o.devices]
+    params["dv_notification"] = [r.notification_id for r in results]
+    params["dv_device"] = [r.device_id for r in results]
+    params["dv_status"] = [r.status for r in results]
+    params["dv_code"] = [r.code for r in results]
+    params["dv_reason"] = [r.reason for r in results]
     return _RECORD_SQL, params

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from core.db_faults import Backoff, is_connection_lost, reset_connection
-from dispatch.delivery import Outcome, Recorded, record_outcomes
+from dispatch.delivery import DispatchLease, Outcome, Recorded, record_accepted, record_outcomes
 from dispatch.providers import ProviderCache
 from queueing import ratelimit
 
@@ -31,6 +31,7 @@ class Recorder:
         self.providers = providers
         self.on_bug = on_bug  # recording is broken: the dispatcher must stop claiming
         self.pending: list[Outcome] = []
+        self.accepted: list[tuple[DispatchLease, Any]] = []  # devices that accepted a push still in flight
         self.wake = asyncio.Event()
         self.finished = asyncio.Event()
         self.force = False  # a forced stop abandons what cannot be written now
@@ -43,6 +44,11 @@ class Recorder:
         self.pending.append(outcome)
         self.wake.set()
 
+    def accept(self, lease: DispatchLease, device_id: Any) -> None:  # noqa: ANN401
+        """A device accepted its push while the push's other devices are still being sent to."""
+        self.accepted.append((lease, device_id))
+        self.wake.set()
+
     def extend(self, outcomes: Iterable[Outcome]) -> None:
         self.pending.extend(outcomes)
         self.wake.set()
@@ -53,11 +59,24 @@ class Recorder:
             await self.wake.wait()
             self.wake.clear()
             await asyncio.sleep(GATHER_SECONDS)
+            if self.accepted:
+                accepted, self.accepted = self.accepted, []
+                await self._record_accepted(accepted)
             if self.pending:
                 batch, self.pending = self.pending, []
                 await self._record(batch)
             if self.finished.is_set() and not self.pending:
                 return
+
+    async def _record_accepted(self, accepted: list[tuple[DispatchLease, Any]]) -> None:
+        """Written before the outcomes gathered with them; if the session is lost, the push's outcome
+        records them all the same (only a dispatcher that dies before that may send them again)."""
+        try:
+            await self.db(record_accepted, accepted)
+        except SessionLost as exc:
+            logger.warning("database unavailable while recording %d accepted devices (%s)", len(accepted), exc)
+        except Exception:  # noqa: BLE001 - the push's outcome records them all the same
+            logger.exception("recording %d accepted devices failed", len(accepted))
 
     async def _record(self, batch: list[Outcome]) -> None:
         backoff = Backoff(first=0.05, cap=2.0)

@@ -10,15 +10,16 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from core import tracing
 from dispatch import policy
-from dispatch.delivery import Attempt, Outcome, Prepared
+from dispatch.delivery import Attempt, DeviceOutcome, Outcome, Prepared, Target
 from dispatch.providers import ProviderCache
 from dispatch.recording import Recorder
-from dlq.classifier import Classification
+from dlq.classifier import Classification, classify
 from dlq.retry import RetryPolicy
 from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
 from providers.kinds.base import Cancellable
@@ -52,6 +53,9 @@ class Sender:
         other is awaited in a task of its own."""
         started = datetime.now(UTC)
         t0 = time.perf_counter()
+        if item.targets is not None:
+            self._fan_out(item, started, t0)
+            return
         try:
             instance = self.providers.entries[item.provider_id].instance
             recipient = item.recipient()
@@ -62,6 +66,7 @@ class Sender:
                 notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
                 recipient=recipient, subject=item.subject, body=item.body, metadata=item.metadata,
                 created_at=item.created_at, attempt=item.attempt_number, headers=headers, traceparent=traceparent,
+                push=item.push,
             )  # fmt: skip
             handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
         except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
@@ -71,6 +76,17 @@ class Sender:
             handle = asyncio.get_running_loop().create_task(self._send(item, instance, message, started, t0))
         self.inflight[item.lease.item_id] = (handle, item)
         self.providers.started(item.provider_id)
+
+    def _fan_out(self, item: Prepared, started: datetime, t0: float) -> None:
+        """A push to a subscriber's devices: one send per pending device, each through the provider of
+        its kind, judged as one outcome once every one has answered (push_outcome)."""
+        if not item.targets and not item.any_delivered:  # every device was deactivated after it was queued
+            self.recorder.add(Outcome(item.lease, "suppressed"))
+            return
+        fan = _FanOut(self, item, started, t0)
+        self.inflight[item.lease.item_id] = (fan, item)
+        self.providers.started(item.provider_id)
+        fan.start()
 
     async def _send(
         self, item: Prepared, instance: BaseProvider, message: OutboundMessage, started: datetime, t0: float
@@ -109,6 +125,8 @@ class Sender:
         except Exception:  # noqa: BLE001 - a bug must still leave exactly one outcome for the item
             logger.exception("could not judge the result of delivering %s", item.notification_id)
             outcome = _unjudged(item, result, started, self.retry)
+        if item.device_results is not None:
+            outcome.devices = item.device_results
         if tracing.ENABLED:
             self._traced(item, outcome)
         self.recorder.add(outcome)
@@ -236,6 +254,110 @@ class Sender:
         except Exception:  # noqa: BLE001 - unreadable (the crash being reported may be this): nothing to find
             recipient = None
         return scrub(text, recipient, self.providers.secrets(item.provider_id), channel=item.channel)
+
+
+class _FanOut:
+    """The sends of one push to its devices, cancelled together; their results become one (push_outcome)."""
+
+    __slots__ = ("handles", "item", "results", "sender", "started", "t0")
+
+    def __init__(self, sender: Sender, item: Prepared, started: datetime, t0: float) -> None:
+        self.sender = sender
+        self.item = item
+        self.started = started
+        self.t0 = t0
+        self.handles: list[Any] = []
+        self.results: list[tuple[Target, DeliveryResult]] = []
+
+    def start(self) -> None:
+        item, loop = self.item, asyncio.get_running_loop()
+        if not item.targets:  # nothing left to send, and some device accepted before
+            self.handles.append(loop.call_soon(self._finish))
+            return
+        for target in item.targets:
+            if not target.active:  # deactivated since the notification was queued: never sent to
+                self.handles.append(loop.call_soon(self._done, target, _GONE))
+                continue
+            try:
+                instance = self.sender.providers.entries[target.provider_id].instance
+                message = OutboundMessage(
+                    notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
+                    recipient=target.token, subject=item.subject, body=item.body, metadata=item.metadata,
+                    created_at=item.created_at, attempt=item.attempt_number, push=item.push,
+                )  # fmt: skip
+                handle = instance.start_send(message, lambda result, t=target: self._done(t, result))
+                if handle is None:
+                    handle = loop.create_task(self._await(instance, message, target))
+            except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost
+                handle = loop.call_soon(self._done, target, _crash(item, exc, self.sender.scrub))
+            self.handles.append(handle)
+
+    async def _await(self, instance: BaseProvider, message: OutboundMessage, target: Target) -> None:
+        try:
+            result = await instance.send(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a crash in a provider is recorded, never lost
+            result = _crash(self.item, exc, self.sender.scrub)
+        self._done(target, result)
+
+    def _done(self, target: Target, result: DeliveryResult) -> None:
+        self.results.append((target, result))
+        if len(self.results) == len(self.item.targets or ()):
+            self._finish()
+        elif result.delivered and self.item.lease.item_id in self.sender.inflight:
+            self.sender.recorder.accept(self.item.lease, target.device_id)  # never sent again, whatever comes
+
+    def _finish(self) -> None:
+        combined, self.item.device_results = push_outcome(self.item, self.results)
+        self.sender._sent(self.item, combined, self.started, self.t0)
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+
+# A device deactivated after the notification was queued (by another notification's answer).
+_GONE = DeliveryResult(delivered=False, error_code="device_deactivated", permanent=True)
+_ACCEPTED = DeliveryResult(delivered=True)
+
+
+def push_outcome(
+    item: Prepared, results: list[tuple[Target, DeliveryResult]]
+) -> tuple[DeliveryResult, list[DeviceOutcome]]:
+    """One result for a push's devices, and each device's: a device that accepted is `delivered`; one
+    the vendor called dead `deactivated`; a permanent failure `failed`; a transient one stays
+    `pending` and is tried again. The push is delivered once no device is pending and one accepted
+    (now or before), failed when none did; while one is pending, it is that transient failure (the
+    longest Retry-After among them)."""
+    devices: list[DeviceOutcome] = []
+    transient: list[DeliveryResult] = []
+    permanent: list[DeliveryResult] = []
+    accepted = item.any_delivered
+    for target, result in results:
+        if result.delivered:
+            accepted = True
+            devices.append(DeviceOutcome(item.notification_id, target.device_id, "delivered"))
+        elif result is _GONE:
+            permanent.append(result)
+            devices.append(DeviceOutcome(item.notification_id, target.device_id, "deactivated", result.error_code))
+        elif result.deactivate:
+            permanent.append(result)
+            devices.append(DeviceOutcome(item.notification_id, target.device_id, "deactivated", result.error_code,
+                                         result.deactivate[:100]))  # fmt: skip
+        elif classify(result).permanent:
+            permanent.append(result)
+            devices.append(DeviceOutcome(item.notification_id, target.device_id, "failed",
+                                         classify(result).error_code[:100]))  # fmt: skip
+        else:
+            transient.append(result)
+            devices.append(DeviceOutcome(item.notification_id, target.device_id, "pending",
+                                         classify(result).error_code[:100]))  # fmt: skip
+    if transient:
+        return max(transient, key=lambda r: r.retry_after or 0.0), devices
+    if accepted:
+        return _ACCEPTED, devices
+    return replace(permanent[0], permanent=True) if permanent else _GONE, devices
 
 
 def _crash(item: Prepared, exc: Exception, clean: Callable[[Prepared, str], str]) -> DeliveryResult:

@@ -29,6 +29,7 @@ class EventType(models.TextChoices):
     BOUNCED = "notification.bounced"
     COMPLAINED = "notification.complained"
     SUPPRESSED = "recipient.suppressed"
+    DEVICE_DEACTIVATED = "device.deactivated"
 
 
 ALL_TYPES = "*"

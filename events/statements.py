@@ -275,3 +275,18 @@ RECORD = """
     )
     SELECT id FROM settled
 """
+
+
+def device_events_ctes(deactivated: str, *, prefix: str = "dd") -> str:
+    """CTEs that emit `device.deactivated` for the devices of `deactivated` (a CTE of updated devices:
+    id, tenant_id, subscriber_id, kind, deactivated_reason), for tenants with an endpoint subscribed to
+    it: data `device_id`, `subscriber` (the external id), `kind`, `reason`. Written by the statement
+    that deactivated them (the dispatcher's record), marked `fanout_pending` for the event lane."""
+    subscribed = _SUBSCRIBED.format(type="'device.deactivated'")
+    return f"""{prefix}_src AS (
+        SELECT x.tenant_id, 'device.deactivated' AS type,
+               jsonb_build_object('device_id', x.id, 'subscriber', s.external_id, 'kind', x.kind,
+                                  'reason', x.deactivated_reason) AS data
+        FROM {deactivated} x JOIN subscribers s ON s.id = x.subscriber_id
+        WHERE EXISTS (SELECT FROM event_endpoints e WHERE e.tenant_id = x.tenant_id AND {subscribed})
+    ), {insert_events_ctes(f"{prefix}_src", prefix)}"""  # noqa: S608 - constant fragments and CTE names

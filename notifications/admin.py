@@ -23,6 +23,7 @@ from notifications.models import (
     DeliveryAttempt,
     Enrollment,
     Notification,
+    NotificationDevice,
     ReceiptStatus,
     Sequence,
     SequenceStep,
@@ -42,6 +43,17 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
               "error_code", "error_message", "provider"]  # fmt: skip
     readonly_fields = fields
     ordering = ["number"]
+
+
+class DeviceResultInline(ReadOnlyMixin, admin.TabularInline):
+    """A push's devices and how each went (the device's token is never shown: its id only)."""
+
+    model = NotificationDevice
+    extra = 0
+    fields = ["device_id", "kind", "status", "error_code", "updated_at"]
+    readonly_fields = fields
+    ordering = ["id"]
+    verbose_name_plural = "devices"
 
 
 def id_in(ids: Any) -> Any:
@@ -217,7 +229,7 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
               "attempt_offset", "last_error_code", "subject", "body", "context", "metadata", "enrollment",
               "fallback", "fallback_notification_id", "fallback_of", "created_at", "updated_at"]  # fmt: skip
     readonly_fields = fields
-    inlines = [AttemptInline]
+    inlines = [AttemptInline, DeviceResultInline]
 
     def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
         return [*self.inlines, *NOTIFICATION_INLINES]

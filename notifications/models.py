@@ -122,6 +122,8 @@ class Notification(TenantOwned):
     fallback = models.JSONField(null=True, blank=True)
     fallback_notification_id = models.UUIDField(null=True, blank=True)
     fallback_of = models.UUIDField(null=True, blank=True)
+    # A push notification's push fields (providers.kinds.push.PUSH_FIELDS), for the native push kinds.
+    push = models.JSONField(null=True, blank=True)
 
     objects = NotificationQuerySet.as_manager()
 
@@ -164,6 +166,43 @@ class Notification(TenantOwned):
         if self.status in LEASABLE and getattr(self, "leased", False):
             return Status.DISPATCHING
         return self.status
+
+
+class DeviceStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    DEACTIVATED = "deactivated"
+
+
+class NotificationDevice(models.Model):
+    """One device a push notification to a subscriber goes to (recipients' `devices`), and how it went:
+    `pending` until the device accepted (`delivered`), refused for good (`failed`) or was found dead
+    (`deactivated`); a retry goes to the pending ones only. `provider_id` is the provider serving the
+    device's kind, chosen at creation. Written by the create and by the dispatcher's record statement
+    (notifications.statements)."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="device_results", db_index=False, **HOT_FK
+    )
+    device_id = models.UUIDField()
+    kind = models.CharField(max_length=10)
+    provider_id = models.BigIntegerField()
+    status = models.CharField(max_length=12, choices=DeviceStatus.choices, default=DeviceStatus.PENDING)
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "notification_devices"
+        constraints = [
+            # The detail's list, the claim's pending devices and the record's updates: by notification.
+            models.UniqueConstraint(fields=["notification", "device_id"], name="notification_device_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.device_id} ({self.status})"
 
 
 class AttemptOutcome(models.TextChoices):

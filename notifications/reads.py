@@ -23,7 +23,7 @@ from typing import Any
 
 from core import hot_sql
 from core.models import Tenant
-from notifications.models import DeliveryAttempt, Notification
+from notifications.models import DeliveryAttempt, Notification, NotificationDevice
 from providers.models import Provider
 from templating.models import Template
 
@@ -122,7 +122,7 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
     names = _columns()
     values = list(row[: len(names)])
     for index, name in enumerate(names):
-        if name in ("context", "metadata", "fallback") and isinstance(values[index], str):
+        if name in ("context", "metadata", "fallback", "push") and isinstance(values[index], str):
             values[index] = json.loads(values[index])
     n = Notification.from_db(Notification.objects.db, names, values)
     provider_name, template_key, job_id, leased, *attempt_columns = row[len(names):]
@@ -146,3 +146,12 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
 
 def _cache(n: Notification, name: str, value: Any) -> None:  # noqa: ANN401
     Notification._meta.get_field(name).set_cached_value(n, value)
+
+
+def device_results(n: Notification) -> list[dict[str, Any]]:
+    """A push's devices and how each went (notification_devices), in the order they were chosen."""
+    rows = NotificationDevice.objects.filter(notification_id=n.pk).order_by("id")
+    return [
+        {"device_id": str(device_id), "kind": kind, "status": status, "error_code": code or None}
+        for device_id, kind, status, code in rows.values_list("device_id", "kind", "status", "error_code")
+    ]

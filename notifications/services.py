@@ -13,6 +13,7 @@ scheduled_jobs → notifications → queue_state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -38,16 +39,17 @@ from core.grouping import GroupRunner
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from core.validation import MAX_SUBJECT_CHARS
+from core.validation import MAX_SUBJECT_CHARS, FieldErrors
 from notifications import fallback, statements, tenant_config
 from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Status, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, Draft
+from providers.kinds import push
 from providers.models import Provider
 from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
-from recipients import suppressions
+from recipients import devices, suppressions
 from recipients.models import GENERAL, Category, Subscriber
 from routing import quiet_hours
 from templating import renderer
@@ -97,6 +99,10 @@ class NotificationSpec:
     # `scheduled` (without a job) beside this one; `fallback_steps` is the chain as the client gave it.
     fallback: NotificationSpec | None = None
     fallback_steps: list[dict[str, Any]] | None = None
+    push: dict[str, Any] | None = None  # the push fields (providers.kinds.push)
+    # A push to a subscriber through the native kinds: (device id, kind, the provider serving that kind)
+    # of each active device it goes to, stored beside it (notification_devices).
+    devices: list[tuple[uuid.UUID, str, Provider]] | None = None
 
 
 class StaleConfig(Exception):
@@ -165,11 +171,18 @@ class _Resolved:
     preferences: dict[str, Any] = field(default_factory=dict)
     timezone: str = ""  # IANA name; "" is UTC (quiet hours)
     fallback_address: str | None = None  # its address for the draft's fallback channel, if it has one
+    devices: list[tuple[uuid.UUID, str]] = field(default_factory=list)  # its active push devices (id, kind)
 
     def opted_out(self, category: str, channel: str) -> bool:
         return self.preferences.get(category, {}).get(channel) is False
 
 
+# With a push among the drafts, each subscriber's active push devices too ("<id>:<kind>", oldest first):
+# a probe of device_subscriber_recent_idx each, in the same statement.
+_SUBSCRIBERS_WITH_DEVICES_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone,
+       ARRAY(SELECT d.id::text || ':' || d.kind FROM devices d WHERE d.subscriber_id = subscribers.id AND d.active
+             ORDER BY d.created_at, d.id)
+FROM subscribers WHERE tenant_id = %s AND external_id = ANY(%s)"""
 _SUBSCRIBERS_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone FROM subscribers
 WHERE tenant_id = %s AND external_id = ANY(%s)"""
 
@@ -181,8 +194,9 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
     ids = sorted({d.subscriber for d in drafts if d.subscriber is not None})
     if not ids:
         return [None] * len(drafts)
+    pushes = any(d.subscriber is not None and d.channel == "push" for d in drafts)
     with connections[Subscriber.objects.db].cursor() as cursor:
-        cursor.execute(_SUBSCRIBERS_SQL, [tenant.pk, ids])
+        cursor.execute(_SUBSCRIBERS_WITH_DEVICES_SQL if pushes else _SUBSCRIBERS_SQL, [tenant.pk, ids])
         rows = {row[0]: row[1:] for row in cursor.fetchall()}
     resolved: list[_Resolved | None] = []
     tokens: list[str] = []
@@ -195,10 +209,12 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
         if row is None:
             resolved.append(_Resolved(found=False))
             continue
-        email, phone, push_tokens, preferences, zone = row
+        email, phone, push_tokens, preferences, zone, *found = row
         if isinstance(preferences, str):
             preferences = json.loads(preferences)
         item = _Resolved(found=True, preferences=preferences or {}, timezone=zone or "")
+        if found and found[0] and draft.channel == "push":  # its active push devices, oldest first
+            item.devices = [(uuid.UUID(text[:36]), text[37:]) for text in found[0]]
         resolved.append(item)
         addresses = {"email": email, "sms": phone, "push": push_tokens}
         wanted = [(draft.channel, "address")]
@@ -217,6 +233,25 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
         else:
             setattr(item, attribute, text or None)
     return resolved
+
+
+def _native_providers(draft: Draft, provider: Provider, config: tenant_config.TenantConfig) -> dict[str, Provider]:
+    """Device kind → the provider that serves it, for a push draft whose provider is of a native push
+    kind (empty: a webhook-kind push, to an address). A named provider serves its own kind only;
+    otherwise each kind is served by the first provider of that kind in the push failover order (or
+    the default)."""
+    if provider.kind not in push.DEVICE_KINDS:
+        return {}
+    if draft.provider:
+        return {provider.kind: provider}
+    candidates = [p for p in config.providers.values()
+                  if p.channel == "push" and p.kind in push.DEVICE_KINDS
+                  and (p.failover_order is not None or p.is_default)]  # fmt: skip
+    candidates.sort(key=lambda p: (p.failover_order is None, p.failover_order or 0, p.name))
+    chosen = {provider.kind: provider}
+    for p in candidates:
+        chosen.setdefault(p.kind, p)
+    return chosen
 
 
 def _fresh_config(tenant: Tenant, drafts: Sequence[Draft]) -> tenant_config.TenantConfig:
@@ -264,10 +299,27 @@ def _build_specs(
         critical = category is not None and category.critical
         recipient, opted_out, zone = draft.recipient, False, ""
         subscriber = subscribers[index]
+        native = _native_providers(draft, provider, config) if draft.channel == "push" and provider else {}
+        targets: list[tuple[uuid.UUID, str, Provider]] | None = None
+        if native and subscriber is None:
+            try:
+                devices.recipient_identity(provider.kind, recipient)
+            except (ValueError, FieldErrors) as exc:
+                problems["recipient"] = [f"not a {provider.kind} device: {_first_message(exc)}"]
         if subscriber is not None:
             address = subscriber.address
             if not subscriber.found:
                 problems["subscriber"] = [f"no subscriber with external_id {draft.subscriber!r}"]
+            elif native:
+                targets = [(device_id, kind, native[kind]) for device_id, kind in subscriber.devices if kind in native]
+                if not targets:
+                    problems["subscriber"] = [
+                        f"subscriber {draft.subscriber!r} has no active push device of a kind its push provider(s) "
+                        f"serve ({', '.join(sorted(native))}): register one (POST subscribers/{{external_id}}/devices)"
+                    ]
+                else:
+                    recipient, zone = f"subscriber:{draft.subscriber}", subscriber.timezone
+                    opted_out = not critical and subscriber.opted_out(draft.category, draft.channel)
             elif address is None:
                 problems["subscriber"] = [
                     f"subscriber {draft.subscriber!r} has no address for channel {draft.channel!r}: add one "
@@ -286,6 +338,9 @@ def _build_specs(
                 problems["template"] = [f"template {template.key!r} is for channel {template.channel!r}"]
             else:
                 subject, body = _render(template, draft.context, problems)
+        if draft.push or native:  # the push fields, and the vendors' payload limits once rendered
+            for name, messages in push.check(draft.push or {}, subject, body, tuple(native)).items():
+                problems.setdefault(name, []).extend(messages)
         step = _fallback_for(draft, subscriber, defaults, critical, problems)
         if problems:
             errors[index] = problems
@@ -299,8 +354,10 @@ def _build_specs(
             template=template, context=draft.context, priority=draft.priority, queue=draft.queue,
             scheduled_for=scheduled_for, metadata=draft.metadata, config_version=version,
             category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
-            provider_named=bool(draft.provider),
+            provider_named=bool(draft.provider), push=draft.push, devices=targets,
         )  # fmt: skip
+        if targets:  # the item goes through the provider of its first device's kind (its breaker, its lane)
+            spec.provider = targets[0][2]
         if step is not None:
             # The same subject, body, template and context, on the next channel (nothing to render again).
             next_channel, address, next_provider, next_opted_out = step
@@ -469,6 +526,34 @@ def create_notifications(
     # so one statement; when it finds others, it stores nothing and names them, and the rows (and the
     # idempotent response rendered from them) are decided again.
     expected: list[int] = []
+    with transaction.atomic() if any(spec.devices for spec in specs) else contextlib.nullcontext():
+        jobs = _store_checked(tenant, specs, rows, created, fallbacks, checked, lookups, expected, now, version,
+                              idempotency, new_queues)  # fmt: skip
+        _store_devices(tenant, specs, rows)
+    logger.info("%s created %d notification(s) (%d scheduled, %d fallbacks)", actor, len(created), len(jobs),
+                len(fallbacks))  # fmt: skip
+    if started:  # the fallbacks' traces start here whoever traces the rest
+        _trace_created(rows if traced else [linked for _, linked in fallbacks], started)
+    return created
+
+
+def _store_devices(tenant: Tenant, specs: Sequence[NotificationSpec], rows: list[Notification]) -> None:
+    """The devices each push to a subscriber goes to, `pending` (one statement, none without any)."""
+    values = [(row.pk, device_id, kind, provider.pk) for spec, row in zip(specs, rows, strict=True)
+              if spec.devices and row.status != Status.SUPPRESSED
+              for device_id, kind, provider in spec.devices]  # fmt: skip
+    if values:
+        with connections[Notification.objects.db].cursor() as cursor:
+            cursor.execute(
+                statements.INSERT_DEVICES, [tenant.pk, *(list(column) for column in zip(*values, strict=True))]
+            )
+
+
+def _store_checked(
+    tenant: Tenant, specs: Sequence[NotificationSpec], rows: list[Notification], created: list[Notification],
+    fallbacks: list[tuple[Notification, Notification]], checked: list[int], lookups: list[Any], expected: list[int],
+    now: datetime, version: int | None, idempotency: IdempotentResponse | None, new_queues: set[str],
+) -> list[ScheduledJob]:  # fmt: skip
     for _ in range(_CHECK_ROUNDS):
         _mark_suppressed(rows, [checked[i] for i in expected])
         _follow_originals(fallbacks)
@@ -478,15 +563,9 @@ def create_notifications(
         found = _store(tenant, rows, jobs, now, version=version, idempotency=idempotency,
                        new_queues=new_queues, check=(lookups, expected))  # fmt: skip
         if found is None:
-            break
+            return jobs
         expected = found
-    else:
-        raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
-    logger.info("%s created %d notification(s) (%d scheduled, %d fallbacks)", actor, len(created), len(jobs),
-                len(fallbacks))  # fmt: skip
-    if started:  # the fallbacks' traces start here whoever traces the rest
-        _trace_created(rows if traced else [linked for _, linked in fallbacks], started)
-    return created
+    raise StaleConfig()  # suppressions changing under every attempt: the caller resolves again
 
 
 def _trace_created(rows: list[Notification], started: int) -> None:
@@ -748,7 +827,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "created_at": now, "updated_at": now,
         "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,
         "receipt": None, "bounce_type": None,
-        "fallback": None, "fallback_notification_id": None, "fallback_of": None,
+        "fallback": None, "fallback_notification_id": None, "fallback_of": None, "push": spec.push,
     }  # fmt: skip
     # Straight into the instance's __dict__, as Model.__init__ would leave it: its per-field setattr
     # runs the foreign keys' descriptors (a quarter of a 1,000-item batch's Python time).
@@ -813,3 +892,9 @@ def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str)
             details={"notification_id": str(job.notification_id)},
         )  # fmt: skip
     return job
+
+
+def _first_message(exc: Exception) -> str:
+    if isinstance(exc, FieldErrors):
+        return "; ".join(f"{k}: {v[0]}" for k, v in exc.errors.items())
+    return str(exc)

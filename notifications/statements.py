@@ -238,3 +238,23 @@ def _single_insert_sql(alias: str, where: str) -> str:
         f"INSERT INTO notifications ({', '.join(name for _, name, _ in columns)}) "  # noqa: S608 - model columns
         f"SELECT {', '.join(f'%s::{cast}' for _, _, cast in columns)}{condition}"
     )
+
+
+# --- the devices of a push to a subscriber (notification_devices) ----------------------------------
+
+# At creation, in the create's transaction: each device the notification goes to, pending.
+INSERT_DEVICES = """INSERT INTO notification_devices (tenant_id, notification_id, device_id, kind, provider_id, status,
+                                  error_code, updated_at)
+SELECT %s, u.n, u.d, u.k, u.p, 'pending', '', now()
+FROM unnest(%s::uuid[], %s::uuid[], %s::text[], %s::bigint[]) AS u(n, d, k, p)
+ON CONFLICT DO NOTHING"""
+
+
+def record_devices_sql(source: str) -> str:
+    """A data-modifying statement for the record's WITH clause: each device of `source` (columns
+    notification_id, device_id, status, code) that is still pending takes its new status (delivered,
+    failed, deactivated, or pending again after a transient failure) and error code."""
+    return f"""UPDATE notification_devices nd SET status = v.status, error_code = v.code, updated_at = now()
+        FROM {source} v
+        WHERE nd.notification_id = v.notification_id AND nd.device_id = v.device_id AND nd.status = 'pending'
+        RETURNING nd.notification_id"""  # noqa: S608 - the caller's CTE name

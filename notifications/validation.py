@@ -35,9 +35,10 @@ MAX_SCHEDULE_AHEAD = timedelta(days=3660)
 DEFAULT_PRIORITY = 5
 DEFAULT_QUEUE = "default"
 
+PUSH_FIELDS = ("data", "badge", "sound", "image_url", "action_url", "collapse_key", "ttl_seconds", "urgency")
 NOTIFICATION_FIELDS = (
     "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
-    "priority", "queue", "scheduled_for", "metadata", "fallback",
+    "priority", "queue", "scheduled_for", "metadata", "fallback", *PUSH_FIELDS,
 )  # fmt: skip
 DEFAULT_CATEGORY = "general"
 
@@ -60,6 +61,8 @@ class Draft:
     subscriber: str | None = None  # an external id: the address comes from the subscriber (services)
     category: str = DEFAULT_CATEGORY
     fallback: Fallback | None = None  # the next channel if this one does not get through (notifications.fallback)
+    # The push fields given (PUSH_FIELDS; checked against the vendors' limits once the provider is known)
+    push: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +187,13 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
             value = take(name, check, *args)
             if value is not None:
                 setattr(draft, name, value)
+    given = {name: data[name] for name in PUSH_FIELDS if data.get(name) is not None}
+    if given:
+        if channel != "push":
+            for name in given:
+                errors.setdefault(name, []).append("only for the push channel")
+        else:
+            draft.push = given
     if data.get("fallback") is not None:
         if subscriber is None:
             errors.setdefault("fallback", []).append(

@@ -1,6 +1,7 @@
 """A tenant's providers: the accounts its notifications go out through, one kind each (webhook, SMTP,
-Twilio, SendGrid, SES, console; providers.kinds), with the limits the dispatchers keep to (rate,
-attempts), their place in the channel's failover order and their circuit breaker's settings."""
+Twilio, SendGrid, SES, console, and the native push kinds FCM, APNs, Web Push; providers.kinds), with
+the limits the dispatchers keep to (rate, attempts), their place in the channel's failover order and
+their circuit breaker's settings."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class ProviderKind(models.TextChoices):
     SENDGRID = "sendgrid", "SendGrid"
     CONSOLE = "console"
     SES = "ses"
+    FCM = "fcm", "FCM"
+    APNS = "apns", "APNs"
+    WEBPUSH = "webpush", "Web Push"
 
 
 def receipts_url(provider_id: int | None) -> str | None:

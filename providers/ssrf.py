@@ -152,3 +152,17 @@ def resolve_checked(host: str, port: int, *, allow_private: bool | None = None) 
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     check_addresses(host, (info[4][0] for info in infos), allow_private=allow_private)
     return infos
+
+
+def check_host(host: str, port: int) -> None:
+    """Save-time check of a destination a tenant gives (a Web Push endpoint at registration): ValueError
+    with the rule it breaks, or that it does not resolve. Nothing is refused when private destinations
+    are allowed. Send time checks again, on the addresses it connects to."""
+    if private_allowed():
+        return
+    try:
+        resolve_checked(host, port, allow_private=False)
+    except DestinationForbidden as exc:
+        raise ValueError(str(exc)) from None
+    except (OSError, UnicodeError):
+        raise ValueError(f"the host {host} does not resolve") from None

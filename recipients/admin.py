@@ -13,7 +13,7 @@ from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin
 from core.channels import Channel
 from core.validation import FieldErrors, check_recipient
 from recipients import services, suppressions
-from recipients.models import Category, Subscriber, Suppression, SuppressionReason
+from recipients.models import Category, Device, Subscriber, Suppression, SuppressionReason
 
 
 class SuppressionForm(forms.ModelForm):
@@ -141,6 +141,26 @@ class CategoryAdmin(TenantScopedAdmin):
             services.delete_category(category, actor=f"user:{request.user.get_username()}")
 
 
+class DeviceInline(admin.TabularInline):
+    """The subscriber's push devices, masked only (`token` is ciphertext at rest and never shown)."""
+
+    model = Device
+    fields = ["kind", "token_masked", "active", "deactivated_reason", "created_at", "last_used_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-created_at"]
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).defer("token")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Subscriber)
 class SubscriberAdmin(ReadOnlyMixin, TenantScopedAdmin):
     """Subscribers, addresses masked only; they change through the API (PUT subscribers/{external_id})."""
@@ -152,6 +172,7 @@ class SubscriberAdmin(ReadOnlyMixin, TenantScopedAdmin):
     fields = ["external_id", "tenant", "email_masked", "phone_masked", "push_tokens_masked", "timezone",
               "preferences", "created_at", "updated_at"]  # fmt: skip
     readonly_fields = fields
+    inlines = [DeviceInline]
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).defer("email", "phone", "push_tokens")

@@ -85,6 +85,46 @@ class Subscriber(TenantOwned):
         return (self.preferences or {}).get(category, {}).get(channel) is False
 
 
+class DeviceKind(models.TextChoices):
+    FCM = "fcm", "FCM"
+    APNS = "apns", "APNs"
+    WEBPUSH = "webpush", "Web Push"
+
+
+class Device(TenantOwned):
+    """One of a subscriber's push destinations: an FCM registration token, an APNs device token or a
+    Web Push subscription (its JSON: endpoint and keys). Stored encrypted; `token_masked` is what every
+    output shows, `token_index` the keyed blind index of the token (a subscription's endpoint) that
+    makes a token one device per tenant (recipients.devices). A device the vendor reported dead is
+    `active = false` with its `deactivated_reason`, and is never sent to again."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    subscriber = models.ForeignKey(Subscriber, on_delete=models.CASCADE, related_name="devices", db_index=False)
+    kind = models.CharField(max_length=10, choices=DeviceKind.choices)
+    token = EncryptedTextField()
+    token_masked = models.CharField(max_length=200)
+    token_index = models.CharField(max_length=64)
+    active = models.BooleanField(default=True)
+    deactivated_reason = models.CharField(max_length=100, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "devices"
+        constraints = [
+            # One device per token per tenant: registration's upsert (recipients.devices) conflicts on it.
+            models.UniqueConstraint(fields=["tenant", "token_index"], name="device_token_unique_per_tenant"),
+        ]
+        indexes = [
+            # GET subscribers/{external_id}/devices, newest first, and a push's devices at creation.
+            models.Index(fields=["subscriber", "-created_at", "-id"], name="device_subscriber_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.token_masked}{'' if self.active else ' (deactivated)'}"
+
+
 class SuppressionReason(models.TextChoices):
     HARD_BOUNCE = "hard_bounce"
     COMPLAINT = "complaint"

@@ -40,6 +40,7 @@ OWNERS: dict[str, str] = {
     "suppressions": "recipients/suppressions.py",
     "categories": "recipients/models.py",
     "unsubscribe_token_revocations": "recipients/models.py",
+    "devices": "recipients/devices.py",  # registration's upsert, the record statement's deactivation
     "provider_circuits": "routing/circuits.py",
     "templates": "templating/models.py",
     # notifications: the notification rows and what hangs off them; the /metrics counters
@@ -51,6 +52,7 @@ OWNERS: dict[str, str] = {
     "sequence_steps": "notifications/statements.py",
     "sequence_enrollments": "notifications/statements.py",
     "provider_messages": "notifications/statements.py",  # (provider, message id) → notification
+    "notification_devices": "notifications/statements.py",  # a push's devices and how each went
     "delivery_counters": "notifications/counters.py",
     # dead letters
     "dead_letter_queue": "dlq/statements.py",

@@ -239,9 +239,20 @@ def _text(value: Any) -> str | None:  # noqa: ANN401
     return None if value is None else str(value)
 
 
+class DeviceResultSerializer(serializers.Serializer):
+    device_id = serializers.UUIDField()
+    kind = serializers.ChoiceField(choices=["fcm", "apns", "webpush"])
+    status = serializers.ChoiceField(choices=["pending", "delivered", "failed", "deactivated"])
+    error_code = serializers.CharField(allow_null=True)
+
+
 class NotificationDetailSerializer(NotificationSerializer):
     attempts = AttemptSerializer(many=True)
     events = ReceiptEventSerializer(many=True, help_text="Receipt events from the provider, oldest first.")
+    devices = DeviceResultSerializer(
+        many=True, required=False,
+        help_text="push only: the subscriber's devices it goes to and how each went (empty for a push to a recipient).",
+    )  # fmt: skip
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         return notification_detail_data(n)
@@ -252,6 +263,8 @@ def notification_detail_data(n: Notification) -> dict[str, Any]:
     data = notification_data(n)
     data["attempts"] = [attempt_data(a) for a in n.attempts.all()]
     data["events"] = [{**e, "occurred_at": iso(e["occurred_at"])} for e in reads.receipt_events(n)]
+    if n.channel == "push":  # a push to a subscriber's devices: how each went (none otherwise)
+        data["devices"] = reads.device_results(n)
     return data
 
 

@@ -34,6 +34,9 @@ KIND_CHANNELS = {
     ProviderKind.SENDGRID: (Channel.EMAIL,),
     ProviderKind.CONSOLE: tuple(Channel),
     ProviderKind.SES: (Channel.EMAIL,),
+    ProviderKind.FCM: (Channel.PUSH,),
+    ProviderKind.APNS: (Channel.PUSH,),
+    ProviderKind.WEBPUSH: (Channel.PUSH,),
 }
 IMMUTABLE = ("name", "channel", "kind")
 

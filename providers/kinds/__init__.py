@@ -4,17 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from providers.kinds.apns import ApnsProvider
 from providers.kinds.base import BaseProvider, DeliveryError, DeliveryResult, OutboundMessage
 from providers.kinds.console import ConsoleProvider
+from providers.kinds.fcm import FcmProvider
 from providers.kinds.sendgrid import SendgridProvider
 from providers.kinds.ses import SesProvider
 from providers.kinds.smtp import SmtpProvider
 from providers.kinds.twilio import TwilioProvider
 from providers.kinds.webhook import WebhookProvider
+from providers.kinds.webpush import WebpushProvider
 
 REGISTRY: dict[str, type[BaseProvider]] = {
     cls.kind: cls
-    for cls in (WebhookProvider, SmtpProvider, TwilioProvider, SendgridProvider, SesProvider, ConsoleProvider)
+    for cls in (
+        WebhookProvider,
+        SmtpProvider,
+        TwilioProvider,
+        SendgridProvider,
+        SesProvider,
+        ConsoleProvider,
+        FcmProvider,
+        ApnsProvider,
+        WebpushProvider,
+    )
 }
 
 

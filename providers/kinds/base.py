@@ -50,6 +50,8 @@ class OutboundMessage:
     # W3C trace context of the send (core.tracing), where traces are exported: a provider whose
     # request can carry it (the webhook's) sends it as the `traceparent` header. Empty: none.
     traceparent: str = ""
+    # A push notification's push fields (providers.kinds.push.PUSH_FIELDS): the native push kinds read them.
+    push: dict | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,9 @@ class DeliveryResult:
     # per provider (notifications.models.ProviderMessage) for receipts that name only it. Opaque, never
     # an address or a secret; empty when the provider gives none (at most MAX_PROVIDER_MESSAGE_ID chars).
     provider_message_id: str = ""
+    # A push vendor said the device token is dead (APNs 410 Unregistered, FCM UNREGISTERED, Web Push
+    # 404/410, …): the device is deactivated with this reason and never sent to again. Empty: not that.
+    deactivate: str = ""
 
 
 class DeliveryError(Exception):

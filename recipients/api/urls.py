@@ -16,7 +16,12 @@ subscriber = views.SubscriberViewSet.as_view(
     {"get": "retrieve", "put": "update", "patch": "partial_update", "delete": "destroy"}
 )
 
+devices = views.DeviceViewSet.as_view({"get": "list", "post": "create"})
+device = views.DeviceViewSet.as_view({"delete": "destroy"})
+
 urlpatterns = [
+    path("subscribers/<str:external_id>/devices", devices, name="subscriber-devices"),
+    path("subscribers/<str:external_id>/devices/<str:device_id>", device, name="subscriber-device"),
     path("unsubscribe-tokens/revoke", views.UnsubscribeTokenRevokeView.as_view({"post": "create"}),
          name="unsubscribe-token-revoke"),
     path("subscribers", subscribers, name="subscriber-list"),

@@ -27,8 +27,8 @@ from core.api.viewsets import actor, as_uuid, config_docs
 from core.channels import Channel
 from core.masking import mask_email
 from core.validation import MAX_TOKEN_CHARS, NAME, FieldErrors, check_recipient, unknown_fields
-from recipients import services, suppressions, unsubscribe
-from recipients.models import Category, Subscriber, Suppression, SuppressionReason
+from recipients import devices, services, suppressions, unsubscribe
+from recipients.models import Category, Device, DeviceKind, Subscriber, Suppression, SuppressionReason
 
 MAX_BULK_SUBSCRIBERS = 1000
 
@@ -406,3 +406,78 @@ def _preference_keys(items: list[Any]) -> set[str]:
         if isinstance(preferences, dict):
             keys.update(k for k in preferences if isinstance(k, str))
     return keys
+
+
+# --- devices --------------------------------------------------------------------------------------
+
+
+class DeviceSerializer(serializers.Serializer):
+    """A push device as read back: its token masked (a Web Push endpoint shows its origin only)."""
+
+    id = serializers.UUIDField()
+    kind = serializers.ChoiceField(choices=DeviceKind.choices)
+    token_masked = serializers.CharField()
+    active = serializers.BooleanField()
+    deactivated_reason = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField(allow_null=True)
+
+    def to_representation(self, d: Device) -> dict[str, Any]:
+        return {
+            "id": str(d.pk), "kind": d.kind, "token_masked": d.token_masked, "active": d.active,
+            "deactivated_reason": d.deactivated_reason or None, "created_at": iso(d.created_at),
+            "last_used_at": iso(d.last_used_at),
+        }  # fmt: skip
+
+
+class DeviceRegistrationSerializer(StrictSerializer):
+    kind = serializers.ChoiceField(choices=DeviceKind.choices)
+    token = StrictCharField(required=False, help_text="fcm and apns: the device token (stored encrypted).")
+    subscription = serializers.DictField(
+        required=False,
+        help_text='webpush: the PushSubscription\'s JSON, {"endpoint": "https://…", "keys": {"p256dh": …, "auth": …}}.',
+    )  # fmt: skip
+
+
+class DeviceViewSet(StrictQueryMixin, viewsets.GenericViewSet):
+    """`subscribers/{external_id}/devices`: register (201; the same token again 200, moved to this
+    subscriber), list (newest first) and remove a subscriber's push devices."""
+
+    serializer_class = DeviceSerializer
+    pagination_class = StrictCursorPagination
+
+    def _subscriber(self, external_id: str) -> Subscriber:
+        subscriber = (
+            Subscriber.objects.for_tenant(self.request.tenant).filter(external_id=external_id)
+            .only("id", "tenant_id", "external_id").first()
+        )  # fmt: skip
+        if subscriber is None:
+            raise NotFound()
+        return subscriber
+
+    def get_queryset(self) -> QuerySet[Device]:
+        if getattr(self, "swagger_fake_view", False):
+            return Device.objects.none()
+        subscriber = self._subscriber(self.kwargs["external_id"])
+        return Device.objects.for_tenant(self.request.tenant).filter(subscriber=subscriber).defer("token")
+
+    @extend_schema(responses={200: DeviceSerializer(many=True), **errors(400, 404)})
+    def list(self, request: Request, external_id: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response([DeviceSerializer(d).data for d in page])
+
+    @extend_schema(request=DeviceRegistrationSerializer,
+                   responses={201: DeviceSerializer, 200: DeviceSerializer, **errors(400, 404, 413)})  # fmt: skip
+    def create(self, request: Request, external_id: str) -> Response:
+        subscriber = self._subscriber(external_id)
+        registration = _field_errors(lambda: devices.clean_registration(request.data))
+        device, created = devices.register(subscriber, registration, actor=actor(request))
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(DeviceSerializer(device).data, status=code)
+
+    @extend_schema(responses={204: None, **errors(404)})
+    def destroy(self, request: Request, external_id: str, device_id: str) -> Response:
+        subscriber = self._subscriber(external_id)
+        if not devices.delete(subscriber, as_uuid(device_id), actor=actor(request)):
+            raise NotFound()
+        return Response(status=status.HTTP_204_NO_CONTENT)

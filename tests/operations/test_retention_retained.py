@@ -16,7 +16,7 @@ from core import retention
 from events.emit import emit
 from events.models import Event, EventAttempt, EventDelivery
 from events.services import create_endpoint
-from notifications.models import ProviderMessage
+from notifications.models import NotificationDevice, ProviderMessage
 from receipts.models import ReceiptDedup
 from tests.support.outbox import fan_out
 
@@ -58,18 +58,27 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
         ProviderMessage(provider_id=1, message_id="old-1", notification_id=uuid.uuid4(), created_at=OLD),
         ProviderMessage(provider_id=1, message_id="new", notification_id=uuid.uuid4(), created_at=timezone.now()),
     ])  # fmt: skip
+    # a push's device results: settled and old go; pending (a push scheduled far ahead) or new stay
+    devices = NotificationDevice.objects.bulk_create([
+        NotificationDevice(tenant_id=uuid.uuid4(), notification_id=uuid.uuid4(), device_id=uuid.uuid4(), kind="fcm",
+                           provider_id=1, status=status) for status in ("delivered", "pending", "delivered")
+    ])  # fmt: skip
+    NotificationDevice.objects.filter(pk__in=[devices[0].pk, devices[1].pk]).update(updated_at=OLD)
     assert [t.table for t in retention.TABLES] == [
-        "provider_messages", "event_attempts", "event_deliveries", "events", "receipt_dedup"]  # fmt: skip
+        "provider_messages", "notification_devices", "event_attempts", "event_deliveries", "events",
+        "receipt_dedup"]  # fmt: skip
 
     dry = io.StringIO()
     call_command("prune", "--older-than", "30", "--dry-run", stdout=dry)
-    assert ("dry run: would delete 1 provider message id(s), 3 event attempt(s), 2 finished event delivery(s), "
+    assert ("dry run: would delete 1 provider message id(s), 1 push device result(s), 3 event attempt(s), "
+            "2 finished event delivery(s), "
             "2 event(s), 2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
     assert Event.objects.count() == 5 and ReceiptDedup.objects.count() == 3  # a dry run deletes nothing
 
     out = io.StringIO()
     call_command("prune", "--older-than", "30", "--batch-size", "100", stdout=out, stderr=io.StringIO())
-    assert ("deleted 1 provider message id(s), 3 event attempt(s), 2 finished event delivery(s), 2 event(s), "
+    assert ("deleted 1 provider message id(s), 1 push device result(s), 3 event attempt(s), "
+            "2 finished event delivery(s), 2 event(s), "
             "2 receipt de-duplication key(s);") in out.getvalue()  # fmt: skip
     assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done, old_unspread}
     assert not Event.objects.filter(pk__in=old_done).exists()
@@ -79,8 +88,10 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     assert set(EventAttempt.objects.values_list("event_id", flat=True)) == {new_done}
     assert set(ReceiptDedup.objects.values_list("dedup_key", flat=True)) == {"new"}
     assert set(ProviderMessage.objects.values_list("message_id", flat=True)) == {"new"}
+    assert set(NotificationDevice.objects.values_list("pk", flat=True)) == {devices[1].pk, devices[2].pk}
 
     again = io.StringIO()
     call_command("prune", "--older-than", "30", stdout=again, stderr=io.StringIO())
-    assert ("deleted 0 provider message id(s), 0 event attempt(s), 0 finished event delivery(s), 0 event(s), "
+    assert ("deleted 0 provider message id(s), 0 push device result(s), 0 event attempt(s), "
+            "0 finished event delivery(s), 0 event(s), "
             "0 receipt") in again.getvalue()

@@ -66,7 +66,7 @@ def receiver():
 
 
 def test_registry_knows_every_kind():
-    assert set(REGISTRY) == {"webhook", "smtp", "twilio", "sendgrid", "ses", "console"}
+    assert set(REGISTRY) == {"webhook", "smtp", "twilio", "sendgrid", "ses", "console", "fcm", "apns", "webpush"}
     with pytest.raises(ValueError, match="unknown provider kind"):
         build_provider("fax", {}, {})
 

@@ -1,0 +1,181 @@
+"""Native push through the vendors' stand-ins, side by side with the webhook kind, in one sitting.
+
+    .venv/bin/python bench/push_bench.py [--items 2000] [--dispatchers 2] [--kinds webhook,apns,fcm,webpush]
+        [--database-url URL]
+
+For each kind: a tenant with one provider of that kind, `--items` subscribers with one device each
+(webhook: `--items` notifications to a recipient), one push notification each, created before the
+dispatchers start; then `--dispatchers` `run_dispatcher` processes drain the queue. Printed per kind:
+sends/s (items / wall time from the first dispatcher's start-up line to an empty queue), the
+dispatchers' CPU per send (utime + stime from /proc, less what they had spent once started), and for
+APNs the most streams the stand-in saw in flight at once on its HTTP/2 connections.
+
+The stand-ins (tests/push/standins.py: hypercorn, verifying tokens and decrypting Web Push bodies)
+run in this process, so on a small machine they, not the dispatchers, bound the rate; the CPU per
+send is the dispatchers' own. Uses (creates, migrates, overwrites) its own database, by default
+`omnipost_push_bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_URL = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_push_bench"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _setup(url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    sys.path.insert(0, str(ROOT))
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
+    os.environ.setdefault("OMNIPOST_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _seed(kind: str, items: int, standin: object) -> None:
+    from core import crypto
+    from core.models import Tenant
+    from notifications import services
+    from notifications.validation import clean_notification
+    from providers.models import Provider
+    from recipients import devices
+    from recipients.models import Device, Subscriber
+    from tests.support.receivers import TEST_SIGNING_SECRET
+
+    tenant = Tenant.objects.create(name=f"bench-{kind}-{time.time_ns()}")
+    if kind == "webhook":
+        Provider.objects.create(tenant=tenant, name="p", channel="push", kind="webhook", is_default=True,
+                                config={"url": standin.url, "timeout_seconds": 10.0},
+                                secrets={"signing_secret": TEST_SIGNING_SECRET})  # fmt: skip
+        drafts = [{"channel": "push", "recipient": f"tok_{i:08d}", "subject": "s", "body": "b", "queue": "held"}
+                  for i in range(items)]  # fmt: skip
+    else:
+        config, secrets = standin.provider_config()
+        Provider.objects.create(tenant=tenant, name="p", channel="push", kind=kind, is_default=True,
+                                config=config, secrets=secrets)  # fmt: skip
+        subscribers = Subscriber.objects.bulk_create(
+            [Subscriber(tenant=tenant, external_id=f"u{i}") for i in range(items)], batch_size=2000)
+        rows = []
+        for i, subscriber in enumerate(subscribers):
+            if kind == "webpush":
+                stored = json.dumps(standin.subscribe(f"u{i}").as_json(), separators=(",", ":"))
+                identity = json.loads(stored)["endpoint"]
+            else:
+                stored = identity = f"{i:064x}" if kind == "apns" else f"fcm-{i:08d}"
+            rows.append(Device(tenant=tenant, subscriber=subscriber, kind=kind, token=stored,
+                               token_masked=devices.mask_token(identity), token_index=crypto.blind_index(identity)))
+        Device.objects.bulk_create(rows, batch_size=2000)
+        drafts = [{"channel": "push", "subscriber": f"u{i}", "subject": "s", "body": "b", "queue": "held"}
+                  for i in range(items)]  # fmt: skip
+    for start in range(0, items, 1000):
+        batch = [clean_notification(d) for d in drafts[start : start + 1000]]
+        services.create_notifications(tenant, services.build_specs(tenant, batch, cached=False), actor="bench")
+
+
+def _drain(dispatchers: int, env: dict, items: int) -> dict:
+    from queueing.models import QueueItem
+    from queueing.queue import NOTIFY_CHANNEL
+
+    logs = Path(tempfile.mkdtemp(prefix="push-bench-"))
+    procs = []
+    for i in range(dispatchers):
+        log = open(logs / f"d{i}.log", "w")  # noqa: SIM115
+        procs.append(subprocess.Popen([sys.executable, "manage.py", "run_dispatcher", "--no-jitter", "--queues", "go"],
+                                      cwd=ROOT, env=env, stdout=log, stderr=log))  # fmt: skip
+    deadline = time.monotonic() + 60
+    while sum("started (concurrency" in p.read_text() for p in logs.glob("d*.log")) < dispatchers:
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"dispatchers did not start (logs: {logs})")
+        time.sleep(0.02)
+    time.sleep(1.0)  # past their first claims: idle, polling
+    cpu0 = sum(_cpu(p.pid) for p in procs)
+    started = time.monotonic()
+    # the items were created in a queue nobody claims; now, all at once, in the dispatchers' queue
+    QueueItem.objects.filter(queue_name="held").update(queue_name="go")
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, 'go')", [NOTIFY_CHANNEL])
+    while QueueItem.objects.exists():
+        if time.monotonic() - started > 110:
+            break
+        time.sleep(0.02)
+    wall = time.monotonic() - started
+    cpu = sum(_cpu(p.pid) for p in procs) - cpu0
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(20)
+    return {"sends_per_s": round(items / wall, 1), "wall_s": round(wall, 2),
+            "dispatcher_cpu_us_per_send": round(cpu / items * 1e6, 1)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--dispatchers", type=int, default=2)
+    parser.add_argument("--kinds", default="webhook,apns,fcm,webpush")
+    parser.add_argument("--database-url", default=DEFAULT_URL)
+    args = parser.parse_args()
+    _setup(args.database_url)
+    from tests.push.standins import ApnsStandIn, FcmStandIn, WebPushStandIn
+    from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
+
+    # INFO: the dispatchers' start-up line is what the bench waits for
+    env = {**os.environ, "DATABASE_URL": args.database_url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test",
+           "OMNIPOST_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    from queueing.models import QueueItem
+
+    QueueItem.objects.all().delete()  # what an earlier, interrupted run left queued
+    results = {}
+    for kind in args.kinds.split(","):
+        standin = {"webhook": lambda: HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=300).start(),
+                   "apns": lambda: ApnsStandIn().start(), "fcm": lambda: FcmStandIn().start(),
+                   "webpush": lambda: WebPushStandIn().start()}[kind]()  # fmt: skip
+        try:
+            _seed(kind, args.items, standin)
+            results[kind] = _drain(args.dispatchers, env, args.items)
+            if kind == "apns":
+                results[kind]["apns_most_streams_in_flight"] = standin.most_in_flight
+            if kind != "webhook":
+                results[kind]["refused_by_standin"] = len(standin.refused)
+        finally:
+            standin.stop()
+        print(kind, json.dumps(results[kind]), flush=True)
+    base = results.get("webhook", {}).get("dispatcher_cpu_us_per_send")
+    if base:
+        for figures in results.values():
+            figures["cpu_vs_webhook"] = round(figures["dispatcher_cpu_us_per_send"] / base, 2)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

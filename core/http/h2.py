@@ -1,0 +1,444 @@
+"""One multiplexed HTTP/2 connection over TLS to one origin (the APNs provider's transport), on `h2`.
+
+Why not httpx[http2]: its connection pool opens connections through its own network backend, so the
+SSRF guard could not see the resolved addresses (this client resolves, lets the guard check every
+candidate, and connects to a checked address, as core.http.client does), and every request would
+cost a task and several coroutines. Here a request is a stream started at once: `start()` calls
+back once with the response or the error, on the event loop.
+
+- one TLS connection (ALPN `h2`), opened on first use and again after it closes or the server
+  sends GOAWAY; requests wait (FIFO) while it opens or while the server's
+  SETTINGS_MAX_CONCURRENT_STREAMS are all in flight;
+- one deadline per request (waiting, connecting, sending, the response), kept by a timer;
+- request bodies respect flow control (sent as the windows open); response bodies are acknowledged
+  as they arrive and capped at `max_body_bytes`;
+- a stream reset, a lost connection or GOAWAY fail the streams they end with HttpConnectError
+  (transient); a timed-out stream is reset (CANCEL) and fails with HttpTimeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+from functools import lru_cache
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from core.http.client import (
+    Guard,
+    HttpConnectError,
+    HttpDnsError,
+    HttpProtocolError,
+    HttpTimeout,
+    HttpTlsError,
+    Origin,
+    Resolver,
+    Response,
+)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+OnResponse = Callable[[Response | None, BaseException | None], object]
+
+
+@lru_cache(maxsize=8)
+def h2_ssl_context(cafile: str | None = None) -> ssl.SSLContext:
+    """The system trust store (or `cafile`), hostname checking, ALPN h2 only."""
+    context = ssl.create_default_context(cafile=cafile)
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+class H2Request:
+    __slots__ = ("body", "client", "deadline", "done", "headers", "on_done", "sent", "stream_id", "timer")
+
+    def __init__(self, client: H2Client, headers: list[tuple[bytes, bytes]], body: bytes, deadline: float,
+                 on_done: OnResponse) -> None:  # fmt: skip
+        self.client = client
+        self.headers = headers
+        self.body = body
+        self.sent = 0  # bytes of the body on the wire
+        self.deadline = deadline
+        self.on_done = on_done
+        self.done = False
+        self.stream_id = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def finish(self, response: Response | None, error: BaseException | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.on_done(response, error)
+
+    def cancel(self) -> None:
+        """Give the request up: its stream is reset; no callback follows."""
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.client._abandon(self)
+
+
+class _Stream:
+    __slots__ = ("body", "headers", "request", "status", "truncated")
+
+    def __init__(self, request: H2Request) -> None:
+        self.request = request
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+        self.truncated = False
+
+
+class _H2Protocol(asyncio.Protocol):
+    def __init__(self, client: H2Client) -> None:
+        self.client = client
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, _Stream] = {}
+        self.blocked: deque[int] = deque()  # streams whose body waits for a window
+        self.closed = False
+        self.accepting = True  # false after GOAWAY: no new streams here
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.conn.initiate_connection()
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def capacity(self) -> int:
+        if self.closed or not self.accepting:
+            return 0
+        limit = self.conn.remote_settings.max_concurrent_streams
+        return max(0, limit - self.conn.open_outbound_streams)
+
+    def start(self, request: H2Request) -> None:
+        stream_id = self.conn.get_next_available_stream_id()
+        request.stream_id = stream_id
+        self.streams[stream_id] = _Stream(request)
+        self.conn.send_headers(stream_id, request.headers, end_stream=not request.body)
+        if request.body:
+            self._send_body(stream_id, request)
+        self.flush()
+
+    def _send_body(self, stream_id: int, request: H2Request) -> None:
+        body = request.body
+        while request.sent < len(body):
+            window = min(self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
+            if window <= 0:
+                self.blocked.append(stream_id)
+                return
+            chunk = body[request.sent : request.sent + window]
+            request.sent += len(chunk)
+            self.conn.send_data(stream_id, chunk, end_stream=request.sent == len(body))
+
+    def reset(self, request: H2Request) -> None:
+        self.streams.pop(request.stream_id, None)
+        if self.closed:
+            return
+        try:
+            self.conn.reset_stream(request.stream_id, h2.errors.ErrorCodes.CANCEL)
+        except h2.exceptions.H2Error:
+            pass  # already closed on our side
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.H2Error as exc:
+            self._lost(HttpProtocolError(f"HTTP/2 protocol error: {exc}"))
+            return
+        for event in events:
+            if isinstance(event, h2.events.ResponseReceived):
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:
+                    for name, value in event.headers:
+                        key = name.decode("latin-1")
+                        if key == ":status":
+                            stream.status = int(value)
+                        else:
+                            stream.headers[key] = value.decode("latin-1")
+            elif isinstance(event, h2.events.DataReceived):
+                if event.flow_controlled_length:
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:
+                    room = self.client.max_body_bytes - len(stream.body)
+                    stream.body += event.data[: max(0, room)]
+                    stream.truncated = stream.truncated or len(event.data) > room
+            elif isinstance(event, h2.events.StreamEnded):
+                stream = self.streams.pop(event.stream_id, None)
+                if stream is not None:
+                    response = Response(stream.status, "", stream.headers, bytes(stream.body), stream.truncated)
+                    stream.request.finish(response, None)
+            elif isinstance(event, h2.events.StreamReset):
+                stream = self.streams.pop(event.stream_id, None)
+                if stream is not None:
+                    stream.request.finish(None, HttpConnectError(f"stream reset by the server ({event.error_code!r})"))
+            elif isinstance(event, h2.events.WindowUpdated):
+                self._unblock()
+            elif isinstance(event, h2.events.RemoteSettingsChanged):
+                if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+                    self._unblock()
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.accepting = False
+                last = event.last_stream_id or 0
+                for stream_id in [s for s in self.streams if s > last]:  # never processed: fail them now
+                    stream = self.streams.pop(stream_id)
+                    stream.request.finish(None, HttpConnectError("the server closed the connection (GOAWAY)"))
+                if not self.streams:
+                    self.close()
+        self.flush()
+        self.client._pump()
+
+    def _unblock(self) -> None:
+        blocked, self.blocked = self.blocked, deque()
+        for stream_id in blocked:
+            stream = self.streams.get(stream_id)
+            if stream is not None:
+                self._send_body(stream_id, stream.request)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(HttpConnectError("connection closed before the response"))
+
+    def _lost(self, error: BaseException) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream.request.finish(None, error)
+        self.client._connection_lost(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.conn.close_connection()
+            self.flush()
+        except h2.exceptions.H2Error:
+            pass
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class H2Client:
+    """HTTP/2 requests to one origin over one connection, bound to the event loop that first uses it."""
+
+    def __init__(
+        self,
+        origin: Origin,
+        *,
+        guard: Guard,
+        ssl_context: ssl.SSLContext | None = None,
+        resolver: Resolver | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        if not origin.tls:
+            raise ValueError("HTTP/2 is spoken over TLS (https) only here")
+        self.origin = origin
+        self.guard = guard
+        self.ssl_context = ssl_context or h2_ssl_context()
+        self.max_body_bytes = max_body_bytes
+        self._resolver = resolver
+        self._authority = origin.host_header
+        self._protocol: _H2Protocol | None = None
+        self._opening: asyncio.Task | None = None
+        self._waiting: deque[H2Request] = deque()
+        self._closed = False
+        self.connections_opened = 0
+        self.most_in_flight = 0  # the most streams in flight at once on the connection
+
+    @property
+    def in_flight(self) -> int:
+        protocol = self._protocol
+        return len(protocol.streams) if protocol is not None and not protocol.closed else 0
+
+    def start(
+        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, timeout: float,
+        on_done: OnResponse,
+    ) -> H2Request:  # fmt: skip
+        """Start a request now; `on_done(response, None)` or `on_done(None, error)` follows once, on the
+        event loop (never from within this call) unless `cancel()` is called on the result first."""
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise HttpConnectError("client closed")
+        head = [
+            (b":method", method.encode()), (b":scheme", b"https"), (b":authority", self._authority),
+            (b":path", path.encode()), *headers,
+        ]  # fmt: skip
+        if body:
+            head.append((b"content-length", str(len(body)).encode()))
+        request = H2Request(self, head, body, loop.time() + timeout, on_done)
+        request.timer = loop.call_at(request.deadline, self._expired, request)
+        self._waiting.append(request)
+        loop.call_soon(self._pump)
+        return request
+
+    async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                      timeout: float) -> Response:  # fmt: skip
+        future = asyncio.get_running_loop().create_future()
+
+        def done(response: Response | None, error: BaseException | None) -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(response)
+
+        request = self.start(method, path, headers, body, timeout, done)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+
+    def _pump(self) -> None:
+        """Start waiting requests on the connection while it has room; open it if there is none."""
+        waiting = self._waiting
+        while waiting and waiting[0].done:
+            waiting.popleft()
+        if not waiting or self._closed:
+            return
+        protocol = self._protocol
+        if protocol is None or protocol.closed or not protocol.accepting:
+            if protocol is not None and (protocol.closed or not protocol.accepting):
+                self._protocol = None
+            if self._opening is None:
+                self._opening = asyncio.get_running_loop().create_task(self._open(waiting[0].deadline))
+            return
+        room = protocol.capacity()
+        started = False
+        while waiting and room > 0:
+            request = waiting.popleft()
+            if request.done:
+                continue
+            try:
+                protocol.start(request)
+            except h2.exceptions.H2Error as exc:
+                request.finish(None, HttpProtocolError(f"HTTP/2: {exc}"))
+                continue
+            room -= 1
+            started = True
+        if started:
+            self.most_in_flight = max(self.most_in_flight, len(protocol.streams))
+
+    async def _open(self, deadline: float) -> None:
+        try:
+            protocol = await self._connect(deadline)
+        except Exception as exc:  # noqa: BLE001 - every waiting request learns why
+            self._opening = None
+            waiting, self._waiting = self._waiting, deque()
+            for request in waiting:
+                request.finish(None, exc)
+            return
+        self._opening = None
+        if self._closed:
+            protocol.close()
+            return
+        self._protocol = protocol
+        self.connections_opened += 1
+        self._pump()
+
+    async def _resolve(self, host: str, port: int) -> list[tuple]:
+        if self._resolver is not None:
+            return await self._resolver(host, port)
+        return await asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+
+    async def _connect(self, deadline: float) -> _H2Protocol:
+        loop = asyncio.get_running_loop()
+        origin = self.origin
+        try:
+            async with asyncio.timeout_at(deadline):
+                try:
+                    infos = await self._resolve(origin.host, origin.port)
+                except socket.gaierror as exc:
+                    raise HttpDnsError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
+                if not infos:
+                    raise HttpDnsError(f"cannot resolve {origin.host}: no addresses")
+                self.guard(origin.host, [info[4][0] for info in infos])
+                last: OSError | None = None
+                for family, type_, proto, _, sockaddr in infos:
+                    sock = socket.socket(family, type_, proto)
+                    try:
+                        sock.setblocking(False)
+                        await loop.sock_connect(sock, sockaddr)
+                    except OSError as exc:
+                        sock.close()
+                        last = exc
+                        continue
+                    except BaseException:
+                        sock.close()
+                        raise
+                    try:
+                        transport, protocol = await loop.create_connection(
+                            lambda: _H2Protocol(self), sock=sock, ssl=self.ssl_context,
+                            server_hostname=origin.host,
+                        )  # fmt: skip
+                    except ssl.SSLError as exc:
+                        sock.close()
+                        raise HttpTlsError(f"TLS handshake with {origin.host} failed: {exc}") from exc
+                    except BaseException:
+                        sock.close()
+                        raise
+                    ssl_object = transport.get_extra_info("ssl_object")
+                    if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
+                        transport.abort()
+                        raise HttpProtocolError(f"{origin.host} does not speak HTTP/2 (ALPN)")
+                    return protocol
+                raise HttpConnectError(
+                    f"cannot connect to {origin.host}:{origin.port}: {last.strerror if last else 'no address'}"
+                ) from last
+        except TimeoutError:
+            raise HttpTimeout(f"connecting to {origin.host}:{origin.port} timed out") from None
+
+    def _expired(self, request: H2Request) -> None:
+        if request.done:
+            return
+        request.timer = None
+        protocol = self._protocol
+        if request.stream_id and protocol is not None and request.stream_id in protocol.streams:
+            protocol.reset(request)
+            self._pump()
+        request.finish(None, HttpTimeout("no complete response before the timeout"))
+
+    def _abandon(self, request: H2Request) -> None:
+        protocol = self._protocol
+        if request.stream_id and protocol is not None and request.stream_id in protocol.streams:
+            protocol.reset(request)
+            self._pump()
+
+    def _connection_lost(self, protocol: _H2Protocol) -> None:
+        if self._protocol is protocol:
+            self._protocol = None
+        if self._waiting and not self._closed:
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._opening is not None:
+            self._opening.cancel()
+        waiting, self._waiting = self._waiting, deque()
+        for request in waiting:
+            request.finish(None, HttpConnectError("client closed"))
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            streams, protocol.streams = protocol.streams, {}
+            protocol.close()
+            for stream in streams.values():
+                stream.request.finish(None, HttpConnectError("client closed"))
