@@ -16,7 +16,7 @@ from dispatch.delivery import DispatchLease, Prepared, claim_and_start, suppress
 from dispatch.providers import ProviderCache
 from providers.models import Provider
 from queueing import queue, ratelimit
-from queueing.models import QueueItem
+from queueing.models import LEASED, QueueItem
 from routing import circuits
 from routing.failover import Router
 
@@ -45,8 +45,8 @@ class ClaimResult:
 
 
 def queue_has_rate_limited_items() -> bool:
-    """Whether any ready item waits for a lane (one probe of queue_state_lane_idx)."""
-    return QueueItem.objects.filter(ready=True, rate_limited=True).exists()
+    """Whether any ready item not in flight waits for a lane (one probe of queue_state_lane_idx)."""
+    return QueueItem.objects.filter(ready=True, rate_limited=True).exclude(LEASED).exists()
 
 
 def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
@@ -151,7 +151,7 @@ class Claimer:
         return prepared, skipped, next_token_in
 
     def _stage_due(self) -> None:
-        """Bring due retries and expired leases back into the ready set, at most every STAGE_SECONDS
+        """Bring due retries and delayed enqueues back into the ready set, at most every STAGE_SECONDS
         (sooner while a full batch was staged: a backlog of them came due at once)."""
         now = self.clock()
         if now - self._staged_at < queue.STAGE_SECONDS:
