@@ -361,8 +361,9 @@ def _fair_claim_ctes(
       nothing. `phase` is drawn per tenant and claim: a busy dispatcher claims as slots free up,
       often one item at a time, and a fixed tie-break would hand every such claim to one tenant.
     - `topup`: what the shares left unfilled (tenants with fewer ready items than their share) goes
-      to the highest priorities of any tenant (queue_state_ready_idx); a one-time filter skips its
-      scan whenever the shares filled the batch.
+      to the highest priorities of any tenant (queue_state_ready_idx); one-time filters skip its
+      scan whenever the shares filled the batch or one tenant alone is active (its share is the
+      whole batch, so there is nothing more to find: the path of a single rung notification).
     Rows are locked as they are read (FOR UPDATE SKIP LOCKED), as in the per-queue claim; a peer's
     claim in flight is skipped, never waited for.
     With `leave_out`, those tenants get no share and there is no `topup` (it reads the all-tenant
@@ -437,7 +438,10 @@ def _fair_claim_ctes(
             FROM active a JOIN tenants t ON t.id = a.tenant_id{left_out}
         ), {fair}, topup AS (
             SELECT item_id, ctid FROM queue_state
-            WHERE {no_topup}(SELECT count(*) FROM fair) < %(n)s AND {_READY_UNLIMITED} AND priority >= 0
+            -- one-time gates: only when the shares left room and another tenant may have more than its
+            -- share (with one tenant active its share is the whole claim: nothing is left to find)
+            WHERE {no_topup}(SELECT count(*) FROM fair) < %(n)s AND (SELECT count(*) FROM shares) > 1
+              AND {_READY_UNLIMITED} AND priority >= 0
             ORDER BY priority DESC, enqueued_at, item_id
             LIMIT %(n)s
             FOR UPDATE SKIP LOCKED
