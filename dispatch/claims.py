@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
-from dispatch.delivery import DispatchLease, Prepared, claim_and_start, push_targets, suppressed_among
+from dispatch.delivery import ClaimSeen, DispatchLease, Prepared, claim_and_start, push_targets, suppressed_among
 from dispatch.providers import ProviderCache
 from providers.models import Provider
 from queueing import queue, ratelimit
-from queueing.models import QueueItem
+from queueing.models import LEASED, QueueItem
 from routing import circuits
 from routing.failover import Router
 
@@ -45,8 +45,8 @@ class ClaimResult:
 
 
 def queue_has_rate_limited_items() -> bool:
-    """Whether any ready item waits for a lane (one probe of queue_state_lane_idx)."""
-    return QueueItem.objects.filter(ready=True, rate_limited=True).exists()
+    """Whether any ready item not in flight waits for a lane (one probe of queue_state_lane_idx)."""
+    return QueueItem.objects.filter(ready=True, rate_limited=True).exclude(LEASED).exists()
 
 
 def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
@@ -83,13 +83,15 @@ class Claimer:
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
         self.router = router or Router(clock)
 
-    def claim(self, want: int, leave_out: frozenset[str] = frozenset()) -> ClaimResult:
+    def claim(self, want: int, leave_out: frozenset[str] = frozenset(), stage: bool = True) -> ClaimResult:
         """Claim up to `want` items and sort them (ClaimResult): those whose recipient is suppressed
-        now (one statement), then the others' providers chosen (routing.failover: failover order,
-        breakers) and read. If the session is lost after the claim, what was claimed and not yet sorted
-        comes back as `unready`, to give back. With `leave_out` (tenant ids), a claim for the
-        dispatcher's spare slots: only the other tenants' unlimited items, nothing staged, no lane's
-        tokens taken."""
+        now (one statement, only where the claim saw a suppression of their tenant or a category
+        other than `general`), then the others' providers chosen (routing.failover: failover order,
+        breakers) and read (their versions came with the claim). If the session is lost after the
+        claim, what was claimed and not yet sorted comes back as `unready`, to give back. With
+        `leave_out` (tenant ids), a claim for the dispatcher's spare slots: only the other tenants'
+        unlimited items, nothing staged, no lane's tokens taken. `stage=False`: the caller stages
+        (`stage_due`) after the claim's sends have started, off the path from a ring to a send."""
         if want <= 0:
             return ClaimResult()
         if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
@@ -97,10 +99,12 @@ class Claimer:
             if released:
                 logger.warning("gave back %d items leased by a claim whose session was lost", released)
             self.orphans.clear()
-        prepared, skipped, next_token_in = self._claim(want, leave_out)
+        seen = ClaimSeen()
+        prepared, skipped, next_token_in = self._claim(want, leave_out, seen, stage)
         result = ClaimResult(skipped=skipped, next_token_in=next_token_in)
         try:
-            blocked = suppressed_among(prepared)  # one statement: the suppression list as it is now
+            # one statement: the suppression list as it is now (none where the claim saw nothing to find)
+            blocked = suppressed_among(prepared) if seen.check_suppressions else set()
             if blocked:
                 result.suppressed = [p.lease for i, p in enumerate(prepared) if i in blocked]
                 prepared = [p for i, p in enumerate(prepared) if i not in blocked]
@@ -109,7 +113,7 @@ class Claimer:
                 routed = self.router.route(prepared, circuits.reserve_probes)
                 prepared, result.waiting, result.relaned = routed.send, routed.wait, routed.relane
             # a push to devices goes through the provider of each device's kind (one statement for the pushes)
-            self.providers.load({p.provider_id for p in prepared} | push_targets(prepared))
+            self.providers.load({p.provider_id for p in prepared} | push_targets(prepared), known=seen.versions)
         except Exception as exc:
             if not is_connection_lost(exc):
                 raise
@@ -121,12 +125,13 @@ class Claimer:
         return result
 
     def _claim(
-        self, want: int, leave_out: frozenset[str] = frozenset()
+        self, want: int, leave_out: frozenset[str], seen: ClaimSeen, stage: bool
     ) -> tuple[list[Prepared], list[DispatchLease], float | None]:
         if leave_out:
             lanes, main, next_token_in, look_for_starving = {}, want, None, False
         else:
-            self._stage_due()
+            if stage:
+                self.stage_due()
             granted, next_token_in = self._grant_lanes(want)
             lanes, main = policy.split_claim(want, granted)
             now = self.clock()
@@ -137,7 +142,7 @@ class Claimer:
         try:
             prepared, skipped = claim_and_start(
                 main, lease_seconds=self.lease_seconds, queues=self.queues, lanes=lanes,
-                look_for_starving=look_for_starving, token=token, leave_out=sorted(leave_out),
+                look_for_starving=look_for_starving, token=token, leave_out=sorted(leave_out), seen=seen,
             )  # fmt: skip
         except Exception:
             self.orphans.append(token)  # it may have committed: given back by the next claim
@@ -151,16 +156,20 @@ class Claimer:
                     self.lanes.pop(pid, None)
         return prepared, skipped, next_token_in
 
-    def _stage_due(self) -> None:
-        """Bring due retries and expired leases back into the ready set, at most every STAGE_SECONDS
-        (sooner while a full batch was staged: a backlog of them came due at once)."""
+    def stage_is_due(self) -> bool:
+        return self.clock() - self._staged_at >= queue.STAGE_SECONDS
+
+    def stage_due(self) -> int:
+        """Bring due retries and delayed enqueues back into the ready set, at most every STAGE_SECONDS
+        (sooner while a full batch was staged: a backlog of them came due at once); how many came."""
         now = self.clock()
         if now - self._staged_at < queue.STAGE_SECONDS:
-            return
+            return 0
         staged = queue.stage()
         self._staged_at = -1e9 if staged.count >= queue.STAGE_LIMIT else now
         if staged.rate_limited:  # their lanes may have been dropped as dry: look again now
             self._any_limits_checked = self._lanes_checked = -1e9
+        return staged.count
 
     def _grant_lanes(self, want: int) -> tuple[dict[int, int], float | None]:
         now = self.clock()

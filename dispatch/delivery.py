@@ -242,9 +242,11 @@ def claim_and_start(
     raw_connection: Any = None,  # noqa: ANN401 - an autocommit psycopg connection
     token: uuid.UUID | None = None,
     leave_out: Sequence[str] = (),
+    seen: ClaimSeen | None = None,
 ) -> tuple[list[Prepared], list[DispatchLease]]:
     """Lease up to n items (plus lane grants) and read their notifications; none of the tenants in
-    `leave_out` (the fair claim, `queue.claim_ctes`).
+    `leave_out` (the fair claim, `queue.claim_ctes`). `seen` is told what the statement read beside
+    them: the claimed providers' `updated_at` and whether a suppression check is needed.
     `look_for_starving=False` skips the scan for items past the starvation threshold (the
     dispatcher looks once a second, not on every claim). `token` is the claim's lock token
     (new when None): a caller that lost its session during the claim can give back whatever the
@@ -261,12 +263,17 @@ def claim_and_start(
         rows = cursor.fetchall()
     prepared, skipped = [], []
     loads = _json_loads
-    for item_id, provider_id, rate_limited, key, tenant_key, channel, *notification in rows:
+    versions = seen.versions if seen is not None else {}
+    check = False
+    for item_id, provider_id, rate_limited, key, tenant_key, version, channel, *notification in rows:
         held = DispatchLease(item_id, token, provider_id, rate_limited, key, tenant_key)
+        if provider_id is not None:
+            versions[provider_id] = version
         if channel is None:  # the notification is no longer sendable
             skipped.append(held)
             continue
-        recipient, subject, body, metadata, created_at, count, offset, category, named = notification
+        recipient, subject, body, metadata, created_at, count, offset, category, named, suppressing = notification
+        check = check or suppressing or category != "general"
         prepared.append(
             Prepared(
                 held, channel, recipient, subject, body, loads(metadata) if isinstance(metadata, str) else metadata,
@@ -275,7 +282,20 @@ def claim_and_start(
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
         item.opened_recipient = opened
+    if seen is not None:
+        seen.check_suppressions = check
     return prepared, skipped
+
+
+@dataclass(slots=True)
+class ClaimSeen:
+    """What a claim statement read beside its items: each claimed item's provider's `updated_at` (None:
+    its row is gone), so the provider cache needs no statement of its own for them
+    (dispatch.providers.ProviderCache.load), and whether any item's tenant has a suppression or its
+    category is not `general` (else `suppressed_among` has nothing to find: no statement)."""
+
+    versions: dict[int, datetime | None] = field(default_factory=dict)
+    check_suppressions: bool = True
 
 
 def claim_statement(
@@ -289,12 +309,14 @@ def claim_statement(
         leave_out=leave_out,
     )
     sql = f"""{ctes}
-        SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text,
+        SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text, p.updated_at,
                n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset,
-               n.category, n.provider_named
+               n.category, n.provider_named, {suppressions.any_for_tenant_sql("n.tenant_id")}
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
+        -- the provider cache's check of its instances (dispatch.providers), in this statement
+        LEFT JOIN providers p ON p.id = c.provider_id
         ORDER BY c.priority DESC, c.enqueued_at, c.item_id
     """
     return sql, params

@@ -302,7 +302,7 @@ class Dispatcher:
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
             claim_started = tracing.now() if tracing.ENABLED else 0
             try:
-                claimed = await self.db(self.claimer.claim, want, leave_out)
+                claimed = await self.db(self.claimer.claim, want, leave_out, False)  # stages below
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
@@ -322,6 +322,14 @@ class Dispatcher:
             if claimed.relaned:  # failed over to a rate-limited provider: into its lane, untried
                 self.recorder.extend(self.sender.to_lane(p) for p in claimed.relaned)
             self._start_all(claimed.send)
+            # Due retries come back into the ready set after the claim's sends have started: a ring's
+            # claim never waits behind the stager (every STAGE_SECONDS). What it brings back is claimed next.
+            if not self.stopping.is_set() and self.claimer.stage_is_due():
+                try:
+                    if await self.db(self.claimer.stage_due):
+                        self.wake.set()
+                except SessionLost:
+                    pass  # the next claim meets the outage and backs off
             finished = len(claimed.skipped) + len(claimed.suppressed)
             returned = len(claimed.waiting) + len(claimed.relaned)
             self.claimed += len(claimed.send) + finished

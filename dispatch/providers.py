@@ -1,7 +1,8 @@
 """The dispatcher's provider instances, checked against their rows at every claim.
 
-An edit or a secret rotation takes effect for the next claim: one statement compares `updated_at`
-and only the providers that changed are built again. A replaced instance is not closed at once:
+An edit or a secret rotation takes effect for the next claim: the claim statement reads the claimed
+providers' `updated_at` (a failover to another provider: one statement more) and only the providers
+that changed are built again. A replaced instance is not closed at once:
 its sends in flight finish on it (its connections drain), then it is closed on the event loop.
 
 The cache is bounded (OMNIPOST_DISPATCHER_PROVIDER_CACHE instances, each with its HTTP pool): past
@@ -107,12 +108,17 @@ class ProviderCache:
         self._closing: set[asyncio.Task] = set()
         self._gone: set[int] = set()  # rows gone, entries kept until their sends in flight end
 
-    def load(self, provider_ids: set[int]) -> None:
-        """On the DB thread: the claimed items' providers as they are now (one statement, and one
-        more for those that changed); past the bound, the least recently claimed idle ones dropped."""
+    def load(self, provider_ids: set[int], known: dict[int, datetime | None] | None = None) -> None:
+        """On the DB thread: the claimed items' providers as they are now (`known`: the versions the
+        claim statement read, None for a row gone; one statement for the others, those routing moved
+        items to, and one more for those that changed); past the bound, the least recently claimed
+        idle ones dropped."""
         if not provider_ids:
             return
-        versions = provider_versions(provider_ids)
+        known = known or {}
+        versions = {pid: v for pid in provider_ids if (v := known.get(pid)) is not None}
+        if rest := {pid for pid in provider_ids if pid not in known}:
+            versions.update(provider_versions(rest))
         cache = self.entries
         for pid in provider_ids:  # the most recently claimed last
             if pid not in versions:  # its row is gone: nothing is built for it

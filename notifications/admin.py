@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db.models import BooleanField, F, Func, Q, Subquery, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
 from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, visible_tenant_ids
@@ -30,8 +29,8 @@ from notifications.models import (
     Status,
     TenantQueue,
 )
-from queueing.models import LEASED, QueueItem, ScheduledJob
-from queueing.stats import CappedCountPaginator
+from queueing.models import QueueItem, ScheduledJob
+from queueing.stats import CappedCountPaginator, leased_notifications_sql
 
 MAX_QUEUE_CHOICES = 200
 
@@ -83,10 +82,11 @@ class StatusFilter(admin.SimpleListFilter):
 
     - queued: its queue item (unique per notification) not under a live lease, newest enqueued first:
       ready ones through queue_state_starving_all_idx, rate-limited ones through queue_state_lane_idx,
-      due not-ready ones (a lapsed lease, a deferral) through queue_state_delayed_idx;
+      due not-ready ones (a retry not staged yet) through queue_state_delayed_idx;
     - retrying: a not-ready item (queue_state_delayed_idx, latest available_at first), not leased;
-    - dispatching: an item under a live lease (a claim sets ready = false and available_at = locked_until,
-      so queue_state_delayed_idx is read only over the next lease);
+    - dispatching: an item under a live lease, latest lease end first; a claim changes no indexed
+      column, so the leases are read at the fronts of the claim's orders
+      (queueing.stats.leased_notifications_sql);
     - scheduled: a pending job (scheduled_jobs_due_idx, latest run_at first);
     - failed / dead_lettered: a dead-letter entry (the record writes one for both; dlq_console_*_idx);
     - delivered: nearly every row, so the plain created_at-ordered list stops after a page;
@@ -118,18 +118,19 @@ class StatusFilter(admin.SimpleListFilter):
         if value == Status.QUEUED:
             ready = items.filter(free, ready=True, rate_limited=False, priority__gte=0).order_by("-enqueued_at")
             limited = items.filter(free, ready=True, rate_limited=True).order_by("-enqueued_at")
-            # Not ready yet due: a lapsed lease or a deferral, until stage() marks it ready (a retrying
-            # item waits in the future and stays out).
+            # Not ready yet due: a retry until stage() marks it ready (a retrying item waits in the future
+            # and stays out).
             waiting = items.filter(free, ready=False, available_at__lte=Now()).order_by("-available_at")
             ids = ready[:cap].union(limited[:cap], waiting[:cap], all=True)
         elif value == Status.RETRYING:
             ids = items.filter(free, ready=False).order_by("-available_at")[:cap]
         elif value == Status.DISPATCHING:
-            # A minute's margin for clock skew between this process and the database.
-            horizon = timezone.now() + timedelta(seconds=settings.OMNIPOST_LEASE_SECONDS + 60)
-            leased = items.filter(LEASED, ready=False, available_at__gt=Now(), available_at__lte=horizon)
-            ids = leased.order_by("-available_at")[:cap]
+            sql, params = leased_notifications_sql(cap, tenants)
             statuses = (*LEASABLE, Status.DISPATCHING)  # rows written `dispatching` by earlier versions
+            leased = RawSQL(  # noqa: S611 - queueing's fixed fragments; the tenants are a parameter
+                f"{Notification._meta.db_table}.id = ANY(ARRAY({sql}))", params, output_field=BooleanField()
+            )
+            return queryset.filter(leased, status__in=statuses)
         elif value == Status.SCHEDULED:
             ids = scoped(ScheduledJob.objects.pending()).order_by("-run_at").values("notification_id")[:cap]
         elif value in STATUS_SOURCES:

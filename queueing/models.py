@@ -44,13 +44,15 @@ class QueueItem(TenantOwned):
     lock_token = models.UUIDField(null=True, blank=True)
     locked_until = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(db_default=Now())
-    # Due when available_at <= now(). A claim moves it to the lease's end, so an expired lease
-    # makes the item due again; the stager (`queue.stage`) then moves it back into the ready set.
+    # Due when available_at <= now(); a claim leaves it as it is (see `ready`).
     available_at = models.DateTimeField(db_default=Now())
-    # In the ready set: claimable now. False while leased or waiting out a delay (backoff, a retry's
-    # delay, a delayed enqueue), so the claim's indexes hold ready items only and a claim costs the
-    # same whatever waits for later (River's and Oban's `available` state). `queue.stage` moves due
-    # items back; every write in `queueing/queue.py` (and the record's `released`) sets it.
+    # In the ready set: due now. False while waiting out a delay (backoff, a retry's delay, a delayed
+    # enqueue), so the claim's indexes hold due items only and a claim costs the same whatever waits
+    # for later (River's and Oban's `available` state); `queue.stage` moves due items back. A lease
+    # leaves it true: a claim writes only lock_token, locked_until and attempts, which no index reads,
+    # so it is a HOT update (no index entry; the table's fillfactor of 45 keeps room on the page), and
+    # the claim checks the lease on the row (`queue._FREE`). Every write in `queueing/queue.py` (and the
+    # record's `released`) sets it.
     ready = models.BooleanField(db_default=True)
     attempts = models.PositiveIntegerField(default=0)
     # What the item stands for and the lane it goes through, as opaque ids: the queue knows no table

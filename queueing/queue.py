@@ -14,11 +14,17 @@ Every claim gets a fresh `lock_token`; ack, release and extend only touch rows w
 changes nothing and learns which items it lost from the returned ids.
 
 Ready and waiting items are kept apart (River's and Oban's `available` vs `scheduled`): `ready`
-is true only for items claimable now. A claim, an extend and a delayed release or enqueue take the
-item out of the ready set; `stage()` (the dispatcher runs it every `STAGE_SECONDS`) brings back
-those whose `available_at` has passed, expired leases included. The claim's partial indexes hold
-ready items only, one of them led by `queue_name`, so a claim costs the same whatever waits for
-later or in other queues.
+is true for items due now, leased or not. A delayed release or enqueue takes the item out of the
+ready set; `stage()` (the dispatcher runs it every `STAGE_SECONDS`) brings back those whose
+`available_at` has passed. The claim's partial indexes hold ready items only, one of them led by
+`queue_name`, so a claim costs the same whatever waits for later or in other queues.
+
+A claim writes only columns no index reads (`lock_token`, `locked_until`, `attempts`), so its new
+row version is a HOT update: on the same page (queue_state's fillfactor leaves room) and in no
+index. A leased item therefore stays in the ready indexes, and every claim steps over the items in
+flight ahead of it (`_FREE`, checked on the row): a cost bounded by what the dispatchers hold, not
+by any queue's depth. An expired lease is claimable again at once, by the database's clock, with
+no staging; extending and giving back untried are HOT too.
 
 Raw SQL lives here because the ORM cannot express the claim (CTE + SKIP LOCKED + RETURNING).
 """
@@ -210,11 +216,15 @@ def claim(
     return leases
 
 
-# What a ready, unlimited item is to the main claim: the predicate of its partial indexes
-# (queue_state_ready_idx, queue_state_ready_queue_idx and the two queue_state_starving_*_idx).
-# `available_at <= now()` holds for every staged item and guards rows inserted by hand with a
-# later available_at.
-_READY_UNLIMITED = "ready AND NOT rate_limited AND available_at <= now()"
+# Not under a live lease, by the database's clock: checked on the row, never in an index (a claim that
+# changed an indexed column would write a new entry into every index of queue_state). Release and
+# give-back clear lock_token and locked_until together, so a null locked_until means no lease.
+_FREE = "(locked_until IS NULL OR locked_until <= now())"
+# What a claimable, unlimited item is to the main claim: the predicate of its partial indexes
+# (queue_state_ready_idx, queue_state_ready_queue_idx and the two queue_state_starving_*_idx), then
+# the lease. `available_at <= now()` holds for every staged item and guards rows inserted by hand with
+# a later available_at.
+_READY_UNLIMITED = f"ready AND NOT rate_limited AND available_at <= now() AND {_FREE}"
 
 
 def _per_queue(queues: list[str] | None, where: str, order_by: str) -> str:
@@ -253,7 +263,8 @@ def claim_ctes(
     """The claim as CTEs ending in `claimed AS (UPDATE queue_state … RETURNING <returning>)`, so
     callers can extend the same single statement (the dispatcher joins the notifications to it and
     returns fewer columns). `starve=None` leaves out the starving branch (and its index scan).
-    Only ready items are read (see `stage`); the claim takes them out of the ready set.
+    Only ready items not under a live lease are read (see `stage` and `_FREE`); the claim leaves them
+    in the ready set (a HOT update), leased.
     `leave_out`: tenant ids whose items this claim does not take (the fair claim only: a dispatcher's
     claim for its spare slots, dispatch.dispatcher).
 
@@ -309,11 +320,10 @@ def _picked_and_claimed(lane_union: str, returning: str) -> str:
     return f"""picked AS (
             SELECT item_id, ctid FROM picked_main {lane_union}
         ), claimed AS (
+            -- only columns no index reads: a HOT update (see the module's docstring)
             UPDATE queue_state q
             SET lock_token = %(token)s,
                 locked_until = now() + %(lease)s * interval '1 second',
-                available_at = now() + %(lease)s * interval '1 second',
-                ready = false,
                 attempts = q.attempts + 1
             WHERE q.ctid = ANY(ARRAY(SELECT ctid FROM picked))
             RETURNING {", ".join("q." + c.strip() for c in returning.split(","))}
@@ -325,7 +335,8 @@ def _lanes_cte(queue_filter: str) -> str:
             SELECT l.item_id, l.ctid FROM unnest(%(lane_ids)s::bigint[], %(lane_caps)s::int[]) AS k(provider_id, cap)
             CROSS JOIN LATERAL (
                 SELECT item_id, ctid FROM queue_state
-                WHERE ready AND rate_limited AND provider_id = k.provider_id AND available_at <= now() {queue_filter}
+                WHERE ready AND rate_limited AND provider_id = k.provider_id AND available_at <= now() AND {_FREE}
+                  {queue_filter}
                 ORDER BY priority DESC, enqueued_at, item_id
                 LIMIT k.cap
                 FOR UPDATE SKIP LOCKED
@@ -350,8 +361,9 @@ def _fair_claim_ctes(
       nothing. `phase` is drawn per tenant and claim: a busy dispatcher claims as slots free up,
       often one item at a time, and a fixed tie-break would hand every such claim to one tenant.
     - `topup`: what the shares left unfilled (tenants with fewer ready items than their share) goes
-      to the highest priorities of any tenant (queue_state_ready_idx); a one-time filter skips its
-      scan whenever the shares filled the batch.
+      to the highest priorities of any tenant (queue_state_ready_idx); one-time filters skip its
+      scan whenever the shares filled the batch or one tenant alone is active (its share is the
+      whole batch, so there is nothing more to find: the path of a single rung notification).
     Rows are locked as they are read (FOR UPDATE SKIP LOCKED), as in the per-queue claim; a peer's
     claim in flight is skipped, never waited for.
     With `leave_out`, those tenants get no share and there is no `topup` (it reads the all-tenant
@@ -416,6 +428,7 @@ def _fair_claim_ctes(
             UNION ALL
             SELECT (SELECT q.tenant_id FROM queue_state q
                     WHERE q.ready AND NOT q.rate_limited AND q.available_at <= now()
+                      AND (q.locked_until IS NULL OR q.locked_until <= now())
                       AND q.tenant_id > a.tenant_id
                     ORDER BY q.tenant_id, q.priority DESC, q.enqueued_at, q.item_id LIMIT 1)
             FROM active a WHERE a.tenant_id IS NOT NULL
@@ -425,7 +438,10 @@ def _fair_claim_ctes(
             FROM active a JOIN tenants t ON t.id = a.tenant_id{left_out}
         ), {fair}, topup AS (
             SELECT item_id, ctid FROM queue_state
-            WHERE {no_topup}(SELECT count(*) FROM fair) < %(n)s AND {_READY_UNLIMITED} AND priority >= 0
+            -- one-time gates: only when the shares left room and another tenant may have more than its
+            -- share (with one tenant active its share is the whole claim: nothing is left to find)
+            WHERE {no_topup}(SELECT count(*) FROM fair) < %(n)s AND (SELECT count(*) FROM shares) > 1
+              AND {_READY_UNLIMITED} AND priority >= 0
             ORDER BY priority DESC, enqueued_at, item_id
             LIMIT %(n)s
             FOR UPDATE SKIP LOCKED
@@ -508,7 +524,11 @@ def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = Fa
     ), released AS (
         UPDATE queue_state q
         SET lock_token = NULL, locked_until = NULL,
-            available_at = now() + o.delay * interval '1 second', ready = o.delay <= 0,
+            -- back at once: the indexed columns as they were (a HOT update); after a delay: out of the
+            -- ready set until then
+            available_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second'
+                                ELSE least(q.available_at, now()) END,
+            ready = o.delay <= 0,
             enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
             attempts = greatest(q.attempts - CASE WHEN o.settle = 'refund' THEN 1 ELSE 0 END, 0){provider}
         FROM {source} o
@@ -540,7 +560,9 @@ def release(
             """
             UPDATE queue_state q
             SET lock_token = NULL, locked_until = NULL,
-                available_at = now() + mine.delay * interval '1 second', ready = mine.delay <= 0,
+                available_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
+                                    ELSE least(q.available_at, now()) END,
+                ready = mine.delay <= 0,
                 enqueued_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
                                    ELSE q.enqueued_at END,
                 attempts = greatest(q.attempts - %s, 0)
@@ -554,8 +576,8 @@ def release(
 
 
 def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using: str = "default") -> set[int]:
-    """Push the lease of items still held further out; returns the ids still ours. An item whose
-    lease ran out and was staged, but not yet re-claimed, leaves the ready set again."""
+    """Push the lease of items still held further out; returns the ids still ours (an item whose lease
+    ran out but that no one re-claimed yet is still ours). A HOT update: only locked_until changes."""
     if not leases:
         return set()
     lease = float(settings.OMNIPOST_LEASE_SECONDS if lease_seconds is None else lease_seconds)
@@ -564,19 +586,18 @@ def extend(leases: Sequence[Lease], lease_seconds: float | None = None, *, using
         cursor.execute(
             """
             UPDATE queue_state q
-            SET locked_until = now() + %s * interval '1 second', available_at = now() + %s * interval '1 second',
-                ready = false
+            SET locked_until = now() + %s * interval '1 second'
             FROM unnest(%s::bigint[], %s::uuid[]) AS mine(item_id, lock_token)
             WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
             RETURNING q.item_id
             """,
-            [lease, lease, ids, tokens],
+            [lease, ids, tokens],
         )
         return {row[0] for row in cursor.fetchall()}
 
 
 # --- stage: due items back into the ready set ----------------------------------------------------
-STAGE_SECONDS = 0.25  # how often a dispatcher stages: a retry or an expired lease is ready this much late
+STAGE_SECONDS = 0.25  # how often a dispatcher stages: a retry or a delayed enqueue is ready this much late
 STAGE_LIMIT = 5000  # items per statement; a dispatcher stages again at once while it finds a full batch
 
 
@@ -587,10 +608,11 @@ class Staged:
 
 
 def stage(limit: int = STAGE_LIMIT, *, using: str = "default") -> Staged:
-    """Move up to `limit` waiting items whose `available_at` has passed (retries, delayed enqueues,
-    expired leases) into the ready set, oldest first: one statement, reading queue_state_delayed_idx
-    (so only due rows), skipping rows a peer holds. An expired lease keeps its lock_token: its
-    holder may still record it until someone re-claims it (as before staging existed)."""
+    """Move up to `limit` waiting items whose `available_at` has passed (retries, delayed enqueues)
+    into the ready set, oldest first: one statement, reading queue_state_delayed_idx (so only due
+    rows), skipping rows a peer holds. Leases are not staged: a leased item never left the ready set,
+    and an expired lease is claimable as it is (its holder may still record it until someone
+    re-claims it)."""
     with connections[using].cursor() as cursor:
         cursor.execute(
             """
@@ -662,12 +684,13 @@ def sync_rate_limited(
 
 
 def rate_limited_providers(queues: Sequence[str] | None = None, *, using: str = "default") -> list[int]:
-    """Providers with ready rate-limited items (in `queues`, if named), whatever their limits say
-    now: lanes are offered to all of them, so items whose limit went away are never stranded.
-    A loose index scan of queue_state_lane_idx: one descent per provider, not one row per waiting
-    item."""
+    """Providers with ready rate-limited items not in flight (in `queues`, if named), whatever their
+    limits say now: lanes are offered to all of them, so items whose limit went away are never
+    stranded. A loose index scan of queue_state_lane_idx: one descent per provider, stepping over its
+    items in flight, not one row per waiting item."""
     in_queues = (
         """AND EXISTS (SELECT 1 FROM queue_state w WHERE w.ready AND w.rate_limited AND w.provider_id = p.id
+                       AND (w.locked_until IS NULL OR w.locked_until <= now())
                        AND w.queue_name = ANY(%(queues)s::text[]))"""
         if queues
         else ""
@@ -677,10 +700,10 @@ def rate_limited_providers(queues: Sequence[str] | None = None, *, using: str = 
             f"""
             WITH RECURSIVE p(id) AS (
                 (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id IS NOT NULL
-                 ORDER BY provider_id LIMIT 1)
+                   AND {_FREE} ORDER BY provider_id LIMIT 1)
                 UNION ALL
                 SELECT (SELECT provider_id FROM queue_state WHERE ready AND rate_limited AND provider_id > p.id
-                        ORDER BY provider_id LIMIT 1)
+                          AND {_FREE} ORDER BY provider_id LIMIT 1)
                 FROM p WHERE p.id IS NOT NULL
             )
             SELECT id FROM p WHERE id IS NOT NULL {in_queues}
@@ -710,7 +733,7 @@ def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int
         cursor.execute(
             """
             UPDATE queue_state
-            SET lock_token = NULL, locked_until = NULL, available_at = now(), ready = true,
+            SET lock_token = NULL, locked_until = NULL, available_at = least(available_at, now()), ready = true,
                 attempts = greatest(attempts - 1, 0)
             WHERE lock_token = ANY(%s::uuid[])
             """,

@@ -7,6 +7,8 @@
   so a scrape or a dashboard costs the same with a backlog of ten million.
 - `throughput()`: attempts per minute over the last hour by outcome — one grouped query over the
   last hour of delivery_attempts, served by attempt_finished_idx.
+- `leased_notifications_sql()`: the notifications under a live lease, for the console's
+  `dispatching` filter, read from the fronts of the claim's orders.
 - `dlq_open()`: open dead letters, counted exactly up to a cap, then the planner's estimate.
 - `estimated_rows()`: pg_class.reltuples, where an estimate serves (table sizes).
 - `workers()`: the registry, live or stale by heartbeat.
@@ -18,6 +20,7 @@ only their tenants.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -84,10 +87,64 @@ _SAMPLED_SQL = """
     FROM g LEFT JOIN LATERAL (
         SELECT extract(epoch FROM now() - enqueued_at) AS age FROM queue_state
         WHERE g.pct < 100 AND {all_tenants} AND ready AND NOT rate_limited AND queue_name = g.queue_name
+          AND (locked_until IS NULL OR locked_until <= now())  -- a leased item stays in the index
         ORDER BY enqueued_at LIMIT 1
     ) o ON true
     ORDER BY g.queue_name, g.priority
 """
+
+
+# Items under a live lease stay in the claim's indexes (a claim is a HOT update, queueing.queue), so no
+# index finds them by their lease: they are where the claims took them, at the front of one of the
+# claim's orders (a tenant's by priority or by age, a queue's, a lane's). LEASE_FRONT items of each such
+# front are read, a bound well above what the dispatchers hold of one tenant, queue or lane.
+LEASE_FRONT = 2_000
+
+_FRONT = """SELECT f.notification_id, f.tenant_id, f.lock_token, f.locked_until FROM {keys} CROSS JOIN LATERAL (
+            SELECT notification_id, tenant_id, lock_token, locked_until FROM queue_state
+            WHERE {where} ORDER BY {order} LIMIT {front}) f"""
+
+
+def _skip_scan(name: str, column: str, where: str, order: str) -> str:
+    """`name(id)`: each distinct `column` of the index ordered by `order` WHERE `where`, one descent each."""
+    return f"""{name}(id) AS (
+        (SELECT {column} FROM queue_state WHERE {where} AND {column} IS NOT NULL ORDER BY {order} LIMIT 1)
+        UNION ALL
+        SELECT (SELECT {column} FROM queue_state WHERE {where} AND {column} > {name}.id ORDER BY {order} LIMIT 1)
+        FROM {name} WHERE {name}.id IS NOT NULL
+    )"""  # noqa: S608 - fixed fragments
+
+
+def leased_notifications_sql(cap: int, tenant_ids: TenantIds = None) -> tuple[str, list[Any]]:
+    """A query of the ids of up to `cap` notifications whose queue item is under a live lease (by the
+    database's clock), latest lease end first, of `tenant_ids` (None: every tenant): read from the
+    first LEASE_FRONT items of each tenant (by priority and by age), each queue and each lane, one
+    index descent per key, whatever the backlog."""
+    unlimited = "ready AND NOT rate_limited"
+    tenant_order = "tenant_id, priority DESC, enqueued_at, item_id"
+    queue_order = "queue_name, priority DESC, enqueued_at, item_id"
+    lane_order = "provider_id, priority DESC, enqueued_at, item_id"
+    front = functools.partial(_FRONT.format, front=int(LEASE_FRONT))
+    sql = f"""
+        WITH RECURSIVE {_skip_scan("t", "tenant_id", unlimited, tenant_order)},
+        {_skip_scan("k", "queue_name", unlimited, queue_order)},
+        {_skip_scan("l", "provider_id", "ready AND rate_limited", lane_order)},
+        fronts AS (
+            {front(keys="t", where=f"{unlimited} AND tenant_id = t.id", order=tenant_order)}
+            UNION ALL
+            {front(keys="t", where=f"{unlimited} AND tenant_id = t.id", order="tenant_id, enqueued_at, item_id")}
+            UNION ALL
+            {front(keys="k", where=f"{unlimited} AND queue_name = k.id", order=queue_order)}
+            UNION ALL
+            {front(keys="l", where="ready AND rate_limited AND provider_id = l.id", order=lane_order)}
+        )
+        SELECT notification_id FROM fronts
+        WHERE lock_token IS NOT NULL AND locked_until > now()
+          AND (%s OR tenant_id = ANY(%s::uuid[]))
+        GROUP BY notification_id
+        ORDER BY max(locked_until) DESC
+        LIMIT {int(cap)}"""  # noqa: S608 - fixed fragments and integers
+    return sql, [tenant_ids is None, list(tenant_ids or [])]
 
 
 def queue_figures(tenant_ids: TenantIds = None) -> list[dict[str, Any]]:

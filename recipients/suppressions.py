@@ -258,6 +258,13 @@ _CRITICAL = "EXISTS (SELECT 1 FROM categories c WHERE c.tenant_id = u.tenant_id 
 _NOT_CRITICAL = f"NOT {_CRITICAL}"
 
 
+def any_for_tenant_sql(tenant_sql: str) -> str:
+    """SQL that is true when the tenant `tenant_sql` has any suppression at all: one probe of
+    suppression_tenant_recent_idx, so a claim learns whether its check (`dispatch_check_sql`) can
+    find anything."""
+    return f"EXISTS (SELECT 1 FROM suppressions s WHERE s.tenant_id = {tenant_sql} OFFSET 0)"  # noqa: S608
+
+
 def dispatch_check_sql(keys: int) -> str:
     """One statement over a claim: parameters `tenants text[]` (uuids), `channels text[]`,
     `categories text[]` and one `text[]` of blind indexes per configured key; returns (position

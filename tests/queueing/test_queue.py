@@ -22,12 +22,13 @@ def hook(tenant_a):
 
 
 def age_items(seconds: float, ids=None) -> None:
-    """Move items back in time (enqueued and available) by `seconds` on the database clock."""
+    """Move items back in time (enqueued, available and leased until) by `seconds` on the database clock."""
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE queue_state SET enqueued_at = enqueued_at - %s * interval '1 second', "
-            "available_at = available_at - %s * interval '1 second' WHERE %s OR item_id = ANY(%s)",
-            [seconds, seconds, ids is None, ids or []],
+            "available_at = available_at - %s * interval '1 second', "
+            "locked_until = locked_until - %s * interval '1 second' WHERE %s OR item_id = ANY(%s)",
+            [seconds, seconds, seconds, ids is None, ids or []],
         )
 
 

@@ -28,13 +28,31 @@ class Explained:
 
 def explain_generic(
     raw: psycopg.Connection, sql: str, params: Mapping[str, Any],
-    inside: Callable[[psycopg.Cursor], Any] | None = None,
+    inside: Callable[[psycopg.Cursor], Any] | None = None, *, own_transaction: bool = True,
 ) -> Explained:  # fmt: skip
     """`sql` (psycopg %(name)s / %(name)b placeholders) prepared, its generic plan executed and
-    explained; `inside(cursor)` runs after it, in the same transaction (to look at what it did)."""
+    explained; `inside(cursor)` runs after it, in the same transaction (to look at what it did).
+    `own_transaction=False`: in the caller's open transaction (a test's), which keeps what it did."""
     query = PostgresQuery(Transformer(raw))
     query.convert(sql, params)
     names = list(dict.fromkeys(re.findall(r"(?<!%)%\((\w+)\)[sb]", sql)))  # $1, $2, … in order of first use
+    if not own_transaction:
+        raw.execute(f"PREPARE omnipost_explained AS {query.query.decode()}")
+        raw.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        try:
+            cursor = psycopg.ClientCursor(raw)
+            cursor.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE omnipost_explained({', '.join(['%s'] * len(names))})",
+                [params[name] for name in names],
+            )
+            raw_plan = cursor.fetchone()[0]
+            cursor.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'omnipost_explained'")
+            generic = cursor.fetchone()[0]
+            seen = inside(cursor) if inside is not None else None
+        finally:
+            raw.execute("DEALLOCATE omnipost_explained")
+            raw.execute("SET LOCAL plan_cache_mode = auto")
+        return Explained((json.loads(raw_plan) if isinstance(raw_plan, str) else raw_plan)[0], generic, seen)
     raw.execute("BEGIN")
     try:
         raw.execute(f"PREPARE omnipost_explained AS {query.query.decode()}")
