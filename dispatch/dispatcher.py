@@ -302,7 +302,8 @@ class Dispatcher:
             self.wake.clear()  # a ring from here on finds work this claim may miss: claim again
             claim_started = tracing.now() if tracing.ENABLED else 0
             try:
-                claimed = await self.db(self.claimer.claim, want, leave_out, False)  # stages below
+                # a long-running dispatcher stages below, after the sends; a single pass (--once) first
+                claimed = await self.db(self.claimer.claim, want, leave_out, self.config.once)
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
@@ -324,7 +325,7 @@ class Dispatcher:
             self._start_all(claimed.send)
             # Due retries come back into the ready set after the claim's sends have started: a ring's
             # claim never waits behind the stager (every STAGE_SECONDS). What it brings back is claimed next.
-            if not self.stopping.is_set() and self.claimer.stage_is_due():
+            if not self.config.once and not self.stopping.is_set() and self.claimer.stage_is_due():
                 try:
                     if await self.db(self.claimer.stage_due):
                         self.wake.set()
