@@ -1,0 +1,149 @@
+"""The SQL that writes `inbox_items` (its one owner): the feed item a delivery writes, composed into
+the dispatcher's record statement, and the subscriber's state changes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+
+# Columns the record statement's `changed` CTE (notifications.statements.record_outcomes_sql) returns
+# for the feed item: only an in_app notification's content travels, other channels return nulls.
+RETURNING = (
+    "CASE WHEN n.channel = 'in_app' THEN n.subscriber END AS inbox_subscriber, "
+    "CASE WHEN n.channel = 'in_app' THEN n.category END AS inbox_category, "
+    "CASE WHEN n.channel = 'in_app' THEN n.subject END AS inbox_title, "
+    "CASE WHEN n.channel = 'in_app' THEN n.body END AS inbox_body, "
+    "CASE WHEN n.channel = 'in_app' THEN n.push END AS inbox_fields"
+)
+
+
+def deliver_sql(changed: str) -> str:
+    """The body of the record statement's `inbox_new` CTE: one feed item per in_app notification of
+    `changed` that became delivered. The unique notification_id makes a second write of the same
+    delivery (a record retried after a lost session) a no-op."""
+    return f"""
+        INSERT INTO inbox_items (id, tenant_id, subscriber, notification_id, category, title, body, data,
+                                 action_url, created_at)
+        SELECT gen_random_uuid(), c.tenant_id, c.inbox_subscriber, c.notification_id, c.inbox_category,
+               coalesce(c.inbox_title, ''), coalesce(c.inbox_body, ''),
+               coalesce(c.inbox_fields -> 'data', '{{}}'::jsonb), coalesce(c.inbox_fields ->> 'action_url', ''),
+               now()
+        FROM {changed} c
+        WHERE c.channel = 'in_app' AND c.status = 'delivered' AND c.inbox_subscriber IS NOT NULL
+        ON CONFLICT (notification_id) DO NOTHING
+        RETURNING id"""  # noqa: S608 - the caller's CTE name
+
+
+# --- tokens: one revocation row per subscriber ------------------------------------------------------
+def revoked_before(tenant_id: object, subscriber: str) -> datetime | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT revoked_before FROM inbox_token_revocations WHERE tenant_id = %s AND subscriber = %s",
+            [tenant_id, subscriber],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def revoke(tenant_id: object, subscriber: str, at: datetime) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO inbox_token_revocations AS r (tenant_id, subscriber, revoked_before) VALUES (%s, %s, %s)
+               ON CONFLICT (tenant_id, subscriber)
+               DO UPDATE SET revoked_before = greatest(r.revoked_before, excluded.revoked_before)""",
+            [tenant_id, subscriber, at],
+        )
+
+
+# --- the subscriber's state changes ---------------------------------------------------------------
+ITEM_COLUMNS = ("id", "notification_id", "category", "title", "body", "data", "action_url", "created_at",
+                "seen_at", "read_at", "archived_at")  # fmt: skip
+
+# action -> the SET clause (`i` is the row; repeating an action changes nothing: coalesce keeps the first time)
+_SET = {
+    "seen": "seen_at = coalesce(i.seen_at, now())",
+    "read": "seen_at = coalesce(i.seen_at, now()), read_at = coalesce(i.read_at, now()), "
+    "first_read_at = coalesce(i.first_read_at, now())",
+    "unread": "read_at = NULL",
+    "archive": "archived_at = coalesce(i.archived_at, now())",
+    "unarchive": "archived_at = NULL",
+}
+ACTIONS = tuple(_SET)
+_RETURNING = ", ".join(f"i.{c}" for c in ITEM_COLUMNS)
+
+
+def change(tenant_id: object, subscriber: str, item_id: object, action: str) -> tuple[dict, list[str]] | None:
+    """Apply `action` to one item of the subscriber's feed (locked, then updated: one statement).
+    Returns the item as it is now and the engagements it made for the first time (`seen`, `read`);
+    None when the subscriber has no such item."""
+    sql = f"""
+        WITH old AS (
+            SELECT id, seen_at, first_read_at FROM inbox_items
+            WHERE id = %s AND tenant_id = %s AND subscriber = %s FOR UPDATE
+        )
+        UPDATE inbox_items i SET {_SET[action]} FROM old WHERE i.id = old.id
+        RETURNING {_RETURNING}, old.seen_at IS NULL AND i.seen_at IS NOT NULL,
+                  old.first_read_at IS NULL AND i.first_read_at IS NOT NULL"""  # noqa: S608 - fixed texts
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [item_id, tenant_id, subscriber])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    item = dict(zip(ITEM_COLUMNS, row[: len(ITEM_COLUMNS)], strict=True))
+    first = [name for name, flag in zip(("seen", "read"), row[len(ITEM_COLUMNS) :], strict=True) if flag]
+    return item, first
+
+
+# mark-all state -> (the rows it changes: not archived and not yet in that state, the SET clause)
+_MARK_ALL = {
+    "seen": ("i.seen_at IS NULL", _SET["seen"]),
+    "read": ("i.read_at IS NULL", _SET["read"]),
+    "archived": ("TRUE", _SET["archive"]),
+}
+MARK_ALL_STATES = tuple(_MARK_ALL)
+
+
+def mark_all(tenant_id: object, subscriber: str, state: str, category: str | None) -> list[tuple[object, list[str]]]:
+    """Put every not-archived item of the feed (of `category`, if given) not yet in `state` into it;
+    returns (notification id, first engagements) per item changed."""
+    where, assign = _MARK_ALL[state]
+    sql = f"""
+        WITH old AS (
+            SELECT id, seen_at, first_read_at FROM inbox_items i
+            WHERE i.tenant_id = %s AND i.subscriber = %s AND i.archived_at IS NULL AND {where}
+              AND (%s::text IS NULL OR i.category = %s::text)
+            FOR UPDATE
+        )
+        UPDATE inbox_items i SET {assign} FROM old WHERE i.id = old.id
+        RETURNING i.notification_id, old.seen_at IS NULL AND i.seen_at IS NOT NULL,
+                  old.first_read_at IS NULL AND i.first_read_at IS NOT NULL"""  # noqa: S608 - fixed texts
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant_id, subscriber, category, category])
+        rows = cursor.fetchall()
+    return [(nid, [n for n, f in zip(("seen", "read"), flags, strict=True) if f]) for nid, *flags in rows]
+
+
+# --- the tenant's inbox settings --------------------------------------------------------------------
+def allowed_origins(tenant_id: object) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT allowed_origins FROM inbox_settings WHERE tenant_id = %s", [tenant_id])
+        row = cursor.fetchone()
+    return list(row[0]) if row else []
+
+
+def save_allowed_origins(tenant_id: object, origins: list[str]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO inbox_settings (tenant_id, allowed_origins) VALUES (%s, %s::varchar[])
+               ON CONFLICT (tenant_id) DO UPDATE SET allowed_origins = excluded.allowed_origins""",
+            [tenant_id, origins],
+        )
+
+
+def origin_allowed_anywhere(origin: str) -> bool:
+    """Does some tenant allow `origin` (a preflight names no tenant)? A probe of inbox_settings_origins_idx."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT FROM inbox_settings WHERE allowed_origins @> ARRAY[%s]::varchar[])",
+                       [origin])  # fmt: skip
+        return cursor.fetchone()[0]
