@@ -53,11 +53,12 @@ class InboxItem(TenantOwned):
 
 
 class TokenRevocation(TenantOwned):
-    """`POST subscribers/{external_id}/inbox-token/revoke`: every inbox token of the subscriber issued
-    at or before `revoked_before` is refused (inbox.tokens)."""
+    """`POST subscribers/{external_id}/inbox-token/revoke` counts up the subscriber's `generation`; a token
+    carries the generation it was issued in and is refused once that is no longer the current one
+    (inbox.tokens). No clock is compared, so web processes with skewed clocks agree on what is revoked."""
 
     subscriber = models.CharField(max_length=200)
-    revoked_before = models.DateTimeField()
+    generation = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         db_table = "inbox_token_revocations"
@@ -66,7 +67,7 @@ class TokenRevocation(TenantOwned):
         ]
 
     def __str__(self) -> str:
-        return f"inbox tokens of {self.subscriber} before {self.revoked_before}"
+        return f"inbox tokens of {self.subscriber}: generation {self.generation}"
 
 
 class InboxSettings(models.Model):

@@ -3,8 +3,6 @@ the dispatcher's record statement, and the subscriber's state changes."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.db import connection
 
 # Columns the record statement's `changed` CTE (notifications.statements.record_outcomes_sql) returns
@@ -36,23 +34,24 @@ def deliver_sql(changed: str) -> str:
 
 
 # --- tokens: one revocation row per subscriber ------------------------------------------------------
-def revoked_before(tenant_id: object, subscriber: str) -> datetime | None:
+def token_generation(tenant_id: object, subscriber: str) -> int:
+    """The subscriber's current token generation (0 until a first revocation)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT revoked_before FROM inbox_token_revocations WHERE tenant_id = %s AND subscriber = %s",
+            "SELECT generation FROM inbox_token_revocations WHERE tenant_id = %s AND subscriber = %s",
             [tenant_id, subscriber],
         )
         row = cursor.fetchone()
-    return row[0] if row else None
+    return row[0] if row else 0
 
 
-def revoke(tenant_id: object, subscriber: str, at: datetime) -> None:
+def revoke(tenant_id: object, subscriber: str) -> None:
+    """Count the subscriber's generation up: every token issued in an earlier one is refused."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """INSERT INTO inbox_token_revocations AS r (tenant_id, subscriber, revoked_before) VALUES (%s, %s, %s)
-               ON CONFLICT (tenant_id, subscriber)
-               DO UPDATE SET revoked_before = greatest(r.revoked_before, excluded.revoked_before)""",
-            [tenant_id, subscriber, at],
+            """INSERT INTO inbox_token_revocations AS r (tenant_id, subscriber, generation) VALUES (%s, %s, 1)
+               ON CONFLICT (tenant_id, subscriber) DO UPDATE SET generation = r.generation + 1""",
+            [tenant_id, subscriber],
         )
 
 

@@ -1,10 +1,11 @@
 """Inbox tokens: what a subscriber's browser holds to read its own feed on /inbox/v1/.
 
-A token is signed, not stored: `ibx_` + base64url(tenant id, issued-at µs, expires-at s, external id)
+A token is signed, not stored: `ibx_` + base64url(tenant id, generation, expires-at s, external id)
 + `.` + base64url(HMAC-SHA256 of that payload). The key is derived from Django's SECRET_KEY for this
 purpose only (so it signs nothing else and nothing else signs tokens), and issuing one costs no write.
-Revocation is one row per subscriber (`inbox_token_revocations.revoked_before`): a token issued at or
-before it is refused. A token names one subscriber of one tenant and is accepted only by the inbox
+Revocation is one row per subscriber (`inbox_token_revocations.generation`, counted up by each
+revoke): a token of an earlier generation is refused, so "every token issued until then" holds
+whatever the web processes' clocks say. A token names one subscriber of one tenant and is accepted only by the inbox
 authentication; the tenant API takes `op_` keys looked up by hash, so a token cannot call it.
 """
 
@@ -36,7 +37,7 @@ clock: Callable[[], float] = time.time
 class Claims:
     tenant_id: uuid.UUID
     subscriber: str
-    issued_us: int
+    generation: int
     expires_at: int
 
 
@@ -54,9 +55,9 @@ def _unb64(text: str) -> bytes:
 
 def issue(tenant_id: uuid.UUID, subscriber: str, ttl_seconds: int) -> tuple[str, datetime]:
     """A token for `subscriber` of the tenant, valid for `ttl_seconds`; and when it expires."""
-    now = clock()
-    issued_us, expires = int(now * 1_000_000), int(now) + ttl_seconds
-    payload = f"{tenant_id.hex}:{issued_us}:{expires}:{subscriber}".encode()
+    expires = int(clock()) + ttl_seconds
+    generation = statements.token_generation(tenant_id, subscriber)
+    payload = f"{tenant_id.hex}:{generation}:{expires}:{subscriber}".encode()
     signature = hmac.new(_key(), payload, hashlib.sha256).digest()
     return f"{PREFIX}{_b64(payload)}.{_b64(signature)}", datetime.fromtimestamp(expires, UTC)
 
@@ -81,18 +82,17 @@ def verify(token: str) -> Claims | None:
     if not hmac.compare_digest(hmac.new(_key(), payload, hashlib.sha256).digest(), signature):
         return None
     try:
-        tenant_hex, issued, expires, subscriber = payload.decode().split(":", 3)
-        claims = Claims(uuid.UUID(tenant_hex), subscriber, int(issued), int(expires))
+        tenant_hex, generation, expires, subscriber = payload.decode().split(":", 3)
+        claims = Claims(uuid.UUID(tenant_hex), subscriber, int(generation), int(expires))
     except ValueError:
         return None
     if clock() >= claims.expires_at:
         return None
-    revoked = statements.revoked_before(claims.tenant_id, claims.subscriber)
-    if revoked is not None and claims.issued_us <= int(revoked.timestamp() * 1_000_000):
+    if claims.generation != statements.token_generation(claims.tenant_id, claims.subscriber):
         return None
     return claims
 
 
 def revoke(tenant_id: uuid.UUID, subscriber: str) -> None:
     """Refuse every token of the subscriber issued until now."""
-    statements.revoke(tenant_id, subscriber, datetime.fromtimestamp(clock(), UTC))
+    statements.revoke(tenant_id, subscriber)
