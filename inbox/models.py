@@ -85,3 +85,20 @@ class InboxSettings(models.Model):
 
     def __str__(self) -> str:
         return f"inbox settings of {self.tenant_id}"
+
+
+class InboxCounts(TenantOwned):
+    """A subscriber's counts over its items not archived (`GET counts`), kept by every statement that
+    writes the items (inbox.statements), so reading them is one row whatever the feed's size."""
+
+    subscriber = models.CharField(max_length=200)
+    unseen = models.BigIntegerField(default=0)
+    unread = models.BigIntegerField(default=0)
+    total = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "inbox_counts"
+        constraints = [models.UniqueConstraint(fields=["tenant", "subscriber"], name="inbox_counts_one_per_subscriber")]
+
+    def __str__(self) -> str:
+        return f"counts of {self.subscriber}"

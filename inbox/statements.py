@@ -30,7 +30,35 @@ def deliver_sql(changed: str) -> str:
         FROM {changed} c
         WHERE c.channel = 'in_app' AND c.status = 'delivered' AND c.inbox_subscriber IS NOT NULL
         ON CONFLICT (notification_id) DO NOTHING
-        RETURNING id"""  # noqa: S608 - the caller's CTE name
+        RETURNING tenant_id, subscriber"""  # noqa: S608 - the caller's CTE name
+
+
+_ADD_COUNTS = """
+    INSERT INTO inbox_counts AS c (tenant_id, subscriber, unseen, unread, total)
+    SELECT tenant_id, subscriber, {unseen}, {unread}, {total} FROM {source} GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (tenant_id, subscriber) DO UPDATE
+    SET unseen = c.unseen + excluded.unseen, unread = c.unread + excluded.unread, total = c.total + excluded.total"""
+
+
+def count_new_sql(new: str) -> str:
+    """The body of the record statement's `inbox_counted` CTE: each new item (`new`: tenant_id,
+    subscriber per row) adds one to its subscriber's unseen, unread and total (rows locked in key order)."""
+    return _ADD_COUNTS.format(unseen="count(*)", unread="count(*)", total="count(*)", source=new)
+
+
+# Per changed row (`d`: the item's new seen_at/read_at/archived_at and the old ones o_seen/o_read/o_arch),
+# what it adds to its subscriber's counts over the items not archived.
+_DELTAS = {
+    "unseen": "sum((d.archived_at IS NULL AND d.seen_at IS NULL)::int - (d.o_arch IS NULL AND d.o_seen IS NULL)::int)",
+    "unread": "sum((d.archived_at IS NULL AND d.read_at IS NULL)::int - (d.o_arch IS NULL AND d.o_read IS NULL)::int)",
+    "total": "sum((d.archived_at IS NULL)::int - (d.o_arch IS NULL)::int)",
+}
+
+
+def _count_changes_sql(changed: str) -> str:
+    return _ADD_COUNTS.format(source=f"{changed} d", **_DELTAS).replace(
+        "SELECT tenant_id, subscriber", "SELECT d.tenant_id, d.subscriber"
+    )
 
 
 # --- tokens: one revocation row per subscriber ------------------------------------------------------
@@ -78,12 +106,16 @@ def change(tenant_id: object, subscriber: str, item_id: object, action: str) -> 
     None when the subscriber has no such item."""
     sql = f"""
         WITH old AS (
-            SELECT id, seen_at, first_read_at FROM inbox_items
+            SELECT id, seen_at, read_at, archived_at, first_read_at FROM inbox_items
             WHERE id = %s AND tenant_id = %s AND subscriber = %s FOR UPDATE
-        )
-        UPDATE inbox_items i SET {_SET[action]} FROM old WHERE i.id = old.id
-        RETURNING {_RETURNING}, old.seen_at IS NULL AND i.seen_at IS NOT NULL,
-                  old.first_read_at IS NULL AND i.first_read_at IS NOT NULL"""  # noqa: S608 - fixed texts
+        ), changed AS (
+            UPDATE inbox_items i SET {_SET[action]} FROM old WHERE i.id = old.id
+            RETURNING {_RETURNING}, old.seen_at IS NULL AND i.seen_at IS NOT NULL AS first_seen,
+                      old.first_read_at IS NULL AND i.first_read_at IS NOT NULL AS first_read,
+                      i.tenant_id, i.subscriber, old.seen_at AS o_seen, old.read_at AS o_read,
+                      old.archived_at AS o_arch
+        ), counted AS ({_count_changes_sql("changed")})
+        SELECT {", ".join(ITEM_COLUMNS)}, first_seen, first_read FROM changed"""  # noqa: S608 - fixed texts
     with connection.cursor() as cursor:
         cursor.execute(sql, [item_id, tenant_id, subscriber])
         row = cursor.fetchone()
@@ -109,14 +141,19 @@ def mark_all(tenant_id: object, subscriber: str, state: str, category: str | Non
     where, assign = _MARK_ALL[state]
     sql = f"""
         WITH old AS (
-            SELECT id, seen_at, first_read_at FROM inbox_items i
+            SELECT id, seen_at, read_at, archived_at, first_read_at FROM inbox_items i
             WHERE i.tenant_id = %s AND i.subscriber = %s AND i.archived_at IS NULL AND {where}
               AND (%s::text IS NULL OR i.category = %s::text)
+            ORDER BY i.id
             FOR UPDATE
-        )
-        UPDATE inbox_items i SET {assign} FROM old WHERE i.id = old.id
-        RETURNING i.notification_id, old.seen_at IS NULL AND i.seen_at IS NOT NULL,
-                  old.first_read_at IS NULL AND i.first_read_at IS NOT NULL"""  # noqa: S608 - fixed texts
+        ), changed AS (
+            UPDATE inbox_items i SET {assign} FROM old WHERE i.id = old.id
+            RETURNING i.notification_id, old.seen_at IS NULL AND i.seen_at IS NOT NULL AS first_seen,
+                      old.first_read_at IS NULL AND i.first_read_at IS NOT NULL AS first_read,
+                      i.tenant_id, i.subscriber, i.seen_at, i.read_at, i.archived_at, old.seen_at AS o_seen,
+                      old.read_at AS o_read, old.archived_at AS o_arch
+        ), counted AS ({_count_changes_sql("changed")})
+        SELECT notification_id, first_seen, first_read FROM changed"""  # noqa: S608 - fixed texts
     with connection.cursor() as cursor:
         cursor.execute(sql, [tenant_id, subscriber, category, category])
         rows = cursor.fetchall()
@@ -146,3 +183,25 @@ def origin_allowed_anywhere(origin: str) -> bool:
         cursor.execute("SELECT EXISTS (SELECT FROM inbox_settings WHERE allowed_origins @> ARRAY[%s]::varchar[])",
                        [origin])  # fmt: skip
         return cursor.fetchone()[0]
+
+
+def counts(tenant_id: object, subscriber: str) -> dict[str, int]:
+    """`GET counts`: one row (inbox_counts_one_per_subscriber), whatever the feed's size."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT unseen, unread, total FROM inbox_counts WHERE tenant_id = %s AND subscriber = %s",
+                       [tenant_id, subscriber])  # fmt: skip
+        row = cursor.fetchone() or (0, 0, 0)
+    return {"unseen": row[0], "unread": row[1], "total": row[2]}
+
+
+def recount(tenant_id: object, subscriber: str) -> None:
+    """Set the subscriber's counts from its items (a repair; reads every item of the feed)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO inbox_counts AS c (tenant_id, subscriber, unseen, unread, total)
+               SELECT %s, %s, count(*) FILTER (WHERE seen_at IS NULL), count(*) FILTER (WHERE read_at IS NULL), count(*)
+               FROM inbox_items WHERE tenant_id = %s AND subscriber = %s AND archived_at IS NULL
+               ON CONFLICT (tenant_id, subscriber) DO UPDATE
+               SET unseen = excluded.unseen, unread = excluded.unread, total = excluded.total""",
+            [tenant_id, subscriber, tenant_id, subscriber],
+        )

@@ -66,6 +66,7 @@ OWNERS: dict[str, str] = {
     "inbox_items": "inbox/statements.py",
     "inbox_token_revocations": "inbox/statements.py",
     "inbox_settings": "inbox/statements.py",
+    "inbox_counts": "inbox/statements.py",
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",

@@ -79,23 +79,11 @@ class FeedView(InboxView):
         return paginator.get_paginated_response(ItemSerializer(page, many=True).data)
 
 
-_COUNTS_SQL = """
-    SELECT count(*) FILTER (WHERE seen_at IS NULL), count(*) FILTER (WHERE read_at IS NULL), count(*)
-    FROM inbox_items WHERE tenant_id = %s AND subscriber = %s AND archived_at IS NULL"""
-
-
-def counts(tenant_id: Any, subscriber: str) -> dict[str, int]:  # noqa: ANN401
-    with connection.cursor() as cursor:
-        cursor.execute(_COUNTS_SQL, [tenant_id, subscriber])
-        unseen, unread, total = cursor.fetchone()
-    return {"unseen": unseen, "unread": unread, "total": total}
-
-
 class CountsView(InboxView):
     """GET counts: unseen, unread and total over the items not archived."""
 
     def get(self, request: Request) -> Response:
-        return Response(counts(request.user.tenant_id, request.user.external_id))
+        return Response(statements.counts(request.user.tenant_id, request.user.external_id))
 
 
 class ItemActionView(InboxView):

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from events.models import Event
+from inbox import statements
 from inbox.models import InboxItem
 from tests.conftest import client_for
 from tests.inbox.support import notify, subscriber
@@ -33,11 +34,14 @@ def reader(api, external_id: str = "jane"):  # noqa: ANN001, ANN201
 
 def item(tenant, external_id: str = "jane", n: int = 0, category: str = "general",
          notification_id: str | None = None) -> InboxItem:  # fmt: skip
-    return InboxItem.objects.create(
+    """An item as a delivery writes it (its counts included)."""
+    made = InboxItem.objects.create(
         id=uuid.uuid4(), tenant=tenant, subscriber=external_id, notification_id=notification_id or uuid.uuid4(),
         category=category, title=f"t{n}", body=f"b{n}", data={"n": n}, action_url=f"/x/{n}",
         created_at=T0 + timedelta(minutes=n),
     )  # fmt: skip
+    statements.recount(tenant.pk, external_id)
+    return made
 
 
 def titles(client, query: str = "") -> list[str]:  # noqa: ANN001

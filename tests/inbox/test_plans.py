@@ -3,10 +3,10 @@ subscriber) in the feed's order, whatever else the table holds."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.db import connection
+
+from inbox.models import InboxItem
 
 pytestmark = pytest.mark.django_db
 
@@ -48,13 +48,26 @@ def test_a_feed_page_is_one_range_of_its_partial_index(tenant_a, where, index):
     assert "Sort" not in shown, shown
 
 
-def test_counts_read_the_subscribers_rows_only(tenant_a):
+def test_counts_are_one_row_and_kept_by_every_change(tenant_a):
+    from inbox import statements
+
     with connection.cursor() as cursor:
         cursor.execute(FILL, [tenant_a.pk])
-        cursor.execute("ANALYZE inbox_items")
-    from inbox.api.views import _COUNTS_SQL
-
-    shown = plan(_COUNTS_SQL, [tenant_a.pk, "user-7"])
-    assert "Seq Scan" not in shown, shown
-    assert "inbox_feed_idx" in shown, shown
-    assert uuid.UUID(str(tenant_a.pk))
+    for n in range(500):
+        statements.recount(tenant_a.pk, f"user-{n}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE inbox_counts")
+    shown = plan("SELECT unseen, unread, total FROM inbox_counts WHERE tenant_id = %s AND subscriber = %s",
+                 [tenant_a.pk, "user-7"])  # fmt: skip
+    assert "inbox_counts_one_per_subscriber" in shown, shown
+    kept = statements.counts(tenant_a.pk, "user-7")
+    items = list(InboxItem.objects.filter(subscriber="user-7").order_by("created_at")[:6])
+    for item, action in zip(items, ("seen", "read", "unread", "archive", "unarchive", "read"), strict=True):
+        statements.change(tenant_a.pk, "user-7", item.id, action)
+        statements.change(tenant_a.pk, "user-7", item.id, action)  # repeated: no change
+    statements.mark_all(tenant_a.pk, "user-7", "seen", None)
+    statements.mark_all(tenant_a.pk, "user-7", "archived", "none-such")
+    counted = statements.counts(tenant_a.pk, "user-7")
+    statements.recount(tenant_a.pk, "user-7")
+    assert statements.counts(tenant_a.pk, "user-7") == counted != kept
+    assert counted["unseen"] == 0
