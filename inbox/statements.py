@@ -73,6 +73,20 @@ def token_generation(tenant_id: object, subscriber: str) -> int:
     return row[0] if row else 0
 
 
+def live_generation(tenant_id: object, subscriber: str) -> int | None:
+    """What a token check needs, in one statement: the subscriber's token generation, or None when the
+    subscriber no longer exists (its tokens die with it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT coalesce((SELECT generation FROM inbox_token_revocations
+                                WHERE tenant_id = %s AND subscriber = %s), 0)
+               FROM subscribers WHERE tenant_id = %s AND external_id = %s""",
+            [tenant_id, subscriber, tenant_id, subscriber],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
 def revoke(tenant_id: object, subscriber: str) -> None:
     """Count the subscriber's generation up: every token issued in an earlier one is refused."""
     with connection.cursor() as cursor:

@@ -88,7 +88,8 @@ def verify(token: str) -> Claims | None:
         return None
     if clock() >= claims.expires_at:
         return None
-    if claims.generation != statements.token_generation(claims.tenant_id, claims.subscriber):
+    # refused once revoked, and once the subscriber is deleted (it can no longer be revoked then)
+    if claims.generation != statements.live_generation(claims.tenant_id, claims.subscriber):
         return None
     return claims
 

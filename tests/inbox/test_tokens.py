@@ -88,6 +88,14 @@ def test_revoke_refuses_every_token_issued_until_then(api_a, clock):
     assert counts(fresh) == 401 and counts(old) == 401
 
 
+def test_a_deleted_subscribers_tokens_are_401(api_a):
+    subscriber(api_a)
+    token = issue(api_a)["token"]
+    assert counts(token) == 200
+    assert api_a.delete("/api/v1/subscribers/jane").status_code == 204
+    assert counts(token) == 401
+
+
 def test_unknown_or_foreign_subscribers_get_no_token(api_a, api_b):
     subscriber(api_b)
     assert api_a.post("/api/v1/subscribers/jane/inbox-token", {}, format="json").status_code == 404
