@@ -11,6 +11,7 @@ class Channel(models.TextChoices):
     SMS = "sms"
     PUSH = "push"
     WEBHOOK = "webhook"
+    IN_APP = "in_app", "In-app"
 
 
 CHANNELS = tuple(Channel.values)

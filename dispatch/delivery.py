@@ -29,6 +29,7 @@ from django.db import connections
 from core import crypto, hot_sql, pooling
 from dlq import statements as dlq_statements
 from events.statements import device_events_ctes, outcome_batch_cte
+from inbox import statements as inbox_statements
 from notifications import counters, fallback, statements
 from notifications.models import Status
 from queueing import queue
@@ -501,6 +502,8 @@ _RECORD_SQL = """
     ), dev_results AS ({dev_results}
     ), dev_dead AS ({dev_dead}
     ), dev_used AS ({dev_used}
+    ), inbox_new AS ({inbox_new}
+    ), inbox_counted AS ({inbox_counted}
     ), {dev_events}, {circuit}
     SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int,
            {breakers}
@@ -517,7 +520,7 @@ _RECORD_SQL = """
     # channel fallback (notifications.fallback): accepted → the fallback is due after_seconds later,
     # failed / dead-lettered → now, suppressed → cancelled
     # the notifications' new statuses, their attempts (notifications.statements)
-    changed=statements.record_outcomes_sql("ours", fallback.RETURNING),
+    changed=statements.record_outcomes_sql("ours", f"{fallback.RETURNING}, {inbox_statements.RETURNING}"),
     attempts=statements.insert_attempts_sql("ours"),
     # (provider, the provider's message id) → notification, for receipts that name only the message id
     # (receipts.vendors.ses); only rows whose send returned one (a webhook's never does)
@@ -534,6 +537,9 @@ _RECORD_SQL = """
     dev_dead=devices.deactivate_sql("dev_in"),
     dev_used=devices.used_sql("dev_in"),
     dev_events=device_events_ctes("dev_dead"),
+    # an in_app notification's delivery is its feed item (inbox.statements)
+    inbox_new=inbox_statements.deliver_sql("changed"),
+    inbox_counted=inbox_statements.count_new_sql("inbox_new"),  # the subscribers' unseen / unread / total
 )
 
 

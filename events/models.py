@@ -30,6 +30,8 @@ class EventType(models.TextChoices):
     COMPLAINED = "notification.complained"
     SUPPRESSED = "recipient.suppressed"
     DEVICE_DEACTIVATED = "device.deactivated"
+    SEEN = "notification.seen"  # an in_app item first seen by its subscriber (inbox)
+    READ = "notification.read"  # an in_app item first read by its subscriber (inbox)
 
 
 ALL_TYPES = "*"

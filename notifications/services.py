@@ -45,6 +45,7 @@ from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, S
 from notifications.validation import DEFAULT_QUEUE, Draft
 from providers.kinds import push
 from providers.models import Provider
+from providers.services import ensure_inbox_provider
 from queueing import queue
 from queueing.models import ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
@@ -150,6 +151,8 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft], *, cached: bool = True)
     `scheduled_for` (routing.quiet_hours), from the same cached categories: no query of its own.
     """
     subscribers = _subscribers(tenant, drafts)
+    if any(d.channel == "in_app" and not d.provider for d in drafts):
+        _ensure_inbox(tenant, cached)
     if not cached:
         return _build_specs(tenant, drafts, _fresh_config(tenant, drafts), None, subscribers)
     config = tenant_config.get(tenant.pk)
@@ -160,6 +163,17 @@ def build_specs(tenant: Tenant, drafts: Sequence[Draft], *, cached: bool = True)
             pass  # perhaps a name added since the copy was read: ask the database before refusing
     config = tenant_config.load(tenant.pk)
     return _build_specs(tenant, drafts, config, config.version, subscribers)
+
+
+def _ensure_inbox(tenant: Tenant, cached: bool) -> None:
+    """Every tenant has the built-in `inbox` provider: made on its first in_app notification (the
+    save bumps the tenant's config version, so cached copies learn of it)."""
+    if cached:
+        config = tenant_config.get(tenant.pk)
+        if config is not None and "in_app" in config.defaults:
+            return
+    if not Provider.objects.for_tenant(tenant).filter(channel="in_app", is_default=True).exists():
+        ensure_inbox_provider(tenant.pk)
 
 
 @dataclass(slots=True)
@@ -320,6 +334,9 @@ def _build_specs(
                 else:
                     recipient, zone = f"subscriber:{draft.subscriber}", subscriber.timezone
                     opted_out = not critical and subscriber.opted_out(draft.category, draft.channel)
+            elif draft.channel == "in_app":  # the subscriber's feed is its address (inbox.statements)
+                recipient, zone = f"subscriber:{draft.subscriber}", subscriber.timezone
+                opted_out = not critical and subscriber.opted_out(draft.category, draft.channel)
             elif address is None:
                 problems["subscriber"] = [
                     f"subscriber {draft.subscriber!r} has no address for channel {draft.channel!r}: add one "
@@ -338,7 +355,8 @@ def _build_specs(
                 problems["template"] = [f"template {template.key!r} is for channel {template.channel!r}"]
             else:
                 subject, body = _render(template, draft.context, problems)
-        if draft.push or native:  # the push fields, and the vendors' payload limits once rendered
+        # the push fields, and the vendors' payload limits once rendered (in_app keeps its own fields)
+        if (draft.push and draft.channel == "push") or native:
             for name, messages in push.check(draft.push or {}, subject, body, tuple(native)).items():
                 problems.setdefault(name, []).extend(messages)
         step = _fallback_for(draft, subscriber, defaults, critical, problems)

@@ -36,6 +36,10 @@ DEFAULT_PRIORITY = 5
 DEFAULT_QUEUE = "default"
 
 PUSH_FIELDS = ("data", "badge", "sound", "image_url", "action_url", "collapse_key", "ttl_seconds", "urgency")
+# An in_app notification's own fields, kept beside the push fields in the row's channel fields (`push`).
+IN_APP_FIELDS = ("data", "action_url")
+MAX_IN_APP_DATA_BYTES = 4096
+MAX_ACTION_URL_CHARS = 2048
 NOTIFICATION_FIELDS = (
     "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
     "priority", "queue", "scheduled_for", "metadata", "fallback", *PUSH_FIELDS,
@@ -137,6 +141,24 @@ def check_fallback(value: Any, channel: str | None) -> Fallback | None:
 # --- a whole notification -------------------------------------------------------------------------
 
 
+def _in_app_fields(given: dict[str, Any], errors: dict[str, list[str]]) -> dict[str, Any]:
+    """The in_app fields of a request (`data`: an object ≤ 4 KiB, `action_url`: text); the push-only
+    fields are refused by name."""
+    fields: dict[str, Any] = {}
+    for name, value in given.items():
+        if name not in IN_APP_FIELDS:
+            errors.setdefault(name, []).append("only for the push channel")
+            continue
+        try:
+            if name == "data":
+                fields[name] = check_object(value, MAX_IN_APP_DATA_BYTES)
+            else:
+                fields[name] = check_text(value, MAX_ACTION_URL_CHARS)
+        except ValueError as exc:
+            errors.setdefault(name, []).append(str(exc))
+    return fields
+
+
 def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
     """Check one notification request body; raise FieldErrors naming every bad field."""
     if not isinstance(data, dict):
@@ -166,6 +188,10 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
             errors.setdefault("subscriber", []).append(
                 "the webhook channel has no subscriber address: give `recipient` (the URL's token)"
             )
+    elif channel == "in_app":
+        errors["subscriber"] = ["required: an in_app notification goes to a subscriber's feed (an external id)"]
+        if has_recipient:
+            errors["recipient"] = ["not allowed for the in_app channel: give `subscriber` (an external id)"]
     elif not has_recipient:
         errors["recipient"] = ["required (or `subscriber`, an external id)"]
     elif channel is not None:
@@ -188,7 +214,9 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
             if value is not None:
                 setattr(draft, name, value)
     given = {name: data[name] for name in PUSH_FIELDS if data.get(name) is not None}
-    if given:
+    if given and channel == "in_app":
+        draft.push = _in_app_fields(given, errors)
+    elif given:
         if channel != "push":
             for name in given:
                 errors.setdefault(name, []).append("only for the push channel")

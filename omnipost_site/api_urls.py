@@ -14,5 +14,6 @@ urlpatterns = [
     path("", include("templating.api.urls")),
     path("", include("dlq.api.urls")),
     path("", include("events.api.urls")),
+    path("", include("inbox.api.urls")),
     re_path(r"^", csrf_exempt(api_not_found)),
 ]

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "queueing",
     "dlq",
     "events",
+    "inbox",
     "receipts",
     "operations",
     "dispatch",
@@ -58,6 +59,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "core.middleware.RequestSizeLimitMiddleware",
+    # CORS for /inbox/v1/ only: the tenant's inbox_allowed_origins (inbox.cors)
+    "inbox.cors.InboxCorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Single creates and detail reads, answered here when plain and valid (else handed on).

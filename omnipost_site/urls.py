@@ -18,6 +18,7 @@ urlpatterns = [
     ),
     # Last under /api/: any path no API route matched is a JSON 404 in the API's error shape.
     re_path(r"^api/", api_views.api_not_found),
+    path("inbox/v1/", include("inbox.api.subscriber_urls")),
     path("unsubscribe/<str:token>", recipient_views.one_click, name="unsubscribe"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

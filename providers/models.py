@@ -29,6 +29,7 @@ class ProviderKind(models.TextChoices):
     FCM = "fcm", "FCM"
     APNS = "apns", "APNs"
     WEBPUSH = "webpush", "Web Push"
+    INBOX = "inbox"  # the in_app channel's built-in kind: every tenant has one (providers.services)
 
 
 def receipts_url(provider_id: int | None) -> str | None:

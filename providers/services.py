@@ -79,3 +79,22 @@ def delete_provider(provider: Provider, *, actor: str) -> None:
             f"The provider {provider.name!r} is still used by notifications and cannot be deleted.",
             code="provider_in_use",
         ) from None
+
+
+INBOX_PROVIDER_NAME = "inbox"
+
+
+def ensure_inbox_provider(tenant_id: object) -> Provider | None:
+    """The tenant's built-in `inbox` provider (the in_app channel's default), created on the first
+    in_app notification rather than by a data migration, so tenants created later need no hook.
+    None if the tenant already holds the name `inbox` for another channel (its in_app notifications
+    then need a provider named explicitly)."""
+    try:
+        with transaction.atomic():
+            provider, _ = Provider.objects.get_or_create(
+                tenant_id=tenant_id, name=INBOX_PROVIDER_NAME,
+                defaults={"channel": "in_app", "kind": "inbox", "is_default": True, "config": {}, "secrets": {}},
+            )  # fmt: skip
+    except IntegrityError:  # a concurrent first in_app notification made it (or another in_app default exists)
+        provider = Provider.objects.for_tenant(tenant_id).filter(name=INBOX_PROVIDER_NAME).first()
+    return provider if provider is not None and provider.channel == "in_app" else None

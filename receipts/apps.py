@@ -8,12 +8,14 @@ class ReceiptsConfig(AppConfig):
 
     def ready(self) -> None:
         from core import retention
+        from inbox import engagement
         from notifications import reads
         from receipts import vendors  # noqa: F401  (each vendor module registers its adapter)
         from receipts.followups import follow_up
         from receipts.reads import RECEIPT_EVENTS_LATERAL, receipt_events_of
-        from receipts.services import AFTER_APPLY
+        from receipts.services import AFTER_APPLY, record_engagement
 
+        engagement.register(record_engagement)  # an inbox item's first seen / read as notification events
         reads.register_receipt_events_reader(receipt_events_of, RECEIPT_EVENTS_LATERAL)
         # a vendor retries a receipt for hours or days, never past retention
         retention.register(

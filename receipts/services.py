@@ -325,3 +325,22 @@ def ignored_totals(using: str = "default") -> dict[tuple[int, str], int]:
 
     rows = ReceiptCounter.objects.using(using).values_list("provider_id", "reason").annotate(n=Sum("count")).order_by()
     return {(pid, reason): int(n) for pid, reason, n in rows}
+
+
+# The first `seen` / `read` of an in_app feed item (inbox.engagement) as the notification's events,
+# through the notification's own provider (the tenant's inbox); a notification pruned since writes none.
+_ENGAGEMENT_SQL = """
+    INSERT INTO notification_events (tenant_id, notification_id, provider_id, type, receipt, bounce_type,
+                                     occurred_at, details, created_at)
+    SELECT n.tenant_id, n.id, n.provider_id, e.type, NULL, NULL, statement_timestamp(), '{}'::jsonb,
+           statement_timestamp()
+    FROM unnest(%s::uuid[], %s::text[]) AS e(notification_id, type)
+    JOIN notifications n ON n.id = e.notification_id AND n.tenant_id = %s
+"""
+
+
+def record_engagement(cursor: Any, tenant_id: Any, engaged: Sequence[tuple[Any, str]]) -> None:  # noqa: ANN401
+    """Write engagements `(notification id, "seen" | "read")` as notification events, in the caller's
+    transaction (registered with inbox.engagement by receipts.apps)."""
+    if engaged:
+        cursor.execute(_ENGAGEMENT_SQL, [[str(n) for n, _ in engaged], [t for _, t in engaged], str(tenant_id)])

@@ -190,6 +190,16 @@ def _check_tokens(value: Any) -> list[str]:
     return [check_recipient(token, "push") for token in value]
 
 
+def clean_preferences(value: Any, tenant: Tenant) -> dict[str, dict[str, bool]]:  # noqa: ANN401
+    """A §14 preferences mapping given on its own (the subscriber's inbox); raises FieldErrors."""
+    if not isinstance(value, dict):
+        raise FieldErrors({"preferences": ['must be an object {"<category>": {"<channel>": true|false}}']})
+    try:
+        return _check_preferences(value, category_keys(tenant))
+    except ValueError as exc:
+        raise FieldErrors({"preferences": [str(exc)]}) from None
+
+
 def _check_preferences(value: Any, categories: frozenset[str]) -> dict[str, dict[str, bool]]:
     if value is None:
         return {}

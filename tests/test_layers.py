@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = (
     "core", "queueing", "templating", "providers", "recipients", "routing", "notifications", "events", "dlq",
-    "receipts", "dispatch", "operations", "benchmarks", "omnipost_site",
+    "inbox", "receipts", "dispatch", "operations", "benchmarks", "omnipost_site",
 )  # fmt: skip
 
 
@@ -49,6 +49,7 @@ def test_the_tree_keeps_its_layers():
         ("routing", "notifications.counters"),  # the breaker reads the counters itself
         ("recipients", "notifications.tenant_config"),  # category keys from the cache above
         ("templating", "providers.models"),  # siblings know nothing of each other
+        ("inbox", "receipts.services"),  # the feed writes the receipts' events itself
     ],
 )
 def test_a_back_edge_breaks_the_contract(tree_copy: Path, lower: str, upper: str):

@@ -62,6 +62,11 @@ OWNERS: dict[str, str] = {
     "event_deliveries": "events/statements.py",
     "event_attempts": "events/statements.py",
     "event_endpoints": "events/statements.py",
+    # the in-app feed: the record statement's feed items, the subscriber's state changes
+    "inbox_items": "inbox/statements.py",
+    "inbox_token_revocations": "inbox/statements.py",
+    "inbox_settings": "inbox/statements.py",
+    "inbox_counts": "inbox/statements.py",
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",

@@ -99,6 +99,8 @@ def _ensure_console_providers(tenant: Tenant) -> None:
     from providers.models import Provider, ProviderKind
 
     for channel in Channel.values:
+        if channel == Channel.IN_APP:
+            continue  # served by the built-in inbox provider (providers.services.ensure_inbox_provider)
         Provider.objects.get_or_create(
             tenant=tenant,
             name=f"console-{channel}",

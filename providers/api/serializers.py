@@ -32,11 +32,12 @@ KIND_CHANNELS = {
     ProviderKind.SMTP: (Channel.EMAIL,),
     ProviderKind.TWILIO: (Channel.SMS,),
     ProviderKind.SENDGRID: (Channel.EMAIL,),
-    ProviderKind.CONSOLE: tuple(Channel),
+    ProviderKind.CONSOLE: tuple(c for c in Channel if c != Channel.IN_APP),
     ProviderKind.SES: (Channel.EMAIL,),
     ProviderKind.FCM: (Channel.PUSH,),
     ProviderKind.APNS: (Channel.PUSH,),
     ProviderKind.WEBPUSH: (Channel.PUSH,),
+    ProviderKind.INBOX: (Channel.IN_APP,),  # built in: every tenant has one (providers.services)
 }
 IMMUTABLE = ("name", "channel", "kind")
 

@@ -8,6 +8,7 @@ from providers.kinds.apns import ApnsProvider
 from providers.kinds.base import BaseProvider, DeliveryError, DeliveryResult, OutboundMessage
 from providers.kinds.console import ConsoleProvider
 from providers.kinds.fcm import FcmProvider
+from providers.kinds.inbox import InboxProvider
 from providers.kinds.sendgrid import SendgridProvider
 from providers.kinds.ses import SesProvider
 from providers.kinds.smtp import SmtpProvider
@@ -27,6 +28,7 @@ REGISTRY: dict[str, type[BaseProvider]] = {
         FcmProvider,
         ApnsProvider,
         WebpushProvider,
+        InboxProvider,
     )
 }
 

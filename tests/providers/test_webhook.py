@@ -66,7 +66,8 @@ def receiver():
 
 
 def test_registry_knows_every_kind():
-    assert set(REGISTRY) == {"webhook", "smtp", "twilio", "sendgrid", "ses", "console", "fcm", "apns", "webpush"}
+    kinds = {"webhook", "smtp", "twilio", "sendgrid", "ses", "console", "fcm", "apns", "webpush", "inbox"}
+    assert set(REGISTRY) == kinds
     with pytest.raises(ValueError, match="unknown provider kind"):
         build_provider("fax", {}, {})
 
