@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import uuid
 from datetime import timedelta
 
@@ -83,12 +84,15 @@ def test_no_endpoint_no_event_and_the_dispatcher_runs_without_the_lane(tenant_a,
 
 def _counting_executes(monkeypatch) -> list[str]:
     """Every statement the dispatcher's hot path sends through psycopg cursors (its raw cursors
-    bypass Django's query capture)."""
+    bypass Django's query capture), from this thread only: a thread another test left behind (a
+    doorbell, a lane) may run its own statements meanwhile."""
     sent: list[str] = []
     original = psycopg.Cursor.execute
+    mine = threading.get_ident()
 
     def execute(self, query, params=None, **kwargs):  # noqa: ANN001, ANN202
-        sent.append(str(query))
+        if threading.get_ident() == mine:
+            sent.append(str(query))
         return original(self, query, params, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", execute)
