@@ -29,12 +29,14 @@ run: $(VENV)/.installed
 pgbouncer: $(VENV)/.installed
 	scripts/pgbouncer.sh
 
-## make test: install, make sure PostgreSQL is reachable, lint, checks, the whole suite
+## make test: install, make sure PostgreSQL is reachable, lint, checks, the whole suite on two
+## workers (TEST_WORKERS), each test file on one, each worker with its own test database
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} scripts/ensure_test_services.sh
 	scripts/ensure_browser.sh
 	$(MAKE) --no-print-directory lint check
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
