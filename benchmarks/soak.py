@@ -14,7 +14,9 @@ The load, at `rate` notifications a second: single creates (with an `Idempotency
 with the same key on a 5xx or a broken connection until acknowledged), batches of 10, future-dated
 sends, sends to subscribers by category (one subscriber in four opted out of it: stored
 `suppressed`), and receipts for delivered notifications (signed, some posted twice, some followed
-by an older one: out of order).
+by an older one: out of order), and in-app sends to subscribers' feeds (the built-in `inbox` provider;
+one subscriber in five opted out of `news` in-app), whose arrivals are the feed items the dispatcher's
+record statement wrote.
 
 Faults, one every `fault_every` seconds, drawn from a seeded bag (every kind once per round, in a
 random order, so a run with at least as many faults as kinds has each kind): FAULT_KINDS. kill9's
@@ -71,7 +73,7 @@ FAULT_KINDS = (
 )
 KILLS = ("kill9", "sigstop_dispatcher", "scheduler_kill")
 RECOVERED_PICKUP = 2.0  # seconds from due to arrival that count as "flowing again" after a fault
-SUBSCRIBERS = 40  # sub-0 … sub-39; every fourth opted out of `news` on push
+SUBSCRIBERS = 40  # sub-0 … sub-39; every fourth opted out of `news` on push, every fifth in-app
 
 
 @dataclass
@@ -267,7 +269,7 @@ def rss_and_files(pid: int) -> tuple[int, int] | None:
 # --- the load ----------------------------------------------------------------------------------
 @dataclass
 class Sent:
-    kind: str  # single | batch | future | subscriber
+    kind: str  # single | batch | future | subscriber | inbox
     acked_at: float  # unix time of the 201
     due_at: float  # when it could be delivered at the earliest (acked_at, or scheduled_for)
     status: str  # as the 201 gave it
@@ -321,7 +323,7 @@ class Load:
     """Creates notifications at `rate` a second, in a mix, through a small thread pool; what the
     API acknowledged goes into `sent`."""
 
-    WEIGHTS = (("single", 0.55), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15))
+    WEIGHTS = (("single", 0.45), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15), ("inbox", 0.1))
 
     def __init__(self, api: Api, config: SoakConfig, rng: random.Random) -> None:
         self.api, self.config, self.rng = api, config, rng
@@ -363,7 +365,8 @@ class Load:
                 with self.lock:
                     self.in_flight += 1
                 self.offered += size
-                extra = self.rng.randrange(SUBSCRIBERS) if kind == "subscriber" else self.rng.uniform(1.0, 4.0)
+                to_one = kind in ("subscriber", "inbox")
+                extra = self.rng.randrange(SUBSCRIBERS) if to_one else self.rng.uniform(1.0, 4.0)
                 self.pool.submit(self._one, kind, extra)
 
     def _one(self, kind: str, extra: float) -> None:
@@ -389,6 +392,10 @@ class Load:
             body = {"channel": "push", "subscriber": f"sub-{int(extra)}", "category": "news", "provider": "push",
                     "subject": "news", "body": "news body"}  # fmt: skip
             provider = "push"
+        elif kind == "inbox":
+            body = {"channel": "in_app", "subscriber": f"sub-{int(extra)}", "category": "news",
+                    "subject": "news", "body": "news in the feed"}  # fmt: skip
+            provider = "inbox"
         headers = {"Idempotency-Key": str(uuid.uuid4())}
         response, tries = self.api.until_ok("POST", path, time.time() + 30, json=body, headers=headers)
         acked = time.time()
@@ -597,6 +604,7 @@ class Receipts:
         self.failed: list[str] = []
         self.arrived: dict[str, float] = {}  # provider side, followed live: notification id → first arrival
         self.seen = 0
+        self.feed_since = 0.0
         self.following = threading.Lock()
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="receipts")
@@ -611,12 +619,17 @@ class Receipts:
         self.pool.shutdown(wait=True)
 
     def follow(self) -> list[str]:
-        """New arrivals at the provider (the receipts' candidates and the drain's progress)."""
+        """New arrivals at the provider and in the feeds (the receipts' candidates and the drain's
+        progress)."""
         with self.following:
             rows = self.soak.receiver.accepted_since("provider", self.seen)
             self.seen += len(rows)
+            feed = self.soak.inbox_arrivals(self.feed_since)
+            if feed:
+                # commits land out of created_at order: read a minute back again (arrivals are a dict)
+                self.feed_since = max(self.feed_since, max(at for _, at in feed) - 60)
             fresh = []
-            for _webhook_id, notification_id, at in rows:
+            for _webhook_id, notification_id, at in [*rows, *(("", i, at) for i, at in feed)]:
                 if notification_id not in self.arrived:
                     self.arrived[notification_id] = at
                     fresh.append(notification_id)
@@ -718,7 +731,7 @@ class Soak:
                 self.hook_id = provider["id"]
         must("POST", "/api/v1/categories", {"key": "news"})
         for i in range(SUBSCRIBERS):
-            prefs = {"news": {"push": False}} if i % 4 == 0 else {"news": {"push": True}}
+            prefs = {"news": {"push": i % 4 != 0, "in_app": i % 5 != 0}}
             must("PUT", f"/api/v1/subscribers/sub-{i}", {"push_tokens": [f"tok-{i}"], "preferences": prefs})
         must("POST", "/api/v1/event-endpoints", {"name": "soak", "url": self.receiver.events_url,
                                                   "event_types": ["notification.delivered"], "secret": EVENTS_SECRET})
@@ -771,6 +784,19 @@ class Soak:
                     raise
                 time.sleep(0.2)
 
+    def inbox_arrivals(self, since: float = 0.0) -> list[tuple[str, float]]:
+        """In-app deliveries written at or after `since` (unix time): (notification id, when the record
+        statement wrote its feed item); none while the server is down (a fault)."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.pg.dsn(DBNAME), autocommit=True, connect_timeout=3) as conn:
+                sql = ("SELECT notification_id::text, extract(epoch FROM created_at)::float8 FROM inbox_items"
+                       " WHERE created_at >= to_timestamp(%s)")
+                return conn.execute(sql, [since]).fetchall()
+        except psycopg.Error:
+            return []
+
     def busy(self, within: float = 3.0) -> None:
         """Wait (up to `within` seconds) until some notification is leased, so that a kill or stop of a
         dispatcher comes while sends are in flight, as a crash or a deploy in production would."""
@@ -800,6 +826,7 @@ class Soak:
         began = time.time()
         self.pg = PrivatePostgres(settings={"max_connections": "200"})
         receiver = None
+        feed: list[tuple[str, float]] = []  # in-app arrivals, read before the server stops
         try:
             self.pg.start()
             self.pg.create_database(DBNAME)
@@ -857,6 +884,7 @@ class Soak:
             self.receipts.stop()
             say(f"drained: {drained}; reading the API")
             api_view = self._api_view()
+            feed = self.inbox_arrivals()
             self._timeouts_of_duplicates(api_view, faults)
             alive = {name: proc.alive() for name, proc in self.procs.items()}
             self.sampling.set()
@@ -865,6 +893,7 @@ class Soak:
             for proc in self.procs.values():
                 proc.stop()
             final, accepted = receiver.stop() if receiver is not None else ({}, [])
+            accepted = [*accepted, *(("provider", "", i, at) for i, at in feed)]
             if hasattr(self, "api"):
                 self.api.close()
             self.pg.close()
@@ -1009,7 +1038,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     api_delivered = {i for i, row in api_view.items() if row["status"] == "delivered"}
     api_mismatch = sorted((delivered ^ (api_delivered & set(sent))) - set(lost))
     not_suppressed_by_api = sorted(i for i in suppressed if api_view.get(i, {}).get("status") != "suppressed")
-    opted_out = {i for i, s in sent.items() if s.kind == "subscriber" and s.status == "suppressed"}
+    opted_out = {i for i, s in sent.items() if s.kind in ("subscriber", "inbox") and s.status == "suppressed"}
     missing_events = sorted(i for i in api_delivered & set(sent) if not event_hits.get(i))
     receipts_posted = soak.receipts.posted
     receipts_missing = sorted(i for i in receipts_posted if not api_view.get(i, {}).get("receipt"))
@@ -1028,7 +1057,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         if f.kind == "events_down":
             later = [at for at in event_times if at >= f.ended][:1]
         else:
-            wanted = ("future",) if f.kind == "scheduler_kill" else ("single", "batch", "future", "subscriber")
+            wanted = ("future",) if f.kind == "scheduler_kill" else ("single", "batch", "future", "subscriber", "inbox")
             later = [arrived for due, arrived, kind in prompt if due >= f.ended and kind in wanted]
         f.recovered_after = round(min(later) - f.ended, 2) if later else None
 
@@ -1113,7 +1142,8 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
 
     ledger = {
         "acknowledged": len(sent), "acknowledged_by_kind": dict(Counter(s.kind for s in sent.values())),
-        "expected_deliveries": len(expected), "delivered": len(delivered), "suppressed": len(suppressed),
+        "expected_deliveries": len(expected), "delivered": len(delivered),
+        "delivered_by_kind": dict(Counter(sent[i].kind for i in delivered)), "suppressed": len(suppressed),
         "opted_out_suppressed": len(opted_out), "lost": len(lost), "lost_ids": lost[:20],
         "duplicates": sum(duplicates.values()), "duplicate_notifications": len(duplicates),
         "duplicates_outside_in_flight": len(unexplained_dups),
@@ -1163,7 +1193,8 @@ def markdown(report: Report) -> str:
         f"{report.meta.get('setup_seconds')} s.", "",
         "## Ledger", "", "| | |", "|---|---|",
         f"| acknowledged by the API | {led['acknowledged']:,} ({', '.join(f'{k} {v:,}' for k, v in sorted(led['acknowledged_by_kind'].items()))}) |",  # noqa: E501
-        f"| delivered (provider side, unique) | {led['delivered']:,} of {led['expected_deliveries']:,} expected |",
+        f"| delivered (provider side or feed, unique) | {led['delivered']:,} of {led['expected_deliveries']:,}"
+        f" expected ({', '.join(f'{k} {v:,}' for k, v in sorted(led['delivered_by_kind'].items()))}) |",
         f"| suppressed (opted out) | {led['suppressed']:,}; sent anyway: {led['suppressed_but_sent']} |",
         f"| **lost** | **{led['lost']}** |",
         f"| duplicates at the provider | {led['duplicates']} ({led['duplicates_after_timeout']} after a send that timed out; "  # noqa: E501

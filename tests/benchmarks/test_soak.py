@@ -25,6 +25,8 @@ def test_a_short_soak_with_every_fault_loses_nothing_and_recovers(migrated_schem
     assert set(ledger["faults_by_kind"]) == set(FAULT_KINDS)
     assert ledger["lost"] == 0 and ledger["acknowledged"] >= 1500
     assert ledger["delivered"] == ledger["expected_deliveries"]
+    # in-app sends arrive as feed items, through the same queue and faults as the rest
+    assert ledger["delivered_by_kind"]["inbox"] > 0 and ledger["delivered_by_kind"]["subscriber"] > 0
     assert ledger["suppressed"] == ledger["opted_out_suppressed"] > 0 and ledger["suppressed_but_sent"] == 0
     assert ledger["events_missing"] == 0 and ledger["events_delivered"] == ledger["delivered"]
     assert ledger["receipts_acknowledged"] > 0 and ledger["receipts_missing"] == 0
