@@ -22,41 +22,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.standalone import create_database, setup_django, sql  # noqa: E402
+
 DEFAULT_URL = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_claim_bench"
-
-
-def _setup_django(url: str) -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
-    os.environ.setdefault("OMNIPOST_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-
-
-def _create_database(url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-
-
-def _sql(statement: str, params: object = None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def _seed_queue(tenant, prov, queue_name: str, count: int, *, delay_seconds: float = 0.0) -> None:  # noqa: ANN001
@@ -66,7 +37,7 @@ def _seed_queue(tenant, prov, queue_name: str, count: int, *, delay_seconds: flo
     token = Notification._meta.get_field("recipient").get_prep_value("https://example.test/h")
     for start in range(0, count, 200_000):
         chunk = min(200_000, count - start)
-        ids = [row[0] for row in _sql(
+        ids = [row[0] for row in sql(
             """
             INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
                 subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
@@ -78,7 +49,7 @@ def _seed_queue(tenant, prov, queue_name: str, count: int, *, delay_seconds: flo
             """,
             [tenant.pk, token, prov.pk, queue_name, chunk],
         )]
-        _sql(
+        sql(
             """
             INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
                                      tenant_id, notification_id, provider_id, rate_limited, ready)
@@ -109,37 +80,37 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--database-url", default=DEFAULT_URL)
     args = parser.parse_args()
-    _create_database(args.database_url)
-    _setup_django(args.database_url)
+    create_database(args.database_url)
+    setup_django(args.database_url)
     from core.models import Tenant
     from providers.models import Provider
     from tests.support.receivers import TEST_SIGNING_SECRET, spawn_receiver
 
-    _sql("TRUNCATE queue_state, scheduled_jobs, delivery_attempts, notifications, providers, workers, tenants CASCADE")
+    sql("TRUNCATE queue_state, scheduled_jobs, delivery_attempts, notifications, providers, workers, tenants CASCADE")
     tenant = Tenant.objects.create(name="bench")
     rates: dict[str, list[float]] = {"idle": [], "loaded": []}
     with spawn_receiver("--port", "0", "--secret", TEST_SIGNING_SECRET, "--max-seconds", "3600") as receiver:
         prov = Provider.objects.create(tenant=tenant, name="hook", kind="webhook", channel="webhook",
                                        config={"url": receiver.url}, secrets={"signing_secret": TEST_SIGNING_SECRET})
         for phase in ["idle", "loaded"] * args.repeats:
-            depth = _sql("SELECT count(*) FROM queue_state WHERE queue_name = 'default'")[0][0]
+            depth = sql("SELECT count(*) FROM queue_state WHERE queue_name = 'default'")[0][0]
             if phase == "loaded" and depth == 0:
                 _seed_queue(tenant, prov, "default", args.backlog)
                 if args.backoff:
                     _seed_queue(tenant, prov, "default", args.backlog, delay_seconds=86_400)
             elif phase == "idle" and depth:
-                _sql("DELETE FROM queue_state WHERE queue_name = 'default'")
-                _sql("DELETE FROM notifications WHERE queue = 'default'")
-            _sql("DELETE FROM delivery_attempts")
-            _sql("DELETE FROM notifications WHERE queue = 'small'")
+                sql("DELETE FROM queue_state WHERE queue_name = 'default'")
+                sql("DELETE FROM notifications WHERE queue = 'default'")
+            sql("DELETE FROM delivery_attempts")
+            sql("DELETE FROM notifications WHERE queue = 'small'")
             _seed_queue(tenant, prov, "small", args.items)
-            _sql("VACUUM ANALYZE queue_state")
-            _sql("VACUUM ANALYZE notifications")
+            sql("VACUUM ANALYZE queue_state")
+            sql("VACUUM ANALYZE notifications")
             seconds = _run_dispatcher(args.database_url, args.items)
-            left = _sql("SELECT count(*) FROM queue_state WHERE queue_name = 'small'")[0][0]
+            left = sql("SELECT count(*) FROM queue_state WHERE queue_name = 'small'")[0][0]
             assert left == 0, f"{left} items of queue small not delivered"
             rates[phase].append(args.items / seconds)
-            other = _sql("SELECT count(*) FROM queue_state WHERE queue_name = 'default'")[0][0]
+            other = sql("SELECT count(*) FROM queue_state WHERE queue_name = 'default'")[0][0]
             print(f"{phase:6} default={other:>9,}  small: {args.items:,} in {seconds:.2f}s = {rates[phase][-1]:,.0f}/s",
                   flush=True)
     idle, loaded = statistics.median(rates["idle"]), statistics.median(rates["loaded"])

@@ -23,41 +23,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.standalone import create_database, setup_django, sql  # noqa: E402
+
 DEFAULT_URL = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_sched_bench"
-
-
-def _setup_django(url: str) -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
-    os.environ.setdefault("OMNIPOST_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-
-
-def _create_database(url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-
-
-def _sql(statement: str, params: object = None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def _seed(pending: int, due: int) -> None:
@@ -65,7 +36,7 @@ def _seed(pending: int, due: int) -> None:
     from notifications.models import Notification
     from providers.models import Provider
 
-    _sql("TRUNCATE queue_state, scheduled_jobs, notifications, providers, workers, tenants CASCADE")
+    sql("TRUNCATE queue_state, scheduled_jobs, notifications, providers, workers, tenants CASCADE")
     tenant = Tenant.objects.create(name="bench")
     prov = Provider.objects.create(tenant=tenant, name="hook", kind="webhook", channel="webhook",
                                    config={"url": "http://127.0.0.1:9/hook"})
@@ -73,7 +44,7 @@ def _seed(pending: int, due: int) -> None:
     token = Notification._meta.get_field("recipient").get_prep_value(sample.recipient)
     for start in range(0, pending, 200_000):
         count = min(200_000, pending - start)
-        _sql(
+        sql(
             """
             WITH s AS (
                 SELECT CASE WHEN g <= %(due)s THEN now() - interval '1 hour' + g * (interval '1 hour' / %(due)s)
@@ -101,14 +72,14 @@ def _vacuum() -> None:
 
     connection.ensure_connection()
     for table in ("scheduled_jobs", "notifications", "queue_state"):
-        _sql(f"VACUUM ANALYZE {table}")
+        sql(f"VACUUM ANALYZE {table}")
 
 
 def _reset() -> None:
     """Put the promoted jobs back to pending (their run_at unchanged, so they are due again)."""
-    _sql("TRUNCATE queue_state")
-    _sql("UPDATE scheduled_jobs SET status = 'pending', executed_at = NULL WHERE status <> 'pending'")
-    _sql("UPDATE notifications SET status = 'scheduled', enqueued_at = NULL WHERE status <> 'scheduled'")
+    sql("TRUNCATE queue_state")
+    sql("UPDATE scheduled_jobs SET status = 'pending', executed_at = NULL WHERE status <> 'pending'")
+    sql("UPDATE notifications SET status = 'scheduled', enqueued_at = NULL WHERE status <> 'scheduled'")
     _vacuum()
 
 
@@ -132,7 +103,7 @@ def _run(schedulers: int, batch_size: int, url: str) -> dict:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    _setup_django(args.database_url)
+    setup_django(args.database_url)
     from django.db import connection
 
     from queueing.scheduler import Scheduler
@@ -164,8 +135,8 @@ def main() -> int:
     if args.worker:
         return _worker(args)
 
-    _create_database(args.database_url)
-    _setup_django(args.database_url)
+    create_database(args.database_url)
+    setup_django(args.database_url)
     print(f"batch size {args.batch_size}; {args.repeats} runs each, median shown")
     print(f"{'pending':>9} {'due':>8} {'schedulers':>10} {'jobs/s (median)':>16} {'runs (jobs/s)':>28}")
     for pending in (int(p) for p in args.pending.split(",")):
@@ -177,9 +148,9 @@ def main() -> int:
             rates = []
             for _ in range(args.repeats):
                 result = _run(schedulers, args.batch_size, args.database_url)
-                queued, distinct = _sql("SELECT count(*), count(DISTINCT notification_id) FROM queue_state")[0]
+                queued, distinct = sql("SELECT count(*), count(DISTINCT notification_id) FROM queue_state")[0]
                 assert result["promoted"] == due == queued == distinct, (result, queued, distinct)
-                assert _sql("SELECT count(*) FROM scheduled_jobs WHERE status = 'pending'")[0][0] == pending - due
+                assert sql("SELECT count(*) FROM scheduled_jobs WHERE status = 'pending'")[0][0] == pending - due
                 rates.append(result["rate"])
                 _reset()
             runs = ", ".join(f"{r:,.0f}" for r in rates)
