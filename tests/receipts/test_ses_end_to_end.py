@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -18,45 +17,15 @@ from notifications.models import Notification
 from receipts.models import NotificationEvent
 from tests import factories
 from tests.receipts.event_support import add_endpoint, deliver_events, suppressions
-from tests.support import web
-from tests.support.aws import SesStandIn, SnsStandIn, self_signed, ses_event
+from tests.receipts.ses_support import ADDRESS, KEY_ID, REGION, SECRET, server, ses, sns, sns_post  # noqa: F401
+from tests.support.aws import self_signed, ses_event
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-KEY_ID, SECRET, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "eu-west-1"
-ADDRESS = "jane.doe@example.com"
 COMPLAINER = "john.roe@example.com"
 
 
-@pytest.fixture
-def ses() -> Iterator[SesStandIn]:
-    with SesStandIn(access_key_id=KEY_ID, secret_access_key=SECRET, region=REGION) as standin:
-        yield standin
-
-
-@pytest.fixture
-def sns() -> Iterator[SnsStandIn]:
-    with SnsStandIn() as standin:
-        yield standin
-
-
-@pytest.fixture
-def server(subprocess_env: dict[str, str], sns: SnsStandIn) -> Iterator[str]:
-    env = {**subprocess_env, "OMNIPOST_SNS_CERT_URL_PATTERN": sns.cert_url_pattern,
-           "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}  # fmt: skip
-    with web.gunicorn(env) as served:
-        yield served.url
-
-
-def sns_post(url: str, message: dict) -> httpx.Response:
-    """As SNS posts: the JSON message as text/plain, its type in x-amz-sns-message-type."""
-    headers = {"Content-Type": "text/plain; charset=UTF-8", "x-amz-sns-message-type": message["Type"],
-               "x-amz-sns-message-id": message["MessageId"], "x-amz-sns-topic-arn": message["TopicArn"],
-               "User-Agent": "Amazon Simple Notification Service Agent"}  # fmt: skip
-    return httpx.post(url, content=json.dumps(message).encode(), headers=headers, timeout=10)
-
-
-def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b, event_receiver, subprocess_env, tmp_path):  # noqa: PLR0913, PLR0915
+def test_ses_receipts_end_to_end(server, ses, sns, tenant_a, tenant_b, event_receiver, subprocess_env, tmp_path):  # noqa: F811, PLR0913, PLR0915
     config = {"region": REGION, "base_url": ses.base_url, "from_email": "alerts@example.com",
               "access_key_id": KEY_ID, "topic_arn": sns.topic_arn}  # fmt: skip
     prov = factories.provider(tenant_a, "ses", kind="ses", channel="email", config=config,

@@ -7,9 +7,6 @@ receives the callback only)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
@@ -18,39 +15,11 @@ from notifications.models import Notification
 from receipts.models import NotificationEvent
 from tests import factories
 from tests.receipts.event_support import deliver_events, suppressions
-from tests.support import web
-from tests.support.aws import SesStandIn, SnsStandIn, ses_event
+from tests.receipts.ses_support import ADDRESS, KEY_ID, REGION, SECRET, server, ses, sns, sns_post  # noqa: F401
+from tests.support.aws import ses_event
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-KEY_ID, SECRET, REGION = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "eu-west-1"
-ADDRESS = "jane.doe@example.com"
-
-
-@pytest.fixture
-def ses() -> Iterator[SesStandIn]:
-    with SesStandIn(access_key_id=KEY_ID, secret_access_key=SECRET, region=REGION) as standin:
-        yield standin
-
-
-@pytest.fixture
-def sns() -> Iterator[SnsStandIn]:
-    with SnsStandIn() as standin:
-        yield standin
-
-
-@pytest.fixture
-def server(subprocess_env: dict[str, str], sns: SnsStandIn) -> Iterator[str]:
-    env = {**subprocess_env, "OMNIPOST_SNS_CERT_URL_PATTERN": sns.cert_url_pattern,
-           "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}  # fmt: skip
-    with web.gunicorn(env) as served:
-        yield served.url
-
-
-def sns_post(url: str, message: dict) -> httpx.Response:
-    headers = {"Content-Type": "text/plain; charset=UTF-8", "x-amz-sns-message-type": message["Type"],
-               "x-amz-sns-message-id": message["MessageId"], "x-amz-sns-topic-arn": message["TopicArn"]}  # fmt: skip
-    return httpx.post(url, content=json.dumps(message).encode(), headers=headers, timeout=10)
 
 
 def untagged_bounce(message_id: str) -> dict:
@@ -63,7 +32,7 @@ def untagged_bounce(message_id: str) -> dict:
 
 
 def test_an_untagged_bounce_finds_its_notification_by_message_id_within_its_provider(
-    server, ses, sns, tenant_a, subprocess_env, tmp_path
+    server, ses, sns, tenant_a, subprocess_env, tmp_path  # noqa: F811 - the fixtures, imported
 ):
     config = {"region": REGION, "base_url": ses.base_url, "from_email": "alerts@example.com",
               "access_key_id": KEY_ID, "topic_arn": sns.topic_arn}  # fmt: skip
