@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 import orjson
 
-from benchmarks.receiver import Verifier, _header
+from benchmarks.receiver import Verifier, _header, split_request
 from core.process_name import set_process_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,17 +126,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        while self.transport is not None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[:end]
-            lower = head.lower()
-            length = int(_header(head, lower, b"\r\ncontent-length:") or 0)
-            if len(self.buffer) < end + 4 + length:
-                return
-            body = self.buffer[end + 4 : end + 4 + length]
-            self.buffer = self.buffer[end + 4 + length :]
+        while self.transport is not None and (request := split_request(self.buffer)) is not None:
+            head, lower, body, self.buffer = request
             if not self._handle(head, lower, body):
                 return  # held: nothing more is read from this connection until it is closed
 

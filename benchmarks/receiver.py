@@ -63,17 +63,8 @@ class Receiver(asyncio.Protocol):
         # Lean on purpose (it shares the machine with what it measures): headers are looked up in
         # the lower-cased head, not split into a dict.
         self.buffer += data
-        while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[:end]
-            lower = head.lower()
-            length = int(_header(head, lower, b"\r\ncontent-length:") or 0)
-            if len(self.buffer) < end + 4 + length:
-                return
-            body = self.buffer[end + 4 : end + 4 + length]
-            self.buffer = self.buffer[end + 4 + length :]
+        while (request := split_request(self.buffer)) is not None:
+            head, lower, body, self.buffer = request
             self._handle(head, lower, body)
 
     def _handle(self, head: bytes, lower: bytes, body: bytes) -> None:
@@ -139,6 +130,20 @@ def _header(head: bytes, lower: bytes, name: bytes) -> bytes | None:
     start += len(name)
     stop = head.find(b"\r\n", start)
     return head[start : stop if stop >= 0 else len(head)].strip()
+
+
+def split_request(buffer: bytes) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """The first whole HTTP/1.1 request in `buffer`: (head, head lower-cased, body, what follows it);
+    None until all of it has arrived."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = buffer[:end]
+    lower = head.lower()
+    length = int(_header(head, lower, b"\r\ncontent-length:") or 0)
+    if len(buffer) < end + 4 + length:
+        return None
+    return head, lower, buffer[end + 4 : end + 4 + length], buffer[end + 4 + length :]
 
 
 class Verifier:
