@@ -7,7 +7,8 @@ it off), while a busy queue leaves tens of thousands of dead rows a second: meas
 of one item took 87 ms with 800,000 dead rows behind it and 0.35 ms after a VACUUM.
 
 `vacuum_if_needed` reads the statistics collector's dead-row counts and vacuums the tables past
-their threshold. It also ANALYZEs any table of the schema whose statistics are stale: more rows
+their threshold, and summarises the full block ranges of the BRIN indexes of the tables whose rows
+changed (`summarize_brin`), which VACUUM would do where autovacuum runs. It also ANALYZEs any table of the schema whose statistics are stale: more rows
 changed since they were taken than they counted, plus 1,000 (once per doubling of a growing
 table; autovacuum, where it runs, analyzes sooner). PostgreSQL re-plans a prepared statement
 once the statistics of a table it reads change, and the dispatchers keep one generic plan per
