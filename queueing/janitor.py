@@ -8,14 +8,14 @@ of one item took 87 ms with 800,000 dead rows behind it and 0.35 ms after a VACU
 
 `vacuum_if_needed` reads the statistics collector's dead-row counts and vacuums the tables past
 their threshold, and summarises the full block ranges of the BRIN indexes of the tables whose rows
-changed (`summarize_brin`), which VACUUM would do where autovacuum runs. It also ANALYZEs any table of the schema whose statistics are stale: more rows
-changed since they were taken than they counted, plus 1,000 (once per doubling of a growing
-table; autovacuum, where it runs, analyzes sooner). PostgreSQL re-plans a prepared statement
-once the statistics of a table it reads change, and the dispatchers keep one generic plan per
-statement (dispatch.delivery): without fresh statistics, on a server with autovacuum off, a
-statement prepared while a table was empty kept the plan made for an empty table. Measured
-here: the event lane's claim, planned on an empty `event_deliveries`, read the whole table per
-claim (130–360 ms a claim, 323 events/s; with fresh statistics 6 ms a claim).
+changed (`summarize_brin`), which VACUUM would do where autovacuum runs. It also ANALYZEs any table
+of the schema whose statistics are stale: more rows changed since they were taken than they counted,
+plus 1,000 (once per doubling of a growing table; autovacuum, where it runs, analyzes sooner).
+PostgreSQL re-plans a prepared statement once the statistics of a table it reads change, and the
+dispatchers keep one generic plan per statement (dispatch.delivery): without fresh statistics, on a
+server with autovacuum off, a statement prepared while a table was empty kept the plan made for an
+empty table. Measured here: the event lane's claim, planned on an empty `event_deliveries`, read the
+whole table per claim (130–360 ms a claim, 323 events/s; with fresh statistics 6 ms a claim).
 
 It runs where its name says, as maintenance on a process's own connection: the dispatcher's
 DB thread every couple of seconds (dispatch.upkeep.maintain), the scheduler between batches.
