@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection
 
 from benchmarks.receiver import ReceiverProcess, first_to_last_rate, steady_rate
+from core import partitions
 from core.db_url import database_url
 from queueing import queue
 
@@ -160,6 +161,10 @@ def vacuum_hot_tables() -> None:
             cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table})")  # noqa: S608 - fixed names
             if not cursor.fetchone()[0]:
                 cursor.execute(f"REINDEX TABLE {table}")
+                # A BRIN index built on an empty table summarises its first block range, and every insert
+                # into that range would then rewrite the summary: left as a new day partition starts.
+                for name in [p.name for p in partitions.partitions(table)] or [table]:
+                    partitions.unsummarize_if_empty(cursor, name)
 
 
 def analyze_hot_tables() -> None:

@@ -148,6 +148,52 @@ def _index_statements(cursor, table: str, partition: str, suffix: str) -> list[s
     return statements
 
 
+def name_partition_indexes(cursor, table: str) -> list[str]:  # noqa: ANN001
+    """Rename each partition's copy of a `table` index to the parent's name and the partition's
+    suffix (`attempt_finished_idx_p20261201`), as `ensure` names those it builds; for a migration that
+    adds an index or key to the partitioned table (PostgreSQL names the copies after their partition).
+    Returns the new names."""
+    cursor.execute(
+        """
+        SELECT pc.relname, cc.relname, t.relname
+        FROM pg_index px
+        JOIN pg_class pc ON pc.oid = px.indexrelid
+        JOIN pg_inherits i ON i.inhparent = px.indexrelid
+        JOIN pg_class cc ON cc.oid = i.inhrelid
+        JOIN pg_index cx ON cx.indexrelid = i.inhrelid
+        JOIN pg_class t ON t.oid = cx.indrelid
+        WHERE px.indrelid = %s::regclass
+        ORDER BY 1, 2
+        """,
+        [table],
+    )
+    renamed = []
+    for parent, child, partition in cursor.fetchall():
+        wanted = f"{parent}_{partition.removeprefix(f'{table}_')}"[:63]
+        if child != wanted:
+            # an index that backs a constraint renames the constraint with it
+            cursor.execute(f"ALTER INDEX {quote(child)} RENAME TO {quote(wanted)}")
+        renamed.append(wanted)
+    return renamed
+
+
+def unsummarize_if_empty(cursor, relation: str) -> bool:  # noqa: ANN001
+    """If `relation` has no row, take back the summary its BRIN indexes' build gave the (empty) first
+    block range: while it stands, every insert into that range rewrites it (a WAL record a row); an
+    unsummarised range costs an insert nothing until the janitor summarises it, full
+    (queueing.janitor.summarize_brin). Returns whether it was empty."""
+    cursor.execute(f"SELECT NOT EXISTS (SELECT FROM {quote(relation)})")  # noqa: S608 - a quoted identifier
+    if not cursor.fetchone()[0]:
+        return False
+    cursor.execute(
+        "SELECT brin_desummarize_range(x.indexrelid, 0) FROM pg_index x "
+        "JOIN pg_class ic ON ic.oid = x.indexrelid JOIN pg_am am ON am.oid = ic.relam "
+        "WHERE x.indrelid = %s::regclass AND am.amname = 'brin'",
+        [relation],
+    )
+    return True
+
+
 # --- making partitions -----------------------------------------------------------------------------------
 ENSURE_LOCK_TIMEOUT = "5s"  # ATTACH waits this long at most for the default partition (a prune batch on it)
 
@@ -163,6 +209,7 @@ def _attach(cursor, table: str, column: str, name: str, bounds: str, *, move_fro
     suffix = name.removeprefix(f"{table}_")
     for statement in _index_statements(cursor, table, name, suffix):
         cursor.execute(statement)
+    unsummarize_if_empty(cursor, name)
     if move_from_default is not None:
         # ATTACH checks the default partition holds no row of the new range: move them first. The
         # lock on the default partition (taken by the DELETE) only holds up inserts routed there.

@@ -7,14 +7,15 @@ it off), while a busy queue leaves tens of thousands of dead rows a second: meas
 of one item took 87 ms with 800,000 dead rows behind it and 0.35 ms after a VACUUM.
 
 `vacuum_if_needed` reads the statistics collector's dead-row counts and vacuums the tables past
-their threshold. It also ANALYZEs any table of the schema whose statistics are stale: more rows
-changed since they were taken than they counted, plus 1,000 (once per doubling of a growing
-table; autovacuum, where it runs, analyzes sooner). PostgreSQL re-plans a prepared statement
-once the statistics of a table it reads change, and the dispatchers keep one generic plan per
-statement (dispatch.delivery): without fresh statistics, on a server with autovacuum off, a
-statement prepared while a table was empty kept the plan made for an empty table. Measured
-here: the event lane's claim, planned on an empty `event_deliveries`, read the whole table per
-claim (130–360 ms a claim, 323 events/s; with fresh statistics 6 ms a claim).
+their threshold, and summarises the full block ranges of the BRIN indexes of the tables whose rows
+changed (`summarize_brin`), which VACUUM would do where autovacuum runs. It also ANALYZEs any table
+of the schema whose statistics are stale: more rows changed since they were taken than they counted,
+plus 1,000 (once per doubling of a growing table; autovacuum, where it runs, analyzes sooner).
+PostgreSQL re-plans a prepared statement once the statistics of a table it reads change, and the
+dispatchers keep one generic plan per statement (dispatch.delivery): without fresh statistics, on a
+server with autovacuum off, a statement prepared while a table was empty kept the plan made for an
+empty table. Measured here: the event lane's claim, planned on an empty `event_deliveries`, read the
+whole table per claim (130–360 ms a claim, 323 events/s; with fresh statistics 6 ms a claim).
 
 It runs where its name says, as maintenance on a process's own connection: the dispatcher's
 DB thread every couple of seconds (dispatch.upkeep.maintain), the scheduler between batches.
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import psycopg
 from psycopg import sql
 
 from core import pooling
@@ -82,6 +84,7 @@ class Janitor:
     deferred: tuple[str, ...] = field(default_factory=deferred_tables)
     _last: float = field(default=float("-inf"), init=False)
     analyzed: list[str] = field(default_factory=list, init=False)  # by the last look, beside the vacuumed
+    summarized: int = field(default=0, init=False)  # BRIN block ranges the last look summarised
 
     def due(self, stats: list[tuple[str, int, int]]) -> list[str]:
         """The tables among `(name, dead, live)` rows that should be vacuumed now."""
@@ -118,6 +121,7 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     stale = [name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known in stats])
              if name not in due]  # fmt: skip
     janitor.analyzed = []
+    janitor.summarized = summarize_brin(conn, [name for name, _, _, changed, _ in stats if changed > 0])
     if not due and not stale:
         return []
     pooled = pooling.pooled()
@@ -133,6 +137,45 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     finally:
         if not pooled:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+
+
+# Every full block range of each BRIN index of the given tables, summarised if it is not yet (a range
+# already summarised costs a look in the index's range map). The last, partial range is left alone:
+# once summarised, every insert beyond its maximum would rewrite its summary (a WAL record per row).
+_SUMMARIZE = """
+    SELECT coalesce(sum(brin_summarize_range(x.indexrelid, r.n * p.pages)), 0)::int
+    FROM pg_index x
+    JOIN pg_class ic ON ic.oid = x.indexrelid
+    JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'brin'
+    JOIN pg_class t ON t.oid = x.indrelid AND t.relkind = 'r'
+    CROSS JOIN LATERAL (
+        SELECT coalesce((SELECT o.option_value::int FROM pg_options_to_table(ic.reloptions) o
+                         WHERE o.option_name = 'pages_per_range'), 128) AS pages
+    ) p
+    CROSS JOIN LATERAL generate_series(
+        0, pg_relation_size(t.oid) / current_setting('block_size')::int / p.pages - 1) AS r(n)
+    WHERE t.relnamespace = current_schema()::regnamespace AND t.relname = ANY(%s)
+"""
+SUMMARIZE_LOCK_TIMEOUT = "100ms"  # VACUUM (autovacuum's or a peer's) holds the table: summarise at the next look
+
+
+def summarize_brin(conn, tables: Sequence[str]) -> int:  # noqa: ANN001 - an autocommit psycopg connection
+    """Summarise the full block ranges of the BRIN indexes of `tables` (those whose rows changed since
+    their statistics): a BRIN index's inserts write nothing to it, and a range no summary covers is
+    read by every scan, so without this on a server with autovacuum off (whose VACUUM would do it),
+    the dashboard's last hour of attempts read the whole day. Returns the ranges summarised."""
+    if not tables:
+        return 0
+    try:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{SUMMARIZE_LOCK_TIMEOUT}'")
+            (summarized,) = conn.execute(_SUMMARIZE, [list(tables)]).fetchone()
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as exc:
+        logger.debug("BRIN summaries wait for the next look (%s)", exc)
+        return 0
+    if summarized:
+        logger.info("summarised %d BRIN block range(s)", summarized)
+    return summarized
 
 
 def _each(conn, tables: list[str], statement: str, done_as: str) -> list[str]:  # noqa: ANN001

@@ -6,7 +6,7 @@
   counted over a random sample of that many pages and scaled (`queue_figures_sized()` says which),
   so a scrape or a dashboard costs the same with a backlog of ten million.
 - `throughput()`: attempts per minute over the last hour by outcome — one grouped query over the
-  last hour of delivery_attempts, served by attempt_finished_idx.
+  last hour of delivery_attempts, served by attempt_finished_idx (BRIN, summarised by the janitor).
 - `leased_notifications_sql()`: the notifications under a live lease, for the console's
   `dispatching` filter, read from the fronts of the claim's orders.
 - `dlq_open()`: open dead letters, counted exactly up to a cap, then the planner's estimate.

@@ -285,3 +285,48 @@ def _changed_since_analyzed(conn: psycopg.Connection, table: str) -> int:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = %s", [table]).fetchone()
     return row[0]
+
+
+def brin_heap_blocks(conn: psycopg.Connection) -> int:
+    """Heap blocks the last hour's count reads through brin_look_at (in a rolled-back transaction)."""
+    with conn.transaction(force_rollback=True):
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM brin_look WHERE at >= now() - interval '1 hour'"
+        ).fetchone()[0][0]["Plan"]
+    scan = plan["Plans"][0]
+    assert scan["Node Type"] == "Bitmap Heap Scan", plan
+    return scan.get("Lossy Heap Blocks", 0) + scan.get("Exact Heap Blocks", 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_look_summarises_the_full_block_ranges_of_brin_indexes_and_leaves_the_partial_one():
+    """A BRIN index's inserts write nothing to it (delivery_attempts' attempt_finished_idx): until its ranges
+    are summarised, a scan for the last hour reads the whole table. A look of the janitor summarises the full
+    ranges of the tables whose rows changed, not the last partial one (each insert would then rewrite its
+    summary), and waits for no VACUUM that holds the table."""
+    with autocommit_connection() as conn:
+        conn.execute("CREATE TABLE brin_look (at timestamptz NOT NULL, pad text NOT NULL)")
+        conn.execute("CREATE INDEX brin_look_at ON brin_look USING brin (at) WITH (pages_per_range = 16)")
+        conn.execute("SELECT brin_desummarize_range('brin_look_at', 0)")  # as core.partitions leaves a new one
+        try:
+            conn.execute("INSERT INTO brin_look SELECT now() - interval '1 day' + g * interval '1 second', "
+                         "repeat('x', 200) FROM generate_series(1, 20000) g")  # fmt: skip
+            conn.execute("ANALYZE brin_look")
+            conn.execute("INSERT INTO brin_look SELECT now() - g * interval '1 second', '' "
+                         "FROM generate_series(1, 5) g")  # fmt: skip
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            pages = conn.execute("SELECT pg_relation_size('brin_look') / 8192").fetchone()[0]
+            assert brin_heap_blocks(conn) > pages * 0.9  # nothing summarised: (nearly) every block is read
+
+            with autocommit_connection() as holder, holder.transaction():
+                holder.execute("LOCK TABLE brin_look IN SHARE UPDATE EXCLUSIVE MODE")  # as a VACUUM does
+                assert janitor.summarize_brin(conn, ["brin_look"]) == 0
+            look = Janitor(every=0.0)
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            look.maybe_vacuum(conn)
+            assert look.summarized == pages // 16
+            # the hour is in the last block or two: only the partial range is read whole
+            assert brin_heap_blocks(conn) <= 16 + pages % 16
+            assert janitor.summarize_brin(conn, ["brin_look"]) == 0  # done once
+        finally:
+            conn.execute("DROP TABLE brin_look")
