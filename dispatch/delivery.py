@@ -161,6 +161,9 @@ class Outcome:
     status_code: int | None = None
     next_provider_id: int | None = None  # a retry's next try goes through this provider (failover)
     devices: list[DeviceOutcome] | None = None  # a push to devices: how each went (notification_devices)
+    # A push to a raw token that the vendor called dead: (kind, the token's blind indexes, reason), so
+    # that the tenant's device with that token is deactivated as a subscriber's would be.
+    dead_token: tuple[str, tuple[str, ...], str] | None = None
 
 
 @dataclass(slots=True)
@@ -506,6 +509,14 @@ _RECORD_SQL = """
                                %(dv_code)s::text[], %(dv_reason)s::text[], %(dv_provider)s::bigint[])
                         AS v(notification_id, device_id, status, code, reason, provider_id)
         WHERE v.notification_id IN (SELECT notification_id FROM ours)
+    ), dev_raw_in AS (
+        -- pushes to a raw token the vendor called dead: the tenant's device with that token, if it has one
+        SELECT v.* FROM unnest(%(rd_notification)s::uuid[], %(rd_tenant)s::uuid[], %(rd_kind)s::text[],
+                               %(rd_index)s::text[], %(rd_reason)s::text[])
+                        AS v(notification_id, tenant_id, kind, token_index, reason)
+        WHERE v.notification_id IN (SELECT notification_id FROM ours)
+    ), dev_gone AS (
+        SELECT device_id, reason FROM dev_in UNION ALL {dev_by_token}
     ), dev_results AS ({dev_results}
     ), dev_dead AS ({dev_dead}
     ), dev_used AS ({dev_used}
@@ -541,7 +552,8 @@ _RECORD_SQL = """
     counted=counters.add_sql("attempts", "changed"),
     dead=dlq_statements.insert_dead_letters_sql("ours"),
     dev_results=statements.record_devices_sql("dev_in"),
-    dev_dead=devices.deactivate_sql("dev_in"),
+    dev_by_token=devices.by_token_sql("dev_raw_in"),
+    dev_dead=devices.deactivate_sql("dev_gone"),
     dev_used=devices.used_sql("dev_in"),
     dev_events=device_events_ctes("dev_dead"),
     # an in_app notification's delivery is its feed item (inbox.statements)
@@ -596,4 +608,10 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
     params["dv_code"] = [r.code for r in results]
     params["dv_reason"] = [r.reason for r in results]
     params["dv_provider"] = [r.provider_id for r in results]
+    dead_tokens = [(o.lease, o.dead_token, index) for o in outcomes if o.dead_token for index in o.dead_token[1]]
+    params["rd_notification"] = [lease.notification_id for lease, _, _ in dead_tokens]
+    params["rd_tenant"] = [lease.tenant_id for lease, _, _ in dead_tokens]
+    params["rd_kind"] = [dead[0] for _, dead, _ in dead_tokens]
+    params["rd_index"] = [index for _, _, index in dead_tokens]
+    params["rd_reason"] = [dead[2] for _, dead, _ in dead_tokens]
     return _RECORD_SQL, params

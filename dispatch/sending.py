@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from core import tracing
+from core import crypto, tracing
 from dispatch import policy
 from dispatch.delivery import Attempt, DeviceOutcome, Outcome, Prepared, Target
 from dispatch.providers import ProviderCache
@@ -24,7 +24,7 @@ from dlq.retry import RetryPolicy
 from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
 from providers.kinds.base import Cancellable
 from providers.scrub import scrub
-from recipients import unsubscribe
+from recipients import devices, unsubscribe
 from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
@@ -127,9 +127,22 @@ class Sender:
             outcome = _unjudged(item, result, started, self.retry)
         if item.device_results is not None:
             outcome.devices = item.device_results
+        elif result.deactivate and item.channel == "push":
+            outcome.dead_token = self._dead_token(item, result.deactivate)
         if tracing.ENABLED:
             self._traced(item, outcome)
         self.recorder.add(outcome)
+
+    def _dead_token(self, item: Prepared, reason: str) -> tuple[str, tuple[str, ...], str] | None:
+        """A push to a raw token that the vendor called dead: (kind, the token's blind indexes, reason),
+        for the record statement to deactivate the tenant's device with that token, as a push to a
+        subscriber's devices does (None: it cannot be told, which only leaves the device as it is)."""
+        try:
+            kind = self.providers.entries[item.provider_id].instance.kind
+            return kind, crypto.blind_indexes(devices.identity_of(kind, item.recipient())), reason[:100]
+        except Exception:  # noqa: BLE001 - never in the way of recording the outcome
+            logger.exception("could not tell the device of the dead token %s was sent to", item.notification_id)
+            return None
 
     def given_back(self, item: Prepared) -> None:
         if self._leave(item) is not None:
