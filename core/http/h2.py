@@ -35,13 +35,12 @@ import h2.settings
 from core.http.client import (
     Guard,
     HttpConnectError,
-    HttpDnsError,
     HttpProtocolError,
     HttpTimeout,
-    HttpTlsError,
     Origin,
     Resolver,
     Response,
+    open_connection,
 )
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -361,51 +360,15 @@ class H2Client:
         )
 
     async def _connect(self, deadline: float) -> _H2Protocol:
-        loop = asyncio.get_running_loop()
         origin = self.origin
-        try:
-            async with asyncio.timeout_at(deadline):
-                try:
-                    infos = await self._resolve(origin.host, origin.port)
-                except socket.gaierror as exc:
-                    raise HttpDnsError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
-                if not infos:
-                    raise HttpDnsError(f"cannot resolve {origin.host}: no addresses")
-                self.guard(origin.host, [info[4][0] for info in infos])
-                last: OSError | None = None
-                for family, type_, proto, _, sockaddr in infos:
-                    sock = socket.socket(family, type_, proto)
-                    try:
-                        sock.setblocking(False)
-                        await loop.sock_connect(sock, sockaddr)
-                    except OSError as exc:
-                        sock.close()
-                        last = exc
-                        continue
-                    except BaseException:
-                        sock.close()
-                        raise
-                    try:
-                        transport, protocol = await loop.create_connection(
-                            lambda: _H2Protocol(self), sock=sock, ssl=self.ssl_context,
-                            server_hostname=origin.host,
-                        )  # fmt: skip
-                    except ssl.SSLError as exc:
-                        sock.close()
-                        raise HttpTlsError(f"TLS handshake with {origin.host} failed: {exc}") from exc
-                    except BaseException:
-                        sock.close()
-                        raise
-                    ssl_object = transport.get_extra_info("ssl_object")
-                    if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
-                        transport.abort()
-                        raise HttpProtocolError(f"{origin.host} does not speak HTTP/2 (ALPN)")
-                    return protocol
-                raise HttpConnectError(
-                    f"cannot connect to {origin.host}:{origin.port}: {last.strerror if last else 'no address'}"
-                ) from last
-        except TimeoutError:
-            raise HttpTimeout(f"connecting to {origin.host}:{origin.port} timed out") from None
+        transport, protocol = await open_connection(
+            origin, deadline, self._resolve, self.guard, lambda: _H2Protocol(self), self.ssl_context
+        )
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
+            transport.abort()
+            raise HttpProtocolError(f"{origin.host} does not speak HTTP/2 (ALPN)")
+        return protocol  # type: ignore[return-value] - made by the factory above
 
     def _expired(self, request: H2Request) -> None:
         if request.done:
