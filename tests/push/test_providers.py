@@ -269,6 +269,27 @@ def test_webpush_body_decrypts_to_what_was_sent_and_vapid_is_signed_once_per_ori
     assert provider.vapid_signed == 1 and len(webpush.vapid_tokens) == 1
 
 
+def test_webpush_sends_through_callbacks(webpush):
+    import json
+
+    sub = webpush.subscribe("cb")
+    provider = build_provider("webpush", *webpush.provider_config())
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        results = []
+        for recipient in (json.dumps(sub.as_json()), "not a subscription"):
+            future = loop.create_future()
+            assert provider.start_send(message(recipient, data={"k": "v"}), future.set_result) is not None
+            assert not future.done()  # called back later, never from within
+            results.append(await future)
+        return results
+
+    sent, refused = run(provider, scenario)
+    assert sent.delivered and (refused.delivered, refused.error_code) == (False, "invalid_recipient")
+    assert [r["payload"]["data"] for r in webpush.accepted("cb")] == [{"k": "v"}] and webpush.refused == []
+
+
 @pytest.mark.parametrize(
     ("status", "deactivate", "permanent"),
     [(410, "http_410", True), (404, "http_404", True), (503, None, None), (413, None, None)],
