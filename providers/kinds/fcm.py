@@ -216,17 +216,14 @@ class FcmProvider(BaseProvider):
         if isinstance(body, DeliveryResult):
             return loop.call_soon(on_result, body)
         handle = _Started()
+        answered = self._answered(on_result)
 
         def done(response: Response | None, error: BaseException | None) -> None:
             if error is None and response.status == 401:  # type: ignore[union-attr]
                 self._refused(access)
                 handle.current = loop.create_task(self._renewed(message, on_result))
                 return
-            try:
-                result = self._result(response) if error is None else self._failure(error)  # type: ignore[arg-type]
-            except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
-                result = self._failure(exc)
-            on_result(result)
+            answered(response, error)
 
         try:
             handle.current = self._client.start(self._origin, self._head(access, body), body, TIMEOUT_SECONDS, done)
