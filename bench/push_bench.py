@@ -1,7 +1,7 @@
 """Native push through the vendors' stand-ins, side by side with the webhook kind, in one sitting.
 
     .venv/bin/python bench/push_bench.py [--items 2000] [--dispatchers 2] [--kinds webhook,apns,fcm,webpush]
-        [--database-url URL]
+        [--database-url URL] [--profile DIR]
 
 For each kind: a tenant with one provider of that kind, `--items` subscribers with one device each
 (webhook: `--items` notifications to a recipient), one push notification each, created before the
@@ -98,7 +98,7 @@ def _seed(kind: str, items: int, standin: object) -> None:
         services.create_notifications(tenant, services.build_specs(tenant, batch, cached=False), actor="bench")
 
 
-def _drain(dispatchers: int, env: dict, items: int) -> dict:
+def _drain(dispatchers: int, env: dict, items: int, profile: Path | None = None, kind: str = "") -> dict:
     from queueing.models import QueueItem
     from queueing.queue import NOTIFY_CHANNEL
 
@@ -116,6 +116,14 @@ def _drain(dispatchers: int, env: dict, items: int) -> dict:
             raise SystemExit(f"dispatchers did not start (logs: {logs})")
         time.sleep(0.02)
     time.sleep(1.0)  # past their first claims: idle, polling
+    spies = []
+    if profile is not None:  # py-spy on each dispatcher while it drains (raw stacks, for a flame graph)
+        profile.mkdir(parents=True, exist_ok=True)
+        spies = [subprocess.Popen([str(ROOT / ".venv/bin/py-spy"), "record", "--pid", str(p.pid), "--rate", "250",
+                                   "--format", "raw", "--output", str(profile / f"{kind}-d{i}.txt")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for i, p in enumerate(procs)]  # fmt: skip
+        time.sleep(1.0)
     cpu0 = sum(_cpu(p.pid) for p in procs)
     started = time.monotonic()
     # the items were created in a queue nobody claims; now, all at once, in the dispatchers' queue
@@ -130,6 +138,10 @@ def _drain(dispatchers: int, env: dict, items: int) -> dict:
         time.sleep(0.02)
     wall = time.monotonic() - started
     cpu = sum(_cpu(p.pid) for p in procs) - cpu0
+    for spy in spies:
+        spy.send_signal(2)  # py-spy writes its profile on SIGINT
+    for spy in spies:
+        spy.wait(30)
     for p in procs:
         p.terminate()
     for p in procs:
@@ -144,6 +156,7 @@ def main() -> None:
     parser.add_argument("--dispatchers", type=int, default=2)
     parser.add_argument("--kinds", default="webhook,apns,fcm,webpush")
     parser.add_argument("--database-url", default=DEFAULT_URL)
+    parser.add_argument("--profile", type=Path, help="py-spy each dispatcher while it drains; raw stacks go here")
     args = parser.parse_args()
     _setup(args.database_url)
     from tests.push.standins import ApnsStandIn, FcmStandIn, WebPushStandIn
@@ -162,7 +175,7 @@ def main() -> None:
                    "webpush": lambda: WebPushStandIn().start()}[kind]()  # fmt: skip
         try:
             _seed(kind, args.items, standin)
-            results[kind] = _drain(args.dispatchers, env, args.items)
+            results[kind] = _drain(args.dispatchers, env, args.items, args.profile, kind)
             if kind == "apns":
                 results[kind]["apns_most_streams_in_flight"] = standin.most_in_flight
             if kind != "webhook":

@@ -112,8 +112,13 @@ class Claimer:
                 self.router.refresh()
                 routed = self.router.route(prepared, circuits.reserve_probes)
                 prepared, result.waiting, result.relaned = routed.send, routed.wait, routed.relane
-            # a push to devices goes through the provider of each device's kind (one statement for the pushes)
-            self.providers.load({p.provider_id for p in prepared} | push_targets(prepared), known=seen.versions)
+            # a push to devices goes through a provider of each device's kind (one statement for the
+            # pushes), each device routed along its kind's failover order past open breakers
+            devices = push_targets(prepared)
+            if devices:
+                self.router.route_devices(prepared)
+                devices = {t.provider_id for p in prepared if p.targets for t in p.targets if t.active and not t.held}
+            self.providers.load({p.provider_id for p in prepared} | devices, known=seen.versions)
         except Exception as exc:
             if not is_connection_lost(exc):
                 raise

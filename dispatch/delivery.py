@@ -117,6 +117,7 @@ class Target:
     provider_id: int
     token: str  # plaintext: the device token, or the Web Push subscription's JSON
     active: bool
+    held: bool = False  # every provider of its kind is open (routing.failover.route_devices): not sent now
 
 
 @dataclass(slots=True)
@@ -126,6 +127,8 @@ class DeviceOutcome:
     status: str  # delivered | failed | deactivated | pending (a transient failure: tried again)
     code: str = ""
     reason: str | None = None  # the vendor said the token is dead: the device is deactivated with this
+    # the provider it went through, or (pending) that its next try goes through (failover); None: unchanged
+    provider_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -158,6 +161,9 @@ class Outcome:
     status_code: int | None = None
     next_provider_id: int | None = None  # a retry's next try goes through this provider (failover)
     devices: list[DeviceOutcome] | None = None  # a push to devices: how each went (notification_devices)
+    # A push to a raw token that the vendor called dead: (kind, the token's blind indexes, reason), so
+    # that the tenant's device with that token is deactivated as a subscriber's would be.
+    dead_token: tuple[str, tuple[str, ...], str] | None = None
 
 
 @dataclass(slots=True)
@@ -429,20 +435,24 @@ def push_targets(prepared: Sequence[Prepared], *, using: str = "default") -> set
 _ACCEPTED_SQL = f"""
     WITH w AS (
         SELECT v.*, 'delivered'::text AS status, ''::text AS code
-        FROM unnest(%s::bigint[], %s::uuid[], %s::uuid[], %s::uuid[])
-             AS v(item_id, lock_token, notification_id, device_id)
+        FROM unnest(%s::bigint[], %s::uuid[], %s::uuid[], %s::uuid[], %s::bigint[])
+             AS v(item_id, lock_token, notification_id, device_id, provider_id)
         WHERE EXISTS (SELECT 1 FROM queue_state q WHERE q.item_id = v.item_id AND q.lock_token = v.lock_token)
     ), done AS ({statements.record_devices_sql("w")}
     ), used AS ({devices.used_sql("w")})
     SELECT count(*) FROM done"""  # noqa: S608 - fragments of the tables' owners
 
 
-def record_accepted(accepted: Sequence[tuple[DispatchLease, uuid.UUID]], *, using: str = "default") -> int:
-    """Devices that accepted their push, before the push's outcome: (lease, device id) each; one statement."""
+def record_accepted(
+    accepted: Sequence[tuple[DispatchLease, uuid.UUID, int | None]], *, using: str = "default"
+) -> int:
+    """Devices that accepted their push, before the push's outcome: (lease, device id, the provider it
+    went through) each; one statement."""
     if not accepted:
         return 0
-    params = [[lease.item_id for lease, _ in accepted], [lease.lock_token for lease, _ in accepted],
-              [lease.notification_id for lease, _ in accepted], [device for _, device in accepted]]  # fmt: skip
+    params = [[lease.item_id for lease, _, _ in accepted], [lease.lock_token for lease, _, _ in accepted],
+              [lease.notification_id for lease, _, _ in accepted], [device for _, device, _ in accepted],
+              [provider for _, _, provider in accepted]]  # fmt: skip
     with hot_cursor(using) as cursor:
         cursor.execute(_ACCEPTED_SQL, params, prepare=pooling.prepare())
         return cursor.fetchone()[0]
@@ -496,9 +506,17 @@ _RECORD_SQL = """
         -- a push's devices (notification_devices), for the items still ours: each device's result; the
         -- devices the vendor called dead deactivated, with their device.deactivated events; last_used_at
         SELECT v.* FROM unnest(%(dv_notification)s::uuid[], %(dv_device)s::uuid[], %(dv_status)s::text[],
-                               %(dv_code)s::text[], %(dv_reason)s::text[])
-                        AS v(notification_id, device_id, status, code, reason)
+                               %(dv_code)s::text[], %(dv_reason)s::text[], %(dv_provider)s::bigint[])
+                        AS v(notification_id, device_id, status, code, reason, provider_id)
         WHERE v.notification_id IN (SELECT notification_id FROM ours)
+    ), dev_raw_in AS (
+        -- pushes to a raw token the vendor called dead: the tenant's device with that token, if it has one
+        SELECT v.* FROM unnest(%(rd_notification)s::uuid[], %(rd_tenant)s::uuid[], %(rd_kind)s::text[],
+                               %(rd_index)s::text[], %(rd_reason)s::text[])
+                        AS v(notification_id, tenant_id, kind, token_index, reason)
+        WHERE v.notification_id IN (SELECT notification_id FROM ours)
+    ), dev_gone AS (
+        SELECT device_id, reason FROM dev_in UNION ALL {dev_by_token}
     ), dev_results AS ({dev_results}
     ), dev_dead AS ({dev_dead}
     ), dev_used AS ({dev_used}
@@ -534,7 +552,8 @@ _RECORD_SQL = """
     counted=counters.add_sql("attempts", "changed"),
     dead=dlq_statements.insert_dead_letters_sql("ours"),
     dev_results=statements.record_devices_sql("dev_in"),
-    dev_dead=devices.deactivate_sql("dev_in"),
+    dev_by_token=devices.by_token_sql("dev_raw_in"),
+    dev_dead=devices.deactivate_sql("dev_gone"),
     dev_used=devices.used_sql("dev_in"),
     dev_events=device_events_ctes("dev_dead"),
     # an in_app notification's delivery is its feed item (inbox.statements)
@@ -588,4 +607,11 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
     params["dv_status"] = [r.status for r in results]
     params["dv_code"] = [r.code for r in results]
     params["dv_reason"] = [r.reason for r in results]
+    params["dv_provider"] = [r.provider_id for r in results]
+    dead_tokens = [(o.lease, o.dead_token, index) for o in outcomes if o.dead_token for index in o.dead_token[1]]
+    params["rd_notification"] = [lease.notification_id for lease, _, _ in dead_tokens]
+    params["rd_tenant"] = [lease.tenant_id for lease, _, _ in dead_tokens]
+    params["rd_kind"] = [dead[0] for _, dead, _ in dead_tokens]
+    params["rd_index"] = [index for _, _, index in dead_tokens]
+    params["rd_reason"] = [dead[2] for _, dead, _ in dead_tokens]
     return _RECORD_SQL, params

@@ -31,7 +31,7 @@ class Recorder:
         self.providers = providers
         self.on_bug = on_bug  # recording is broken: the dispatcher must stop claiming
         self.pending: list[Outcome] = []
-        self.accepted: list[tuple[DispatchLease, Any]] = []  # devices that accepted a push still in flight
+        self.accepted: list[tuple[DispatchLease, Any, int | None]] = []  # devices that accepted a push still in flight
         self.wake = asyncio.Event()
         self.finished = asyncio.Event()
         self.force = False  # a forced stop abandons what cannot be written now
@@ -44,9 +44,10 @@ class Recorder:
         self.pending.append(outcome)
         self.wake.set()
 
-    def accept(self, lease: DispatchLease, device_id: Any) -> None:  # noqa: ANN401
-        """A device accepted its push while the push's other devices are still being sent to."""
-        self.accepted.append((lease, device_id))
+    def accept(self, lease: DispatchLease, device_id: Any, provider_id: int | None = None) -> None:  # noqa: ANN401
+        """A device accepted its push (through `provider_id`) while the push's other devices are still
+        being sent to."""
+        self.accepted.append((lease, device_id, provider_id))
         self.wake.set()
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
@@ -68,7 +69,7 @@ class Recorder:
             if self.finished.is_set() and not self.pending:
                 return
 
-    async def _record_accepted(self, accepted: list[tuple[DispatchLease, Any]]) -> None:
+    async def _record_accepted(self, accepted: list[tuple[DispatchLease, Any, int | None]]) -> None:
         """Written before the outcomes gathered with them; if the session is lost, the push's outcome
         records them all the same (only a dispatcher that dies before that may send them again)."""
         try:

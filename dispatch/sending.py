@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from core import tracing
+from core import crypto, tracing
 from dispatch import policy
 from dispatch.delivery import Attempt, DeviceOutcome, Outcome, Prepared, Target
 from dispatch.providers import ProviderCache
@@ -24,7 +24,7 @@ from dlq.retry import RetryPolicy
 from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
 from providers.kinds.base import Cancellable
 from providers.scrub import scrub
-from recipients import unsubscribe
+from recipients import devices, unsubscribe
 from routing.failover import Router
 
 logger = logging.getLogger("omnipost.dispatcher")
@@ -127,9 +127,22 @@ class Sender:
             outcome = _unjudged(item, result, started, self.retry)
         if item.device_results is not None:
             outcome.devices = item.device_results
+        elif result.deactivate and item.channel == "push":
+            outcome.dead_token = self._dead_token(item, result.deactivate)
         if tracing.ENABLED:
             self._traced(item, outcome)
         self.recorder.add(outcome)
+
+    def _dead_token(self, item: Prepared, reason: str) -> tuple[str, tuple[str, ...], str] | None:
+        """A push to a raw token that the vendor called dead: (kind, the token's blind indexes, reason),
+        for the record statement to deactivate the tenant's device with that token, as a push to a
+        subscriber's devices does (None: it cannot be told, which only leaves the device as it is)."""
+        try:
+            kind = self.providers.entries[item.provider_id].instance.kind
+            return kind, crypto.blind_indexes(devices.identity_of(kind, item.recipient())), reason[:100]
+        except Exception:  # noqa: BLE001 - never in the way of recording the outcome
+            logger.exception("could not tell the device of the dead token %s was sent to", item.notification_id)
+            return None
 
     def given_back(self, item: Prepared) -> None:
         if self._leave(item) is not None:
@@ -232,8 +245,18 @@ class Sender:
             error_code=verdict.error_code, failure_reason=reason, failure_class=verdict.failure_class,
             status_code=result.http_status,
             # a transient failure moves the next try along the failover order (a permanent one never does)
-            next_provider_id=self.router.next_after(item) if decision.kind == policy.RETRY else None,
+            next_provider_id=self._next_provider(item) if decision.kind == policy.RETRY else None,
         )  # fmt: skip
+
+    def _next_provider(self, item: Prepared) -> int | None:
+        """The provider a retry goes through: the next in the item's failover order; for a push to
+        devices, the provider of its first device still pending (its kind's next, push_outcome), so that
+        the item's lane and breaker follow the device that failed."""
+        if item.device_results:
+            for device in item.device_results:
+                if device.status == "pending" and device.provider_id is not None:
+                    return device.provider_id if device.provider_id != item.provider_id else None
+        return self.router.next_after(item)
 
     def waiting(self, item: Prepared) -> Outcome:
         """An item no provider of its order can take now (breakers open): back untried, after the backoff."""
@@ -278,6 +301,9 @@ class _FanOut:
             if not target.active:  # deactivated since the notification was queued: never sent to
                 self.handles.append(loop.call_soon(self._done, target, _GONE))
                 continue
+            if target.held:  # every provider of its kind is open (routing.failover): tried again later
+                self.handles.append(loop.call_soon(self._done, target, _HELD))
+                continue
             try:
                 instance = self.sender.providers.entries[target.provider_id].instance
                 message = OutboundMessage(
@@ -306,10 +332,11 @@ class _FanOut:
         if len(self.results) == len(self.item.targets or ()):
             self._finish()
         elif result.delivered and self.item.lease.item_id in self.sender.inflight:
-            self.sender.recorder.accept(self.item.lease, target.device_id)  # never sent again, whatever comes
+            # never sent again, whatever comes
+            self.sender.recorder.accept(self.item.lease, target.device_id, target.provider_id)
 
     def _finish(self) -> None:
-        combined, self.item.device_results = push_outcome(self.item, self.results)
+        combined, self.item.device_results = push_outcome(self.item, self.results, self.sender.router)
         self.sender._sent(self.item, combined, self.started, self.t0)
 
     def cancel(self) -> None:
@@ -319,40 +346,47 @@ class _FanOut:
 
 # A device deactivated after the notification was queued (by another notification's answer).
 _GONE = DeliveryResult(delivered=False, error_code="device_deactivated", permanent=True)
+# A device whose every provider of its kind has an open breaker: not sent this try, pending.
+_HELD = DeliveryResult(delivered=False, error_code="circuit_open", permanent=False)
 _ACCEPTED = DeliveryResult(delivered=True)
 
 
 def push_outcome(
-    item: Prepared, results: list[tuple[Target, DeliveryResult]]
+    item: Prepared, results: list[tuple[Target, DeliveryResult]], router: Router | None = None
 ) -> tuple[DeliveryResult, list[DeviceOutcome]]:
     """One result for a push's devices, and each device's: a device that accepted is `delivered`; one
     the vendor called dead `deactivated`; a permanent failure `failed`; a transient one stays
-    `pending` and is tried again. The push is delivered once no device is pending and one accepted
-    (now or before), failed when none did; while one is pending, it is that transient failure (the
-    longest Retry-After among them)."""
+    `pending` and is tried again, through the next provider of its kind in the failover order
+    (`router`; the same one without it or when the provider was named). The push is delivered once no
+    device is pending and one accepted (now or before), failed when none did; while one is pending,
+    it is that transient failure (the longest Retry-After among them)."""
     devices: list[DeviceOutcome] = []
     transient: list[DeliveryResult] = []
     permanent: list[DeliveryResult] = []
     accepted = item.any_delivered
+    key = item.notification_id
     for target, result in results:
+        through = target.provider_id
         if result.delivered:
             accepted = True
-            devices.append(DeviceOutcome(item.notification_id, target.device_id, "delivered"))
+            devices.append(DeviceOutcome(key, target.device_id, "delivered", provider_id=through))
         elif result is _GONE:
             permanent.append(result)
-            devices.append(DeviceOutcome(item.notification_id, target.device_id, "deactivated", result.error_code))
+            devices.append(DeviceOutcome(key, target.device_id, "deactivated", result.error_code))
         elif result.deactivate:
             permanent.append(result)
-            devices.append(DeviceOutcome(item.notification_id, target.device_id, "deactivated", result.error_code,
-                                         result.deactivate[:100]))  # fmt: skip
+            devices.append(DeviceOutcome(key, target.device_id, "deactivated", result.error_code,
+                                         result.deactivate[:100], through))  # fmt: skip
         elif classify(result).permanent:
             permanent.append(result)
-            devices.append(DeviceOutcome(item.notification_id, target.device_id, "failed",
-                                         classify(result).error_code[:100]))  # fmt: skip
+            devices.append(DeviceOutcome(key, target.device_id, "failed", classify(result).error_code[:100],
+                                         provider_id=through))  # fmt: skip
         else:
             transient.append(result)
-            devices.append(DeviceOutcome(item.notification_id, target.device_id, "pending",
-                                         classify(result).error_code[:100]))  # fmt: skip
+            # held devices stay where they are: their provider was never asked
+            after = router.next_for_device(item, through) if router is not None and result is not _HELD else through
+            devices.append(DeviceOutcome(key, target.device_id, "pending", classify(result).error_code[:100],
+                                         provider_id=after))  # fmt: skip
     if transient:
         return max(transient, key=lambda r: r.retry_after or 0.0), devices
     if accepted:

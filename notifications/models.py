@@ -180,8 +180,9 @@ class NotificationDevice(models.Model):
     """One device a push notification to a subscriber goes to (recipients' `devices`), and how it went:
     `pending` until the device accepted (`delivered`), refused for good (`failed`) or was found dead
     (`deactivated`); a retry goes to the pending ones only. `provider_id` is the provider serving the
-    device's kind, chosen at creation. Written by the create and by the dispatcher's record statement
-    (notifications.statements)."""
+    device's kind: the first of its kind at creation, then the one it went through, or that its next
+    try goes through (failover within its kind, routing.failover). Written by the create and by the
+    dispatcher's record statement (notifications.statements)."""
 
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)

@@ -252,9 +252,11 @@ ON CONFLICT DO NOTHING"""
 
 def record_devices_sql(source: str) -> str:
     """A data-modifying statement for the record's WITH clause: each device of `source` (columns
-    notification_id, device_id, status, code) that is still pending takes its new status (delivered,
-    failed, deactivated, or pending again after a transient failure) and error code."""
-    return f"""UPDATE notification_devices nd SET status = v.status, error_code = v.code, updated_at = now()
+    notification_id, device_id, status, code, provider_id) that is still pending takes its new status
+    (delivered, failed, deactivated, or pending again after a transient failure), error code and
+    provider (the one it went through, or that its next try goes through; null: unchanged)."""
+    return f"""UPDATE notification_devices nd SET status = v.status, error_code = v.code,
+               provider_id = coalesce(v.provider_id, nd.provider_id), updated_at = now()
         FROM {source} v
         WHERE nd.notification_id = v.notification_id AND nd.device_id = v.device_id AND nd.status = 'pending'
         RETURNING nd.notification_id"""  # noqa: S608 - the caller's CTE name

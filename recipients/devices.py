@@ -196,6 +196,15 @@ def clean_registration(body: Any) -> Registration:
     return Registration(kind, token, token, mask_token(token))
 
 
+def identity_of(kind: str, recipient: str) -> str:
+    """The identity (what the blind index is over) of a push `recipient` of `kind` that was checked at
+    its notification's creation (`recipient_identity`): no check again, no look-up of the endpoint's
+    host (the dispatcher's loop calls it)."""
+    if kind == DeviceKind.WEBPUSH:
+        return str(json.loads(recipient)["endpoint"])
+    return recipient.lower() if kind == DeviceKind.APNS else recipient
+
+
 def recipient_identity(kind: str, recipient: str) -> str:
     """The identity of a push `recipient` (a token, or a subscription's JSON) for `kind`."""
     if kind == DeviceKind.WEBPUSH:
@@ -266,6 +275,14 @@ def deactivate_sql(source: str) -> str:
         FROM (SELECT DISTINCT ON (device_id) device_id, reason FROM {source} WHERE reason IS NOT NULL) s
         WHERE d.id = s.device_id AND d.active
         RETURNING d.id, d.tenant_id, d.subscriber_id, d.kind, d.deactivated_reason"""  # noqa: S608
+
+
+def by_token_sql(values: str) -> str:
+    """A query (for a WITH clause) of the devices whose token a push to a raw `recipient` went to:
+    `values` has columns tenant_id, kind, token_index (one row per key of `crypto.blind_indexes`),
+    reason, and the rows named come back as (`device_id`, `reason`) for `deactivate_sql`."""
+    return f"""SELECT d.id AS device_id, v.reason FROM {values} v
+        JOIN devices d ON d.tenant_id = v.tenant_id AND d.token_index = v.token_index AND d.kind = v.kind"""  # noqa: S608
 
 
 def used_sql(source: str) -> str:

@@ -77,21 +77,30 @@ def not_closed() -> dict[int, str]:
         return dict(cursor.fetchall())
 
 
+# Provider kinds that take only recipients of their own kind (a device token of one vendor): they fail
+# over to providers of the same kind only, in an order of their own within their channel's.
+OWN_ORDER_KINDS = ("apns", "fcm", "webpush")
+
+
 def routing_snapshot() -> tuple[list[tuple[int, str, str, bool]], dict[int, str]]:
     """What a dispatcher routes by, in one query: every provider in a failover order as (id, tenant
-    id, channel, rate-limited: its or its tenant's `rate_per_second` is set), ordered by tenant,
-    channel, `failover_order` and name; and every breaker that is open or half-open (as `not_closed`)."""
+    id, order, rate-limited: its or its tenant's `rate_per_second` is set), ordered by tenant, order,
+    `failover_order` and name, where `order` is the provider's channel, or `channel:kind` for the
+    kinds of OWN_ORDER_KINDS (an APNs provider fails over to APNs providers only); and every breaker
+    that is open or half-open (as `not_closed`)."""
     from queueing.queue import rate_limited_sql
 
     lane = rate_limited_sql("p", "t")
+    kinds = ", ".join(f"'{kind}'" for kind in OWN_ORDER_KINDS)
+    order = f"CASE WHEN p.kind IN ({kinds}) THEN p.channel || ':' || p.kind ELSE p.channel END"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""SELECT p.id, p.tenant_id::text, p.channel, {lane}, p.failover_order IS NOT NULL,
+            f"""SELECT p.id, p.tenant_id::text, {order}, {lane}, p.failover_order IS NOT NULL,
                        CASE WHEN c.provider_id IS NULL THEN 'closed' ELSE {STATE_SQL} END
                 FROM providers p JOIN tenants t ON t.id = p.tenant_id
                 LEFT JOIN provider_circuits c ON c.provider_id = p.id AND c.state = 'open'
                 WHERE p.failover_order IS NOT NULL OR c.provider_id IS NOT NULL
-                ORDER BY p.tenant_id, p.channel, p.failover_order, p.name"""  # noqa: S608 - fixed fragments
+                ORDER BY p.tenant_id, 3, p.failover_order, p.name"""  # noqa: S608 - fixed fragments
         )
         rows = cursor.fetchall()
     ordered = [(pk, tenant_id, channel, limited) for pk, tenant_id, channel, limited, in_order, _ in rows if in_order]

@@ -15,6 +15,12 @@ next claim on. Only a half-open breaker costs a statement at claim time: its pro
 its row (`circuits.reserve_probes`), so all dispatchers together let at most `circuits.PROBES` through.
 A pinned notification whose provider is open waits (with the backoff) rather than fail over.
 
+A push to a subscriber's devices goes to each device through a provider of the device's kind: the
+native push kinds (APNs, FCM, Web Push) fail over within their kind only (an APNs token means nothing
+to FCM), each kind in the channel's failover order. Each device is routed past open breakers at claim
+time (`route_devices`), and a device that failed transiently is tried next through the next provider
+of its kind (`next_for_device`, stored with the device's result).
+
 Failing over keeps to the rate limits: an item routed at claim time to a rate-limited provider
 (its own or its tenant's `rate_per_second`) is not sent by this claim, which did not take that
 provider's tokens; it goes back at once, untried, into that provider's lane (`Routed.relane`; the
@@ -61,7 +67,9 @@ class Routed(Generic[Item]):
 class Router:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.orders: dict[tuple[str, str], list[int]] = {}  # (tenant id, channel) → provider ids in order
+        # (tenant id, channel) → provider ids in order; (tenant id, "channel:kind") for a kind that
+        # fails over to its own kind only (circuits.OWN_ORDER_KINDS: the native push kinds)
+        self.orders: dict[tuple[str, str], list[int]] = {}
         self.position: dict[int, tuple[str, str]] = {}  # provider id → its order's key
         self.states: dict[int, str] = {}  # breakers not closed
         self.limited: set[int] = set()  # providers of an order that are rate-limited (theirs or their tenant's)
@@ -74,8 +82,8 @@ class Router:
             return
         ordered, self.states = circuits.routing_snapshot()
         orders: dict[tuple[str, str], list[int]] = {}
-        for pk, tenant_id, channel, _ in ordered:
-            orders.setdefault((tenant_id, channel), []).append(pk)
+        for pk, tenant_id, order, _ in ordered:
+            orders.setdefault((tenant_id, order), []).append(pk)
         self.orders = orders
         self.limited = {pk for pk, _, _, limited in ordered if limited}
         self.position = {pk: key for key, ids in orders.items() for pk in ids}
@@ -99,8 +107,12 @@ class Router:
         current = item.lease.provider_id
         if item.provider_named or current is None:
             return [current] if current is not None else []
+        return self._order_from(current, item.tenant_key, item.channel)
+
+    def _order_from(self, current: int, tenant_key: str, channel: str) -> list[int]:
         key = self.position.get(current)
-        if key is None or key != (item.tenant_key, item.channel):
+        # `channel`, or `channel:kind` for a kind with an order of its own (circuits.OWN_ORDER_KINDS)
+        if key is None or key[0] != tenant_key or key[1].partition(":")[0] != channel:
             return [current]  # its provider is not in an order (or not this tenant's): it stays there
         ids = self.orders[key]
         start = ids.index(current)
@@ -110,6 +122,45 @@ class Router:
         """The provider a transient failure sends the item's next try to (None: the same one)."""
         order = self.order_of(item)
         return order[1] if len(order) > 1 else None
+
+    def device_order(self, item: Routable, provider_id: int) -> list[int]:
+        """The providers a device of a push (`item`) may go through, starting with `provider_id`, the
+        one serving it now: the failover order of that provider's kind, unless the client named the
+        provider (then that one only)."""
+        if item.provider_named:
+            return [provider_id]
+        return self._order_from(provider_id, item.tenant_key, item.channel)
+
+    def next_for_device(self, item: Routable, provider_id: int) -> int:
+        """The provider a device's transient failure on `provider_id` sends its next try to."""
+        order = self.device_order(item, provider_id)
+        return order[1] if len(order) > 1 else provider_id
+
+    def route_devices(self, items: list[Item]) -> None:
+        """Choose the provider of each device a push of `items` goes to now (`Target.provider_id`),
+        as `route` does for items: along its kind's failover order from the provider serving it,
+        past open breakers. A half-open one takes the device only where it is the provider the item
+        itself was routed to (its probe is reserved). A device whose every provider is open is held
+        (`Target.held`): not sent this try, still pending, like a transient failure."""
+        if not self.states:
+            return
+        for item in items:
+            targets = getattr(item, "targets", None)
+            if not targets:
+                continue
+            for target in targets:
+                if not target.active or target.provider_id not in self.states:
+                    continue
+                chosen = None
+                for pid in self.device_order(item, target.provider_id):
+                    state = self.states.get(pid)
+                    if state is None or (state == HALF_OPEN and pid == item.lease.provider_id):
+                        chosen = pid
+                        break
+                if chosen is None:
+                    target.held = True
+                else:
+                    target.provider_id = chosen
 
     def route(self, items: list[Item], reserve: Callable[[dict[int, int]], dict[int, int]]) -> Routed[Item]:
         """Choose each item's provider (changing `item.lease.provider_id`); `reserve` takes probe sends

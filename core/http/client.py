@@ -468,6 +468,56 @@ def _tokens(value: str) -> list[str]:
 Resolver = Callable[[str, int], Awaitable[list[tuple]]]
 # Called with the host and every address it resolved to, before connecting; raises to refuse them.
 Guard = Callable[[str, Iterable[str]], object]
+
+
+async def open_connection(
+    origin: Origin, deadline: float, resolve: Resolver, guard: Guard,
+    protocol_factory: Callable[[], asyncio.BaseProtocol], ssl_context: ssl.SSLContext | None,
+) -> tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:  # fmt: skip
+    """A connection to `origin` before `deadline` (the loop's clock), as both clients open theirs:
+    resolve (`resolve`), let `guard` refuse the addresses (SSRF, on the addresses this connects to),
+    try each address in turn, then TLS with `ssl_context` (None: plain TCP) naming the origin's host.
+    The transport and `protocol_factory`'s protocol; HttpDnsError, HttpConnectError, HttpTlsError or
+    HttpTimeout (the whole of it past the deadline) otherwise, the socket closed."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(deadline):
+            try:
+                infos = await resolve(origin.host, origin.port)
+            except socket.gaierror as exc:
+                raise HttpDnsError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
+            if not infos:
+                raise HttpDnsError(f"cannot resolve {origin.host}: no addresses")
+            guard(origin.host, [info[4][0] for info in infos])
+            last: OSError | None = None
+            for family, type_, proto, _, sockaddr in infos:
+                sock = socket.socket(family, type_, proto)
+                try:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, sockaddr)
+                except OSError as exc:
+                    sock.close()
+                    last = exc
+                    continue
+                except BaseException:
+                    sock.close()
+                    raise
+                try:
+                    return await loop.create_connection(
+                        protocol_factory, sock=sock, ssl=ssl_context,
+                        server_hostname=origin.host if ssl_context is not None else None,
+                    )  # fmt: skip
+                except ssl.SSLError as exc:
+                    sock.close()
+                    raise HttpTlsError(f"TLS handshake with {origin.host} failed: {exc}") from exc
+                except BaseException:
+                    sock.close()
+                    raise
+            raise HttpConnectError(
+                f"cannot connect to {origin.host}:{origin.port}: {last.strerror if last else 'no address'}"
+            ) from last
+    except TimeoutError:
+        raise HttpTimeout(f"connecting to {origin.host}:{origin.port} timed out") from None
 OnDone = Callable[["Response | None", "BaseException | None"], object]
 
 
@@ -837,48 +887,11 @@ class HttpClient:
         return await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
 
     async def _connect(self, origin: Origin, deadline: float) -> _Connection:
-        loop = self._loop
-        try:
-            async with asyncio.timeout_at(deadline):
-                try:
-                    infos = await self._resolve(origin.host, origin.port)
-                except socket.gaierror as exc:
-                    raise HttpDnsError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
-                if not infos:
-                    raise HttpDnsError(f"cannot resolve {origin.host}: no addresses")
-                self.guard(origin.host, [info[4][0] for info in infos])
-                last: OSError | None = None
-                for family, type_, proto, _, sockaddr in infos:
-                    sock = socket.socket(family, type_, proto)
-                    try:
-                        sock.setblocking(False)
-                        await loop.sock_connect(sock, sockaddr)
-                    except OSError as exc:
-                        sock.close()
-                        last = exc
-                        continue
-                    except BaseException:
-                        sock.close()
-                        raise
-                    try:
-                        _, conn = await loop.create_connection(
-                            lambda: _Connection(self.max_body_bytes, self._inflight),
-                            sock=sock,
-                            ssl=self.ssl_context if origin.tls else None,
-                            server_hostname=origin.host if origin.tls else None,
-                        )
-                    except ssl.SSLError as exc:
-                        sock.close()
-                        raise HttpTlsError(f"TLS handshake with {origin.host} failed: {exc}") from exc
-                    except BaseException:
-                        sock.close()
-                        raise
-                    return conn
-                raise HttpConnectError(
-                    f"cannot connect to {origin.host}:{origin.port}: {last.strerror if last else 'no address'}"
-                ) from last
-        except TimeoutError:
-            raise HttpTimeout(f"connecting to {origin.host}:{origin.port} timed out") from None
+        _, conn = await open_connection(
+            origin, deadline, self._resolve, self.guard,
+            lambda: _Connection(self.max_body_bytes, self._inflight), self.ssl_context if origin.tls else None,
+        )  # fmt: skip
+        return conn
 
     async def aclose(self) -> None:
         if asyncio.get_running_loop() is not self._loop:

@@ -211,6 +211,19 @@ class BaseProvider(ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release connections and other resources."""
 
+    def _answered(self, on_result: Callable[[DeliveryResult], object]) -> Callable[[Any, BaseException | None], None]:
+        """The `on_done(response, error)` of a request that `start_send` started: the response judged
+        by the provider's `_result` (an error, or a crash judging it, by `_failure`), then `on_result`."""
+
+        def done(response: Any, error: BaseException | None) -> None:  # noqa: ANN401 - a core.http Response
+            try:
+                result = self._result(response) if error is None else self._failure(error)  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+                result = self._failure(exc)
+            on_result(result)
+
+        return done
+
     def _secret_values(self) -> list[str]:
         return [str(v) for v in self.secrets.values() if v]
 

@@ -19,16 +19,18 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import orjson
 
-from core.http import HttpClient, Response, build_head, split_url
+from core.http import HttpClient, HttpConnectError, Response, build_head, split_url
 from providers import jws
 from providers.kinds import push
 from providers.kinds.base import (
     BaseProvider,
+    Cancellable,
     DeliveryError,
     DeliveryResult,
     OutboundMessage,
@@ -181,25 +183,72 @@ class FcmProvider(BaseProvider):
     # --- sending ---------------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
+        return await self._send(message, (False, True))
+
+    async def _send(self, message: OutboundMessage, renewals: tuple[bool, ...]) -> DeliveryResult:
         try:
-            token = message.recipient.strip()
-            if not token or len(token) > 4096 or not token.isprintable() or " " in token:
-                return DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
-                                      message="not an FCM registration token")  # fmt: skip
-            content = push.PushContent.of(message.subject, message.body, message.push)
-            body = orjson.dumps({"message": push.fcm_message(content, token)})
-            for renew in (False, True):
+            body = self._body(message)
+            if isinstance(body, DeliveryResult):
+                return body
+            for renew in renewals:
                 access = await self.access_token(renew=renew)
-                head = self._head_prefix + b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (
-                    access.encode(), len(body))  # fmt: skip
-                response = await self._client.send(self._origin, head, body, TIMEOUT_SECONDS)
+                response = await self._client.send(self._origin, self._head(access, body), body, TIMEOUT_SECONDS)
                 if response.status != 401:
                     break
-                if self._access_token == access:  # refused: whoever comes next gets a new one
-                    self._access_token = ""
+                self._refused(access)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return self._failure(exc)
         return self._result(response)
+
+    def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> Cancellable | None:
+        """`send` without a task, coroutine or future while the access token is cached (the
+        dispatcher's hot path): the request starts now and its answer calls back; after a 401 (the token
+        refused) the send goes on in a task that renews the token. None without a usable token (the
+        first send, or one due for renewal): `send` fetches it."""
+        loop = asyncio.get_running_loop()
+        access = self._access_token
+        if not access or loop.time() >= self._renew_at:
+            return None
+        try:
+            body = self._body(message)
+        except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+            body = self._failure(exc)
+        if isinstance(body, DeliveryResult):
+            return loop.call_soon(on_result, body)
+        handle = _Started()
+        answered = self._answered(on_result)
+
+        def done(response: Response | None, error: BaseException | None) -> None:
+            if error is None and response.status == 401:  # type: ignore[union-attr]
+                self._refused(access)
+                handle.current = loop.create_task(self._renewed(message, on_result))
+                return
+            answered(response, error)
+
+        try:
+            handle.current = self._client.start(self._origin, self._head(access, body), body, TIMEOUT_SECONDS, done)
+        except HttpConnectError as exc:  # a closed client, before the request is registered anywhere
+            return loop.call_soon(on_result, self._failure(exc))
+        return handle
+
+    async def _renewed(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> None:
+        on_result(await self._send(message, (True,)))
+
+    def _body(self, message: OutboundMessage) -> bytes | DeliveryResult:
+        token = message.recipient.strip()
+        if not token or len(token) > 4096 or not token.isprintable() or " " in token:
+            return DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
+                                  message="not an FCM registration token")  # fmt: skip
+        content = push.PushContent.of(message.subject, message.body, message.push)
+        return orjson.dumps({"message": push.fcm_message(content, token)})
+
+    def _head(self, access: str, body: bytes) -> bytes:
+        return self._head_prefix + b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (
+            access.encode(), len(body))  # fmt: skip
+
+    def _refused(self, access: str) -> None:
+        if self._access_token == access:  # refused: whoever comes next gets a new one
+            self._access_token = ""
 
     def _result(self, response: Response) -> DeliveryResult:
         status = response.status
@@ -251,3 +300,16 @@ def _error(body: bytes) -> tuple[str, bool, str]:
                     about_token = True
     code = code if code.replace("_", "").isalnum() and len(code) <= 64 else ""
     return code, about_token, text[:200]
+
+
+class _Started:
+    """A send started by `start_send`: its request, then the task that sends again after a 401."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: Cancellable | None = None
+
+    def cancel(self) -> None:
+        if self.current is not None:
+            self.current.cancel()

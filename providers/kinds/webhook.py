@@ -178,15 +178,8 @@ class WebhookProvider(BaseProvider):
         if isinstance(request, DeliveryResult):
             return asyncio.get_running_loop().call_soon(on_result, request)
 
-        def done(response: Response | None, error: BaseException | None) -> None:
-            try:
-                result = self._result(response) if error is None else self._failure(error)  # type: ignore[arg-type]
-            except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
-                result = self._failure(exc)
-            on_result(result)
-
         try:
-            return self._client.start(self._origin, *request, self.timeout, done)
+            return self._client.start(self._origin, *request, self.timeout, self._answered(on_result))
         except HttpConnectError as exc:  # a closed client, before the request is registered anywhere
             return asyncio.get_running_loop().call_soon(on_result, self._failure(exc))
 

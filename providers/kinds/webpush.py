@@ -23,10 +23,12 @@ Answers: 2xx delivered; 404 and 410 deactivate the subscription; 429 and 5xx are
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -35,11 +37,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from core.http import HttpClient, Response, build_head, split_url
+from core.http import HttpClient, HttpConnectError, Response, build_head, split_url
 from providers import jws, ssrf
 from providers.kinds import push
 from providers.kinds.base import (
     BaseProvider,
+    Cancellable,
     DeliveryResult,
     OutboundMessage,
     as_dict,
@@ -153,32 +156,54 @@ class WebpushProvider(BaseProvider):
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         try:
-            try:
-                endpoint, p256dh, auth = parse_subscription(message.recipient)
-                origin, target = split_url(endpoint)
-                if origin.scheme != "https" and not ssrf.private_allowed():
-                    raise ValueError("not https")
-            except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-                return DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
-                                      message="not a Web Push subscription with an https endpoint")  # fmt: skip
-            content = push.PushContent.of(message.subject, message.body, message.push)
-            plaintext = push.webpush_plaintext(content)
-            if len(plaintext) + push.WEBPUSH_OVERHEAD > push.WEBPUSH_MAX_RECORD:
-                return DeliveryResult(delivered=False, error_code="malformed_content", permanent=True,
-                                      message="the message is over the Web Push record size")  # fmt: skip
-            body = encrypt(plaintext, p256dh, auth)
-            headers = [
-                ("Authorization", self.vapid_header(origin)), ("TTL", str(content.ttl_seconds)),
-                ("Urgency", content.urgency), ("Content-Encoding", "aes128gcm"),
-                ("Content-Type", "application/octet-stream"),
-            ]  # fmt: skip
-            if content.collapse_key:
-                headers.append(("Topic", topic_for(content.collapse_key)))
-            head = build_head("POST", origin, target, headers, len(body))
-            response = await self._client.send(origin, head, body, TIMEOUT_SECONDS)
+            request = self._request(message)
+            if isinstance(request, DeliveryResult):
+                return request
+            response = await self._client.send(*request, TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return self._failure(exc)
         return self._result(response)
+
+    def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> Cancellable:
+        """`send` without a task, coroutine or future (the dispatcher's hot path): the request starts
+        now and its answer calls back, on the event loop, never from within this call."""
+        loop = asyncio.get_running_loop()
+        try:
+            request = self._request(message)
+        except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
+            request = self._failure(exc)
+        if isinstance(request, DeliveryResult):
+            return loop.call_soon(on_result, request)
+        try:
+            return self._client.start(*request, TIMEOUT_SECONDS, self._answered(on_result))
+        except HttpConnectError as exc:  # a closed client, before the request is registered anywhere
+            return loop.call_soon(on_result, self._failure(exc))
+
+    def _request(self, message: OutboundMessage) -> tuple[Any, bytes, bytes] | DeliveryResult:
+        """(origin, head, body) of the encrypted push message, or the permanent failure that keeps it
+        from being sent."""
+        try:
+            endpoint, p256dh, auth = parse_subscription(message.recipient)
+            origin, target = split_url(endpoint)
+            if origin.scheme != "https" and not ssrf.private_allowed():
+                raise ValueError("not https")
+        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            return DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
+                                  message="not a Web Push subscription with an https endpoint")  # fmt: skip
+        content = push.PushContent.of(message.subject, message.body, message.push)
+        plaintext = push.webpush_plaintext(content)
+        if len(plaintext) + push.WEBPUSH_OVERHEAD > push.WEBPUSH_MAX_RECORD:
+            return DeliveryResult(delivered=False, error_code="malformed_content", permanent=True,
+                                  message="the message is over the Web Push record size")  # fmt: skip
+        body = encrypt(plaintext, p256dh, auth)
+        headers = [
+            ("Authorization", self.vapid_header(origin)), ("TTL", str(content.ttl_seconds)),
+            ("Urgency", content.urgency), ("Content-Encoding", "aes128gcm"),
+            ("Content-Type", "application/octet-stream"),
+        ]  # fmt: skip
+        if content.collapse_key:
+            headers.append(("Topic", topic_for(content.collapse_key)))
+        return origin, build_head("POST", origin, target, headers, len(body)), body
 
     def _result(self, response: Response) -> DeliveryResult:
         status = response.status

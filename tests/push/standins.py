@@ -80,9 +80,10 @@ def verify_jwt(token: str, public_key: Any, alg: str) -> tuple[dict, dict]:  # n
 
 
 class AsgiServer:
-    def __init__(self, app: Callable, *, tls: TlsMaterial | None = None) -> None:
+    def __init__(self, app: Callable, *, tls: TlsMaterial | None = None, max_requests: int = 1000) -> None:
         self.app = app
         self.tls = tls
+        self.max_requests = max_requests  # per connection, then GOAWAY (hypercorn's keep_alive_max_requests)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="push-standin", daemon=True)
         self.port = 0
@@ -104,6 +105,7 @@ class AsgiServer:
         config.errorlog = None
         config.graceful_timeout = 0.5
         config.keep_alive_timeout = 60
+        config.keep_alive_max_requests = self.max_requests
         if self.tls is not None:
             config.certfile = self.tls.cafile
             config.keyfile = str(Path(self.tls.cafile).with_name("key.pem"))
@@ -220,8 +222,9 @@ class ApnsStandIn(_StandIn):
     KEY_ID = "KEY1234567"
     TOPIC = "com.example.omnipost"
 
-    def __init__(self, directory: str | Path | None = None) -> None:
+    def __init__(self, directory: str | Path | None = None, *, max_requests: int = 1000) -> None:
         super().__init__()
+        self.max_requests = max_requests  # a connection's requests, then GOAWAY
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.private_pem = self.key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -232,7 +235,7 @@ class ApnsStandIn(_StandIn):
         self.provider_tokens: Counter[str] = Counter()
 
     def start(self) -> ApnsStandIn:
-        self.server = AsgiServer(self, tls=self.tls).start()
+        self.server = AsgiServer(self, tls=self.tls, max_requests=self.max_requests).start()
         return self
 
     @property

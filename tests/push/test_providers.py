@@ -194,6 +194,35 @@ def test_fcm_renews_its_token_before_expiry_and_after_a_401(fcm):
     run(provider, scenario)
 
 
+def test_fcm_sends_through_callbacks_once_it_has_a_token_and_a_401_renews_it(fcm):
+    provider = build_provider("fcm", *fcm.provider_config())
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        assert provider.start_send(message("t0"), lambda r: None) is None  # no token yet: `send` fetches it
+        assert (await provider.send(message("t1"))).delivered
+
+        async def started(recipient: str):
+            future = loop.create_future()
+            handle = provider.start_send(message(recipient), future.set_result)
+            assert handle is not None and not future.done()  # called back later, never from within
+            return await future
+
+        assert (await started("t2")).delivered and fcm.grants == 1
+        fcm.issued.clear()  # every token revoked: a 401, a new grant, the send again
+        assert (await started("t3")).delivered and fcm.grants == 2
+        refused = await started("bad token")
+        assert (refused.delivered, refused.error_code) == (False, "invalid_recipient")
+        fcm.answer("t4", Answer(delay=5))
+        cancelled = []
+        provider.start_send(message("t4"), cancelled.append).cancel()
+        await asyncio.sleep(0.2)
+        assert cancelled == []  # given up: no callback
+
+    run(provider, scenario)
+    assert [r["token"] for r in fcm.received] == ["t1", "t2", "t3"]
+
+
 @pytest.mark.parametrize(
     ("answer", "deactivate", "permanent"),
     [
@@ -238,6 +267,27 @@ def test_webpush_body_decrypts_to_what_was_sent_and_vapid_is_signed_once_per_ori
     assert got["headers"]["ttl"] == "60" and got["headers"]["urgency"] == "normal"
     assert len(got["headers"]["topic"]) <= 32
     assert provider.vapid_signed == 1 and len(webpush.vapid_tokens) == 1
+
+
+def test_webpush_sends_through_callbacks(webpush):
+    import json
+
+    sub = webpush.subscribe("cb")
+    provider = build_provider("webpush", *webpush.provider_config())
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        results = []
+        for recipient in (json.dumps(sub.as_json()), "not a subscription"):
+            future = loop.create_future()
+            assert provider.start_send(message(recipient, data={"k": "v"}), future.set_result) is not None
+            assert not future.done()  # called back later, never from within
+            results.append(await future)
+        return results
+
+    sent, refused = run(provider, scenario)
+    assert sent.delivered and (refused.delivered, refused.error_code) == (False, "invalid_recipient")
+    assert [r["payload"]["data"] for r in webpush.accepted("cb")] == [{"k": "v"}] and webpush.refused == []
 
 
 @pytest.mark.parametrize(

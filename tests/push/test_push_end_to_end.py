@@ -17,7 +17,7 @@ from events.models import Event
 from notifications.models import DeliveryAttempt, Notification, NotificationDevice
 from queueing.models import QueueItem
 from recipients.models import Device
-from tests.push.standins import Answer, ApnsStandIn, FcmStandIn, WebPushStandIn
+from tests.push.standins import Answer
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -25,20 +25,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 IOS = "a1" * 32
 IOS_DEAD = "dd" * 32
 ANDROID = "fcm-token-android-1"
-
-
-@pytest.fixture
-def standins(tmp_path):
-    apns, fcm, webpush = ApnsStandIn(tmp_path).start(), FcmStandIn().start(), WebPushStandIn().start()
-    yield apns, fcm, webpush
-    for standin in (apns, fcm, webpush):
-        standin.stop()
-
-
-@pytest.fixture
-def push_env(subprocess_env):
-    return {**subprocess_env, "OMNIPOST_RETRY_BASE_SECONDS": "0.2", "OMNIPOST_RETRY_MAX_SECONDS": "0.5",
-            "OMNIPOST_LEASE_SECONDS": "3"}  # fmt: skip
 
 
 def providers(api, standins) -> None:

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from dispatch.delivery import Attempt, DispatchLease, Outcome, Prepared, claim_and_start, record_outcomes
+from dispatch.delivery import Attempt, DispatchLease, Outcome, Prepared, Target, claim_and_start, record_outcomes
 from notifications.services import NotificationSpec, create_notifications
 from routing import circuits
 from routing.failover import Router
@@ -59,6 +59,43 @@ def test_order_next_provider_and_skipping_open_breakers(tenant_a, tenant_b):
     router.refresh(force=True)
     routed = router.route([_item(tenant_a, first.pk)], circuits.reserve_probes)
     assert routed.send == [] and len(routed.wait) == 1, "every provider open: the item waits"
+
+
+def test_native_push_kinds_fail_over_within_their_kind_and_each_device_is_routed(tenant_a):
+    def push(name: str, kind: str, order: int):  # noqa: ANN202
+        return factories.provider(tenant_a, name, kind=kind, channel="push", config={}, failover_order=order)
+
+    ios_a, hook, android, ios_b, web = (push("ios-a", "apns", 0), push("hook", "webhook", 1),
+                                        push("android", "fcm", 2), push("ios-b", "apns", 3),
+                                        push("web", "webpush", 4))  # fmt: skip
+    router = Router()
+    router.refresh(force=True)
+
+    def item(provider_id: int, *, named: bool = False) -> Prepared:
+        made = _item(tenant_a, provider_id, named=named)
+        made.channel = "push"
+        return made
+
+    assert router.next_after(item(ios_a.pk)) == ios_b.pk, "APNs to APNs, past the other kinds between"
+    assert router.next_after(item(ios_b.pk)) == ios_a.pk
+    assert router.next_after(item(android.pk)) is None, "the only FCM provider: nowhere to go"
+    assert router.next_after(item(hook.pk)) is None, "a webhook-kind push never moves to a native kind"
+    assert router.next_for_device(item(android.pk), ios_a.pk) == ios_b.pk
+    assert router.next_for_device(item(ios_a.pk, named=True), ios_a.pk) == ios_a.pk, "named: stays"
+    assert router.next_for_device(item(ios_a.pk), web.pk) == web.pk
+
+    phone = Target(uuid.uuid4(), "apns", ios_a.pk, "t", True)
+    tablet = Target(uuid.uuid4(), "fcm", android.pk, "t", True)
+    pinned, pinned_phone = item(ios_a.pk, named=True), Target(uuid.uuid4(), "apns", ios_a.pk, "t", True)
+    mixed = item(ios_a.pk)
+    mixed.targets, pinned.targets = [phone, tablet], [pinned_phone]
+    _open(ios_a)
+    _open(android)
+    router.refresh(force=True)
+    router.route_devices([mixed, pinned])
+    assert (phone.provider_id, phone.held) == (ios_b.pk, False), "past the open APNs provider"
+    assert (tablet.provider_id, tablet.held) == (android.pk, True), "every FCM provider open: held, untried"
+    assert (pinned_phone.provider_id, pinned_phone.held) == (ios_a.pk, True), "named and open: held"
 
 
 def test_half_open_lets_three_probes_through_across_dispatchers(tenant_a):

@@ -1,0 +1,140 @@
+"""CPU per send of each push provider kind's send path alone, without the database or the dispatcher.
+
+    .venv/bin/python bench/push_send_bench.py [-n 3000] [--concurrency 100] [--repeat 5]
+        [--kinds webhook,apns,fcm,webpush]
+
+Sends `n` messages through one provider of each kind (`start_send` where the kind has it, else
+`send` in a task, as the dispatcher does) to its stand-in (tests/push/standins.py; the webhook kind
+to tests.support.receivers.HttpReceiver), at most `concurrency` in flight, and prints the CPU
+microseconds per send of the event loop's thread (`time.thread_time`: the stand-ins run in threads
+of their own and are not counted), median of `repeat` rounds after one warm-up round. The providers'
+share of bench/push_bench.py's dispatcher CPU per send; CPU, not throughput, so changes can be
+compared on a machine shared with other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
+os.environ.update(DEBUG="false", OMNIPOST_ALLOW_PRIVATE_DESTINATIONS="true", OMNIPOST_LOG_LEVEL="WARNING")
+os.environ.setdefault("SECRET_KEY", "omnipost-bench-only")
+os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
+
+
+def _provider_and_recipients(kind: str, n: int, stack: list) -> tuple[object, list[str]]:
+    from providers.kinds import build_provider
+    from tests.push.standins import ApnsStandIn, FcmStandIn, WebPushStandIn
+
+    if kind == "webhook":
+        from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
+
+        receiver = HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=600, record=False, verify_every=1000).start()
+        stack.append(receiver)
+        provider = build_provider("webhook", {"url": receiver.url}, {"signing_secret": TEST_SIGNING_SECRET})
+        return provider, [f"tok_{i:08d}" for i in range(n)]
+    # (hypercorn's GOAWAY after 1,000 requests of a connection drops the streams in flight: not APNs' habit)
+    standin = (
+        ApnsStandIn(max_requests=10**9) if kind == "apns" else {"fcm": FcmStandIn, "webpush": WebPushStandIn}[kind]()
+    ).start()
+    stack.append(standin)
+    config, secrets = standin.provider_config()
+    provider = build_provider(kind, config, secrets)
+    if kind == "webpush":
+        subscriptions = [json.dumps(standin.subscribe(f"u{i}").as_json()) for i in range(min(n, 200))]
+        return provider, [subscriptions[i % len(subscriptions)] for i in range(n)]
+    return provider, [f"{i:064x}" if kind == "apns" else f"fcm-{i:08d}" for i in range(n)]
+
+
+async def _round(provider: object, recipients: list[str], concurrency: int) -> tuple[float, int]:
+    from providers.kinds import OutboundMessage
+
+    loop = asyncio.get_running_loop()
+    slots = asyncio.Semaphore(concurrency)
+    done = loop.create_future()
+    left = len(recipients)
+    failed = 0
+    first: list = []
+    now = datetime.now(UTC)
+
+    def finished(result: object) -> None:
+        nonlocal left, failed
+        if not result.delivered:
+            failed += 1
+            first.append(result)
+        slots.release()
+        left -= 1
+        if left == 0 and not done.done():
+            done.set_result(None)
+
+    async def awaited(message: OutboundMessage) -> None:
+        finished(await provider.send(message))
+
+    started = time.thread_time()
+    for recipient in recipients:
+        await slots.acquire()
+        message = OutboundMessage(
+            notification_id=str(uuid.uuid4()), tenant_id="t", channel="push", recipient=recipient,
+            subject="Bench notification", body="x" * 120, metadata={"bench": True}, created_at=now,
+            push={"data": {"order": "42"}, "badge": 1},
+        )  # fmt: skip
+        if provider.start_send(message, finished) is None:
+            loop.create_task(awaited(message))
+    await done
+    if first:
+        print("first failure:", first[0], file=sys.stderr)
+    return (time.thread_time() - started) / len(recipients) * 1e6, failed
+
+
+async def _kind(kind: str, n: int, concurrency: int, repeat: int) -> dict:
+    stack: list = []
+    try:
+        provider, recipients = _provider_and_recipients(kind, n, stack)
+        await _round(provider, recipients[: min(n, 500)], concurrency)  # connections, tokens, caches warm
+        rounds = []
+        for _ in range(repeat):
+            cpu, failed = await _round(provider, recipients, concurrency)
+            if failed:
+                raise SystemExit(f"{kind}: {failed} sends failed")
+            rounds.append(cpu)
+        await provider.aclose()
+        return {"cpu_us_per_send": round(statistics.median(rounds), 1), "rounds": [round(r, 1) for r in rounds]}
+    finally:
+        for server in stack:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--kinds", default="webhook,apns,fcm,webpush")
+    args = parser.parse_args()
+    import django
+
+    django.setup()
+    import uvloop
+
+    results = {}
+    for kind in args.kinds.split(","):
+        results[kind] = uvloop.run(_kind(kind, args.n, args.concurrency, args.repeat))
+        print(kind, json.dumps(results[kind]), flush=True)
+    base = results.get("webhook", {}).get("cpu_us_per_send")
+    if base:
+        print(json.dumps({k: round(v["cpu_us_per_send"] / base, 2) for k, v in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
