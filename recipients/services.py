@@ -262,6 +262,16 @@ def upsert_subscribers(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[s
         return dict(cursor.fetchall())
 
 
+def ensure_subscribers(tenant: Tenant, external_ids: Sequence[str]) -> None:
+    """Subscribers named for the first time (a workflow trigger, a topic) are created with no
+    addresses; existing ones are left as they are. One INSERT … ON CONFLICT DO NOTHING."""
+    if external_ids:
+        Subscriber.objects.bulk_create(
+            [Subscriber(tenant_id=tenant.pk, external_id=external_id) for external_id in external_ids],
+            ignore_conflicts=True,
+        )
+
+
 def patch_subscriber(tenant: Tenant, external_id: str, changes: dict[str, Any]) -> Subscriber | None:
     """Change the given fields of one subscriber (None: no such subscriber)."""
     with transaction.atomic():
