@@ -4,6 +4,7 @@ The scheduler (queueing/scheduler.py) promotes them when due."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -15,6 +16,7 @@ from queueing.models import ScheduledJob
 from queueing.queue import ring_after_commit
 
 SCHEDULE_CHANNEL = "omnipost_schedule"
+_KIND = re.compile(r"^[a-z][a-z_]{0,19}$")
 
 
 def _earlier(kept: str, new: str) -> str:
@@ -39,16 +41,22 @@ def insert_jobs_sql(source: str) -> str:
 
 
 # Jobs timed by the database's clock: each row's run_at is its own instant, or now() + its seconds.
-_ADD_TIMED = """WITH s AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(secs)s::float8[]) AS s(opaque_id, at, secs)
-), added AS (
+def timed_jobs_sql(source: str, kind: str) -> str:
+    """`added AS (INSERT INTO scheduled_jobs …) SELECT <ring>`: the end of a statement that inserts pending
+    jobs of `kind` (a checked identifier) from `source`, a FROM item with the columns opaque_id, at
+    (timestamptz or NULL) and secs (float8: seconds after the database's now() when `at` is NULL), aliased
+    `s`; %(tenant)s is bound by the caller. The schedulers' doorbell rings at commit with the earliest."""
+    return f"""added AS (
     INSERT INTO scheduled_jobs (job_id, tenant_id, notification_id, kind, run_at, status, created_at, executed_at)
-    SELECT gen_random_uuid(), %(tenant)s, s.opaque_id, %(kind)s,
+    SELECT gen_random_uuid(), %(tenant)s, s.opaque_id, '{kind}',
            coalesce(s.at, now() + s.secs * interval '1 second'), 'pending', now(), NULL
-    FROM s
+    FROM {source}
     RETURNING run_at
 )
-SELECT {ring} FROM added HAVING count(*) > 0"""
+SELECT {ring_sql("run_at")} FROM added HAVING count(*) > 0"""  # noqa: S608 - the caller's relation, a checked kind
+
+
+_TIMED_SOURCE = "unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(secs)s::float8[]) AS s(opaque_id, at, secs)"
 
 
 def add_timed_jobs(
@@ -59,12 +67,14 @@ def add_timed_jobs(
     matter); the schedulers' doorbell rings at commit with the earliest."""
     if not timed:
         return
+    if not _KIND.fullmatch(kind):
+        raise ValueError(f"a job kind is 1-20 lowercase letters or underscores, not {kind!r}")
     params = {
         "ids": [str(opaque) for opaque, _, _ in timed], "at": [at for _, at, _ in timed],
-        "secs": [float(secs) for _, _, secs in timed], "tenant": tenant_id, "kind": kind,
+        "secs": [float(secs) for _, _, secs in timed], "tenant": tenant_id,
     }  # fmt: skip
     with connections[using].cursor() as cursor:
-        cursor.execute(_ADD_TIMED.replace("{ring}", ring_sql("run_at")), params)
+        cursor.execute("WITH " + timed_jobs_sql(_TIMED_SOURCE, kind), params)
 
 
 def settle_jobs(executed: Sequence[object], cancelled: Sequence[object], *, using: str = "default") -> None:

@@ -262,14 +262,23 @@ def upsert_subscribers(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[s
         return dict(cursor.fetchall())
 
 
+_ENSURE_SQL = """INSERT INTO subscribers (id, tenant_id, external_id, email, email_masked, phone, phone_masked,
+                         push_tokens, push_tokens_masked, timezone, preferences)
+SELECT s.id, %(tenant)s, s.external_id, NULL, '', NULL, '', %(no_tokens)s, '[]'::jsonb, '', '{}'::jsonb
+FROM unnest(%(ids)s::uuid[], %(external_ids)s::text[]) AS s(id, external_id)
+ON CONFLICT (tenant_id, external_id) DO NOTHING"""
+
+
 def ensure_subscribers(tenant: Tenant, external_ids: Sequence[str]) -> None:
     """Subscribers named for the first time (a workflow trigger, a topic) are created with no
     addresses; existing ones are left as they are. One INSERT … ON CONFLICT DO NOTHING."""
-    if external_ids:
-        Subscriber.objects.bulk_create(
-            [Subscriber(tenant_id=tenant.pk, external_id=external_id) for external_id in external_ids],
-            ignore_conflicts=True,
-        )
+    if not external_ids:
+        return
+    no_tokens = Subscriber._meta.get_field("push_tokens").get_prep_value([])
+    params = {"tenant": tenant.pk, "no_tokens": no_tokens, "ids": [uuid7() for _ in external_ids],
+              "external_ids": list(external_ids)}  # fmt: skip
+    with connections[Subscriber.objects.db].cursor() as cursor:
+        cursor.execute(_ENSURE_SQL, params)
 
 
 def patch_subscriber(tenant: Tenant, external_id: str, changes: dict[str, Any]) -> Subscriber | None:

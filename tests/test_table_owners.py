@@ -69,7 +69,7 @@ OWNERS: dict[str, str] = {
     "inbox_counts": "inbox/statements.py",
     # workflows: definitions and runs (their models), throttle and digest windows (conditional statements)
     "workflows": "workflows/models.py",
-    "workflow_runs": "workflows/models.py",
+    "workflow_runs": "workflows/statements.py",
     "workflow_throttles": "workflows/statements.py",
     "workflow_digests": "workflows/statements.py",
     # inbound receipts

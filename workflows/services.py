@@ -23,7 +23,6 @@ from django.db.models.functions import Now
 from rest_framework.exceptions import NotFound, ValidationError
 
 from core.api.errors import Conflict
-from core.ids import uuid7
 from core.models import AuditEvent, Tenant
 from notifications import services as notifications
 from notifications.models import Notification, Status
@@ -32,6 +31,7 @@ from queueing import schedule
 from recipients import services as recipients
 from templating import renderer
 from templating.models import Template
+from workflows import statements
 from workflows.engine import JOB_KIND
 from workflows.models import RunStatus, StepStatus, Workflow, WorkflowRun
 
@@ -164,31 +164,11 @@ def trigger(
     Returns (trigger_id, runs)."""
     workflow = get_workflow(tenant, key)
     trigger_id = uuid.uuid4()
-    states = [{"name": s["name"], "type": s["type"], "status": StepStatus.PENDING, "notification_id": None,
-               "at": None, "reason": None} for s in workflow.steps]  # fmt: skip
-    runs = [
-        WorkflowRun(
-            id=uuid7(),
-            tenant_id=tenant.pk,
-            workflow=workflow,
-            subscriber=external_id,
-            trigger_id=trigger_id,
-            status=RunStatus.WAITING,
-            cancellation_key=cancellation_key,
-            actor=trigger_actor,
-            data=data,
-            definition=workflow.steps,
-            category=workflow.category,
-            step_index=0,
-            steps=states,
-            wake_id=uuid.uuid4(),
-        )  # fmt: skip
-        for external_id in subscribers
-    ]
     with transaction.atomic():
         recipients.ensure_subscribers(tenant, subscribers)
-        WorkflowRun.objects.bulk_create(runs)
-        schedule.add_timed_jobs(tenant.pk, JOB_KIND, [(run.wake_id, None, 0.0) for run in runs])
+        statements.start_runs(tenant.pk, workflow, trigger_id, list(subscribers), data=data,
+                              cancellation_key=cancellation_key, actor=trigger_actor, job_kind=JOB_KIND)  # fmt: skip
+    runs = subscribers
     logger.info("%s triggered workflow %s for %d subscriber(s)", actor, key, len(runs))
     return trigger_id, len(runs)
 

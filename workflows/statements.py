@@ -16,15 +16,49 @@ statements whose row counts decide who goes on, under any number of schedulers.
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
 
+from core.ids import uuid7
+from queueing import schedule
 from workflows.models import WorkflowRun
 from workflows.steps import key_value
 
 MAX_ITEMS = 100
+
+# A trigger's runs, each waiting on a job due now, in one statement whatever their count.
+_START_RUNS = """WITH s AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[]) AS s(id, subscriber, wake_id)
+), runs AS (
+    INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
+                               data, definition, category, step_index, steps, digest, wake_id)
+    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'waiting', %(cancellation_key)s, %(actor)s,
+           %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id
+    FROM s
+    RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
+), {jobs}"""
+
+
+def start_runs(
+    tenant_id: Any, workflow: Any, trigger_id: Any, subscribers: list[str], *, data: dict[str, Any],  # noqa: ANN401
+    cancellation_key: str | None, actor: str | None, job_kind: str,
+) -> None:  # fmt: skip
+    """One `waiting` run per subscriber and its job due now (the caller's transaction)."""
+    states = [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
+               "reason": None} for s in workflow.steps]  # fmt: skip
+    params = {
+        "ids": [uuid7() for _ in subscribers], "subscribers": subscribers,
+        "wakes": [uuid.uuid4() for _ in subscribers], "tenant": tenant_id, "workflow": workflow.pk,
+        "trigger": trigger_id, "cancellation_key": cancellation_key, "actor": actor, "data": json.dumps(data),
+        "definition": json.dumps(workflow.steps), "category": workflow.category, "steps": json.dumps(states),
+    }  # fmt: skip
+    sql = _START_RUNS.replace("{jobs}", schedule.timed_jobs_sql("runs s", job_kind))
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(sql, params)
+
 
 _THROTTLE = """
 INSERT INTO workflow_throttles AS t (tenant_id, workflow_id, step, subscriber, key, window_start, count)
