@@ -274,6 +274,8 @@ def ensure_subscribers(tenant: Tenant, external_ids: Sequence[str]) -> None:
     addresses; existing ones are left as they are. One INSERT … ON CONFLICT DO NOTHING."""
     if not external_ids:
         return
+    # sorted: two triggers naming the same new subscribers insert them in one order (no deadlock)
+    external_ids = sorted(set(external_ids))
     no_tokens = Subscriber._meta.get_field("push_tokens").get_prep_value([])
     params = {"tenant": tenant.pk, "no_tokens": no_tokens, "ids": [uuid7() for _ in external_ids],
               "external_ids": list(external_ids)}  # fmt: skip

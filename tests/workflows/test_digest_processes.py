@@ -124,3 +124,25 @@ def test_a_hundred_subscribers_times_fifty_triggers_make_a_hundred_digests(api_a
     assert len(notes) == 100
     assert sorted(notes) == sorted((person, "50") for person in people)
     assert Counter(WorkflowRun.objects.values_list("status", flat=True)) == {"digested": 4900, "completed": 100}
+
+
+def test_a_throttle_under_two_schedulers_lets_exactly_its_limit_through(api_a, tenant_a, subprocess_env, tmp_path):
+    steps = [{"name": "cap", "type": "throttle", "limit": 3, "window_seconds": 600},
+             {"name": "tell", "type": "send", "channel": "in_app", "body": "{{ data.n }}"}]  # fmt: skip
+    assert api_a.post("/api/v1/workflows", {"key": "capped", "steps": steps}, format="json").status_code == 201
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    schedulers = [start_scheduler(subprocess_env, logs / f"s{i}.log", "--interval", "0.2") for i in range(2)]
+    try:
+        for i, proc in enumerate(schedulers):
+            wait_for_text(logs / f"s{i}.log", "scheduler ready", proc)
+        for n in range(10):
+            services.trigger(tenant_a, "capped", subscribers=["jane", "joe"], data={"n": n}, cancellation_key=None,
+                             trigger_actor=None, actor="test")  # fmt: skip
+        wait_until(finished, 60, "every run to finish")
+    finally:
+        stop(schedulers)
+    by_person = Counter(WorkflowRun.objects.values_list("subscriber", "status"))
+    assert by_person == {("jane", "completed"): 3, ("jane", "throttled"): 7, ("joe", "completed"): 3,
+                         ("joe", "throttled"): 7}  # fmt: skip
+    assert Counter(Notification.objects.values_list("subscriber", flat=True)) == {"jane": 3, "joe": 3}
