@@ -4,7 +4,7 @@ A run waits on one scheduled job at a time (its `wake_id`): a trigger schedules 
 for the delay's end, a digest window for the window's close. One batch is one transaction:
   1. the due jobs of this kind, locked FOR UPDATE SKIP LOCKED (queueing.scheduler.due_jobs_sql), so
      each goes to exactly one of several schedulers;
-  2. their runs, locked, still `waiting` on that very job (a cancel that committed first wins);
+  2. their runs, locked, still unfinished and waiting on that very job (a cancel that committed first wins);
   3. each run advances in a savepoint, step after step, until it waits again or ends: a send step
      creates its notification through the one creation service (notifications.services), so
      preferences, suppressions, quiet hours, fallback and events apply; the run's row changes by a
@@ -34,7 +34,7 @@ from receipts.models import NotificationEvent
 from recipients.models import Subscriber
 from templating import renderer
 from workflows import statements
-from workflows.models import RunStatus, StepStatus, WorkflowRun
+from workflows.models import UNFINISHED, RunStatus, StepStatus, WorkflowRun
 from workflows.steps import delay_until, key_value
 
 logger = logging.getLogger("omnipost.workflows")
@@ -81,7 +81,7 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
             for run in WorkflowRun.objects.using(using)
             .select_related("tenant", "workflow")
             .select_for_update(of=("self",))
-            .filter(wake_id__in=[wake for _, wake, _ in due], status=RunStatus.WAITING)
+            .filter(wake_id__in=[wake for _, wake, _ in due], status__in=UNFINISHED)
         }
         executed, cancelled, lag = [], [], 0.0
         for job_id, wake, run_at in due:
@@ -229,7 +229,7 @@ def reached(tenant_id: Any, notification_id: Any, state: str, *, using: str = "d
 
 def _save(run: WorkflowRun, **changes: Any) -> None:
     """The run's row, changed only while it still waits on the job this batch holds."""
-    updated = WorkflowRun.objects.filter(pk=run.pk, wake_id=run.wake_id, status=RunStatus.WAITING).update(
+    updated = WorkflowRun.objects.filter(pk=run.pk, wake_id=run.wake_id, status__in=UNFINISHED).update(
         updated_at=Now(), **changes
     )
     if updated != 1:
@@ -239,7 +239,7 @@ def _save(run: WorkflowRun, **changes: Any) -> None:
 def _wait(run: WorkflowRun, states: list[dict[str, Any]], index: int, at: datetime, using: str) -> None:
     wake = uuid.uuid4()
     states[index].update(status=StepStatus.WAITING, at=at.isoformat())
-    _save(run, step_index=index, steps=states, wake_id=wake, digest=run.digest)
+    _save(run, step_index=index, steps=states, wake_id=wake, digest=run.digest, status=RunStatus.WAITING)
     schedule.add_timed_jobs(run.tenant_id, JOB_KIND, [(wake, at, 0.0)], using=using)
 
 

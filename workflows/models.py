@@ -63,7 +63,8 @@ class WorkflowRun(TenantOwned):
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs", db_index=False)
     subscriber = models.CharField(max_length=200)  # the external id
     trigger_id = models.UUIDField()
-    status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.WAITING)
+    # running: its next step is due (a scheduler takes it); waiting: on a delay or a digest window
+    status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.RUNNING)
     cancellation_key = models.CharField(max_length=200, null=True, blank=True)
     actor = models.CharField(max_length=200, null=True, blank=True)
     data = models.JSONField(default=dict, blank=True)

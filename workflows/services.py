@@ -146,10 +146,14 @@ def clean_trigger(body: Any) -> dict[str, Any]:  # noqa: ANN401
         errors["data"] = ["must be an object (the template context's `data`)"]
     elif (size := data_size(data)) > MAX_DATA_BYTES:
         errors["data"] = [f"is {size} bytes as compact JSON; at most {MAX_DATA_BYTES} are allowed"]
-    for field in ("cancellation_key", "actor"):
-        value = body.get(field)
-        if value is not None and (not isinstance(value, str) or not 1 <= len(value) <= 200):
-            errors[field] = ["must be a string of 1 to 200 characters"]
+    key = body.get("cancellation_key")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 200):
+        errors["cancellation_key"] = ["must be a string of 1 to 200 characters"]
+    if body.get("actor") is not None:
+        try:
+            recipients.check_external_id(body["actor"])
+        except ValueError as exc:
+            errors["actor"] = [str(exc)]
     if errors:
         raise ValidationError(errors)
     return {"subscribers": ids, "data": data, "cancellation_key": body.get("cancellation_key"),

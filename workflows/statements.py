@@ -35,7 +35,7 @@ _START_RUNS = """WITH s AS (
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id)
-    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'waiting', %(cancellation_key)s, %(actor)s,
+    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
            %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id
     FROM s
     RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
@@ -46,7 +46,7 @@ def start_runs(
     tenant_id: Any, workflow: Any, trigger_id: Any, subscribers: list[str], *, data: dict[str, Any],  # noqa: ANN401
     cancellation_key: str | None, actor: str | None, job_kind: str,
 ) -> None:  # fmt: skip
-    """One `waiting` run per subscriber and its job due now (the caller's transaction)."""
+    """One `running` run per subscriber (its first step due now) and its job (the caller's transaction)."""
     states = [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
                "reason": None} for s in workflow.steps]  # fmt: skip
     params = {

@@ -113,14 +113,14 @@ def test_a_trigger_starts_one_run_per_subscriber_and_creates_unknown_ones(api_a,
     assert {r["subscriber"] for r in runs} == {"jane", "joe"}
     run = runs[0]
     assert set(run) == {"id", "workflow", "subscriber", "trigger_id", "status", "steps", "created_at"}
-    assert (run["workflow"], run["status"]) == ("welcome", "waiting")
+    assert (run["workflow"], run["status"]) == ("welcome", "running")  # its first step is due
     assert [(s["name"], s["type"], s["status"]) for s in run["steps"]] == [
         ("hello", "send", "pending"), ("wait", "delay", "pending"), ("later", "send", "pending")]  # fmt: skip
     assert api_a.get(f"/api/v1/workflow-runs/{run['id']}").json() == run
     assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 2
     # the scheduled-jobs API shows notifications' jobs only
     assert api_a.get("/api/v1/scheduled-jobs").json()["results"] == []
-    filtered = api_a.get("/api/v1/workflow-runs?subscriber=joe&workflow=welcome&status=waiting").json()["results"]
+    filtered = api_a.get("/api/v1/workflow-runs?subscriber=joe&workflow=welcome&status=running").json()["results"]
     assert [r["subscriber"] for r in filtered] == ["joe"]
     assert api_a.get("/api/v1/workflow-runs?status=nope").status_code == 400
     assert api_a.get("/api/v1/workflow-runs?colour=red").status_code == 400
@@ -169,6 +169,6 @@ def test_cancel_stops_matching_runs_and_says_zero_on_a_repeat(api_a):
         "cancelled": 0}  # fmt: skip
     assert api_a.post("/api/v1/workflows/welcome/cancel", {}, format="json").status_code == 400
     statuses = sorted(WorkflowRun.objects.values_list("cancellation_key", "status"))
-    assert statuses == [("k1", "cancelled"), ("k1", "cancelled"), ("k2", "waiting")]
+    assert statuses == [("k1", "cancelled"), ("k1", "cancelled"), ("k2", "running")]
     assert ScheduledJob.objects.filter(kind="workflow", status="cancelled").count() == 2
     assert api_a.delete("/api/v1/workflows/welcome").status_code == 409  # k2's run is not finished
