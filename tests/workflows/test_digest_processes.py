@@ -146,3 +146,27 @@ def test_a_throttle_under_two_schedulers_lets_exactly_its_limit_through(api_a, t
     assert by_person == {("jane", "completed"): 3, ("jane", "throttled"): 7, ("joe", "completed"): 3,
                          ("joe", "throttled"): 7}  # fmt: skip
     assert Counter(Notification.objects.values_list("subscriber", flat=True)) == {"jane": 3, "joe": 3}
+
+
+def test_each_send_step_runs_once_when_a_scheduler_is_killed_mid_batch(api_a, tenant_a, subprocess_env, tmp_path):
+    steps = [{"name": "one", "type": "send", "channel": "in_app", "body": "1"},
+             {"name": "two", "type": "send", "channel": "in_app", "body": "2"}]  # fmt: skip
+    assert api_a.post("/api/v1/workflows", {"key": "twice", "steps": steps}, format="json").status_code == 201
+    services.trigger(tenant_a, "twice", subscribers=[f"u{i}" for i in range(400)], data={}, cancellation_key=None,
+                     trigger_actor=None, actor="test")  # fmt: skip
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first = start_scheduler(subprocess_env, logs / "s0.log", "--interval", "0.2")
+    try:
+        wait_until(lambda: Notification.objects.exists(), 60, "the first batch to commit")
+        os.kill(first.pid, signal.SIGKILL)  # mid-way: its open batch rolls back, its jobs are pending again
+        first.wait(timeout=10)
+        survivor = start_scheduler(subprocess_env, logs / "s1.log", "--interval", "0.2")
+        wait_until(finished, 120, "every run to finish")
+    finally:
+        stop([first, survivor] if "survivor" in locals() else [first])
+    assert set(WorkflowRun.objects.values_list("status", flat=True)) == {"completed"}
+    per_run = Counter(Notification.objects.values_list("metadata__workflow_run_id", "metadata__step"))
+    assert len(per_run) == 800 and set(per_run.values()) == {1}
+    linked = {s["notification_id"] for run in WorkflowRun.objects.all() for s in run.steps}
+    assert linked == {str(pk) for pk in Notification.objects.values_list("pk", flat=True)}
