@@ -47,7 +47,7 @@ from providers.kinds import push
 from providers.models import Provider
 from providers.services import ensure_inbox_provider
 from queueing import queue
-from queueing.models import ScheduledJob
+from queueing.models import DEFAULT_JOB_KIND, ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
 from queueing.schedule import insert_jobs_sql, ring_schedulers
 from recipients import devices, suppressions
@@ -893,7 +893,7 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
 
 def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str) -> ScheduledJob:
     """pending → cancelled, and its notification → cancelled. 404 / 409 once executed or cancelled."""
-    jobs = ScheduledJob.objects.for_tenant(tenant)
+    jobs = ScheduledJob.objects.for_tenant(tenant).filter(kind=DEFAULT_JOB_KIND)  # a workflow's wait is its run's
     with transaction.atomic():
         if not jobs.filter(pk=job_id, status=ScheduledJob.Status.PENDING).update(status=ScheduledJob.Status.CANCELLED):
             current = jobs.filter(pk=job_id).values_list("status", flat=True).first()

@@ -15,5 +15,6 @@ urlpatterns = [
     path("", include("dlq.api.urls")),
     path("", include("events.api.urls")),
     path("", include("inbox.api.urls")),
+    path("", include("workflows.api.urls")),
     re_path(r"^", csrf_exempt(api_not_found)),
 ]

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "events",
     "inbox",
     "receipts",
+    "workflows",
     "operations",
     "dispatch",
     "omnipost_site.ops",

@@ -137,6 +137,9 @@ class QueueItem(TenantOwned):
         return f"item {self.item_id} ({self.queue_name}, p{self.priority})"
 
 
+DEFAULT_JOB_KIND = "notification"
+
+
 class ScheduledJobQuerySet(TenantQuerySet):
     def pending(self) -> ScheduledJobQuerySet:
         return self.filter(status=ScheduledJob.Status.PENDING)
@@ -156,6 +159,9 @@ class ScheduledJob(TenantOwned):
     # registers (queueing.scheduler.register_promotion) knows what it is. No foreign key: whoever
     # deletes a notification deletes its job (operations.retention does, in the same statement).
     notification_id = models.UUIDField(unique=True)
+    # Which registered handler promotes it (queueing.scheduler.register_promotion): `notification`, or
+    # the kind another app registered (a workflow run waiting on a delay or a digest window).
+    kind = models.CharField(max_length=20, default=DEFAULT_JOB_KIND, db_default=DEFAULT_JOB_KIND)
     run_at = models.DateTimeField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -4,14 +4,19 @@ The scheduler (queueing/scheduler.py) promotes them when due."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
+
+from django.db import connections
+from django.db.models.functions import Now
 
 from queueing import ringer
 from queueing.models import ScheduledJob
 from queueing.queue import ring_after_commit
 
 SCHEDULE_CHANNEL = "omnipost_schedule"
+_KIND = re.compile(r"^[a-z][a-z_]{0,19}$")
 
 
 def _earlier(kept: str, new: str) -> str:
@@ -32,6 +37,65 @@ def insert_jobs_sql(source: str) -> str:
     return (  # `source` is the caller's fixed SQL; values are parameters
         f"INSERT INTO scheduled_jobs ({columns}) "  # noqa: S608
         f"SELECT s.job_id, s.tenant_id, s.notification_id, s.run_at, 'pending', s.created_at, NULL FROM {source}"
+    )
+
+
+# Jobs timed by the database's clock: each row's run_at is its own instant, or now() + its seconds.
+def timed_jobs_sql(source: str, kind: str) -> str:
+    """`added AS (INSERT INTO scheduled_jobs …) SELECT <ring>`: the end of a statement that inserts pending
+    jobs of `kind` (a checked identifier) from `source`, a FROM item with the columns opaque_id, at
+    (timestamptz or NULL) and secs (float8: seconds after the database's now() when `at` is NULL), aliased
+    `s`; %(tenant)s is bound by the caller. The schedulers' doorbell rings at commit with the earliest."""
+    return f"""added AS (
+    INSERT INTO scheduled_jobs (job_id, tenant_id, notification_id, kind, run_at, status, created_at, executed_at)
+    SELECT gen_random_uuid(), %(tenant)s, s.opaque_id, '{kind}',
+           coalesce(s.at, now() + s.secs * interval '1 second'), 'pending', now(), NULL
+    FROM {source}
+    RETURNING run_at
+)
+SELECT {ring_sql("run_at")} FROM added HAVING count(*) > 0"""  # noqa: S608 - the caller's relation, a checked kind
+
+
+_TIMED_SOURCE = "unnest(%(ids)s::uuid[], %(at)s::timestamptz[], %(secs)s::float8[]) AS s(opaque_id, at, secs)"
+
+
+def add_timed_jobs(
+    tenant_id: object, kind: str, timed: Sequence[tuple[object, datetime | None, float]], *, using: str = "default"
+) -> None:
+    """Pending jobs of `kind` in the caller's transaction, one statement: each `(opaque id, at, seconds)`
+    runs at `at`, or, when `at` is None, `seconds` after the database's now() (the hosts' clocks never
+    matter); the schedulers' doorbell rings at commit with the earliest."""
+    if not timed:
+        return
+    if not _KIND.fullmatch(kind):
+        raise ValueError(f"a job kind is 1-20 lowercase letters or underscores, not {kind!r}")
+    params = {
+        "ids": [str(opaque) for opaque, _, _ in timed], "at": [at for _, at, _ in timed],
+        "secs": [float(secs) for _, _, secs in timed], "tenant": tenant_id,
+    }  # fmt: skip
+    with connections[using].cursor() as cursor:
+        cursor.execute("WITH " + timed_jobs_sql(_TIMED_SOURCE, kind), params)
+
+
+def settle_jobs(executed: Sequence[object], cancelled: Sequence[object], *, using: str = "default") -> None:
+    """Jobs a handler took (locked) by id: executed, or cancelled (nothing left to promote)."""
+    if executed:
+        ScheduledJob.objects.using(using).filter(job_id__in=executed).update(
+            status=ScheduledJob.Status.EXECUTED, executed_at=Now()
+        )
+    if cancelled:
+        ScheduledJob.objects.using(using).filter(job_id__in=cancelled).update(status=ScheduledJob.Status.CANCELLED)
+
+
+def cancel_jobs_for(kind: str, opaque_ids: Sequence[object], *, using: str = "default") -> int:
+    """The pending jobs of `kind` standing for `opaque_ids` end cancelled (locking them: a scheduler
+    promoting one is waited for, and its job then stays executed)."""
+    if not opaque_ids:
+        return 0
+    return (
+        ScheduledJob.objects.using(using)
+        .filter(kind=kind, notification_id__in=opaque_ids, status=ScheduledJob.Status.PENDING)
+        .update(status=ScheduledJob.Status.CANCELLED)
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import threading
@@ -41,7 +42,7 @@ from core import partitions, tracing
 from core.db_faults import Backoff, is_connection_lost, reconnects, reset_connection
 from queueing import heartbeat
 from queueing.janitor import Janitor, vacuum_on_default
-from queueing.models import Worker
+from queueing.models import DEFAULT_JOB_KIND, Worker
 from queueing.queue import NOTIFY_CHANNEL
 from queueing.schedule import SCHEDULE_CHANNEL
 from queueing.wakeup import Doorbell
@@ -74,6 +75,16 @@ class Promotion:
     def claimed(self) -> int:
         return self.promoted + self.cancelled
 
+    def plus(self, other: Promotion) -> Promotion:
+        """Two kinds' batches as one."""
+        lags = [lag for lag in (self.max_lag, other.max_lag) if lag is not None]
+        return Promotion(
+            promoted=self.promoted + other.promoted,
+            cancelled=self.cancelled + other.cancelled,
+            queues=tuple(sorted(set(self.queues) | set(other.queues))),
+            max_lag=max(lags) if lags else None,
+        )
+
 
 # --- one statement per batch: queueing's fragments, composed by the app that schedules -----------------
 # A job carries what it promotes by an opaque id (`notification_id`); the app that schedules jobs
@@ -88,15 +99,15 @@ class Promotion:
 #            commit) with the queues that got items, in the same statement.
 # `run_promotion` runs such a statement and reads its figures. Literals ('pending') stay in the SQL so
 # the planner matches the partial index scheduled_jobs_due_idx (WHERE status = 'pending', ON run_at).
-def due_jobs_sql() -> str:
-    """`SELECT job_id, notification_id, run_at` of up to %(n)s due pending jobs, oldest run_at
-    first, locked FOR UPDATE SKIP LOCKED (each due job goes to one scheduler)."""
-    return """SELECT j.job_id, j.notification_id, j.run_at
+def due_jobs_sql(kind: str = DEFAULT_JOB_KIND) -> str:
+    """`SELECT job_id, notification_id, run_at` of up to %(n)s due pending jobs of `kind`, oldest
+    run_at first, locked FOR UPDATE SKIP LOCKED (each due job goes to one scheduler)."""
+    return f"""SELECT j.job_id, j.notification_id, j.run_at
     FROM scheduled_jobs j
-    WHERE j.status = 'pending' AND j.run_at <= now()
+    WHERE j.status = 'pending' AND j.run_at <= now() AND j.kind = '{_kind(kind)}'
     ORDER BY j.run_at
     LIMIT %(n)s
-    FOR UPDATE OF j SKIP LOCKED"""
+    FOR UPDATE OF j SKIP LOCKED"""  # noqa: S608 - a checked identifier, kept literal for the planner
 
 
 def promotion_result_sql(jobs: str = "jobs", items: str = "items") -> str:
@@ -131,12 +142,24 @@ def run_promotion(sql: str, batch_size: int, *, using: str = "default") -> Promo
 
 # (batch_size, using) -> what the batch did: one statement, see above.
 PromotionHandler = Callable[[int, str], Promotion]
-_handler: list[PromotionHandler] = []
+_handler: list[PromotionHandler] = []  # the default kind's (notifications), without which nothing runs
+_other_kinds: dict[str, PromotionHandler] = {}  # kind -> handler, run after the default kind's each batch
+_KIND = re.compile(r"^[a-z][a-z_]{0,19}$")
 
 
-def register_promotion(handler: PromotionHandler) -> None:
-    """The app that schedules jobs hands the scheduler the function that promotes a batch of them."""
-    _handler[:] = [handler]
+def _kind(kind: str) -> str:
+    if not _KIND.fullmatch(kind):
+        raise ValueError(f"a job kind is 1-20 lowercase letters or underscores, not {kind!r}")
+    return kind
+
+
+def register_promotion(handler: PromotionHandler, *, kind: str = DEFAULT_JOB_KIND) -> None:
+    """The app that schedules jobs of `kind` hands the scheduler the function that promotes a batch
+    of them (its statements select their jobs with `due_jobs_sql(kind)`)."""
+    if _kind(kind) == DEFAULT_JOB_KIND:
+        _handler[:] = [handler]
+    else:
+        _other_kinds[kind] = handler
 
 
 def promotion_handler() -> PromotionHandler:
@@ -164,7 +187,10 @@ def promote_due(batch_size: int, *, using: str = "default") -> Promotion:
     handler = promotion_handler()
     if batch_size <= 0:
         return Promotion(0, 0)
-    return handler(batch_size, using)
+    done = handler(batch_size, using)
+    for other in list(_other_kinds.values()):
+        done = done.plus(other(batch_size, using))
+    return done
 
 
 def next_due(*, using: str = "default") -> tuple[datetime | None, float | None]:

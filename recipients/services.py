@@ -262,6 +262,27 @@ def upsert_subscribers(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[s
         return dict(cursor.fetchall())
 
 
+_ENSURE_SQL = """INSERT INTO subscribers (id, tenant_id, external_id, email, email_masked, phone, phone_masked,
+                         push_tokens, push_tokens_masked, timezone, preferences)
+SELECT s.id, %(tenant)s, s.external_id, NULL, '', NULL, '', %(no_tokens)s, '[]'::jsonb, '', '{}'::jsonb
+FROM unnest(%(ids)s::uuid[], %(external_ids)s::text[]) AS s(id, external_id)
+ON CONFLICT (tenant_id, external_id) DO NOTHING"""
+
+
+def ensure_subscribers(tenant: Tenant, external_ids: Sequence[str]) -> None:
+    """Subscribers named for the first time (a workflow trigger, a topic) are created with no
+    addresses; existing ones are left as they are. One INSERT … ON CONFLICT DO NOTHING."""
+    if not external_ids:
+        return
+    # sorted: two triggers naming the same new subscribers insert them in one order (no deadlock)
+    external_ids = sorted(set(external_ids))
+    no_tokens = Subscriber._meta.get_field("push_tokens").get_prep_value([])
+    params = {"tenant": tenant.pk, "no_tokens": no_tokens, "ids": [uuid7() for _ in external_ids],
+              "external_ids": list(external_ids)}  # fmt: skip
+    with connections[Subscriber.objects.db].cursor() as cursor:
+        cursor.execute(_ENSURE_SQL, params)
+
+
 def patch_subscriber(tenant: Tenant, external_id: str, changes: dict[str, Any]) -> Subscriber | None:
     """Change the given fields of one subscriber (None: no such subscriber)."""
     with transaction.atomic():

@@ -72,6 +72,20 @@ def release_at(quiet: Window | None, tz: tzinfo, now: datetime) -> datetime | No
     return _first_showing(day, end, tz, now)
 
 
+def next_local(wall: str, timezone_name: str | None, now: datetime) -> datetime:
+    """The next instant after `now` at which the clock of the zone (UTC for none) shows `wall`
+    ("HH:MM"), in UTC: today's showing if still ahead, else tomorrow's; DST as for a window's end
+    (a skipped time is the first instant after the gap; a repeated one its first showing after now)."""
+    tz = zone(timezone_name)
+    clock = time.fromisoformat(wall)
+    today = now.astimezone(tz).date()
+    for day in (today - timedelta(days=1), today, today + timedelta(days=1), today + timedelta(days=2)):
+        instant = _first_showing(day, clock, tz, now)
+        if instant > now:
+            return instant
+    raise AssertionError("a wall-clock time shows at least once within two days")  # pragma: no cover
+
+
 def _first_showing(day: date, wall: time, tz: tzinfo, after: datetime) -> datetime:
     """The first instant later than `after` at which the clock of `tz` shows `wall` on `day`,
     or, when it never does (a gap), the first instant after the gap."""

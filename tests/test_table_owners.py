@@ -67,6 +67,11 @@ OWNERS: dict[str, str] = {
     "inbox_token_revocations": "inbox/statements.py",
     "inbox_settings": "inbox/statements.py",
     "inbox_counts": "inbox/statements.py",
+    # workflows: definitions and runs (their models), throttle and digest windows (conditional statements)
+    "workflows": "workflows/models.py",
+    "workflow_runs": "workflows/statements.py",
+    "workflow_throttles": "workflows/statements.py",
+    "workflow_digests": "workflows/statements.py",
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",

@@ -38,7 +38,7 @@ from notifications.api.serializers import (
 )
 from notifications.models import Notification
 from notifications.validation import Draft, clean_notification
-from queueing.models import ScheduledJob
+from queueing.models import DEFAULT_JOB_KIND, ScheduledJob
 from queueing.stats import queue_figures
 
 MAX_BATCH = 1000
@@ -234,7 +234,8 @@ class ScheduledJobViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Destro
     def get_queryset(self) -> QuerySet[ScheduledJob]:
         if getattr(self, "swagger_fake_view", False):
             return ScheduledJob.objects.none()
-        return ScheduledJob.objects.for_tenant(self.request.tenant)
+        # A workflow run's wait is a job of another kind: its run, not this API, manages it.
+        return ScheduledJob.objects.for_tenant(self.request.tenant).filter(kind=DEFAULT_JOB_KIND)
 
     @extend_schema(responses={200: ScheduledJobSerializer(many=True), **errors(400)})
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -30,6 +30,8 @@ OPERATOR_PERMISSIONS = [
     ("dlq", "view_deadletter"),
     ("dlq", "redrive_deadletter"),
     ("receipts", "view_notificationevent"),
+    ("workflows", "view_workflow"),
+    ("workflows", "view_workflowrun"),
 ]
 
 

@@ -1,0 +1,53 @@
+"""Workflows in the console: definitions (read-only: the API defines them) and runs, each run's steps
+as a timeline with a link to each step's notification. Staff see only their tenants' (TenantScopedAdmin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin
+from workflows.models import Workflow, WorkflowRun
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    list_display = ["key", "name", "tenant", "category", "step_count", "updated_at"]
+    search_fields = ["=key"]
+    ordering = ["-created_at", "-id"]
+    fields = readonly_fields = ["key", "name", "tenant", "category", "steps", "created_at", "updated_at"]
+
+    @admin.display(description="steps")
+    def step_count(self, obj: Workflow) -> int:
+        return len(obj.steps or [])
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    list_display = ["id", "workflow", "subscriber", "status", "tenant", "created_at"]
+    list_filter = ["status"]
+    list_select_related = ("tenant", "workflow")
+    search_fields = ["=subscriber", "=trigger_id"]
+    ordering = ["-created_at", "-id"]
+    fields = readonly_fields = ["id", "workflow", "tenant", "subscriber", "trigger_id", "status", "cancellation_key",
+                                "actor", "timeline", "data", "digest", "created_at", "updated_at"]  # fmt: skip
+
+    @admin.display(description="steps")
+    def timeline(self, obj: WorkflowRun) -> Any:  # noqa: ANN401
+        def row(state: dict[str, Any]) -> tuple[Any, ...]:
+            note = state.get("notification_id")
+            link = (format_html('<a href="{}">{}</a>', reverse("admin:notifications_notification_change", args=[note]),
+                                note) if note else "—")  # fmt: skip
+            return (state.get("name"), state.get("type"), state.get("status"), state.get("at") or "",
+                    state.get("reason") or "", link)  # fmt: skip
+
+        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                                (row(state) for state in obj.steps or []))  # fmt: skip
+        return format_html(
+            "<table><thead><tr><th>step</th><th>type</th><th>status</th><th>resumes at</th><th>reason</th>"
+            "<th>notification</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )

@@ -1,0 +1,149 @@
+"""Workflows (a tenant's named list of steps) and their runs (one per trigger and subscriber).
+
+A run is data: its status, the index of the step it is at, each step's state, and `wake_id`, the
+opaque id of the scheduled job (kind `workflow`) it waits on. The scheduler advances a run when that
+job is due (workflows.engine), inside the transaction that settles the job; every change of a run is
+a conditional update on its status and wake_id, so two schedulers (or a cancel) never both win."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from core.ids import uuid7
+from core.models import TenantOwned
+from core.models.tenancy import TenantQuerySet
+
+
+class Workflow(TenantOwned):
+    key = models.SlugField(max_length=100)
+    name = models.CharField(max_length=200, blank=True, default="")
+    category = models.CharField(max_length=100, default="general")
+    steps = models.JSONField(default=list)  # checked by workflows.steps.clean_steps
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "workflows"
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="workflow_key_unique_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DIGESTED = "digested"
+    THROTTLED = "throttled"
+    FAILED = "failed"
+
+
+UNFINISHED = (RunStatus.RUNNING, RunStatus.WAITING)
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    DONE = "done"
+    SKIPPED = "skipped"
+    WAITING = "waiting"
+
+
+class WorkflowRunQuerySet(TenantQuerySet):
+    def unfinished(self) -> WorkflowRunQuerySet:
+        return self.filter(status__in=UNFINISHED)
+
+
+class WorkflowRun(TenantOwned):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    subscriber = models.CharField(max_length=200)  # the external id
+    trigger_id = models.UUIDField()
+    # running: its next step is due (a scheduler takes it); waiting: on a delay or a digest window
+    status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    cancellation_key = models.CharField(max_length=200, null=True, blank=True)
+    actor = models.CharField(max_length=200, null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    # The workflow's steps and category as they were at the trigger: a run follows the definition it began with.
+    definition = models.JSONField(default=list)
+    category = models.CharField(max_length=100, default="general")
+    step_index = models.PositiveSmallIntegerField(default=0)
+    steps = models.JSONField(default=list)  # [{name, type, status, notification_id, at, reason}]
+    digest = models.JSONField(null=True, blank=True)  # {count, items} once a digest step let this run go on
+    # The scheduled job (kind `workflow`) this run waits on; None once finished.
+    wake_id = models.UUIDField(null=True, blank=True, unique=True)
+    # The database's clock: a digest window opens at its first trigger's created_at.
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    objects = WorkflowRunQuerySet.as_manager()
+
+    class Meta:
+        db_table = "workflow_runs"
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            # GET workflow-runs: a tenant's newest first, cursor on (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="workflow_run_recent_idx"),
+            # GET workflow-runs?trigger_id=
+            models.Index(fields=["tenant", "trigger_id"], name="workflow_run_trigger_idx"),
+            # POST workflows/{key}/cancel: the unfinished runs of a workflow with a cancellation key.
+            models.Index(fields=["tenant", "workflow", "cancellation_key"], name="workflow_run_cancel_idx",
+                         condition=Q(status__in=["running", "waiting"], cancellation_key__isnull=False)),
+        ]  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"run {self.id} of {self.workflow_id} for {self.subscriber} ({self.status})"
+
+
+class WorkflowThrottle(TenantOwned):
+    """A throttle step's current window for one subscriber and key (workflows.statements)."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)
+    step = models.CharField(max_length=100)
+    subscriber = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, blank=True, default="")
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "workflow_throttles"
+        constraints = [
+            # the throttle's upsert (ON CONFLICT) and its one row per subscriber and key
+            models.UniqueConstraint(fields=["tenant", "workflow", "step", "subscriber", "key"],
+                                    name="workflow_throttle_unique"),
+        ]  # fmt: skip
+
+
+class WorkflowDigest(TenantOwned):
+    """A digest step's window for one subscriber and key: its joined triggers' count and first items."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        CLOSED = "closed"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)
+    step = models.CharField(max_length=100)
+    subscriber = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=6, choices=Status.choices, default=Status.OPEN)
+    opened_at = models.DateTimeField()
+    closes_at = models.DateTimeField()
+    leader_id = models.UUIDField()  # the run that goes on when the window closes
+    count = models.PositiveIntegerField()
+    items = models.JSONField(default=list)
+
+    class Meta:
+        db_table = "workflow_digests"
+        constraints = [
+            # one open window per subscriber and key: the join's UPDATE and the open's ON CONFLICT
+            models.UniqueConstraint(fields=["tenant", "workflow", "step", "subscriber", "key"],
+                                    condition=Q(status="open"), name="workflow_digest_one_open"),
+        ]  # fmt: skip
+        indexes = [
+            # the leader's close: WHERE leader_id = … AND step = …
+            models.Index(fields=["leader_id"], name="workflow_digest_leader_idx"),
+        ]

@@ -1,0 +1,227 @@
+"""Workflows every door uses (the API, the admin): define them, trigger runs, cancel runs.
+
+- `save_workflow()` checks what the steps name (templates, providers, the category) against the
+  tenant's configuration, one query each;
+- `trigger()` creates the subscribers it meets for the first time (no addresses), one run per
+  subscriber and a job due now for each, in a fixed number of statements whatever their count; the
+  scheduler then advances the runs (workflows.engine);
+- `cancel()` stops the unfinished runs with a cancellation key before their next step, locking their
+  jobs first (the order the scheduler takes them), and cancels the notifications they scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError, QuerySet
+from django.db.models.functions import Now
+from rest_framework.exceptions import NotFound, ValidationError
+
+from core.api.errors import Conflict
+from core.models import AuditEvent, Tenant
+from notifications import services as notifications
+from notifications.models import Notification, Status
+from providers.models import Provider
+from queueing import schedule
+from recipients import services as recipients
+from templating import renderer
+from templating.models import Template
+from workflows import statements
+from workflows.engine import JOB_KIND
+from workflows.models import RunStatus, StepStatus, Workflow, WorkflowRun
+
+logger = logging.getLogger(__name__)
+
+MAX_SUBSCRIBERS = 1000
+MAX_DATA_BYTES = 32 * 1024
+
+
+def get_workflow(tenant: Tenant, key: str) -> Workflow:
+    workflow = Workflow.objects.for_tenant(tenant).filter(key=key).first()
+    if workflow is None:
+        raise NotFound("No workflow with this key.")
+    return workflow
+
+
+def check_references(tenant: Tenant, category: str, steps: Sequence[dict[str, Any]]) -> None:
+    """400 for a category, template or provider the tenant does not have (or of another channel)."""
+    errors: dict[str, Any] = {}
+    if category not in recipients.fresh_category_keys(tenant, {category}):
+        errors["category"] = [f"no category with key {category!r}: create it first (POST categories)"]
+    sends = [(i, s) for i, s in enumerate(steps) if s.get("type") == "send"]
+    keys = {s["template"] for _, s in sends if s.get("template")}
+    names = {s["provider"] for _, s in sends if s.get("provider")}
+    templates = dict(Template.objects.for_tenant(tenant).filter(key__in=keys).values_list("key", "channel"))
+    providers = dict(Provider.objects.for_tenant(tenant).filter(name__in=names).values_list("name", "channel"))
+    problems: dict[str, dict[str, list[str]]] = {}
+    for index, step in sends:
+        for field in ("subject", "body"):
+            if step.get(field) and not step.get("template"):
+                try:
+                    renderer.check(step[field])
+                except renderer.TemplateError as exc:
+                    problems.setdefault(str(index), {})[field] = [f"invalid template: {exc}"]
+        checks = (("template", templates, "template with key"), ("provider", providers, "provider named"))
+        for field, known, what in checks:
+            name = step.get(field)
+            if not name:
+                continue
+            if name not in known:
+                problems.setdefault(str(index), {})[field] = [f"no {what} {name!r}"]
+            elif known[name] != step["channel"]:
+                problems.setdefault(str(index), {})[field] = [
+                    f"{field} {name!r} is for channel {known[name]!r}, the step sends on {step['channel']!r}"
+                ]
+    if problems:
+        errors["steps"] = problems
+    if errors:
+        raise ValidationError(errors)
+
+
+def save_workflow(workflow: Workflow, *, actor: str, fields: Sequence[str] | None = None) -> Workflow:
+    created = workflow._state.adding
+    check_references(workflow.tenant, workflow.category, workflow.steps)
+    try:
+        with transaction.atomic():
+            workflow.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
+            AuditEvent.record(
+                actor=actor, action="workflow.created" if created else "workflow.updated", target=workflow,
+                details={"key": workflow.key, "fields": sorted(fields or [])},
+            )  # fmt: skip
+    except IntegrityError:
+        raise Conflict(f"A workflow with key {workflow.key!r} already exists.", code="already_exists") from None
+    return workflow
+
+
+def delete_workflow(workflow: Workflow, *, actor: str) -> None:
+    """Delete a workflow and its runs; 409 while some are unfinished (cancel them first)."""
+    with transaction.atomic():
+        if WorkflowRun.objects.for_tenant(workflow.tenant_id).filter(workflow=workflow).unfinished().exists():
+            raise Conflict(
+                f"The workflow {workflow.key!r} has runs not finished yet: cancel them (POST workflows/{{key}}/cancel) "
+                "or wait for them to end.",
+                code="workflow_in_use",
+            )
+        AuditEvent.record(actor=actor, action="workflow.deleted", target=workflow, details={"key": workflow.key})
+        try:
+            workflow.delete()
+        except ProtectedError:  # pragma: no cover - nothing protects a workflow today
+            raise Conflict("The workflow is still in use.", code="workflow_in_use") from None
+
+
+def data_size(data: Any) -> int:  # noqa: ANN401
+    """The size of `data` as compact JSON, in bytes of UTF-8."""
+    return len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def clean_trigger(body: Any) -> dict[str, Any]:  # noqa: ANN401
+    """The trigger's fields, checked; ValidationError names each field."""
+    if not isinstance(body, dict):
+        raise ValidationError({"non_field_errors": ["the body must be a JSON object"]})
+    errors: dict[str, list[str]] = {}
+    for extra in sorted(set(body) - {"subscribers", "data", "cancellation_key", "actor"}):
+        errors[extra] = ["unknown field; allowed: subscribers, data, cancellation_key, actor"]
+    subscribers = body.get("subscribers")
+    ids: list[str] = []
+    if not isinstance(subscribers, list) or not subscribers:
+        errors["subscribers"] = ["required: a list of 1 to 1000 subscriber external ids"]
+    elif len(subscribers) > MAX_SUBSCRIBERS:
+        errors["subscribers"] = [f"at most {MAX_SUBSCRIBERS} subscribers a trigger; this one names {len(subscribers)}"]
+    else:
+        for index, value in enumerate(subscribers):
+            try:
+                external_id = recipients.check_external_id(value)
+            except ValueError as exc:
+                errors.setdefault("subscribers", []).append(f"item {index}: {exc}")
+                continue
+            if external_id not in ids:
+                ids.append(external_id)  # one run per subscriber, in the order first named
+    data = body.get("data", {})
+    if not isinstance(data, dict):
+        errors["data"] = ["must be an object (the template context's `data`)"]
+    elif (size := data_size(data)) > MAX_DATA_BYTES:
+        errors["data"] = [f"is {size} bytes as compact JSON; at most {MAX_DATA_BYTES} are allowed"]
+    key = body.get("cancellation_key")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 200):
+        errors["cancellation_key"] = ["must be a string of 1 to 200 characters"]
+    if body.get("actor") is not None:
+        try:
+            recipients.check_external_id(body["actor"])
+        except ValueError as exc:
+            errors["actor"] = [str(exc)]
+    if errors:
+        raise ValidationError(errors)
+    return {"subscribers": ids, "data": data, "cancellation_key": body.get("cancellation_key"),
+            "actor": body.get("actor")}  # fmt: skip
+
+
+def trigger(
+    tenant: Tenant, key: str, *, subscribers: Sequence[str], data: dict[str, Any], cancellation_key: str | None,
+    trigger_actor: str | None, actor: str,
+) -> tuple[uuid.UUID, int]:  # fmt: skip
+    """One run per subscriber, each waiting on a job due now (in the caller's transaction, if any).
+    Returns (trigger_id, runs)."""
+    workflow = get_workflow(tenant, key)
+    trigger_id = uuid.uuid4()
+    with transaction.atomic():
+        recipients.ensure_subscribers(tenant, subscribers)
+        statements.start_runs(tenant.pk, workflow, trigger_id, list(subscribers), data=data,
+                              cancellation_key=cancellation_key, actor=trigger_actor, job_kind=JOB_KIND)  # fmt: skip
+    runs = subscribers
+    logger.info("%s triggered workflow %s for %d subscriber(s)", actor, key, len(runs))
+    return trigger_id, len(runs)
+
+
+def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequence[str] | None, actor: str) -> int:
+    """Stop the workflow's unfinished runs with this cancellation key (of these subscribers, if given):
+    they take no further step, and the notifications they scheduled end `cancelled`. Returns how many
+    runs it stopped (0 on a repeat)."""
+    workflow = get_workflow(tenant, key)
+    runs = WorkflowRun.objects.for_tenant(tenant).filter(workflow=workflow, cancellation_key=cancellation_key)
+    if subscribers is not None:
+        runs = runs.filter(subscriber__in=list(subscribers))
+    with transaction.atomic():
+        # Jobs first (the scheduler's order: job, then run): one being advanced now is waited for.
+        wakes = [w for w in runs.unfinished().values_list("wake_id", flat=True) if w is not None]
+        schedule.cancel_jobs_for(JOB_KIND, wakes)
+        stopped = list(runs.unfinished().select_for_update().values_list("pk", "steps"))
+        notification_ids: list[str] = []
+        for pk, states in stopped:
+            states = [dict(state) for state in states]
+            for state in states:
+                if state.get("notification_id"):
+                    notification_ids.append(state["notification_id"])
+                if state["status"] == StepStatus.WAITING:
+                    state.update(status=StepStatus.SKIPPED, reason="cancelled")
+            changed = WorkflowRun.objects.filter(pk=pk, status__in=[RunStatus.RUNNING, RunStatus.WAITING]).update(
+                status=RunStatus.CANCELLED, steps=states, wake_id=None, updated_at=Now()
+            )
+            if changed != 1:  # pragma: no cover - the row is locked
+                raise Conflict("A run changed while it was being cancelled; retry.", code="conflict")
+        _cancel_scheduled(tenant, notification_ids, actor)
+        if stopped:
+            AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
+                              details={"cancellation_key": cancellation_key, "runs": len(stopped)})  # fmt: skip
+    return len(stopped)
+
+
+def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: str) -> None:
+    """The runs' notifications still `scheduled` (held by quiet hours) end `cancelled`, with their jobs."""
+    if not notification_ids:
+        return
+    scheduled = Notification.objects.for_tenant(tenant).filter(pk__in=notification_ids, status=Status.SCHEDULED)
+    for notification_id in scheduled.values_list("pk", flat=True):
+        try:
+            with transaction.atomic():
+                notifications.cancel_notification(tenant, notification_id, actor=actor)
+        except (Conflict, NotFound):
+            pass  # promoted or sent meanwhile: it goes, as any notification past `scheduled`
+
+
+def runs_for(tenant: Tenant) -> QuerySet[WorkflowRun]:
+    return WorkflowRun.objects.for_tenant(tenant).select_related("workflow")

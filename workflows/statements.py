@@ -1,0 +1,146 @@
+"""Every statement that writes the workflows' throttle and digest tables: single conditional
+statements whose row counts decide who goes on, under any number of schedulers.
+
+- Throttle: one counter row per (workflow, step, subscriber, key). A run passes when one upsert
+  either opens a new window (none yet, or the last one is over) or adds one to a window still under
+  its limit; the (limit+1)-th run of a window matches nothing and ends `throttled`.
+- Digest: one `open` window at most per (workflow, step, subscriber, key) (a partial unique index).
+  A run reaching the step joins the open window if its trigger came before the window closes (one
+  UPDATE adding its count and, among the first 100, its data); else it opens a window itself (one
+  INSERT … ON CONFLICT DO NOTHING, at its trigger's time) and leads it: it waits until the window's
+  end, then closes it (one UPDATE, status `closed`: no join after that) and goes on with its count and
+  items. Row locks order a join and the close, so every joined trigger is counted once, in exactly one
+  window, and each window has exactly one run that goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+
+from core.ids import uuid7
+from queueing import schedule
+from workflows.models import WorkflowRun
+from workflows.steps import key_value
+
+MAX_ITEMS = 100
+
+# A trigger's runs, each waiting on a job due now, in one statement whatever their count.
+_START_RUNS = """WITH s AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[]) AS s(id, subscriber, wake_id)
+), runs AS (
+    INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
+                               data, definition, category, step_index, steps, digest, wake_id)
+    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
+           %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id
+    FROM s
+    RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
+), {jobs}"""
+
+
+def start_runs(
+    tenant_id: Any, workflow: Any, trigger_id: Any, subscribers: list[str], *, data: dict[str, Any],  # noqa: ANN401
+    cancellation_key: str | None, actor: str | None, job_kind: str,
+) -> None:  # fmt: skip
+    """One `running` run per subscriber (its first step due now) and its job (the caller's transaction)."""
+    states = [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
+               "reason": None} for s in workflow.steps]  # fmt: skip
+    params = {
+        "ids": [uuid7() for _ in subscribers], "subscribers": subscribers,
+        "wakes": [uuid.uuid4() for _ in subscribers], "tenant": tenant_id, "workflow": workflow.pk,
+        "trigger": trigger_id, "cancellation_key": cancellation_key, "actor": actor, "data": json.dumps(data),
+        "definition": json.dumps(workflow.steps), "category": workflow.category, "steps": json.dumps(states),
+    }  # fmt: skip
+    sql = _START_RUNS.replace("{jobs}", schedule.timed_jobs_sql("runs s", job_kind))
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+_THROTTLE = """
+INSERT INTO workflow_throttles AS t (tenant_id, workflow_id, step, subscriber, key, window_start, count)
+VALUES (%(tenant)s, %(workflow)s, %(step)s, %(subscriber)s, %(key)s, now(), 1)
+ON CONFLICT (tenant_id, workflow_id, step, subscriber, key) DO UPDATE SET
+    window_start = CASE WHEN t.window_start + %(window)s * interval '1 second' <= now() THEN now()
+                        ELSE t.window_start END,
+    count = CASE WHEN t.window_start + %(window)s * interval '1 second' <= now() THEN 1 ELSE t.count + 1 END
+WHERE t.window_start + %(window)s * interval '1 second' <= now() OR t.count < %(limit)s
+RETURNING 1
+"""
+
+
+def pass_throttle(run: WorkflowRun, step: str, key: str, limit: int, window_seconds: float) -> bool:
+    """Whether `run` passes its throttle step (counted when it does); one statement."""
+    params = {"tenant": run.tenant_id, "workflow": run.workflow_id, "step": step, "subscriber": run.subscriber,
+              "key": key, "window": float(window_seconds), "limit": int(limit)}  # fmt: skip
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(_THROTTLE, params)
+        return cursor.fetchone() is not None
+
+
+_JOIN = """
+UPDATE workflow_digests d SET
+    count = d.count + 1,
+    items = CASE WHEN jsonb_array_length(d.items) < %(max_items)s THEN d.items || jsonb_build_array(%(data)s::jsonb)
+                 ELSE d.items END
+WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(step)s
+  AND d.subscriber = %(subscriber)s AND d.key = %(key)s AND d.status = 'open' AND d.closes_at > %(triggered)s
+RETURNING d.id
+"""
+# An open window already over for this trigger (its leader has not closed it yet) takes no more
+# joins: the new run opens the next one (the partial unique index allows one open window).
+_OVER = """
+UPDATE workflow_digests d SET status = 'closed'
+WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(step)s
+  AND d.subscriber = %(subscriber)s AND d.key = %(key)s AND d.status = 'open' AND d.closes_at <= %(triggered)s
+"""
+_OPEN = """
+INSERT INTO workflow_digests (tenant_id, workflow_id, step, subscriber, key, status, opened_at, closes_at, leader_id,
+                              count, items)
+VALUES (%(tenant)s, %(workflow)s, %(step)s, %(subscriber)s, %(key)s, 'open', %(triggered)s, %(closes)s, %(run)s,
+        1, jsonb_build_array(%(data)s::jsonb))
+ON CONFLICT (tenant_id, workflow_id, step, subscriber, key) WHERE status = 'open' DO NOTHING
+RETURNING closes_at
+"""
+_CLOSE = """
+UPDATE workflow_digests SET status = 'closed'
+WHERE leader_id = %(run)s AND step = %(step)s
+RETURNING count, items
+"""
+
+
+def join_digest(run: WorkflowRun, step: dict[str, Any], now: datetime) -> datetime | None:
+    """None when `run` joined an open window (it ends `digested`); else the end of the window it
+    opened and leads. A statement each, retried while a peer opens the window at the same moment."""
+    params = {
+        "tenant": run.tenant_id, "workflow": run.workflow_id, "step": step["name"], "subscriber": run.subscriber,
+        "key": key_value(run.data, step.get("key")), "data": json.dumps(run.data), "triggered": run.created_at,
+        "closes": run.created_at + timedelta(seconds=float(step["window_seconds"])), "run": run.pk,
+        "max_items": MAX_ITEMS,
+    }  # fmt: skip
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        for _ in range(5):
+            cursor.execute(_JOIN, params)
+            if cursor.fetchone() is not None:
+                return None
+            cursor.execute(_OVER, params)
+            cursor.execute(_OPEN, params)
+            row = cursor.fetchone()
+            if row is not None:
+                return max(row[0], now)
+            # a peer's open window committed between the two: join it
+    raise RuntimeError("the digest window stayed contended; the run is retried by the next batch")
+
+
+def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
+    """Close the window `run` leads (no join after this) and return `{count, items}` as it ends."""
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(_CLOSE, {"run": run.pk, "step": step})
+        row = cursor.fetchone()
+    if row is None:
+        return {"count": 1, "items": [run.data]}
+    count, items = row
+    return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
