@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+from benchmarks.standalone import create_database, setup_django  # noqa: E402
+
 DEFAULT_URL = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_workflows_bench"
 
 
 def _prepare(url: str) -> None:
-    from scheduler_bench import _create_database, _setup_django
-
-    _create_database(url)
-    _setup_django(url)
+    create_database(url)
+    setup_django(url)
 
 
 def _reset() -> None:
