@@ -3,10 +3,11 @@ application's event loop (omnipost_site.asgi) before Django's handler.
 
 One hub per web process: one LISTEN connection (`omnipost_inbox`, sent once per statement that changes
 feeds by the trigger on inbox_counts) fans out to every open stream of the process, and a small pool of
-connections reads the feeds. A notification only wakes the streams of the subscribers it names; a
-woken stream reads its items after the last `seq` it sent (inbox_items.seq commits in order per
-subscriber, inbox.statements), so the table is the stream's queue: nothing waits in memory but the flag
-"woken" and at most one page, however many items were written or however slow the client is.
+connections reads the feeds. A notification only wakes the streams of the subscribers it names; the
+woken streams read, in one statement for all of them, their items after the last `seq` each sent
+(inbox_items.seq commits in order per subscriber, inbox.statements), so the table is the stream's
+queue: nothing waits in memory but the flag "woken" and at most one page, however many items were
+written or however slow the client is.
 
 - `id:` of every event is the subscriber's `seq` it has reached; a reconnect's `Last-Event-ID` (or
   `?last_event_id=`) replays the items after it, written at most 24 h ago. Without one, the stream
@@ -76,26 +77,32 @@ _OPEN = f"""
            (SELECT last_seq FROM inbox_counts WHERE tenant_id = %(tenant)s AND subscriber = %(subscriber)s)"""  # noqa: S608
 
 _COLUMNS = ", ".join(f"i.{c}" for c in statements.ITEM_COLUMNS)
-# A woken stream: its items after `seq` (inbox_stream_idx; written in the last 24 h) and its counts,
-# read in one snapshot, so the counts never run ahead of the items sent with them; and the token's
-# generation again, so a revoke ends the streams open with the token at their next event.
+# The woken streams, all in one statement: each one's items after its `seq` (inbox_stream_idx; written
+# in the last 24 h) and its counts, read in one snapshot, so the counts never run ahead of the items
+# sent with them; and the token's subscriber's generation again, so a revoke ends the streams open with
+# the token at their next event. One row per stream without items, one per item otherwise, by `k`.
 _SIZE = "octet_length(i.title) + octet_length(i.body) + octet_length(i.data::text) + octet_length(i.action_url)"
 _READ = f"""
-    SELECT c.unseen, c.unread, c.total, c.last_seq, ({statements.LIVE_GENERATION}) AS generation,
+    SELECT r.k, c.unseen, c.unread, c.total, c.last_seq,
+           (SELECT coalesce((SELECT v.generation FROM inbox_token_revocations v
+                             WHERE v.tenant_id = r.tenant_id AND v.subscriber = r.subscriber), 0)
+            FROM subscribers x WHERE x.tenant_id = r.tenant_id AND x.external_id = r.subscriber) AS generation,
            i.seq, {_COLUMNS}
-    FROM (SELECT %(tenant)s::uuid AS tenant_id, %(subscriber)s::text AS subscriber) s
-    LEFT JOIN inbox_counts c ON c.tenant_id = s.tenant_id AND c.subscriber = s.subscriber
+    FROM unnest(%(k)s::int[], %(tenant)s::uuid[], %(subscriber)s::text[], %(after)s::bigint[])
+         AS r(k, tenant_id, subscriber, after)
+    LEFT JOIN inbox_counts c ON c.tenant_id = r.tenant_id AND c.subscriber = r.subscriber
     LEFT JOIN LATERAL (
         SELECT * FROM (
             SELECT i.*, sum({_SIZE}) OVER (ORDER BY i.seq) - ({_SIZE}) AS before
             FROM (SELECT * FROM inbox_items i
-                  WHERE i.tenant_id = s.tenant_id AND i.subscriber = s.subscriber AND i.seq > %(after)s
+                  WHERE i.tenant_id = r.tenant_id AND i.subscriber = r.subscriber AND i.seq > r.after
                     AND i.created_at > now() - interval '{REPLAY_HOURS} hours'
                   ORDER BY i.seq LIMIT {PAGE}) i
         ) i
         WHERE i.before < {PAGE_BYTES}  -- the first item always, then up to PAGE_BYTES
     ) i ON true
-    ORDER BY i.seq"""  # noqa: S608
+    ORDER BY r.k, i.seq"""  # noqa: S608
+MAX_BATCH = 500  # streams read by one statement
 
 
 def _when(value: datetime | None) -> str | None:
@@ -193,7 +200,42 @@ class Hub:
         self.listening = asyncio.Event()
         self.stopping = asyncio.Event()
         self.reconnects = 0
-        self._task = asyncio.get_running_loop().create_task(self._listen(), name="inbox-listen")
+        self._asked: list[tuple[tokens.Claims, int, asyncio.Future]] = []
+        self._asking = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._listen(), name="inbox-listen")
+        self._reader = loop.create_task(self._read_batches(), name="inbox-read")
+
+    async def read(self, claims: tokens.Claims, after: int) -> list[tuple]:
+        """The stream's rows of `_READ` (without `k`), read with those of every other stream woken
+        meanwhile: a notification that wakes a hundred streams costs one statement, not a hundred."""
+        future = asyncio.get_running_loop().create_future()
+        self._asked.append((claims, after, future))
+        self._asking.set()
+        return await future
+
+    async def _read_batches(self) -> None:
+        while True:
+            await self._asking.wait()
+            self._asking.clear()
+            while self._asked:
+                batch, self._asked = self._asked[:MAX_BATCH], self._asked[MAX_BATCH:]
+                try:
+                    params = {"k": list(range(len(batch))), "tenant": [c.tenant_id for c, _, _ in batch],
+                              "subscriber": [c.subscriber for c, _, _ in batch],
+                              "after": [after for _, after, _ in batch]}  # fmt: skip
+                    rows = await self.pool.fetchall(_READ, params)
+                except Exception as exc:  # noqa: BLE001 - each stream asking decides (it ends)
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                by_stream: list[list[tuple]] = [[] for _ in batch]
+                for row in rows:
+                    by_stream[row[0]].append(row[1:])
+                for (_, _, future), mine in zip(batch, by_stream, strict=True):
+                    if not future.done():
+                        future.set_result(mine)
 
     def open(self, stream: Stream) -> None:
         self.streams.setdefault(stream.key, set()).add(stream)
@@ -256,9 +298,10 @@ class Hub:
     async def stop(self) -> None:
         self.stopping.set()
         self.wake_all()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
+        for task in (self._task, self._reader):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         await self.pool.close()
 
 
@@ -361,9 +404,7 @@ async def _run(the_hub: Hub, stream: Stream, claims: tokens.Claims, after: int |
         while not gone.is_set() and not the_hub.stopping.is_set():
             stream.woken.clear()
             try:
-                rows = await the_hub.pool.fetchall(
-                    _READ, {"tenant": claims.tenant_id, "subscriber": claims.subscriber, "after": cursor}
-                )
+                rows = await the_hub.read(claims, cursor)
             except psycopg.OperationalError as exc:  # the database is away: the client reconnects and replays
                 logger.warning("inbox stream read failed (%s); ending the stream", exc)
                 return
