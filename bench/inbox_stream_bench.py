@@ -3,7 +3,9 @@
     .venv/bin/python bench/inbox_stream_bench.py [--streams 2000] [--latency-streams 200] [--rate 1000]
         [--seconds 10] [--database-url URL]
 
-One granian ASGI worker (`omnipost_site.asgi`, as a deployment of the stream runs it) on loopback;
+One granian ASGI worker (`omnipost_site.asgi`, as a deployment of the stream runs it) on loopback,
+with `--backpressure` above `--streams` (granian's default, backlog / workers, is 1,024 requests
+in flight a worker: an open stream is one, so past it new streams wait unanswered in the backlog);
 `--streams` subscribers of one tenant, each with a token and an open stream (asyncio sockets in
 this process, each counted once its first `counts` event arrived). Printed: how many opened, the
 worker's RSS before and with them open, and per stream.
@@ -142,6 +144,7 @@ async def _main(args: argparse.Namespace, tenant_id: uuid.UUID, names: list[str]
     server = subprocess.Popen(  # noqa: S603
         [sys.executable, "-m", "granian", "--interface", "asgi", "omnipost_site.asgi:application", "--host",
          "127.0.0.1", "--port", str(port), "--workers", "1", "--no-ws", "--backlog", "4096",
+         "--backpressure", str(args.streams + 100),
          "--log-level", "warning"], cwd=ROOT, env=env)  # fmt: skip
     try:
         import httpx
