@@ -520,9 +520,7 @@ _RECORD_SQL = """
     ), dev_results AS ({dev_results}
     ), dev_dead AS ({dev_dead}
     ), dev_used AS ({dev_used}
-    ), inbox_new AS ({inbox_new}
-    ), inbox_counted AS ({inbox_counted}
-    ), {dev_events}, {circuit}
+    ), {inbox}, {dev_events}, {circuit}
     SELECT item_id, (SELECT coalesce(sum(n), 0) FROM ob_new)::int, (SELECT count(*) FROM fb_ring)::int,
            {breakers}
     FROM ours
@@ -557,8 +555,8 @@ _RECORD_SQL = """
     dev_used=devices.used_sql("dev_in"),
     dev_events=device_events_ctes("dev_dead"),
     # an in_app notification's delivery is its feed item (inbox.statements)
-    inbox_new=inbox_statements.deliver_sql("changed"),
-    inbox_counted=inbox_statements.count_new_sql("inbox_new"),  # the subscribers' unseen / unread / total
+    # (and the subscribers' unseen / unread / total, and the items' places in their feeds)
+    inbox=inbox_statements.deliver_ctes("changed"),
 )
 
 

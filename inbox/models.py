@@ -30,6 +30,10 @@ class InboxItem(TenantOwned):
     archived_at = models.DateTimeField(null=True, blank=True)
     # When it was first read (never cleared by `unread`): a second read is not a second `read` event.
     first_read_at = models.DateTimeField(null=True, blank=True)
+    # The item's place in its subscriber's feed, counted up in inbox_counts.last_seq by the statement
+    # that writes it: that counts row is locked until the commit, so a subscriber's items commit in
+    # `seq` order and "the items after seq N" is exact (the stream's Last-Event-ID, inbox.live).
+    seq = models.BigIntegerField(db_default=0)
 
     class Meta:
         db_table = "inbox_items"
@@ -46,6 +50,8 @@ class InboxItem(TenantOwned):
             # GET feed?status=unseen, counts' unseen, mark-all seen
             models.Index(fields=["tenant", "subscriber", "-created_at", "-id"], name="inbox_unseen_idx",
                          condition=Q(seen_at__isnull=True, archived_at__isnull=True)),
+            # GET stream: the subscriber's items after the last one a stream sent (or Last-Event-ID)
+            models.Index(fields=["tenant", "subscriber", "seq"], name="inbox_stream_idx"),
         ]  # fmt: skip
 
     def __str__(self) -> str:
@@ -95,6 +101,8 @@ class InboxCounts(TenantOwned):
     unseen = models.BigIntegerField(default=0)
     unread = models.BigIntegerField(default=0)
     total = models.BigIntegerField(default=0)
+    # The `seq` of the subscriber's newest item (inbox_items.seq).
+    last_seq = models.BigIntegerField(db_default=0)
 
     class Meta:
         db_table = "inbox_counts"

@@ -16,21 +16,43 @@ RETURNING = (
 )
 
 
-def deliver_sql(changed: str) -> str:
-    """The body of the record statement's `inbox_new` CTE: one feed item per in_app notification of
-    `changed` that became delivered. The unique notification_id makes a second write of the same
-    delivery (a record retried after a lost session) a no-op."""
-    return f"""
-        INSERT INTO inbox_items (id, tenant_id, subscriber, notification_id, category, title, body, data,
-                                 action_url, created_at)
-        SELECT gen_random_uuid(), c.tenant_id, c.inbox_subscriber, c.notification_id, c.inbox_category,
-               coalesce(c.inbox_title, ''), coalesce(c.inbox_body, ''),
-               coalesce(c.inbox_fields -> 'data', '{{}}'::jsonb), coalesce(c.inbox_fields ->> 'action_url', ''),
-               now()
+def deliver_ctes(changed: str) -> str:
+    """The record statement's inbox CTEs (`inbox_fresh`, `inbox_counted`, `inbox_new`): one feed item per
+    in_app notification of `changed` that became delivered, and its subscriber's counts.
+
+    The counts row is written first: its upsert locks the row until the commit and counts `last_seq` up
+    by the subscriber's new items, which take the numbers below it (`seq`), so one subscriber's items
+    commit in `seq` order whichever dispatchers write them. An item already written (a record retried
+    after a lost session) is left out before counting; the unique notification_id keeps a concurrent
+    second write a no-op."""
+    return f"""inbox_fresh AS (
+        SELECT c.tenant_id, c.inbox_subscriber AS subscriber, c.notification_id, c.inbox_category,
+               c.inbox_title, c.inbox_body, c.inbox_fields,
+               row_number() OVER w AS k, count(*) OVER w AS n
         FROM {changed} c
         WHERE c.channel = 'in_app' AND c.status = 'delivered' AND c.inbox_subscriber IS NOT NULL
+          AND NOT EXISTS (SELECT FROM inbox_items x WHERE x.notification_id = c.notification_id)
+        WINDOW w AS (PARTITION BY c.tenant_id, c.inbox_subscriber ORDER BY c.notification_id
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+    ), inbox_counted AS (
+        INSERT INTO inbox_counts AS c (tenant_id, subscriber, unseen, unread, total, last_seq)
+        SELECT tenant_id, subscriber, count(*), count(*), count(*), count(*) FROM inbox_fresh
+        GROUP BY 1, 2 ORDER BY 1, 2
+        ON CONFLICT (tenant_id, subscriber) DO UPDATE
+        SET unseen = c.unseen + excluded.unseen, unread = c.unread + excluded.unread,
+            total = c.total + excluded.total, last_seq = c.last_seq + excluded.last_seq
+        RETURNING c.tenant_id, c.subscriber, c.last_seq
+    ), inbox_new AS (
+        INSERT INTO inbox_items (id, tenant_id, subscriber, notification_id, category, title, body, data,
+                                 action_url, created_at, seq)
+        SELECT gen_random_uuid(), f.tenant_id, f.subscriber, f.notification_id, f.inbox_category,
+               coalesce(f.inbox_title, ''), coalesce(f.inbox_body, ''),
+               coalesce(f.inbox_fields -> 'data', '{{}}'::jsonb), coalesce(f.inbox_fields ->> 'action_url', ''),
+               now(), ct.last_seq - f.n + f.k
+        FROM inbox_fresh f JOIN inbox_counted ct ON ct.tenant_id = f.tenant_id AND ct.subscriber = f.subscriber
         ON CONFLICT (notification_id) DO NOTHING
-        RETURNING tenant_id, subscriber"""  # noqa: S608 - the caller's CTE name
+        RETURNING tenant_id, subscriber
+    )"""  # noqa: S608 - the caller's CTE name
 
 
 _ADD_COUNTS = """
@@ -38,12 +60,6 @@ _ADD_COUNTS = """
     SELECT tenant_id, subscriber, {unseen}, {unread}, {total} FROM {source} GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (tenant_id, subscriber) DO UPDATE
     SET unseen = c.unseen + excluded.unseen, unread = c.unread + excluded.unread, total = c.total + excluded.total"""
-
-
-def count_new_sql(new: str) -> str:
-    """The body of the record statement's `inbox_counted` CTE: each new item (`new`: tenant_id,
-    subscriber per row) adds one to its subscriber's unseen, unread and total (rows locked in key order)."""
-    return _ADD_COUNTS.format(unseen="count(*)", unread="count(*)", total="count(*)", source=new)
 
 
 # Per changed row (`d`: the item's new seen_at/read_at/archived_at and the old ones o_seen/o_read/o_arch),
@@ -73,16 +89,17 @@ def token_generation(tenant_id: object, subscriber: str) -> int:
     return row[0] if row else 0
 
 
+# (also a subquery of the stream's statements, inbox.live)
+LIVE_GENERATION = """SELECT coalesce((SELECT generation FROM inbox_token_revocations
+                                    WHERE tenant_id = %(tenant)s AND subscriber = %(subscriber)s), 0)
+                   FROM subscribers WHERE tenant_id = %(tenant)s AND external_id = %(subscriber)s"""
+
+
 def live_generation(tenant_id: object, subscriber: str) -> int | None:
     """What a token check needs, in one statement: the subscriber's token generation, or None when the
     subscriber no longer exists (its tokens die with it)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            """SELECT coalesce((SELECT generation FROM inbox_token_revocations
-                                WHERE tenant_id = %s AND subscriber = %s), 0)
-               FROM subscribers WHERE tenant_id = %s AND external_id = %s""",
-            [tenant_id, subscriber, tenant_id, subscriber],
-        )
+        cursor.execute(LIVE_GENERATION, {"tenant": tenant_id, "subscriber": subscriber})
         row = cursor.fetchone()
     return row[0] if row else None
 
@@ -95,6 +112,10 @@ def revoke(tenant_id: object, subscriber: str) -> None:
                ON CONFLICT (tenant_id, subscriber) DO UPDATE SET generation = r.generation + 1""",
             [tenant_id, subscriber],
         )
+        # the subscriber's open streams end now (inbox.live re-checks the generation when woken); the
+        # key is inbox.live.subscriber_key's, as the inbox_counts trigger computes it
+        cursor.execute("SELECT pg_notify('omnipost_inbox', left(md5(%s::uuid::text || ':' || %s), 8))",
+                       [tenant_id, subscriber])  # fmt: skip
 
 
 # --- the subscriber's state changes ---------------------------------------------------------------

@@ -2,7 +2,9 @@
 the WSGI one (omnipost_site.wsgi); this one is for an ASGI server, and is the faster way to take
 vendors' receipts under gunicorn (receipts.asgi, docs/DECISIONS.md "Serving").
 
-Vendors' receipts (POST /hooks/providers/{id}) skip Django's handler: see receipts.asgi.
+Vendors' receipts (POST /hooks/providers/{id}) skip Django's handler: see receipts.asgi. So does the
+inbox's live stream (GET /inbox/v1/stream, inbox.live), which only an ASGI server can hold open by the
+thousand.
 """
 
 import os
@@ -16,6 +18,10 @@ application = get_asgi_application()
 from receipts.asgi import ReceiptsFastPathASGI  # noqa: E402 - needs the app registry get_asgi_application set up
 
 application = ReceiptsFastPathASGI(application)
+
+from inbox.live import InboxStreamASGI  # noqa: E402
+
+application = InboxStreamASGI(application)  # GET /inbox/v1/stream: Server-Sent Events on the event loop
 
 from core import tracing  # noqa: E402
 

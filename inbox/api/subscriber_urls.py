@@ -5,6 +5,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from core.api.views import api_not_found
 from inbox.api import views
+from inbox.api.widget import widget_js
 
 urlpatterns = [
     path("feed", views.FeedView.as_view(), name="inbox-feed"),
@@ -12,5 +13,6 @@ urlpatterns = [
     path("feed/<str:item_id>/<str:action>", views.ItemActionView.as_view(), name="inbox-item-action"),
     path("counts", views.CountsView.as_view(), name="inbox-counts"),
     path("preferences", views.PreferencesView.as_view(), name="inbox-preferences"),
+    path("widget.js", widget_js, name="inbox-widget"),
     re_path(r"^", csrf_exempt(api_not_found)),
 ]
