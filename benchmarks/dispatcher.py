@@ -41,8 +41,8 @@ class Statements:
 class Timeline:
     """`--timeline`: wall-clock stamps (time.time(), comparable across this host's processes) of each
     step from a ring to a send, for `omnipost_bench --pickup`'s breakdown: the doorbell thread's
-    ring, the event loop's wake-up, the claim on the DB thread (its statement inside it), the loop
-    getting the claim back, each send started (by notification id). Patched in from outside, as
+    ring, the event loop's wake-up, the claim on the DB thread or on the doorbell thread (its
+    statement inside it), each send started (by notification id). Patched in from outside, as
     `Statements` is: the dispatcher's code is not touched."""
 
     def __init__(self) -> None:
@@ -67,7 +67,14 @@ class Timeline:
             timeline.rungs.append(now())
             return rung(self)
 
+        answer = dispatcher.Dispatcher._answer_ring
+
+        def timed_answer(self, conn, payload):  # noqa: ANN001, ANN202
+            timeline.rings.append(now())
+            return answer(self, conn, payload)
+
         dispatcher.Dispatcher._ring, dispatcher.Dispatcher._rung = timed_ring, timed_rung
+        dispatcher.Dispatcher._answer_ring = timed_answer
 
         claim, statement = claims.Claimer.claim, claims.claim_and_start
         current: list[dict] = []
@@ -90,7 +97,20 @@ class Timeline:
                 if current:
                     current[0]["statement"] = (started, now())
 
+        claim_rung = claims.Claimer.claim_rung
+
+        def timed_claim_rung(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            entry = {"start": now(), "path": "doorbell"}
+            current[:] = [entry]
+            result = claim_rung(self, *args, **kwargs)
+            entry["end"] = now()
+            entry["keys"] = [p.notification_key for p in result[0]] if result else []
+            if entry["keys"]:
+                timeline.claims.append(entry)
+            return result
+
         claims.Claimer.claim, claims.claim_and_start = timed_claim, timed_statement
+        claims.Claimer.claim_rung = timed_claim_rung
 
         start = sending.Sender.start
 
