@@ -58,6 +58,8 @@ class BenchResult:
     # start to arrival ("created → delivered" as the client sees it)
     create_call_ms: dict[str, float] = field(default_factory=dict)
     call_to_arrival_ms: dict[str, float] = field(default_factory=dict)
+    # pickup: p50 of each step from the create call's return to arrival, in ms (pickup_breakdown)
+    pickup_steps_ms: dict[str, float] = field(default_factory=dict)
     statements_per_delivery: float | None = None
     delivered: int = 0
     duplicates: int = 0
@@ -102,6 +104,8 @@ class BenchResult:
             rows.append((f"create call {name}", f"{value:.2f} ms"))
         for name, value in self.call_to_arrival_ms.items():
             rows.append((f"create call start to arrival {name}", f"{value:.2f} ms"))
+        for name, value in self.pickup_steps_ms.items():
+            rows.append((f"  p50 {name}", f"{value:.3f} ms"))
         if self.statements_per_delivery is not None:
             rows.append(("SQL statements per delivery", f"{self.statements_per_delivery:.3f}"))
         rows += [("delivered", f"{self.delivered:,}"), ("duplicates", str(self.duplicates)), ("lost", str(self.lost))]
@@ -242,6 +246,7 @@ def start_dispatchers(
     stats_dir: Path,
     listen: bool = True,
     go_file: Path | None = None,
+    timeline: bool = False,
 ) -> list[subprocess.Popen]:
     procs = []
     for i in range(count):
@@ -251,6 +256,8 @@ def start_dispatchers(
         ]  # fmt: skip
         if not listen:
             args.append("--no-listen")
+        if timeline:
+            args.append("--timeline")
         if go_file is not None:
             args += ["--go-file", str(go_file)]
         procs.append(subprocess.Popen(args, cwd=ROOT, env=dispatcher_env()))  # noqa: S603
@@ -400,9 +407,93 @@ def run_e2e(
 
 PICKUP_WARMUP = 20  # untimed sends first: connections, prepared statements and provider caches warm up
 
+# The steps of a pickup, each from the stamp before it (pickup_breakdown); the last is the sum.
+PICKUP_STEPS = (
+    ("ring sent (ringer's NOTIFY returned)", "return", "ring_sent"),
+    ("ring received (doorbell thread)", "ring_sent", "ring"),
+    ("event loop woken (0: claimed on the doorbell thread)", "ring", "rung"),
+    ("claim begun (DB or doorbell thread)", "rung", "claim"),
+    ("claim statement begun", "claim", "statement"),
+    ("claim statement", "statement", "statement_end"),
+    ("claim done (routing, providers)", "statement_end", "claimed"),
+    ("send started (event loop)", "claimed", "send"),
+    ("arrival at the receiver", "send", "arrival"),
+    ("create return to claim done", "return", "claimed"),
+    ("create return to send started", "return", "send"),
+)
+
+
+class RingerStamps:
+    """Wall-clock ends of this process's ringer statements (the create's NOTIFY, queueing.ringer)."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        from queueing import ringer
+
+        self.ends: list[float] = []
+        self._original = original = psycopg.Connection.execute
+        stamps = self.ends
+
+        def execute(conn, query, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            try:
+                return original(conn, query, *args, **kwargs)
+            finally:
+                if query is ringer._SEND:
+                    stamps.append(time.time())
+
+        psycopg.Connection.execute = execute
+
+    def close(self) -> None:
+        import psycopg
+
+        psycopg.Connection.execute = self._original
+
+
+def pickup_breakdown(
+    called: dict[str, float], returned: dict[str, float], arrivals: dict[str, float], ring_ends: list[float],
+    timelines: list[dict],
+) -> dict[str, float]:
+    """p50 of each of PICKUP_STEPS over the notifications whose every stamp was found: the ringer's
+    first statement to end after the create call began; in the dispatcher that claimed it, the last
+    ring and wake-up before that claim began (none after the call began: a claim found it without a
+    ring, left out), the claim's and its statement's start and end, its send's start."""
+    import bisect
+
+    ring_ends = sorted(ring_ends)
+    by_key: dict[str, tuple[dict, dict]] = {}
+    for timeline in timelines:
+        for claim in timeline["claims"]:
+            for key in claim["keys"]:
+                by_key[key] = (timeline, claim)
+    steps: dict[str, list[float]] = {name: [] for name, _, _ in PICKUP_STEPS}
+    for key, back in returned.items():
+        if key not in by_key or key not in arrivals or "statement" not in by_key[key][1]:
+            continue
+        timeline, claim = by_key[key]
+        stamps = {"return": back, "claim": claim["start"], "statement": claim["statement"][0],
+                  "statement_end": claim["statement"][1], "claimed": claim["end"], "arrival": arrivals[key],
+                  "send": timeline["sends"].get(key)}  # fmt: skip
+        at = bisect.bisect_left(ring_ends, called[key])
+        stamps["ring_sent"] = ring_ends[at] if at < len(ring_ends) else None
+        for name, times in (("ring", timeline["rings"]), ("rung", timeline["rungs"])):
+            before = [t for t in times if called[key] <= t <= claim["start"]]
+            stamps[name] = before[-1] if before else None
+        if claim.get("path") == "doorbell":  # claimed on the doorbell thread: no loop woken first
+            stamps["rung"] = stamps["ring"]
+        if any(v is None for v in stamps.values()):
+            continue
+        for name, since, until in PICKUP_STEPS:
+            steps[name].append((stamps[until] - stamps[since]) * 1000)
+    answered = sum(1 for t in timelines for c in t["claims"] if c.get("path") == "doorbell")
+    steps_ms = {f"{name} (n={len(v)})": statistics.median(v) for name, v in steps.items() if v}
+    steps_ms[f"claims on the doorbell thread: {answered} of {sum(len(t['claims']) for t in timelines)}"] = 0.0
+    return steps_ms
+
 
 def run_pickup(
-    *, count: int, rate: float, processes: int, concurrency: int, batch: int, listen: bool = True
+    *, count: int, rate: float, processes: int, concurrency: int, batch: int, listen: bool = True,
+    breakdown: bool = False,
 ) -> BenchResult:
     """Sends one at a time into idle dispatchers, after PICKUP_WARMUP untimed ones (steady state,
     not cold start: the first few sends open HTTP connections and prepare statements)."""
@@ -422,12 +513,15 @@ def run_pickup(
     returned: dict[str, float] = {}
     called: dict[str, float] = {}  # id → wall time the create call started
     durations: list[float] = []
+    timelines: list[dict] = []
+    ringer_stamps = RingerStamps() if breakdown else None
     try:
         tenant, provider = bench_tenant_and_provider(receiver.url)
         with tempfile.TemporaryDirectory() as stats_dir:
             before = Worker.objects.live().count()
             procs = start_dispatchers(
-                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), listen=listen
+                processes, concurrency=concurrency, batch=batch, stats_dir=Path(stats_dir), listen=listen,
+                timeline=breakdown,
             )
             deadline = time.time() + 60
             while Worker.objects.live().count() < before + processes and time.time() < deadline:
@@ -458,8 +552,15 @@ def run_pickup(
                 proc.terminate()
             for proc in procs:
                 proc.wait(timeout=30)
+            if breakdown:
+                for stats in Path(stats_dir).glob("dispatcher*.json"):
+                    timelines.append(json.loads(stats.read_text())["timeline"])
     finally:
+        if ringer_stamps is not None:
+            ringer_stamps.close()
         final, arrivals = receiver.stop()
+    if ringer_stamps is not None:
+        result.pickup_steps_ms = pickup_breakdown(called, returned, arrivals, ringer_stamps.ends, timelines)
     result.delivered = len([i for i in returned if i in arrivals])
     result.duplicates = final["duplicates"]
     result.lost = count - result.delivered

@@ -1,18 +1,39 @@
 """One claim of the dispatcher, on its DB thread: stage due items, take tokens for rate-limited
 lanes, claim (one statement), read the claimed items' providers. A fixed number of statements
-per batch; the lane arithmetic is dispatch.policy's."""
+per batch; the lane arithmetic is dispatch.policy's.
+
+A ring that finds the dispatcher idle is claimed on the doorbell thread instead, on the LISTEN
+connection (`claim_rung`): that connection's server process is awake the moment the ring arrives,
+and neither the event loop nor the DB thread has to wake before the claim. The same fair claim, with
+no lanes (the fetch loop takes those) and no starvation scan (the fetch loop looks once a second);
+what follows the claim (suppressions, routing, providers) is done from memory when nothing needs
+the database (`sort_in_memory`), else on the DB thread (`sort`). One lock keeps the two threads'
+claims apart. Only on a direct connection: behind a pooler the LISTEN connection is
+OMNIPOST_LISTEN_DATABASE_URL's, which carries LISTEN only."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
+from core import pooling
 from core.db_faults import is_connection_lost, reset_connection
 from dispatch import policy
-from dispatch.delivery import ClaimSeen, DispatchLease, Prepared, claim_and_start, push_targets, suppressed_among
+from dispatch.delivery import (
+    ClaimSeen,
+    DispatchLease,
+    Prepared,
+    _prepare_when_asked,
+    claim_and_start,
+    push_targets,
+    suppressed_among,
+)
 from dispatch.providers import ProviderCache
 from providers.models import Provider
 from queueing import queue, ratelimit
@@ -42,6 +63,12 @@ class ClaimResult:
     # claimed, but the session was lost before their providers were read: given back, untried
     unready: list[Prepared] = field(default_factory=list)
     next_token_in: float | None = None  # when the next token of a dry rate-limited lane is due
+
+
+def can_claim_on_listen_connection() -> bool:
+    """Whether the LISTEN connection is a direct one to the database that may claim: not behind a
+    pooler, where it is OMNIPOST_LISTEN_DATABASE_URL's and carries LISTEN only (core.pooling)."""
+    return not pooling.pooled() and not getattr(settings, "OMNIPOST_LISTEN_DATABASE_URL", "")
 
 
 def queue_has_rate_limited_items() -> bool:
@@ -82,8 +109,13 @@ class Claimer:
         self.any_limits = False
         self.orphans: list[uuid.UUID] = []  # tokens of claims that may have committed unseen
         self.router = router or Router(clock)
+        # One claim at a time, from the DB thread (`claim`) or the doorbell thread (`claim_rung`); it
+        # also guards `orphans`, which both may add to.
+        self.lock = threading.Lock()
 
-    def claim(self, want: int, leave_out: frozenset[str] = frozenset(), stage: bool = True) -> ClaimResult:
+    def claim(
+        self, want: int | Callable[[], int], leave_out: frozenset[str] = frozenset(), stage: bool = True
+    ) -> ClaimResult:
         """Claim up to `want` items and sort them (ClaimResult): those whose recipient is suppressed
         now (one statement, only where the claim saw a suppression of their tenant or a category
         other than `general`), then the others' providers chosen (routing.failover: failover order,
@@ -91,17 +123,68 @@ class Claimer:
         claim, what was claimed and not yet sorted comes back as `unready`, to give back. With
         `leave_out` (tenant ids), a claim for the dispatcher's spare slots: only the other tenants'
         unlimited items, nothing staged, no lane's tokens taken. `stage=False`: the caller stages
-        (`stage_due`) after the claim's sends have started, off the path from a ring to a send."""
-        if want <= 0:
-            return ClaimResult()
-        if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
-            released = queue.release_claim(self.orphans)
-            if released:
-                logger.warning("gave back %d items leased by a claim whose session was lost", released)
-            self.orphans.clear()
-        seen = ClaimSeen()
-        prepared, skipped, next_token_in = self._claim(want, leave_out, seen, stage)
-        result = ClaimResult(skipped=skipped, next_token_in=next_token_in)
+        (`stage_due`) after the claim's sends have started, off the path from a ring to a send.
+        `want` may be a function, asked once the lock is held (the slots a claim on the doorbell
+        thread left)."""
+        with self.lock:
+            if callable(want):
+                want = want()
+            if want <= 0:
+                return ClaimResult()
+            if self.orphans:  # claims whose answer a lost session swallowed: give back what they leased
+                released = queue.release_claim(self.orphans)
+                if released:
+                    logger.warning("gave back %d items leased by a claim whose session was lost", released)
+                self.orphans.clear()
+            seen = ClaimSeen()
+            prepared, skipped, next_token_in = self._claim(want, leave_out, seen, stage)
+        result = self.sort(prepared, seen)
+        result.skipped, result.next_token_in = skipped, (next_token_in if not result.unready else None)
+        return result
+
+    def claim_rung(self, conn: object, want: int) -> tuple[list[Prepared], list[DispatchLease], ClaimSeen] | None:
+        """On the doorbell thread, with the LISTEN connection `conn` (see the module's docstring):
+        claim up to `want` items for a ring. None, claiming nothing, when a claim is under way on the
+        DB thread, when rate-limited lanes may hold work or a lost claim awaits its give-back (the
+        fetch loop's). A failed claim may have committed: its token goes to `orphans`."""
+        if want <= 0 or self.any_limits or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if self.orphans:
+                return None
+            _prepare_when_asked(conn)  # planned once, as on the DB thread
+            seen, token = ClaimSeen(), uuid.uuid4()
+            try:
+                prepared, skipped = claim_and_start(
+                    want, lease_seconds=self.lease_seconds, queues=self.queues, look_for_starving=False,
+                    raw_connection=conn, token=token, seen=seen,
+                )  # fmt: skip
+            except Exception:
+                self.orphans.append(token)
+                raise
+            return prepared, skipped, seen
+        finally:
+            self.lock.release()
+
+    def sort_in_memory(self, prepared: list[Prepared], seen: ClaimSeen) -> ClaimResult | None:
+        """On the event loop, for a claim made on the doorbell thread: `sort`'s result when it needs no
+        statement (no suppression to look for, routing fresh with every breaker closed, no push, every
+        provider cached as the claim read it), else None."""
+        if seen.check_suppressions or not self.router.fresh() or self.router.states:
+            return None
+        entries = self.providers.entries
+        for item in prepared:
+            pid = item.provider_id
+            if item.channel == "push" or (cached := entries.get(pid)) is None:  # type: ignore[arg-type]
+                return None
+            if seen.versions.get(pid) != cached.row_updated_at:  # type: ignore[arg-type]
+                return None
+        return ClaimResult(send=prepared)
+
+    def sort(self, prepared: list[Prepared], seen: ClaimSeen) -> ClaimResult:
+        """On the DB thread, after a claim: the items whose recipient is suppressed now, the others'
+        providers chosen (routing) and loaded. A session lost meanwhile: all of them `unready`."""
+        result = ClaimResult()
         try:
             # one statement: the suppression list as it is now (none where the claim saw nothing to find)
             blocked = suppressed_among(prepared) if seen.check_suppressions else set()
@@ -124,7 +207,7 @@ class Claimer:
                 raise
             reset_connection()
             logger.warning("database lost after a claim; giving back %d items", len(prepared))
-            result.unready, result.next_token_in = prepared, None
+            result.unready = prepared
             return result
         result.send = prepared
         return result

@@ -3,8 +3,10 @@
 One process keeps up to `concurrency` provider calls in flight on one event loop. All database
 work runs on one dedicated thread (one connection), in short transactions with a fixed number of
 statements per batch: [stage] [take tokens] → claim + read providers' versions → … sends … →
-record outcomes. A second connection only LISTENs for enqueues (queueing.wakeup): a
-ring wakes the fetch loop, which claims; otherwise it polls with backoff.
+record outcomes. A second connection LISTENs for enqueues (queueing.wakeup): a ring that
+finds the dispatcher idle is claimed at once on that connection, on the doorbell thread
+(dispatch.claims: its server process is awake, and no thread has to wake before the claim); any
+other ring wakes the fetch loop, which claims; without rings it polls with backoff.
 
 The class orchestrates; its collaborators do the work: `Claimer` (dispatch.claims), `Sender`
 (dispatch.sending, which asks dispatch.policy what to do with each result), `Recorder`
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -38,8 +41,8 @@ from django.db import connection
 from core import tracing
 from core.db_faults import Backoff, is_connection_lost, reset_connection
 from dispatch import gc_tuning, upkeep
-from dispatch.claims import Claimer
-from dispatch.delivery import Outcome, Prepared, Recorded
+from dispatch.claims import Claimer, ClaimResult, can_claim_on_listen_connection
+from dispatch.delivery import ClaimSeen, DispatchLease, Outcome, Prepared, Recorded
 from dispatch.events import EventLane
 from dispatch.providers import SWEEP_SECONDS, ProviderCache
 from dispatch.recording import Recorder, SessionLost
@@ -120,6 +123,12 @@ class Dispatcher:
         self._full_claim_at = 0.0  # time.monotonic() of the last claim that found as many as it asked for
         self.event_lane_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
+        # Rings answered on the doorbell thread (`_answer_ring`): items claimed there and not yet
+        # started or given back on the event loop are `_handed - _taken` (one writer each).
+        self._idle = False  # the fetch loop sleeps, its last claim having found nothing
+        self._handed = self._taken = 0
+        self.rings_answered = 0  # claims made on the doorbell thread (tests, benchmarks)
+        self._takeovers: set[asyncio.Task] = set()
 
     @property
     def processed(self) -> int:
@@ -146,7 +155,11 @@ class Dispatcher:
             await asyncio.sleep(random.random() * 0.5)  # noqa: S311 - start-up jitter, not crypto
         self.worker = await self._until_connected(heartbeat.register, "dispatcher", self.config.queues or ["*"])
         gc_tuning.settle_after_start_up(self.config.concurrency, self.config.batch_size)
-        bell = Doorbell(self._ring, application_name=f"omnipost-dispatcher-listen-{socket.gethostname()}-{os.getpid()}")
+        answers = self.config.max_items is None and not self.config.once and can_claim_on_listen_connection()
+        bell = Doorbell(
+            self._ring, application_name=f"omnipost-dispatcher-listen-{socket.gethostname()}-{os.getpid()}",
+            answer=self._answer_ring if answers else None,
+        )  # fmt: skip
         if self.observer is not None and asyncio.iscoroutine(started := self.observer.started(self)):
             await started
         if self.config.listen:
@@ -176,6 +189,9 @@ class Dispatcher:
         finally:
             self.stopping.set()
             await self.loop.run_in_executor(None, bell.stop)
+            await asyncio.sleep(0)  # hand-overs the doorbell thread scheduled run (and give back)
+            if self._takeovers:
+                await asyncio.gather(*self._takeovers, return_exceptions=True)
             await self._drain_inflight()
             self.recorder.finished.set()
             self.recorder.wake.set()
@@ -247,10 +263,77 @@ class Dispatcher:
         self.failed = True
         self._stop()
 
+    def _wants(self, payload: str) -> bool:
+        return not self.config.queues or not payload or bool(set(payload.split(",")) & set(self.config.queues))
+
     def _ring(self, payload: str) -> None:
         """On the doorbell thread: wake the fetch loop (which then reads the table), nothing more."""
-        if not self.config.queues or not payload or set(payload.split(",")) & set(self.config.queues):
+        if self._wants(payload):
             self.loop.call_soon_threadsafe(self._rung)
+
+    def _free(self) -> int:
+        """Slots left, counting the items claimed on the doorbell thread that are not in flight yet."""
+        return self.config.concurrency - len(self.sender.inflight) - (self._handed - self._taken)
+
+    def _cap(self, want: int) -> int:
+        return min(want, self._free())
+
+    def _answer_ring(self, conn: Any, payload: str) -> bool:  # noqa: ANN401 - the LISTEN psycopg connection
+        """On the doorbell thread, for a ring that finds the fetch loop asleep: claim on the LISTEN
+        connection (dispatch.claims.Claimer.claim_rung) and hand what it got to the event loop. False
+        (the fetch loop is woken instead) when busy, stopping, or the claim could not be made."""
+        if not self._idle or self.stopping.is_set() or not self._wants(payload):
+            return False
+        want = min(self.config.batch_size, self._free())
+        if want <= 0:
+            return False
+        self._handed += want  # the slots are taken from now on: a claim on the DB thread sees them so
+        claimed = None
+        try:
+            claimed = self.claimer.claim_rung(conn, want)
+        except Exception as exc:  # noqa: BLE001 - the fetch loop claims instead (and gives back a lost claim)
+            logger.warning("claim on the LISTEN connection failed (%s); waking the fetch loop", type(exc).__name__)
+        finally:
+            self._handed -= want - (len(claimed[0]) if claimed else 0)
+        if claimed is None:
+            return False
+        prepared, skipped, seen = claimed
+        self.rings_answered += 1
+        if prepared or skipped:
+            full = len(prepared) + len(skipped) >= want
+            self.loop.call_soon_threadsafe(self._take_over, prepared, skipped, seen, full)
+        return True  # nothing found: a peer was faster, and lanes (the fetch loop's) hold nothing
+
+    def _take_over(self, prepared: list[Prepared], skipped: list[DispatchLease], seen: ClaimSeen, full: bool) -> None:
+        """On the event loop: start what the doorbell thread claimed, sorted from memory when that
+        needs no statement, else on the DB thread first. A full claim wakes the fetch loop for more."""
+        result = self.claimer.sort_in_memory(prepared, seen)
+        if result is None:
+            task = self.loop.create_task(self._sort_then_take_over(prepared, skipped, seen, full))
+            self._takeovers.add(task)
+            task.add_done_callback(self._takeovers.discard)
+            return
+        result.skipped = skipped
+        self._taken += len(prepared)
+        self._handle(result)
+        if full:
+            self.wake.set()
+
+    async def _sort_then_take_over(
+        self, prepared: list[Prepared], skipped: list[DispatchLease], seen: ClaimSeen, full: bool
+    ) -> None:
+        try:
+            result = await self.db(self.claimer.sort, prepared, seen)
+        except SessionLost:
+            result = ClaimResult(unready=prepared)
+        except Exception:  # noqa: BLE001 - never lost: given back untried
+            logger.exception("sorting %d items claimed on the LISTEN connection failed", len(prepared))
+            result = ClaimResult(unready=prepared)
+        result.skipped = skipped
+        self._taken += len(prepared)
+        self._handle(result)
+        if full:
+            self.wake.set()
 
     def _rung(self) -> None:
         self.wake.set()
@@ -286,7 +369,7 @@ class Dispatcher:
         poll = MIN_POLL
         capacity = self.sender.capacity
         while not self.stopping.is_set():
-            free = self.config.concurrency - len(self.sender.inflight)
+            free = self._free()
             remaining = None if self.config.max_items is None else max(0, self.config.max_items - self.claimed)
             if remaining == 0:
                 return
@@ -303,7 +386,10 @@ class Dispatcher:
             claim_started = tracing.now() if tracing.ENABLED else 0
             try:
                 # a long-running dispatcher stages below, after the sends; a single pass (--once) first
-                claimed = await self.db(self.claimer.claim, want, leave_out, self.config.once)
+                # without leave_out, capped once the claim lock is held: by then a claim on the doorbell
+                # thread may have taken slots (a spare-slot claim is over the concurrency by design)
+                wanted = want if leave_out else functools.partial(self._cap, want)
+                claimed = await self.db(self.claimer.claim, wanted, leave_out, self.config.once)
             except SessionLost as exc:
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
@@ -312,17 +398,7 @@ class Dispatcher:
             self._outage.reset()
             if claim_started:  # traces are exported: the claim's window, for the claim spans of its sends
                 self.sender.claim_window = (claim_started, tracing.now())
-            if claimed.unready:  # claimed, but the session was lost before their providers were loaded
-                self._give_back(claimed.unready)
-            if claimed.skipped:
-                self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in claimed.skipped)
-            if claimed.suppressed:
-                self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in claimed.suppressed)
-            if claimed.waiting:  # every provider of their failover order is open: back with the backoff, untried
-                self.recorder.extend(self.sender.waiting(p) for p in claimed.waiting)
-            if claimed.relaned:  # failed over to a rate-limited provider: into its lane, untried
-                self.recorder.extend(self.sender.to_lane(p) for p in claimed.relaned)
-            self._start_all(claimed.send)
+            self._handle(claimed)
             # Due retries come back into the ready set after the claim's sends have started: a ring's
             # claim never waits behind the stager (every STAGE_SECONDS). What it brings back is claimed next.
             if not self.config.once and not self.stopping.is_set() and self.claimer.stage_is_due():
@@ -333,8 +409,6 @@ class Dispatcher:
                     pass  # the next claim meets the outage and backs off
             finished = len(claimed.skipped) + len(claimed.suppressed)
             returned = len(claimed.waiting) + len(claimed.relaned)
-            self.claimed += len(claimed.send) + finished
-            self.claimed_by_tenant.update(p.tenant_key for p in claimed.send)
             if claimed.send or finished or returned:
                 if len(claimed.send) + finished + returned >= want:
                     self._full_claim_at = time.monotonic()
@@ -343,8 +417,28 @@ class Dispatcher:
             if self.config.once:
                 return
             next_token_in = claimed.next_token_in
-            await self._sleep(poll if next_token_in is None else min(poll, max(0.005, next_token_in)))
+            self._idle = True  # a ring from here on is claimed on the doorbell thread
+            try:
+                await self._sleep(poll if next_token_in is None else min(poll, max(0.005, next_token_in)))
+            finally:
+                self._idle = False
             poll = min(poll * 2, MAX_POLL)
+
+    def _handle(self, claimed: ClaimResult) -> None:
+        """What a claim got, each item to its place: sends started, the rest recorded or given back."""
+        if claimed.unready:  # claimed, but the session was lost before their providers were loaded
+            self._give_back(claimed.unready)
+        if claimed.skipped:
+            self.recorder.extend(Outcome(lease=lease, kind="skipped") for lease in claimed.skipped)
+        if claimed.suppressed:
+            self.recorder.extend(Outcome(lease=lease, kind="suppressed") for lease in claimed.suppressed)
+        if claimed.waiting:  # every provider of their failover order is open: back with the backoff, untried
+            self.recorder.extend(self.sender.waiting(p) for p in claimed.waiting)
+        if claimed.relaned:  # failed over to a rate-limited provider: into its lane, untried
+            self.recorder.extend(self.sender.to_lane(p) for p in claimed.relaned)
+        self._start_all(claimed.send)
+        self.claimed += len(claimed.send) + len(claimed.skipped) + len(claimed.suppressed)
+        self.claimed_by_tenant.update(p.tenant_key for p in claimed.send)
 
     def _start_all(self, prepared: list[Prepared]) -> None:
         """Start a claim's sends, or give them all back if a signal came while it was being claimed."""

@@ -24,6 +24,9 @@ LEASED = Q(lock_token__isnull=False, locked_until__gt=Now())
 # so the planner can never read them for one (their order puts every other queue's items in front).
 _READY_UNLIMITED = Q(ready=True, rate_limited=False)
 _READY_UNLIMITED_ANY_QUEUE = Q(ready=True, rate_limited=False, priority__gte=0)
+# The per-tenant indexes over all queues: `priority <= 9` (always true) is said only by the claims over all
+# queues (queue._ALL_QUEUES), so a claim for named queues never reads them.
+_READY_UNLIMITED_ALL_QUEUES = Q(ready=True, rate_limited=False, priority__lte=9)
 
 
 class QueueItemQuerySet(TenantQuerySet):
@@ -83,12 +86,14 @@ class QueueItem(TenantOwned):
                 fields=["-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED_ANY_QUEUE,
                 name="queue_state_ready_idx",
             ),
-            # claim() for named queues, one LATERAL per queue: WHERE ready AND NOT rate_limited AND
-            # queue_name = ? ORDER BY priority DESC, enqueued_at (another queue's depth costs nothing).
+            # claim() for named queues, fair between tenants (queue.claim_ctes): the skip-scan that lists
+            # each queue's tenants with ready work (one descent per queue and tenant), then one LATERAL
+            # per tenant and queue: WHERE ready AND NOT rate_limited AND queue_name = ? AND tenant_id = ?
+            # ORDER BY priority DESC, enqueued_at, item_id (another queue's depth costs nothing).
             models.Index(
-                fields=["queue_name", "-priority", "enqueued_at", "item_id"],
+                fields=["queue_name", "tenant", "-priority", "enqueued_at", "item_id"],
                 condition=_READY_UNLIMITED,
-                name="queue_state_ready_queue_idx",
+                name="queue_state_queue_tenant_idx",
             ),
             # claim() over all queues, per tenant (fairness, queue.claim_ctes): the skip-scan that lists
             # tenants with ready work (one descent per tenant), then one LATERAL per tenant: WHERE ready
@@ -97,7 +102,7 @@ class QueueItem(TenantOwned):
             # them (every other tenant's items stepped over by filter, when statistics were taken while one
             # tenant filled the queue).
             models.Index(
-                fields=["tenant", "-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED,
+                fields=["tenant", "-priority", "enqueued_at", "item_id"], condition=_READY_UNLIMITED_ALL_QUEUES,
                 name="queue_state_tenant_idx",
             ),
             # claim()'s starvation branch per tenant, over all queues: WHERE ready AND NOT rate_limited AND
@@ -106,7 +111,7 @@ class QueueItem(TenantOwned):
             # for it (every tenant's aged items in front of this one's).
             models.Index(
                 fields=["tenant", "enqueued_at", "item_id"],
-                condition=_READY_UNLIMITED,
+                condition=_READY_UNLIMITED_ALL_QUEUES,
                 name="queue_state_tenant_aged_idx",
             ),
             # The console's queued filter: every tenant's ready items, newest enqueued first.

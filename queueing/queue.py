@@ -221,32 +221,15 @@ def claim(
 # give-back clear lock_token and locked_until together, so a null locked_until means no lease.
 _FREE = "(locked_until IS NULL OR locked_until <= now())"
 # What a claimable, unlimited item is to the main claim: the predicate of its partial indexes
-# (queue_state_ready_idx, queue_state_ready_queue_idx and the two queue_state_starving_*_idx), then
+# (queue_state_ready_idx, queue_state_queue_tenant_idx, queue_state_tenant_idx and the aged ones), then
 # the lease. `available_at <= now()` holds for every staged item and guards rows inserted by hand with
 # a later available_at.
 _READY_UNLIMITED = f"ready AND NOT rate_limited AND available_at <= now() AND {_FREE}"
-
-
-def _per_queue(queues: list[str] | None, where: str, order_by: str) -> str:
-    """Up to %(n)s locked (item_id, ctid) rows WHERE `where`, in `order_by` order: one index scan
-    over all queues, or one LATERAL scan per named queue (each reads the index led by queue_name,
-    so it costs the same whatever other queues hold) merged in the same order."""
-    if not queues:
-        return f"""SELECT item_id, ctid FROM queue_state
-            WHERE {where} AND priority >= 0  -- always true: names the all-queue indexes (see models)
-            ORDER BY {order_by}
-            LIMIT %(n)s
-            FOR UPDATE SKIP LOCKED"""
-    return f"""SELECT l.item_id, l.ctid FROM unnest(%(queues)s::text[]) AS k(queue_name)
-            CROSS JOIN LATERAL (
-                SELECT item_id, ctid, priority, enqueued_at FROM queue_state
-                WHERE {where} AND queue_name = k.queue_name
-                ORDER BY queue_name, {order_by}  -- one value per loop: the order of the index led by it
-                LIMIT %(n)s
-                FOR UPDATE SKIP LOCKED
-            ) l
-            ORDER BY {", ".join("l." + c.strip() for c in order_by.split(","))}
-            LIMIT %(n)s"""
+# Always true (the priority check constraint): names the per-tenant indexes over all queues
+# (queue_state_tenant_idx, queue_state_tenant_aged_idx), whose predicate has it, so that a claim for
+# named queues, which does not say it, cannot read them (stepping over the tenant's items of every
+# other queue by filter) instead of queue_state_queue_tenant_idx.
+_ALL_QUEUES = "priority <= 9"
 
 
 def claim_ctes(
@@ -264,55 +247,18 @@ def claim_ctes(
     callers can extend the same single statement (the dispatcher joins the notifications to it and
     returns fewer columns). `starve=None` leaves out the starving branch (and its index scan).
     Only ready items not under a live lease are read (see `stage` and `_FREE`); the claim leaves them
-    in the ready set (a HOT update), leased.
-    `leave_out`: tenant ids whose items this claim does not take (the fair claim only: a dispatcher's
-    claim for its spare slots, dispatch.dispatcher).
+    in the ready set (a HOT update), leased. Weighted-fair between tenants over all queues or over
+    the named `queues` alike (`_fair_claim_ctes`).
+    `leave_out`: tenant ids whose items this claim does not take (a dispatcher's claim for its
+    spare slots, dispatch.dispatcher).
 
     The update finds the rows it locked by their `ctid` (a TID scan: no index descent, and no plan
     to misjudge). Joined on `item_id` instead, the planner hash-joined a sequential scan of the
     whole queue once it held fewer than ≈ 30,000 rows (7 ms for a claim of 250 at 20,000). The
     rows are locked (FOR UPDATE) by this statement, so their ctids cannot change before it ends."""
-    if not queues:
-        return _fair_claim_ctes(n, lease, starve, lanes, token, returning=returning, leave_out=leave_out)
-    if leave_out:
-        raise ValueError("leave_out is a fair claim's (over all queues)")
-    lane_cte = ""
-    lane_union = ""
-    if lanes:
-        lane_cte = f"""
-        , {_lanes_cte("AND queue_name = ANY(%(queues)s)")}"""
-        lane_union = "UNION ALL SELECT item_id, ctid FROM lanes"
-    main = f"""main AS (
-            {_per_queue(queues, _READY_UNLIMITED, "priority DESC, enqueued_at, item_id")}
-        )"""
-    if starve is None:  # the caller looks for starving items less often than it claims
-        picking = f"""
-        WITH {main}, picked_main AS (
-            SELECT item_id, ctid FROM main"""
-    else:
-        old = f"{_READY_UNLIMITED} AND enqueued_at <= now() - %(starve)s * interval '1 second'"
-        picking = f"""
-        WITH starving AS (
-            {_per_queue(queues, old, "enqueued_at, item_id")}
-        ), {main}, picked_main AS (
-            -- starving items first, then by priority; the two branches may overlap, hence DISTINCT
-            SELECT item_id, ctid FROM (
-                SELECT DISTINCT ON (item_id) item_id, ctid, branch, pos FROM (
-                    SELECT item_id, ctid, 0 AS branch, row_number() OVER () AS pos FROM starving
-                    UNION ALL
-                    SELECT item_id, ctid, 1 AS branch, row_number() OVER () AS pos FROM main
-                ) both_branches
-                ORDER BY item_id, branch, pos
-            ) distinct_items
-            ORDER BY branch, pos
-            LIMIT %(n)s"""
-    ctes = f"""{picking}
-        ){lane_cte}, {_picked_and_claimed(lane_union, returning)}"""
-    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "queues": queues}
-    if lanes:
-        params["lane_ids"] = list(lanes.keys())
-        params["lane_caps"] = list(lanes.values())
-    return ctes, params
+    return _fair_claim_ctes(
+        n, lease, starve, lanes, token, returning=returning, leave_out=leave_out, queues=queues or None
+    )
 
 
 def _picked_and_claimed(lane_union: str, returning: str) -> str:
@@ -346,60 +292,89 @@ def _lanes_cte(queue_filter: str) -> str:
 
 def _fair_claim_ctes(
     n: int, lease: float, starve: float | None, lanes: dict[int, int], token: uuid.UUID, *, returning: str,
-    leave_out: Sequence[str] = (),
+    leave_out: Sequence[str] = (), queues: list[str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """`claim_ctes` over all queues: weighted-fair between tenants, still one statement.
+    """`claim_ctes`: weighted-fair between tenants, over all queues or the named `queues`, still one
+    statement.
 
-    - `active`: the tenants with ready unlimited items, by a recursive skip-scan of
-      queue_state_tenant_idx (one index descent per tenant, whatever their depth), joined to
-      `tenants` for their `weight`.
+    - `active`: the tenants with ready unlimited items, by a recursive skip-scan (one index descent
+      per tenant, whatever their depth): of queue_state_tenant_idx over all queues; of
+      queue_state_queue_tenant_idx once per named queue (led by queue_name, so another queue's depth
+      costs nothing). Joined to `tenants` for their `weight`.
     - `fair`: one LATERAL per tenant takes its share of the batch, ceil(n · weight / Σ weights), in
       its own order: priority DESC, enqueued_at (and, when `starve` is given, its items past the
       starvation age first: aging reorders a tenant's own work, it never outranks another tenant).
-      Each of a tenant's items gets a turn, (rank − 1 + phase) / weight: the batch is the lowest
-      turns, so tenants interleave weighted round-robin and a tenant marking everything 9 gains
-      nothing. `phase` is drawn per tenant and claim: a busy dispatcher claims as slots free up,
+      With named queues, one LATERAL per tenant and queue, each stopped at the share, merged in that
+      order (a tenant in k of the named queues may lock up to k − 1 shares it does not take, until the
+      statement ends). Each of a tenant's items gets a turn, (rank − 1 + phase) / weight: the batch is
+      the lowest turns, so tenants interleave weighted round-robin and a tenant marking everything 9
+      gains nothing. `phase` is drawn per tenant and claim: a busy dispatcher claims as slots free up,
       often one item at a time, and a fixed tie-break would hand every such claim to one tenant.
-    - `topup`: what the shares left unfilled (tenants with fewer ready items than their share) goes
-      to the highest priorities of any tenant (queue_state_ready_idx); one-time filters skip its
-      scan whenever the shares filled the batch or one tenant alone is active (its share is the
-      whole batch, so there is nothing more to find: the path of a single rung notification).
-    Rows are locked as they are read (FOR UPDATE SKIP LOCKED), as in the per-queue claim; a peer's
-    claim in flight is skipped, never waited for.
+    - `topup` (over all queues only): what the shares left unfilled (tenants with fewer ready items
+      than their share) goes to the highest priorities of any tenant (queue_state_ready_idx);
+      one-time filters skip its scan whenever the shares filled the batch or one tenant alone is
+      active (its share is the whole batch, so there is nothing more to find: the path of a single
+      rung notification). With named queues there is none: a claim the shares left short is
+      followed by the next, where the tenants that ran dry are no longer active.
+    Rows are locked as they are read (FOR UPDATE SKIP LOCKED); a peer's claim in flight is skipped,
+    never waited for.
     With `leave_out`, those tenants get no share and there is no `topup` (it reads the all-tenant
     index, where the tenants left out are the ones that fill it)."""
-    def per_tenant(name: str, where: str, order_by: str) -> str:
+    by_priority_order = "priority DESC, enqueued_at, item_id"
+    # The named queues as a VALUES list, not unnest() of an array: the planner then knows how many
+    # there are (it guesses ten for an array parameter, and the estimate of the claim's cost crossed
+    # jit_above_cost under its generic plan). A dispatcher's queues are fixed: one statement text.
+    named = "(VALUES {})".format(", ".join(f"(%(queue_{i})s::text)" for i in range(len(queues or ()))))
+
+    def per_tenant(name: str, where: str, order_by: str, queue_order: str = by_priority_order) -> str:
         # The inner LIMIT is a constant for the planner's sake (with `LIMIT s.share` alone it guesses a
         # tenth of the queue per tenant, and the plan's cost crosses jit_above_cost: ≈ 50–100 ms of JIT
         # compilation per claim); the outer `LIMIT s.share` is what stops the scan, and the locking.
-        return f"""{name} AS (
-            SELECT s.tenant_id, s.weight, s.phase, s.share, l.item_id, l.ctid,
-                   row_number() OVER (PARTITION BY s.tenant_id ORDER BY {order_by}) AS pos
-            FROM shares s CROSS JOIN LATERAL (
-                SELECT * FROM (
+        if queues:  # a tenant's items in each named queue, read in the order of the index led by it
+            source = f"""SELECT c.item_id, c.ctid, c.priority, c.enqueued_at
+                FROM {named} AS k(queue_name) CROSS JOIN LATERAL (
+                    SELECT * FROM (
+                        SELECT item_id, ctid, priority, enqueued_at FROM queue_state
+                        WHERE {where} AND queue_name = k.queue_name AND tenant_id = s.tenant_id
+                        ORDER BY queue_name, {queue_order}
+                        LIMIT %(n)s
+                        FOR UPDATE SKIP LOCKED
+                    ) candidates
+                    LIMIT s.share
+                ) c"""
+        else:
+            source = f"""SELECT * FROM (
                     SELECT item_id, ctid, priority, enqueued_at FROM queue_state
-                    WHERE {where} AND tenant_id = s.tenant_id
+                    WHERE {where} AND tenant_id = s.tenant_id AND {_ALL_QUEUES}
                     ORDER BY tenant_id, {order_by}
                     LIMIT %(n)s
                     FOR UPDATE SKIP LOCKED
                 ) candidates
-                LIMIT s.share
+                LIMIT s.share"""
+        return f"""{name} AS (
+            SELECT s.tenant_id, s.weight, s.phase, s.share, l.item_id, l.ctid,
+                   row_number() OVER (PARTITION BY s.tenant_id ORDER BY {order_by}) AS pos
+            FROM shares s CROSS JOIN LATERAL (
+                {source}
             ) l
         )"""
 
     # Without `priority >= 0`, as queue_state_tenant_idx is: the planner then cannot read queue_state_ready_idx
     # for a tenant (with statistics taken while one tenant filled the queue, it did, stepping over every
     # other tenant's items by filter: 47,000 rows and ≈ 20 ms for a claim of one quiet tenant's item).
-    by_priority = per_tenant("ranked", _READY_UNLIMITED, "priority DESC, enqueued_at, item_id")
+    by_priority = per_tenant("ranked", _READY_UNLIMITED, by_priority_order, f"tenant_id, {by_priority_order}")
     if starve is None:
         fair = f"""{by_priority}, fair AS (
             SELECT item_id, ctid, (pos - 1 + phase) / weight AS turn FROM ranked
+            WHERE pos <= share  -- named queues: a share from each queue, the tenant's first `share` of them
         )"""
     else:
-        # Without `priority >= 0`, so that the planner reads queue_state_tenant_aged_idx (see models).
+        # Without `priority >= 0`, so that the planner reads queue_state_tenant_aged_idx (see models). With
+        # named queues, a queue's aged items oldest first (queue_state_starving_idx, bounded by the age):
+        # what the tenant's scan steps over is other tenants' aged items of that queue, never newer ones.
         aged = per_tenant(
             "aged", f"{_READY_UNLIMITED} AND enqueued_at <= now() - %(starve)s * interval '1 second'",
-            "enqueued_at, item_id",
+            "enqueued_at, item_id", "enqueued_at, item_id",
         )
         fair = f"""{aged}, {by_priority}, fair AS (
             -- a tenant's aged items first, then by priority; the branches may overlap, hence DISTINCT
@@ -415,27 +390,45 @@ def _fair_claim_ctes(
             ) mine
             WHERE rank <= share
         )"""
-    lane_cte = f", {_lanes_cte('')}" if lanes else ""
+    lane_cte = f", {_lanes_cte('AND queue_name = ANY(%(queues)s)' if queues else '')}" if lanes else ""
     lane_union = "UNION ALL SELECT item_id, ctid FROM lanes" if lanes else ""
     left_out = " WHERE a.tenant_id <> ALL(%(leave_out)s::uuid[])" if leave_out else ""
-    no_topup = "false AND " if leave_out else ""
-    ctes = f"""
-        WITH RECURSIVE active(tenant_id) AS (
+    no_topup = "false AND " if leave_out or queues else ""
+    ready_q = """q.ready AND NOT q.rate_limited AND q.available_at <= now()
+                      AND (q.locked_until IS NULL OR q.locked_until <= now())"""
+    if queues:
+        # ordered as queue_state_queue_tenant_idx is: one descent per (queue, tenant)
+        active = f"""active(queue_name, tenant_id) AS (
+            SELECT k.queue_name,
+                   (SELECT q.tenant_id FROM queue_state q WHERE {ready_q} AND q.queue_name = k.queue_name
+                    ORDER BY q.queue_name, q.tenant_id, q.priority DESC, q.enqueued_at, q.item_id LIMIT 1)
+            FROM {named} AS k(queue_name)
+            UNION ALL
+            SELECT a.queue_name,
+                   (SELECT q.tenant_id FROM queue_state q
+                    WHERE {ready_q} AND q.queue_name = a.queue_name AND q.tenant_id > a.tenant_id
+                    ORDER BY q.queue_name, q.tenant_id, q.priority DESC, q.enqueued_at, q.item_id LIMIT 1)
+            FROM active a WHERE a.tenant_id IS NOT NULL
+        )"""
+        tenants_active = "(SELECT DISTINCT tenant_id FROM active WHERE tenant_id IS NOT NULL) a"
+    else:
+        active = f"""active(tenant_id) AS (
             -- ordered as queue_state_tenant_idx is, so that it is the index read (not the tenant FK's);
             -- without `priority >= 0`, so that queue_state_ready_idx is not among those it may read here
-            (SELECT tenant_id FROM queue_state WHERE {_READY_UNLIMITED}
+            (SELECT tenant_id FROM queue_state WHERE {_READY_UNLIMITED} AND {_ALL_QUEUES}
              ORDER BY tenant_id, priority DESC, enqueued_at, item_id LIMIT 1)
             UNION ALL
             SELECT (SELECT q.tenant_id FROM queue_state q
-                    WHERE q.ready AND NOT q.rate_limited AND q.available_at <= now()
-                      AND (q.locked_until IS NULL OR q.locked_until <= now())
-                      AND q.tenant_id > a.tenant_id
+                    WHERE {ready_q} AND q.tenant_id > a.tenant_id AND q.{_ALL_QUEUES}
                     ORDER BY q.tenant_id, q.priority DESC, q.enqueued_at, q.item_id LIMIT 1)
             FROM active a WHERE a.tenant_id IS NOT NULL
-        ), shares AS (
+        )"""
+        tenants_active = "active a"
+    ctes = f"""
+        WITH RECURSIVE {active}, shares AS (
             SELECT a.tenant_id, t.weight::float8 AS weight, random() AS phase,
                    ceil(%(n)s * t.weight::float8 / sum(t.weight) OVER ())::int AS share
-            FROM active a JOIN tenants t ON t.id = a.tenant_id{left_out}
+            FROM {tenants_active} JOIN tenants t ON t.id = a.tenant_id{left_out}
         ), {fair}, topup AS (
             SELECT item_id, ctid FROM queue_state
             -- one-time gates: only when the shares left room and another tenant may have more than its
@@ -457,7 +450,10 @@ def _fair_claim_ctes(
             ORDER BY branch, turn
             LIMIT %(n)s
         ){lane_cte}, {_picked_and_claimed(lane_union, returning)}"""
-    params: dict[str, Any] = {"n": n, "starve": starve, "lease": lease, "token": token, "leave_out": list(leave_out)}
+    params: dict[str, Any] = {
+        "n": n, "starve": starve, "lease": lease, "token": token, "leave_out": list(leave_out), "queues": queues,
+        **{f"queue_{i}": name for i, name in enumerate(queues or ())},
+    }  # fmt: skip
     if lanes:
         params["lane_ids"] = list(lanes.keys())
         params["lane_caps"] = list(lanes.values())

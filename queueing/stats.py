@@ -96,8 +96,8 @@ _SAMPLED_SQL = """
 
 # Items under a live lease stay in the claim's indexes (a claim is a HOT update, queueing.queue), so no
 # index finds them by their lease: they are where the claims took them, at the front of one of the
-# claim's orders (a tenant's by priority or by age, a queue's, a lane's). LEASE_FRONT items of each such
-# front are read, a bound well above what the dispatchers hold of one tenant, queue or lane.
+# claim's orders (a tenant's by priority or by age, a tenant's in one queue, a lane's). LEASE_FRONT items of each
+# such front are read, a bound well above what the dispatchers hold of one tenant, queue or lane.
 LEASE_FRONT = 2_000
 
 _FRONT = """SELECT f.notification_id, f.tenant_id, f.lock_token, f.locked_until FROM {keys} CROSS JOIN LATERAL (
@@ -118,23 +118,36 @@ def _skip_scan(name: str, column: str, where: str, order: str) -> str:
 def leased_notifications_sql(cap: int, tenant_ids: TenantIds = None) -> tuple[str, list[Any]]:
     """A query of the ids of up to `cap` notifications whose queue item is under a live lease (by the
     database's clock), latest lease end first, of `tenant_ids` (None: every tenant): read from the
-    first LEASE_FRONT items of each tenant (by priority and by age), each queue and each lane, one
-    index descent per key, whatever the backlog."""
+    first LEASE_FRONT items of each tenant (by priority and by age), each tenant in each queue and
+    each lane, one index descent per key, whatever the backlog."""
     unlimited = "ready AND NOT rate_limited"
+    all_queues = f"{unlimited} AND priority <= 9"  # names the per-tenant indexes (queueing.queue._ALL_QUEUES)
     tenant_order = "tenant_id, priority DESC, enqueued_at, item_id"
-    queue_order = "queue_name, priority DESC, enqueued_at, item_id"
+    queue_order = "queue_name, tenant_id, priority DESC, enqueued_at, item_id"
     lane_order = "provider_id, priority DESC, enqueued_at, item_id"
     front = functools.partial(_FRONT.format, front=int(LEASE_FRONT))
     sql = f"""
-        WITH RECURSIVE {_skip_scan("t", "tenant_id", unlimited, tenant_order)},
+        WITH RECURSIVE {_skip_scan("t", "tenant_id", all_queues, tenant_order)},
         {_skip_scan("k", "queue_name", unlimited, queue_order)},
         {_skip_scan("l", "provider_id", "ready AND rate_limited", lane_order)},
+        -- each queue's tenants (a claim for named queues takes the front of each), one descent each
+        kt(queue_name, tenant_id) AS (
+            SELECT k.id, (SELECT tenant_id FROM queue_state WHERE {unlimited} AND queue_name = k.id
+                          ORDER BY {queue_order} LIMIT 1)
+            FROM k WHERE k.id IS NOT NULL
+            UNION ALL
+            SELECT kt.queue_name, (SELECT tenant_id FROM queue_state
+                                   WHERE {unlimited} AND queue_name = kt.queue_name AND tenant_id > kt.tenant_id
+                                   ORDER BY {queue_order} LIMIT 1)
+            FROM kt WHERE kt.tenant_id IS NOT NULL
+        ),
         fronts AS (
-            {front(keys="t", where=f"{unlimited} AND tenant_id = t.id", order=tenant_order)}
+            {front(keys="t", where=f"{all_queues} AND tenant_id = t.id", order=tenant_order)}
             UNION ALL
-            {front(keys="t", where=f"{unlimited} AND tenant_id = t.id", order="tenant_id, enqueued_at, item_id")}
+            {front(keys="t", where=f"{all_queues} AND tenant_id = t.id", order="tenant_id, enqueued_at, item_id")}
             UNION ALL
-            {front(keys="k", where=f"{unlimited} AND queue_name = k.id", order=queue_order)}
+            {front(keys="kt", where=f"{unlimited} AND queue_name = kt.queue_name AND tenant_id = kt.tenant_id",
+                   order=queue_order)}
             UNION ALL
             {front(keys="l", where="ready AND rate_limited AND provider_id = l.id", order=lane_order)}
         )

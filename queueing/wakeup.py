@@ -3,9 +3,12 @@
 Notifications carry queue names only and merely wake a loop, which then reads the table; polling
 stays the fallback. The connection is re-established with backoff after errors, and LISTEN is
 re-issued each time. Behind PgBouncer (transaction pooling loses LISTEN) it is
-`OMNIPOST_LISTEN_DATABASE_URL`'s, or there is none and the loops poll alone (core.pooling). The
-doorbell only wakes: it runs no SQL but LISTEN (the janitor's maintenance runs on the woken
-process's own connection).
+`OMNIPOST_LISTEN_DATABASE_URL`'s, or there is none and the loops poll alone (core.pooling).
+
+A ring may be answered on the doorbell's own connection (`answer`, given the connection and the
+payload): its server process is awake the moment the notification arrives, where the woken loop's
+connection would first have to wake its own. The dispatcher claims there when it is idle, on a
+direct connection only (dispatch.claims); when `answer` declines, `on_ring` wakes the loop.
 """
 
 from __future__ import annotations
@@ -39,8 +42,12 @@ class Doorbell:
         channel: str = NOTIFY_CHANNEL,
         using: str = "default",
         application_name: str | None = None,
+        answer: Callable[[object, str], bool] | None = None,
     ) -> None:
         self.on_ring = on_ring
+        # Tried first for each ring, with the LISTEN connection; False falls back to `on_ring`. An
+        # exception it raises ends the connection (the loop reconnects and LISTENs again).
+        self.answer = answer
         self.channel = channel
         name = application_name or f"omnipost-listen-{socket.gethostname()}-{os.getpid()}"
         self._params = _conninfo(using, name)
@@ -75,8 +82,11 @@ class Doorbell:
                     self.connected.set()
                     backoff = 0.1
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5, stop_after=1):
-                            self.on_ring(note.payload)
+                        # out of the generator (it holds the connection's lock) before `answer` uses it
+                        payloads = [note.payload for note in conn.notifies(timeout=0.5, stop_after=1)]
+                        for payload in payloads:
+                            if self.answer is None or not self.answer(conn, payload):
+                                self.on_ring(payload)
             except Exception as exc:  # noqa: BLE001 - reconnect after any connection failure
                 count_reconnect()
                 self.connected.clear()

@@ -89,6 +89,10 @@ class Router:
         self.position = {pk: key for key, ids in orders.items() for pk in ids}
         self._refreshed = now
 
+    def fresh(self) -> bool:
+        """Whether the last refresh is recent enough that route() may go by it without another."""
+        return self.clock() - self._refreshed < REFRESH_SECONDS
+
     def learn(self, states: dict[int, str]) -> None:
         """Breaker states a record statement just read or wrote (circuits.RECORDED_STATES): the next
         route() goes by them, without waiting for the next refresh."""

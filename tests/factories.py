@@ -52,7 +52,9 @@ def queued(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, que
     return rows
 
 
-def bulk_queued_sql(tenant: Tenant, prov: Provider, count: int, *, priority: int = 5) -> None:
+def bulk_queued_sql(
+    tenant: Tenant, prov: Provider, count: int, *, priority: int = 5, queue_name: str = "default"
+) -> None:
     """PostgreSQL only: `count` queued notifications with live items in two INSERT … SELECT statements."""
     from django.db import connection
 
@@ -64,19 +66,19 @@ def bulk_queued_sql(tenant: Tenant, prov: Provider, count: int, *, priority: int
             INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
                 subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
                 created_at, updated_at)
-            SELECT gen_random_uuid(), %s, %s, %s, 'h***', %s, '{}', 's', 'b', %s, 'default', 'queued', '{}', 0, 0, '',
+            SELECT gen_random_uuid(), %s, %s, %s, 'h***', %s, '{}', 's', 'b', %s, %s, 'queued', '{}', 0, 0, '',
                    now(), now()
             FROM generate_series(1, %s)
             RETURNING id
             """,
-            [tenant.pk, prov.channel, token, prov.pk, priority, count],
+            [tenant.pk, prov.channel, token, prov.pk, priority, queue_name, count],
         )
         ids = [row[0] for row in cursor.fetchall()]
         cursor.execute(
             """
             INSERT INTO queue_state (queue_name, priority, payload_json, enqueued_at, available_at, attempts,
                                      tenant_id, notification_id, provider_id, rate_limited)
-            SELECT 'default', %s, '{}'::jsonb, now(), now(), 0, %s, n, %s, false FROM unnest(%s::uuid[]) AS n
+            SELECT %s, %s, '{}'::jsonb, now(), now(), 0, %s, n, %s, false FROM unnest(%s::uuid[]) AS n
             """,
-            [priority, tenant.pk, prov.pk, ids],
+            [queue_name, priority, tenant.pk, prov.pk, ids],
         )

@@ -165,8 +165,8 @@ def test_claims_look_for_starving_items_once_a_second(tenant_a, webhook_receiver
 
 
 def test_an_idle_dispatcher_is_woken_by_an_enqueue(tenant_a, webhook_receiver, monkeypatch):
-    """The doorbell only wakes: a ring ends the fetch loop's sleep and the fetch loop claims on its
-    own connection. The idle poll is made a minute long, so a delivery within seconds was rung."""
+    """A ring reaches an idle dispatcher (claimed on the LISTEN connection, tests/dispatch/
+    test_doorbell_claims.py). The idle poll is made a minute long, so a delivery within seconds was rung."""
     import os
     import socket
     import threading

@@ -266,3 +266,73 @@ def test_the_dispatchers_claim_under_its_generic_plan_is_flat_at_depth(tenant_a,
         assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"] < 3000, plan["Plan"]
         assert leased_now.get(tenant_b.pk) == b_share and leased_now.get(tenant_a.pk, 0) == n - b_share, leased_now
 
+
+
+def test_a_claim_for_named_queues_is_fair_between_tenants_too(tenant_a, tenant_b):
+    """`--queues` dispatchers claim as the others do: one claim of 90 from "urgent", where A is deep at
+    priority 9 and B at priority 1, weight 2 against 1 gets 60 and 30; A's deeper backlog in another
+    queue is not touched."""
+    from queueing import queue
+
+    hook_a, hook_b = factories.provider(tenant_a, "hook"), factories.provider(tenant_b, "hook")
+    factories.bulk_queued_sql(tenant_a, hook_a, 500, priority=9, queue_name="urgent")
+    factories.bulk_queued_sql(tenant_a, hook_a, 1000, priority=9, queue_name="bulk")
+    factories.bulk_queued_sql(tenant_b, hook_b, 500, priority=1, queue_name="urgent")
+    core_services.set_tenant_weight(tenant_a, 2, actor="test")
+    for starving in (None, 300.0):  # with and without the aged branch
+        leases = queue.claim(90, queues=["urgent"], starvation_seconds=starving)
+        by_tenant = {t: sum(1 for lease in leases if lease.tenant_id == t) for t in (tenant_a.pk, tenant_b.pk)}
+        assert by_tenant == {tenant_a.pk: 60, tenant_b.pk: 30}
+        assert {lease.queue_name for lease in leases} == {"urgent"}
+
+
+def test_a_tenant_in_several_named_queues_gets_one_share(tenant_a, tenant_b):
+    """A in both named queues, B in one: the claim is split between tenants, not between (queue,
+    tenant) pairs; A's share is its first items of both queues by priority."""
+    from queueing import queue
+
+    hook_a, hook_b = factories.provider(tenant_a, "hook"), factories.provider(tenant_b, "hook")
+    factories.bulk_queued_sql(tenant_a, hook_a, 300, priority=3, queue_name="q1")
+    factories.bulk_queued_sql(tenant_a, hook_a, 300, priority=7, queue_name="q2")
+    factories.bulk_queued_sql(tenant_b, hook_b, 300, priority=5, queue_name="q1")
+    leases = queue.claim(100, queues=["q1", "q2"])
+    mine = [lease for lease in leases if lease.tenant_id == tenant_a.pk]
+    assert len(mine) == 50 and len(leases) == 100
+    assert {lease.queue_name for lease in mine} == {"q2"}, "A's own priority 7 before its priority 3"
+    # only what was claimed stays leased: the locks on A's unused q1 candidates ended with the statement
+    assert QueueItem.objects.filter(lock_token__isnull=False).count() == 100
+    assert len(queue.claim(100, queues=["q1"])) == 100
+
+
+def test_a_named_queue_claim_under_its_generic_plan_is_flat_in_other_queues_depth(tenant_a, tenant_b):
+    """The dispatcher's claim for `--queues urgent`, prepared and planned once: with A 100,000 deep in
+    "urgent" and B 100,000 deep in "bulk" (and 50 in "urgent"), indexes only, a few thousand buffers at
+    most, and B's 50 and A's 50 of a claim of 100."""
+    import uuid
+
+    from dispatch.delivery import claim_statement
+
+    hook_a, hook_b = factories.provider(tenant_a, "hook"), factories.provider(tenant_b, "hook")
+    factories.bulk_queued_sql(tenant_a, hook_a, 100_000, priority=9, queue_name="urgent")
+    factories.bulk_queued_sql(tenant_b, hook_b, 100_000, priority=9, queue_name="bulk")
+    factories.bulk_queued_sql(tenant_b, hook_b, 50, priority=5, queue_name="urgent")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE queue_state, notifications")
+    connection.ensure_connection()
+
+    def leased(cursor):  # noqa: ANN001, ANN202
+        cursor.execute(
+            "SELECT tenant_id, queue_name, count(*) FROM queue_state WHERE lock_token IS NOT NULL GROUP BY 1, 2"
+        )
+        return {(t, q): n for t, q, n in cursor.fetchall()}
+
+    for starve in (None, 300.0):
+        sql, params = claim_statement(100, 30, starve, ["urgent"], {}, uuid.uuid4())
+        explained = plans.explain_generic(connection.connection, sql, params, inside=leased)
+        assert explained.generic_plans == 1
+        scans = plans.scans(explained.plan["Plan"])
+        assert ("Seq Scan", "queue_state") not in scans and ("Seq Scan", "notifications") not in scans, scans
+        assert "JIT" not in explained.plan
+        top = explained.plan["Plan"]
+        assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 3000, top
+        assert explained.seen == {(tenant_a.pk, "urgent"): 50, (tenant_b.pk, "urgent"): 50}, explained.seen

@@ -181,27 +181,41 @@ def test_the_dispatchers_maintenance_loop_runs_the_janitor_on_its_db_thread(tena
     assert ran[0][1] == ["queue_state"] and ran[1][1] == []  # vacuumed once, then nothing due
 
 
-def test_the_doorbell_only_wakes():
-    """It takes the ring's payload to `on_ring` and nothing else: no connection is handed out."""
+def test_the_doorbell_wakes_and_lends_its_connection_only_to_answer():
+    """Without `answer` it takes the ring's payload to `on_ring` and nothing else: no connection is handed
+    out. With one (the dispatcher's claim on the LISTEN connection), `answer(connection, payload)` comes
+    first; False falls back to `on_ring`."""
     import inspect
 
     rung: list[str] = []
+    answered: list[tuple[bool, str]] = []
     done = threading.Event()
 
     def on_ring(payload: str) -> None:
         rung.append(payload)
         done.set()
 
-    assert list(inspect.signature(Doorbell).parameters) == ["on_ring", "channel", "using", "application_name"]
-    bell = Doorbell(on_ring).start()
-    try:
-        assert bell.connected.wait(5)
-        with autocommit_connection() as conn:
-            conn.execute("SELECT pg_notify('omnipost_queue', 'mine')")
-        assert done.wait(5)
-    finally:
-        bell.stop()
-    assert rung == ["mine"]
+    def answer(conn, payload: str) -> bool:  # noqa: ANN001
+        answered.append((conn.execute("SELECT 1").fetchone() == (1,), payload))
+        if payload == "taken":
+            done.set()
+            return True
+        return False
+
+    assert list(inspect.signature(Doorbell).parameters) == ["on_ring", "channel", "using", "application_name", "answer"]
+    for kwargs, payloads in (({}, ["mine"]), ({"answer": answer}, ["taken", "declined"])):
+        bell = Doorbell(on_ring, **kwargs).start()
+        try:
+            assert bell.connected.wait(5)
+            for payload in payloads:
+                done.clear()
+                with autocommit_connection() as conn:
+                    conn.execute("SELECT pg_notify('omnipost_queue', %s)", [payload])
+                assert done.wait(5)
+        finally:
+            bell.stop()
+    assert rung == ["mine", "declined"]
+    assert answered == [(True, "taken"), (True, "declined")]
 
 
 def test_delivered_event_deliveries_are_vacuumed_out_of_the_event_lanes_claim(tenant_a):

@@ -23,6 +23,8 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, default=1, help="repeat and report the median")
         parser.add_argument("--pickup", action="store_true", help="pickup latency into idle dispatchers")
         parser.add_argument("--rate", type=float, default=50.0, help="--pickup: notifications per second")
+        parser.add_argument("--breakdown", action="store_true",
+                            help="--pickup: the median of each step from the create's return to arrival")
         parser.add_argument("--no-listen", action="store_true", help="--pickup: dispatchers poll, no LISTEN")
         parser.add_argument("--queue-only", action="store_true", help="claim+ack of no-op items, no delivery")
         parser.add_argument("--depth", type=int, default=1000, help="--queue-only: items waiting beneath")
@@ -56,6 +58,7 @@ class Command(BaseCommand):
                     concurrency=o["concurrency"],
                     batch=o["batch_size"],
                     listen=not o["no_listen"],
+                    breakdown=o["breakdown"],
                 )
             else:
                 result = runner.run_e2e(
