@@ -50,7 +50,8 @@ def test_queue_figures_are_tenant_scoped(api_a, api_b, setup_a, setup_b, django_
     queued(setup_a.tenant, setup_a.hook, 3, priority=1)
     queued(setup_a.tenant, setup_a.hook, 2, priority=9, queue_name="fast")
     queued(setup_a.tenant, setup_a.hook, 1, priority=1, delay=3600)
-    queued(setup_b.tenant, setup_b.hook, 4, priority=0)  # below A's, so the claim below takes one of A's
+    # tenant B's queue is not A's: A never sees it, and the (tenant-fair) claim below takes one of A's
+    queued(setup_b.tenant, setup_b.hook, 4, priority=0, queue_name="other")
     queue.claim(1, queues=["default"], lease_seconds=60)
     api_a.get("/api/v1/tenant")  # the key's first use records last_used_at
     with django_assert_max_num_queries(2):  # the key lookup and one grouped query
@@ -63,5 +64,5 @@ def test_queue_figures_are_tenant_scoped(api_a, api_b, setup_a, setup_b, django_
     assert results["fast"]["by_priority"]["9"] == 2 and results["fast"]["ready"] == 2
     assert results["fast"]["oldest_age_seconds"] >= 0
     b = api_b.get("/api/v1/queues").json()["results"]
-    assert [(q["queue"], q["depth"]) for q in b] == [("default", 4)]
+    assert [(q["queue"], q["depth"]) for q in b] == [("other", 4)]
     assert QueueItem.objects.count() == 10
