@@ -126,13 +126,14 @@ def leased_notifications_sql(cap: int, tenant_ids: TenantIds = None) -> tuple[st
     queue_order = "queue_name, tenant_id, priority DESC, enqueued_at, item_id"
     lane_order = "provider_id, priority DESC, enqueued_at, item_id"
     front = functools.partial(_FRONT.format, front=int(LEASE_FRONT))
+    # kt is one skip scan over the (queue, tenant) pair, one descent each, so the planner's estimate of
+    # it stays that of one key's: a scan of tenants per queue multiplied two recursive estimates, and
+    # that cost, charged to the caller's init plan, made PostgreSQL 15 plan the caller's table in
+    # parallel instead of probing its primary key with these ids.
     sql = f"""
         WITH RECURSIVE {_skip_scan("t", "tenant_id", all_queues, tenant_order)},
         {_skip_scan("l", "provider_id", "ready AND rate_limited", lane_order)},
-        -- each (queue, tenant) (a claim for named queues takes the front of each), one descent each: a
-        -- single skip scan over the pair, so the planner's estimate of it stays that of one key's (a
-        -- scan of tenants per queue multiplied two recursive estimates, and that cost, charged to the
-        -- ids' init plan, made PostgreSQL 15 scan notifications in parallel instead of by primary key)
+        -- each (queue, tenant): a claim for named queues takes the front of each
         kt(queue_name, tenant_id) AS (
             (SELECT queue_name, tenant_id FROM queue_state WHERE {unlimited} AND tenant_id IS NOT NULL
              ORDER BY {queue_order} LIMIT 1)
