@@ -10,7 +10,7 @@ sends/s (items / wall time from the first dispatcher's start-up line to an empty
 dispatchers' CPU per send (utime + stime from /proc, less what they had spent once started), and for
 APNs the most streams the stand-in saw in flight at once on its HTTP/2 connections.
 
-The stand-ins (tests/push/standins.py: hypercorn, verifying tokens and decrypting Web Push bodies)
+The stand-ins (benchmarks/push_standins.py: hypercorn, verifying tokens and decrypting Web Push bodies)
 run in this process, so on a small machine they, not the dispatchers, bound the rate; the CPU per
 send is the dispatchers' own. Uses (creates, migrates, overwrites) its own database, by default
 `omnipost_push_bench`.
@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="py-spy each dispatcher while it drains; raw stacks go here")
     args = parser.parse_args()
     _setup(args.database_url)
-    from tests.push.standins import ApnsStandIn, FcmStandIn, WebPushStandIn
+    from benchmarks.push_standins import ApnsStandIn, FcmStandIn, WebPushStandIn
     from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
     # INFO: the dispatchers' start-up line is what the bench waits for

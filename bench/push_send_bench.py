@@ -4,7 +4,7 @@
         [--kinds webhook,apns,fcm,webpush]
 
 Sends `n` messages through one provider of each kind (`start_send` where the kind has it, else
-`send` in a task, as the dispatcher does) to its stand-in (tests/push/standins.py; the webhook kind
+`send` in a task, as the dispatcher does) to its stand-in (benchmarks/push_standins.py; the webhook kind
 to tests.support.receivers.HttpReceiver), at most `concurrency` in flight, and prints the CPU
 microseconds per send of the event loop's thread (`time.thread_time`: the stand-ins run in threads
 of their own and are not counted), median of `repeat` rounds after one warm-up round. The providers'
@@ -34,8 +34,8 @@ os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7
 
 
 def _provider_and_recipients(kind: str, n: int, stack: list) -> tuple[object, list[str]]:
+    from benchmarks.push_standins import ApnsStandIn, FcmStandIn, WebPushStandIn
     from providers.kinds import build_provider
-    from tests.push.standins import ApnsStandIn, FcmStandIn, WebPushStandIn
 
     if kind == "webhook":
         from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver

@@ -8,7 +8,10 @@ What runs, all on this machine's loopback:
 - 2 web processes (gunicorn gthread), 3 dispatchers, a scheduler and the bounce listener, each
   under a small supervisor (a thread here) that starts it again when it dies;
 - the chaos receiver (benchmarks.chaos_receiver): the webhook provider and the tenant's event
-  endpoint, switchable to 503 / 429 / hang / down.
+  endpoint, switchable to 503 / 429 / hang / down;
+- the FCM and APNs stand-ins (benchmarks.push_standins, as `SoakFcm`, `SoakApns`): the native push
+  vendors of the tenant's `fcm` and `apns` providers (the OAuth grant and FCM v1 sends; HTTP/2 over
+  TLS with ES256 provider tokens; checked as the vendors would), following the same provider faults.
 
 The load, at `rate` notifications a second: single creates (with an `Idempotency-Key`, retried
 with the same key on a 5xx or a broken connection until acknowledged), batches of 10, future-dated
@@ -16,7 +19,11 @@ sends, sends to subscribers by category (one subscriber in four opted out of it:
 `suppressed`), and receipts for delivered notifications (signed, some posted twice, some followed
 by an older one: out of order), and in-app sends to subscribers' feeds (the built-in `inbox` provider;
 one subscriber in five opted out of `news` in-app), whose arrivals are the feed items the dispatcher's
-record statement wrote.
+record statement wrote; native push to the devices registered (devices API): an FCM device for
+every even subscriber (half of them opted out of `news` push), each message naming itself in
+`data.soak_ref`, and an APNs device for every odd one (named by `apns-id`, the notification id), whose
+arrivals are what the stand-ins accepted; and triggers of a workflow (send in-app, a 1 s delay, send
+push), whose runs the scheduler advances, their send steps' notifications then counted like the rest.
 
 Faults, one every `fault_every` seconds, drawn from a seeded bag (every kind once per round, in a
 random order, so a run with at least as many faults as kinds has each kind): FAULT_KINDS. kill9's
@@ -26,7 +33,8 @@ The ledger (`Ledger.failures`): no acknowledged notification lost; duplicates at
 only for notifications in flight (leased) at a kill or a stop of a dispatcher, never more than
 were; every delivered notification's event delivered at least once; every receipt acknowledged
 and visible; the opted-out sends suppressed and never sent; the API and the provider agree on
-what was delivered; every process alive at the end (or started again by its supervisor).
+what was delivered; every acknowledged workflow trigger has its run, completed, with a notification
+for each send step; every process alive at the end (or started again by its supervisor).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import httpx
 
 from benchmarks.chaos_receiver import ChaosReceiver
 from benchmarks.pgserver import PrivatePostgres, free_port
+from benchmarks.push_standins import Answer, ApnsStandIn, FcmStandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 DBNAME = "omnipost_soak"
@@ -74,6 +83,15 @@ FAULT_KINDS = (
 KILLS = ("kill9", "sigstop_dispatcher", "scheduler_kill")
 RECOVERED_PICKUP = 2.0  # seconds from due to arrival that count as "flowing again" after a fault
 SUBSCRIBERS = 40  # sub-0 … sub-39; every fourth opted out of `news` on push, every fifth in-app
+FCM_DEVICES = range(0, SUBSCRIBERS, 2)  # subscribers with an FCM device (so half of them opted out of `news` push)
+APNS_DEVICES = range(1, SUBSCRIBERS, 2)  # … and with an APNs device (none of them opted out)
+WORKFLOW = "soak"  # its steps: WORKFLOW_STEPS
+WORKFLOW_STEPS = [
+    {"name": "hello", "type": "send", "channel": "in_app", "subject": "Hello", "body": "Hello {{ data.n }}"},
+    {"name": "pause", "type": "delay", "seconds": 1},
+    {"name": "nudge", "type": "send", "channel": "push", "provider": "push", "subject": "Nudge",
+     "body": "Nudge {{ data.n }}"},
+]  # fmt: skip
 
 
 @dataclass
@@ -269,11 +287,11 @@ def rss_and_files(pid: int) -> tuple[int, int] | None:
 # --- the load ----------------------------------------------------------------------------------
 @dataclass
 class Sent:
-    kind: str  # single | batch | future | subscriber | inbox
+    kind: str  # single | batch | future | subscriber | inbox | fcm | apns | workflow (a run's send step)
     acked_at: float  # unix time of the 201
     due_at: float  # when it could be delivered at the earliest (acked_at, or scheduled_for)
     status: str  # as the 201 gave it
-    provider: str  # hook | push
+    provider: str  # hook | push | inbox | fcm | apns
 
 
 class Api:
@@ -323,11 +341,14 @@ class Load:
     """Creates notifications at `rate` a second, in a mix, through a small thread pool; what the
     API acknowledged goes into `sent`."""
 
-    WEIGHTS = (("single", 0.45), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15), ("inbox", 0.1))
+    WEIGHTS = (("single", 0.45), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15), ("inbox", 0.1),
+               ("fcm", 0.07), ("apns", 0.05), ("workflow", 0.05))  # fmt: skip
 
     def __init__(self, api: Api, config: SoakConfig, rng: random.Random) -> None:
         self.api, self.config, self.rng = api, config, rng
         self.sent: dict[str, Sent] = {}
+        self.refs: dict[str, str] = {}  # a native push's `data.soak_ref` → its notification id
+        self.triggers: dict[str, float] = {}  # an acknowledged workflow trigger's id → when (unix time)
         self.lock = threading.Lock()
         self.answers: Counter[str] = Counter()
         self.retried = 0
@@ -365,7 +386,7 @@ class Load:
                 with self.lock:
                     self.in_flight += 1
                 self.offered += size
-                to_one = kind in ("subscriber", "inbox")
+                to_one = kind in ("subscriber", "inbox", "fcm", "apns", "workflow")
                 extra = self.rng.randrange(SUBSCRIBERS) if to_one else self.rng.uniform(1.0, 4.0)
                 self.pool.submit(self._one, kind, extra)
 
@@ -396,20 +417,91 @@ class Load:
             body = {"channel": "in_app", "subscriber": f"sub-{int(extra)}", "category": "news",
                     "subject": "news", "body": "news in the feed"}  # fmt: skip
             provider = "inbox"
-        headers = {"Idempotency-Key": str(uuid.uuid4())}
+        key = str(uuid.uuid4())
+        if kind == "fcm":  # native push to the subscriber's FCM device; the vendor's copy names it by `soak_ref`
+            body = {"channel": "push", "subscriber": f"sub-{FCM_DEVICES[int(extra) % len(FCM_DEVICES)]}",
+                    "category": "news", "provider": "fcm", "subject": "native", "body": "native push body",
+                    "data": {"soak_ref": key}}  # fmt: skip
+            provider = "fcm"
+        elif kind == "apns":  # … to the subscriber's APNs device; the vendor's copy names it by `apns-id`
+            body = {"channel": "push", "subscriber": f"sub-{APNS_DEVICES[int(extra) % len(APNS_DEVICES)]}",
+                    "category": "news", "provider": "apns", "subject": "native",
+                    "body": "native push body"}  # fmt: skip
+            provider = "apns"
+        elif kind == "workflow":
+            path = f"/api/v1/workflows/{WORKFLOW}/trigger"
+            body = {"subscribers": [f"sub-{int(extra)}"], "data": {"n": key[:8]}}
+        headers = {"Idempotency-Key": key}
         response, tries = self.api.until_ok("POST", path, time.time() + 30, json=body, headers=headers)
         acked = time.time()
         with self.lock:
             self.retried += tries - 1
             self.answers[str(response.status_code) if response is not None else "no answer"] += 1
-            if response is None or response.status_code not in (200, 201):
+            if response is None or response.status_code not in ((202,) if kind == "workflow" else (200, 201)):
                 self.unacknowledged += 10 if kind == "batch" else 1
                 if response is not None:
                     self.odd.append(f"{kind} {response.status_code}: {response.text[:200]}")
                 return
+            if kind == "workflow":
+                self.triggers[response.json()["trigger_id"]] = acked
+                return
             rows = response.json()["results"] if kind == "batch" else [response.json()]
             for row in rows:
                 self.sent[row["id"]] = Sent(kind, acked, max(acked, due), row["status"], provider)
+            if kind == "fcm":
+                self.refs[key] = rows[0]["id"]
+
+
+class _Faulted:
+    """A push vendor's stand-in as the soak's: it accepts after `delay` seconds (so sends are in
+    flight when a kill comes) and follows the provider faults as the chaos receiver's provider does:
+    `mode` 503 or 429 (Retry-After: 1), or `hang`: no answer until the fault ends, then a 503."""
+
+    lock: threading.Lock
+    seen: Counter[str]
+    received: list[dict[str, Any]]
+    delay = 0.0
+    mode = "ok"
+    mode_until = 0.0  # when the fault ends (unix time), for `hang`
+
+    def set_mode(self, mode: str, until: float = 0.0) -> None:
+        self.mode, self.mode_until = mode, until
+
+    def _next(self, token: str) -> Answer:
+        with self.lock:
+            self.seen[token] += 1
+        mode = self.mode
+        if mode in ("503", "429"):
+            return Answer(int(mode), headers={"Retry-After": "1"}, delay=self.delay)
+        if mode == "hang":
+            return Answer(503, delay=max(self.delay, self.mode_until - time.time()))
+        return Answer(200, delay=self.delay)
+
+
+class SoakFcm(_Faulted, FcmStandIn):
+    """The FCM stand-in, faulted as the soak's provider is."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def arrivals(self) -> list[tuple[str, float]]:
+        """(soak_ref, when) of each accepted message, duplicates included."""
+        with self.lock:
+            return [((r["message"].get("data") or {}).get("soak_ref", ""), r["at"]) for r in self.received]
+
+
+class SoakApns(_Faulted, ApnsStandIn):
+    """The APNs stand-in (HTTP/2 over TLS), faulted as the soak's provider is."""
+
+    def __init__(self, delay: float, directory: Path) -> None:
+        super().__init__(directory)
+        self.delay = delay
+
+    def arrivals(self) -> list[tuple[str, float]]:
+        """(apns-id: the notification id, when) of each accepted message, duplicates included."""
+        with self.lock:
+            return [(r["headers"].get("apns-id", ""), r["at"]) for r in self.received]
 
 
 # --- faults ------------------------------------------------------------------------------------
@@ -565,13 +657,19 @@ class Faults:
     def _mode(self, fault: Fault, target: str, mode: str) -> None:
         self.generation[target] += 1
         mine = self.generation[target]
-        self.soak.receiver.mode(target, mode)
         seconds = self.soak.config.fault_seconds(fault.kind)
+        self.soak.receiver.mode(target, mode)
+        if target == "provider":  # the native push vendors too
+            for vendor in (self.soak.fcm, self.soak.apns):
+                vendor.set_mode(mode, time.time() + seconds)
         fault.target, fault.detail = target, f"{mode} for {seconds:g} s"
 
         def end() -> None:
             if self.generation[target] == mine:  # a later fault of the same target ends it instead
                 self.soak.receiver.mode(target, "ok")
+                if target == "provider":
+                    for vendor in (self.soak.fcm, self.soak.apns):
+                        vendor.set_mode("ok")
             fault.ended = time.time()
 
         self.later(seconds, end)
@@ -619,8 +717,8 @@ class Receipts:
         self.pool.shutdown(wait=True)
 
     def follow(self) -> list[str]:
-        """New arrivals at the provider and in the feeds (the receipts' candidates and the drain's
-        progress)."""
+        """New arrivals at the provider, the native push vendor and in the feeds (the receipts'
+        candidates and the drain's progress)."""
         with self.following:
             rows = self.soak.receiver.accepted_since("provider", self.seen)
             self.seen += len(rows)
@@ -628,8 +726,9 @@ class Receipts:
             if feed:
                 # commits land out of created_at order: read a minute back again (arrivals are a dict)
                 self.feed_since = max(self.feed_since, max(at for _, at in feed) - 60)
+            pushed = self.soak.push_arrivals()
             fresh = []
-            for _webhook_id, notification_id, at in [*rows, *(("", i, at) for i, at in feed)]:
+            for _webhook_id, notification_id, at in [*rows, *(("", i, at) for i, at in [*feed, *pushed])]:
                 if notification_id not in self.arrived:
                     self.arrived[notification_id] = at
                     fresh.append(notification_id)
@@ -729,10 +828,20 @@ class Soak:
                 "secrets": {"signing_secret": PROVIDER_SECRET}})  # fmt: skip
             if name == "hook":
                 self.hook_id = provider["id"]
+        for kind, vendor in (("fcm", self.fcm), ("apns", self.apns)):
+            vendor_config, vendor_secrets = vendor.provider_config()
+            must("POST", "/api/v1/providers", {
+                "name": kind, "channel": "push", "kind": kind, "max_attempts": 100, "config": vendor_config,
+                "circuit": {"open_seconds": self.config.circuit_open_seconds}, "secrets": vendor_secrets})  # fmt: skip
         must("POST", "/api/v1/categories", {"key": "news"})
         for i in range(SUBSCRIBERS):
             prefs = {"news": {"push": i % 4 != 0, "in_app": i % 5 != 0}}
             must("PUT", f"/api/v1/subscribers/sub-{i}", {"push_tokens": [f"tok-{i}"], "preferences": prefs})
+        for i in FCM_DEVICES:
+            must("POST", f"/api/v1/subscribers/sub-{i}/devices", {"kind": "fcm", "token": f"fcm-token-{i}"})
+        for i in APNS_DEVICES:
+            must("POST", f"/api/v1/subscribers/sub-{i}/devices", {"kind": "apns", "token": f"{i:064x}"})
+        must("POST", "/api/v1/workflows", {"key": WORKFLOW, "name": "soak", "steps": WORKFLOW_STEPS})
         must("POST", "/api/v1/event-endpoints", {"name": "soak", "url": self.receiver.events_url,
                                                   "event_types": ["notification.delivered"], "secret": EVENTS_SECRET})
 
@@ -797,6 +906,52 @@ class Soak:
         except psycopg.Error:
             return []
 
+    def push_arrivals(self) -> list[tuple[str, float]]:
+        """What the native push vendors accepted: (notification id, when), duplicates included; an FCM
+        message whose create was never acknowledged (yet) goes by its `soak_ref`."""
+        refs = self.load.refs
+        return [*((refs.get(ref, ref), at) for ref, at in self.fcm.arrivals()), *self.apns.arrivals()]
+
+    def workflow_runs(self, made: bool = False) -> list[dict[str, Any]] | None:
+        """Every workflow run as the database holds it: {id, trigger_id, status, sends: [(step, notification
+        id or None, its status)]}, and with `made` the notifications each send step made (by their
+        metadata's `workflow_run_id` and `step`: one each, or a step ran twice) as `made: {step: n}`;
+        None while the server is down (a fault)."""
+        import psycopg
+
+        counts: dict[tuple[str, str], int] = {}
+        try:
+            with psycopg.connect(self.pg.dsn(DBNAME), autocommit=True, connect_timeout=3) as conn:
+                runs = conn.execute("SELECT id::text, trigger_id::text, status, steps FROM workflow_runs").fetchall()
+                ids = [s["notification_id"] for *_, steps in runs for s in steps if s.get("notification_id")]
+                statuses = dict(conn.execute("SELECT id::text, status FROM notifications WHERE id = ANY(%s::uuid[])",
+                                             [ids]).fetchall())  # fmt: skip
+                if made:
+                    sql = ("SELECT metadata->>'workflow_run_id', metadata->>'step', count(*) FROM notifications "
+                           "WHERE metadata ? 'workflow_run_id' GROUP BY 1, 2")
+                    counts = {(run_id, step): n for run_id, step, n in conn.execute(sql).fetchall()}
+        except psycopg.Error:
+            return None
+        return [{"id": run_id, "trigger_id": trigger_id, "status": status,
+                 "sends": [(s["name"], s.get("notification_id"), statuses.get(s.get("notification_id")))
+                           for s in steps if s.get("type") == "send"],
+                 **({"made": {s["name"]: counts.get((run_id, s["name"]), 0) for s in steps
+                              if s.get("type") == "send"}} if made else {})}
+                for run_id, trigger_id, status, steps in runs]  # fmt: skip
+
+    def _take_workflow_sends(self, runs: list[dict[str, Any]]) -> None:
+        """The send steps' notifications of acknowledged triggers' runs join the ledger's `sent`."""
+        providers = {s["name"]: s.get("provider") or ("inbox" if s["channel"] == "in_app" else "")
+                     for s in WORKFLOW_STEPS if s["type"] == "send"}  # fmt: skip
+        for run in runs:
+            acked = self.load.triggers.get(run["trigger_id"])
+            if acked is None:
+                continue
+            for step, notification_id, status in run["sends"]:
+                if notification_id and notification_id not in self.load.sent:
+                    stored = "suppressed" if status == "suppressed" else "queued"
+                    self.load.sent[notification_id] = Sent("workflow", acked, acked, stored, providers.get(step, ""))
+
     def busy(self, within: float = 3.0) -> None:
         """Wait (up to `within` seconds) until some notification is leased, so that a kill or stop of a
         dispatcher comes while sends are in flight, as a crash or a deploy in production would."""
@@ -839,6 +994,9 @@ class Soak:
             self.receiver = receiver = ChaosReceiver(workdir / "receiver.log", provider_secret=PROVIDER_SECRET,
                                                      events_secret=EVENTS_SECRET,
                                                      delay_ms=config.provider_delay_ms)  # fmt: skip
+            self.fcm = SoakFcm(config.provider_delay_ms / 1000).start()
+            (workdir / "apns-tls").mkdir(exist_ok=True)
+            self.apns = SoakApns(config.provider_delay_ms / 1000, workdir / "apns-tls").start()
             self.web_ports = [free_port() for _ in range(config.webs)]
             env["OMNIPOST_PUBLIC_URL"] = f"http://127.0.0.1:{self.web_ports[0]}"
             self._start_processes(env, workdir)
@@ -879,10 +1037,14 @@ class Soak:
             faults.stop()
             for target in ("provider", "events"):
                 receiver.mode(target, "ok")
+            self.fcm.set_mode("ok")
+            self.apns.set_mode("ok")
             say(f"load stopped ({len(self.load.sent)} acknowledged); draining")
             drained = self._drain(load_ended + config.drain_seconds)
             self.receipts.stop()
             say(f"drained: {drained}; reading the API")
+            self.workflow_view = self.workflow_runs(made=True) or []
+            self._take_workflow_sends(self.workflow_view)
             api_view = self._api_view()
             feed = self.inbox_arrivals()
             self._timeouts_of_duplicates(api_view, faults)
@@ -893,7 +1055,14 @@ class Soak:
             for proc in self.procs.values():
                 proc.stop()
             final, accepted = receiver.stop() if receiver is not None else ({}, [])
-            accepted = [*accepted, *(("provider", "", i, at) for i, at in feed)]
+            pushed = self.push_arrivals() if hasattr(self, "load") else []
+            self.push_refused = []  # requests the vendors would refuse as malformed
+            for name in ("fcm", "apns"):
+                if hasattr(self, name):
+                    vendor = getattr(self, name)
+                    self.push_refused += [f"{name}: {why}" for why in vendor.refused]
+                    vendor.stop()
+            accepted = [*accepted, *(("provider", "", i, at) for i, at in [*feed, *pushed])]
             if hasattr(self, "api"):
                 self.api.close()
             self.pg.close()
@@ -912,8 +1081,9 @@ class Soak:
                 self.config.progress(f"{sent:,} acknowledged, {arrived:,} delivered, {len(faults.done)} faults")
 
     def _drain(self, deadline: float) -> bool:
-        """Until every acknowledged notification that is not suppressed has arrived at the provider
-        and an event of it at the endpoint (or the deadline)."""
+        """Until every acknowledged workflow trigger has its runs and each has finished, and every
+        acknowledged notification (a run's send steps' too) that is not suppressed has arrived at the
+        provider, the native push vendor or the feed, and an event of it at the endpoint (or the deadline)."""
         events_seen: set[str] = set()
         index = 0
         while time.time() < deadline:
@@ -922,8 +1092,15 @@ class Soak:
                 rows = self.receiver.accepted_since("events", index)
                 index += len(rows)
                 events_seen.update(row[1] for row in rows)
+            runs = self.workflow_runs()
+            if runs is None:
+                time.sleep(0.5)
+                continue
+            self._take_workflow_sends(runs)
+            runs_done = set(self.load.triggers) <= {r["trigger_id"] for r in runs} and all(
+                r["status"] not in ("running", "waiting") for r in runs)  # fmt: skip
             wanted = {i for i, s in self.load.sent.items() if s.status != "suppressed"}
-            if wanted <= set(self.receipts.arrived) and wanted <= events_seen:
+            if runs_done and wanted <= set(self.receipts.arrived) and wanted <= events_seen:
                 return True
             time.sleep(0.5)
         return False
@@ -934,6 +1111,7 @@ class Soak:
         A send whose reply missed the provider timeout may have been accepted all the same; its retry
         then delivers it again, at least once as promised (the webhook id lets a receiver drop it)."""
         hits = Counter(row[1] for row in self.receiver.accepted_since("provider", 0))
+        hits.update(i for i, _ in self.push_arrivals())
         in_flight = set().union(*(set(f.in_flight or ()) for f in faults.done))
         deadline = time.time() + 60
         for notification_id in sorted(i for i, n in hits.items() if n > 1 and i not in in_flight):
@@ -1038,7 +1216,8 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     api_delivered = {i for i, row in api_view.items() if row["status"] == "delivered"}
     api_mismatch = sorted((delivered ^ (api_delivered & set(sent))) - set(lost))
     not_suppressed_by_api = sorted(i for i in suppressed if api_view.get(i, {}).get("status") != "suppressed")
-    opted_out = {i for i, s in sent.items() if s.kind in ("subscriber", "inbox") and s.status == "suppressed"}
+    opted_out = {i for i, s in sent.items()
+                 if s.kind in ("subscriber", "inbox", "fcm", "apns") and s.status == "suppressed"}  # fmt: skip
     missing_events = sorted(i for i in api_delivered & set(sent) if not event_hits.get(i))
     receipts_posted = soak.receipts.posted
     receipts_missing = sorted(i for i in receipts_posted if not api_view.get(i, {}).get("receipt"))
@@ -1048,7 +1227,9 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     # at most RECOVERED_PICKUP (the backlog the fault made is behind it). A scheduler's kill: of a
     # future-dated one (what only the scheduler moves); the event endpoint's outage: any event. A
     # notification can arrive a moment before its creator reads the 201: those count from the 201.
-    prompt = [(s.due_at, max(min(provider_hits[i]), s.due_at), s.kind) for i, s in sent.items()
+    # A workflow's send steps are not in these figures: they are due when the scheduler reaches them.
+    timed = {i: s for i, s in sent.items() if s.kind != "workflow"}
+    prompt = [(s.due_at, max(min(provider_hits[i]), s.due_at), s.kind) for i, s in timed.items()
               if i in provider_hits and min(provider_hits[i]) - s.due_at <= RECOVERED_PICKUP]  # fmt: skip
     event_times.sort()
     for f in faults.done:
@@ -1057,7 +1238,8 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         if f.kind == "events_down":
             later = [at for at in event_times if at >= f.ended][:1]
         else:
-            wanted = ("future",) if f.kind == "scheduler_kill" else ("single", "batch", "future", "subscriber", "inbox")
+            wanted = (("future",) if f.kind == "scheduler_kill"
+                      else ("single", "batch", "future", "subscriber", "inbox", "fcm", "apns"))  # fmt: skip
             later = [arrived for due, arrived, kind in prompt if due >= f.ended and kind in wanted]
         f.recovered_after = round(min(later) - f.ended, 2) if later else None
 
@@ -1088,7 +1270,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     start = meta["load_started"]
     arrivals = Counter(int((min(t) - start) // bucket) for i, t in provider_hits.items() if i in sent)
     pickups: dict[int, list[float]] = defaultdict(list)
-    for i, s in sent.items():
+    for i, s in timed.items():
         if i in provider_hits:
             pickups[int((s.due_at - start) // bucket)].append(min(provider_hits[i]) - s.due_at)
     last = max([*arrivals, *pickups, 0]) + 1
@@ -1099,7 +1281,17 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         "pickup_p99_ms": [round(p * 1000, 1) if (p := _percentile(pickups.get(b, []), 0.99)) is not None else None
                           for b in range(last)],  # fmt: skip
     }
-    all_pickups = [min(provider_hits[i]) - s.due_at for i, s in sent.items() if i in provider_hits]
+    all_pickups = [min(provider_hits[i]) - s.due_at for i, s in timed.items() if i in provider_hits]
+
+    # workflows: every acknowledged trigger has its run, every run completed with each send step's
+    # notification made (whose arrival, exactly once, the checks above hold like any other's)
+    triggers = getattr(soak.load, "triggers", {})
+    runs = [r for r in getattr(soak, "workflow_view", []) if r["trigger_id"] in triggers]
+    triggers_without_runs = sorted(set(triggers) - {r["trigger_id"] for r in runs})
+    runs_not_completed = sorted(f"{r['id']} {r['status']}" for r in runs if r["status"] != "completed")
+    sends_without_notification = sorted(f"{r['id']} {step}" for r in runs if r["status"] == "completed"
+                                        for step, notification_id, _ in r["sends"] if not notification_id)  # fmt: skip
+    steps_made_twice = sorted(f"{r['id']} {step} ×{n}" for r in runs for step, n in r.get("made", {}).items() if n > 1)
 
     failures = []
     if lost:
@@ -1132,6 +1324,21 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     dead = [name for name, ok in alive.items() if not ok]
     if dead:
         failures.append(f"not alive at the end: {dead}")
+    if triggers_without_runs:
+        failures.append(f"{len(triggers_without_runs)} acknowledged workflow triggers without a run, "
+                        f"e.g. {triggers_without_runs[:3]}")  # fmt: skip
+    if runs_not_completed:
+        failures.append(f"{len(runs_not_completed)} workflow runs not completed, e.g. {runs_not_completed[:3]}")
+    if steps_made_twice:
+        failures.append(f"{len(steps_made_twice)} workflow send steps made more than one notification, "
+                        f"e.g. {steps_made_twice[:3]}")  # fmt: skip
+    if sends_without_notification:
+        failures.append(f"{len(sends_without_notification)} completed runs' send steps without a notification, "
+                        f"e.g. {sends_without_notification[:3]}")  # fmt: skip
+    push_refused = getattr(soak, "push_refused", [])
+    if push_refused:
+        failures.append(f"{len(push_refused)} requests a push vendor's stand-in refused as malformed: "
+                        f"{push_refused[:3]}")  # fmt: skip
     if soak.load.unacknowledged:
         failures.append(f"{soak.load.unacknowledged} creates not acknowledged within 30 s of retries")
     if faults.errors:
@@ -1153,6 +1360,16 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         "event_duplicates": sum(n - 1 for n in event_hits.values() if n > 1),
         "receipts_acknowledged": sum(receipts_posted.values()), "receipt_notifications": len(receipts_posted),
         "receipts_missing": len(receipts_missing), "receipts_failed": len(soak.receipts.failed),
+        "push_arrivals": len(delivered & {i for i, s in sent.items() if s.kind in ("fcm", "apns")}),
+        "push_duplicates": sum(duplicates.get(i, 0) for i, s in sent.items() if s.kind in ("fcm", "apns")),
+        "push_refused": len(push_refused),
+        "workflow_triggers": len(triggers), "workflow_runs": len(runs),
+        "workflow_runs_by_status": dict(Counter(r["status"] for r in runs)),
+        "workflow_runs_completed": sum(r["status"] == "completed" for r in runs),
+        "workflow_triggers_without_runs": len(triggers_without_runs),
+        "workflow_runs_not_completed": len(runs_not_completed), "workflow_steps_made_twice": len(steps_made_twice),
+        "workflow_notifications": sum(s.kind == "workflow" for s in sent.values()),
+        "workflow_notifications_delivered": sum(sent[i].kind == "workflow" for i in delivered),
         "api_statuses": dict(status_counts), "api_provider_mismatch": len(api_mismatch),
         "arrivals_not_acknowledged": len(unacknowledged_arrivals),
         "suppressed_but_sent": len(suppressed_sent), "drained": drained,
@@ -1201,6 +1418,13 @@ def markdown(report: Report) -> str:
         f"{led['duplicates_outside_in_flight']} outside a kill's in-flight set or a timeout) |",
         f"| events delivered (≥ 1 per delivered notification) | {led['events_delivered']:,}; missing {led['events_missing']}; duplicates {led['event_duplicates']} |",  # noqa: E501
         f"| receipts acknowledged | {led['receipts_acknowledged']:,} for {led['receipt_notifications']:,} notifications; not shown {led['receipts_missing']} |",  # noqa: E501
+        f"| native push (FCM and APNs stand-ins) | {led.get('push_arrivals', 0):,} arrived (fcm "
+        f"{led['delivered_by_kind'].get('fcm', 0):,}, apns {led['delivered_by_kind'].get('apns', 0):,}); "
+        f"duplicates {led.get('push_duplicates', 0)}; refused as malformed {led.get('push_refused', 0)} |",
+        f"| workflow triggers | {led.get('workflow_triggers', 0):,}; runs {led.get('workflow_runs', 0):,} "
+        f"({', '.join(f'{k} {v:,}' for k, v in sorted(led.get('workflow_runs_by_status', {}).items()))}); "
+        f"without a run {led.get('workflow_triggers_without_runs', 0)}; send steps' notifications "
+        f"{led.get('workflow_notifications', 0):,}, arrived {led.get('workflow_notifications_delivered', 0):,} |",
         f"| API and provider disagree | {led['api_provider_mismatch']} |",
         f"| arrivals the API never acknowledged | {led['arrivals_not_acknowledged']} |",
         f"| pickup p50 / p99 / max | {led['pickup_ms']['p50']} / {led['pickup_ms']['p99']} / {led['pickup_ms']['max']} ms |",  # noqa: E501

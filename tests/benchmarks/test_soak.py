@@ -28,6 +28,16 @@ def test_a_short_soak_with_every_fault_loses_nothing_and_recovers(migrated_schem
     # in-app sends arrive as feed items, through the same queue and faults as the rest
     assert ledger["delivered_by_kind"]["inbox"] > 0 and ledger["delivered_by_kind"]["subscriber"] > 0
     assert ledger["suppressed"] == ledger["opted_out_suppressed"] > 0 and ledger["suppressed_but_sent"] == 0
+    # native push through the real `fcm` and `apns` kinds to the vendors' stand-ins, under the same faults
+    by_kind = ledger["delivered_by_kind"]
+    assert by_kind["fcm"] > 0 and by_kind["apns"] > 0 and ledger["push_arrivals"] == by_kind["fcm"] + by_kind["apns"]
+    assert ledger["push_refused"] == 0
+    # workflow triggers: each acknowledged one's run completed, its send steps' notifications arrived
+    assert ledger["workflow_triggers"] > 0 and ledger["workflow_runs_completed"] == ledger["workflow_runs"] > 0
+    assert ledger["workflow_triggers_without_runs"] == ledger["workflow_runs_not_completed"] == 0
+    assert ledger["workflow_steps_made_twice"] == 0
+    assert ledger["workflow_notifications"] == 2 * ledger["workflow_runs"]
+    assert ledger["workflow_notifications_delivered"] == ledger["workflow_notifications"]
     assert ledger["events_missing"] == 0 and ledger["events_delivered"] == ledger["delivered"]
     assert ledger["receipts_acknowledged"] > 0 and ledger["receipts_missing"] == 0
     assert ledger["duplicates_outside_in_flight"] == 0

@@ -13,7 +13,7 @@ from benchmarks.soak import Fault, Incarnation, Sent, SoakConfig, build_report
 T0 = 1_000_000.0
 
 
-def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None):  # noqa: ANN001, ANN202
+def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None, triggers=None, runs=()):  # noqa: ANN001, ANN202
     sent = sent or {
         "a": Sent("single", T0 + 1, T0 + 1, "queued", "hook"),
         "b": Sent("batch", T0 + 2, T0 + 2, "queued", "hook"),
@@ -21,10 +21,12 @@ def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None
     }
     api = api or {"a": {"status": "delivered", "receipt": "delivered"}, "b": {"status": "delivered", "receipt": None},
                   "s": {"status": "suppressed", "receipt": None}}  # fmt: skip
-    load = SimpleNamespace(sent=sent, unacknowledged=0, offered=len(sent), shed=0, answers={}, retried=0, odd=[])
+    load = SimpleNamespace(sent=sent, unacknowledged=0, offered=len(sent), shed=0, answers={}, retried=0, odd=[],
+                           triggers=triggers or {})  # fmt: skip
     procs = {"dispatcher0": SimpleNamespace(incarnations=[Incarnation(10, T0, samples=[(T0 + 1, 2**20, 9)])])}
-    soak = SimpleNamespace(load=load, procs=procs,
-                           receipts=SimpleNamespace(posted=receipts if receipts is not None else {"a": 1}, failed=[]))
+    soak = SimpleNamespace(load=load, procs=procs, workflow_view=list(runs),
+                           receipts=SimpleNamespace(posted=receipts if receipts is not None else {"a": 1},
+                                                    failed=[]))  # fmt: skip
     faults = SimpleNamespace(done=[Fault("kill9", T0 + 5, T0 + 6, "dispatcher0", "", list(ids)) for ids in kills],
                              errors=[])  # fmt: skip
     return build_report(SoakConfig(kinds=("kill9",), quick=True), soak, faults, {}, accepted, api,
@@ -95,3 +97,36 @@ def test_a_process_whose_open_files_keep_growing_fails_and_one_that_is_flat_pass
                              {"a": {"status": "delivered", "receipt": None}}, {"dispatcher0": True}, True,
                              {"load_started": T0, "load_ended": T0 + 200})  # fmt: skip
         assert any("grew" in f for f in built.failures) is failing, built.failures
+
+
+def test_every_acknowledged_workflow_trigger_needs_its_run_completed_with_each_send_steps_notification():
+    sent = {"a": Sent("single", T0 + 1, T0 + 1, "queued", "hook"), "b": Sent("batch", T0 + 2, T0 + 2, "queued", "hook"),
+            "s": Sent("subscriber", T0 + 3, T0 + 3, "suppressed", "push"),
+            "w1": Sent("workflow", T0 + 4, T0 + 4, "queued", "inbox"),
+            "w2": Sent("workflow", T0 + 4, T0 + 4, "queued", "push")}  # fmt: skip
+    api = {"a": {"status": "delivered", "receipt": "delivered"}, "b": {"status": "delivered", "receipt": None},
+           "s": {"status": "suppressed", "receipt": None}, "w1": {"status": "delivered", "receipt": None},
+           "w2": {"status": "delivered", "receipt": None}}  # fmt: skip
+    arrived = [*CLEAN, ("provider", "", "w1", T0 + 4.5), ("provider", "w2", "w2", T0 + 5.6),
+               ("events", "evt_3", "w1", T0 + 4.6), ("events", "evt_4", "w2", T0 + 5.7)]  # fmt: skip
+    done = {"id": "r1", "trigger_id": "t1", "status": "completed", "sends": [("hello", "w1", "delivered"),
+                                                                             ("nudge", "w2", "delivered")]}  # fmt: skip
+    ok = report(accepted=arrived, sent=sent, api=api, triggers={"t1": T0 + 4}, runs=[done])
+    assert ok.failures == []
+    led = ok.ledger
+    assert (led["workflow_triggers"], led["workflow_runs_completed"], led["workflow_notifications"]) == (1, 1, 2)
+    assert led["workflow_notifications_delivered"] == 2 and led["delivered_by_kind"]["workflow"] == 2
+
+    without = report(accepted=arrived, sent=sent, api=api, triggers={"t1": T0 + 4, "t2": T0 + 5}, runs=[done])
+    assert any("workflow triggers without a run" in f for f in without.failures), without.failures
+    still = {**done, "status": "waiting"}
+    waiting = report(accepted=arrived, sent=sent, api=api, triggers={"t1": T0 + 4}, runs=[still])
+    assert any("workflow runs not completed" in f for f in waiting.failures), waiting.failures
+    no_send = {**done, "sends": [("hello", "w1", "delivered"), ("nudge", None, None)]}
+    skipped = report(accepted=arrived, sent=sent, api=api, triggers={"t1": T0 + 4}, runs=[no_send])
+    assert any("send steps without a notification" in f for f in skipped.failures), skipped.failures
+    twice = {**done, "made": {"hello": 2, "nudge": 1}}  # the step ran twice: a second notification
+    made_twice = report(accepted=arrived, sent=sent, api=api, triggers={"t1": T0 + 4}, runs=[twice])
+    assert any("made more than one notification" in f for f in made_twice.failures), made_twice.failures
+    lost = report(accepted=arrived[:-3] + arrived[-2:], sent=sent, api=api, triggers={"t1": T0 + 4}, runs=[done])
+    assert any("never reached the provider" in f for f in lost.failures), lost.failures
