@@ -6,9 +6,9 @@ under the WSGI server (the same application: omnipost_site.wsgi_app), `threads` 
 process (OMNIPOST_WEB_THREADS, as the WSGI server's blocking threads). Django's own ASGI handler
 would run them one at a time a process (its sync views are thread_sensitive).
 
-One hop to the pool a request: the event loop reads the body (at most OMNIPOST_MAX_REQUEST_BYTES + 1
-bytes: past that the application's own check answers 413; a chunked body is given its length as
-CONTENT_LENGTH, so that check and Django's reading see it), a thread runs the application and
+One hop to the pool a request: the event loop reads the body as Django under a WSGI server would (its
+Content-Length's bytes; none over OMNIPOST_MAX_REQUEST_BYTES, which the application answers 413 from
+the header; none when sent chunked, as docs/DECISIONS.md says), a thread runs the application and
 collects its answer, the loop writes it. Answers are buffered, which every view of this project
 allows (none streams; the stream is inbox.live's). a2wsgi's WSGIMiddleware, which streams both ways,
 hops between the loop and the thread for every message instead.
@@ -61,8 +61,6 @@ class WSGIInThreads:
         if body is None:  # the client left before its body was whole
             return
         environ = build_environ(scope, io.BytesIO(body))  # type: ignore[arg-type] - any file-like object
-        if body and "CONTENT_LENGTH" not in environ:  # a chunked body: Django reads CONTENT_LENGTH bytes
-            environ["CONTENT_LENGTH"] = str(len(body))
         context = contextvars.copy_context()
         status, headers, content = await asyncio.get_running_loop().run_in_executor(
             self.pool(), context.run, self._answer, environ
@@ -93,17 +91,16 @@ class WSGIInThreads:
 
 
 async def _body(scope: Scope, receive: Receive) -> bytes | None:
-    """The request's body, up to OMNIPOST_MAX_REQUEST_BYTES + 1 bytes (none when its Content-Length is
-    over the limit already: the application refuses it from the header); None if the client left."""
+    """The request's body as Django under a WSGI server reads it: none when its Content-Length is over
+    OMNIPOST_MAX_REQUEST_BYTES (the application answers 413 from the header) or absent (a chunked body
+    is read as empty: 400); None if the client left before it was whole."""
     limit = settings.OMNIPOST_MAX_REQUEST_BYTES
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                if int(value) > limit:
-                    return b""
-            except ValueError:
-                pass
-            break
+    length = next((value for name, value in scope.get("headers", ()) if name == b"content-length"), None)
+    try:
+        if length is None or not 0 < int(length) <= limit:
+            return b""
+    except ValueError:  # the application answers 400 from the header
+        return b""
     parts: list[bytes] = []
     size = 0
     while True:
