@@ -73,9 +73,7 @@ class WSGIInThreads:
         chunks: list[bytes] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:  # noqa: ANN401
-            if exc_info is not None and started:
-                raise exc_info[1].with_traceback(exc_info[2])
-            started[:] = [status, headers]
+            started[:] = [status, headers]  # nothing is sent before the application returns: a second call replaces
             return chunks.append
 
         iterable = self.app(environ, start_response)
