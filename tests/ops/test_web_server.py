@@ -1,9 +1,10 @@
-"""The web process as `make run` (run_all's `web_server`) and the Procfile start it serves the live inbox
-stream and the API on one port: a stream opened with a subscriber's token gets the item a real
-dispatcher delivers while API calls on the same port are answered; SIGTERM stops it with a stream
-still open (exit 0, within granian's --workers-kill-timeout). Also: request bodies reach the API through
-the ASGI server's thread bridge (omnipost_site.wsgi_bridge) as under the WSGI server: over the limit
-413, chunked read as empty (400)."""
+"""The web process as `make run` (run_all's `web_server`) starts it, and the Procfile's `stream`
+process (which a proxy's path route puts on the API's origin), serve the live inbox stream and the
+API on one port: a stream opened with a subscriber's token gets the item a real dispatcher delivers
+while API calls on the same port are answered; SIGTERM stops it with a stream still open (exit 0,
+within granian's --workers-kill-timeout). The Procfile's `web` process (granian WSGI) serves the API,
+not the stream. Request bodies reach the API through the ASGI server's thread bridge
+(omnipost_site.wsgi_bridge) as under the WSGI server: over the limit 413, chunked read as empty (400)."""
 
 from __future__ import annotations
 
@@ -35,13 +36,18 @@ def run_all_command(port: int) -> list[str]:
     return web_server(f"127.0.0.1:{port}", [sys.executable, str(ROOT / "manage.py")])
 
 
-def procfile_command(port: int) -> list[str]:
-    """The Procfile's `web` line, on loopback and `port`, its `granian` run by this interpreter."""
-    [line] = [line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("web:")]
-    words = shlex.split(line.removeprefix("web:").replace("${PORT:-8000}", str(port)))
+def procfile_command(port: int, process: str = "web") -> list[str]:
+    """The Procfile's `process` line, on loopback and `port`, its `granian` run by this interpreter."""
+    [line] = [line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith(f"{process}:")]
+    words = shlex.split(line.removeprefix(f"{process}:").replace("${PORT:-8000}", str(port))
+                        .replace("${STREAM_PORT:-8001}", str(port)))  # fmt: skip
     words[words.index("--host") + 1] = "127.0.0.1"
     assert words[0] == "granian"
     return [sys.executable, "-m", "granian", *words[1:]]
+
+
+def procfile_stream_command(port: int) -> list[str]:
+    return procfile_command(port, "stream")
 
 
 @contextmanager
@@ -71,7 +77,7 @@ def started(command: list[str], env: dict[str, str], port: int) -> Iterator[tupl
             proc.wait(timeout=10)
 
 
-@pytest.mark.parametrize("command", [run_all_command, procfile_command], ids=["run_all", "Procfile"])
+@pytest.mark.parametrize("command", [run_all_command, procfile_stream_command], ids=["run_all", "Procfile-stream"])
 def test_the_web_process_serves_the_stream_and_the_api_on_one_port(command, subprocess_env, key_a, tmp_path):
     port = free_port()
     with started(command(port), subprocess_env, port) as (url, proc):
@@ -96,6 +102,18 @@ def test_the_web_process_serves_the_stream_and_the_api_on_one_port(command, subp
             assert proc.wait(timeout=30) == 0
             left = [live.next(timeout=5) for _ in range(3)]  # what it had sent (counts), then its end
             assert left[-1] is None, left
+
+
+def test_the_procfiles_web_process_serves_the_api_and_not_the_stream(subprocess_env, key_a):
+    port = free_port()
+    with started(procfile_command(port), subprocess_env, port) as (url, proc):
+        api = httpx.Client(base_url=f"{url}/api/v1/", headers={"Authorization": f"Bearer {key_a}"}, timeout=20)
+        assert api.put("subscribers/jane", json={}).status_code in (200, 201)
+        token = api.post("subscribers/jane/inbox-token", json={"ttl_seconds": 600}).json()["token"]
+        with stream(url, token) as live:
+            assert live.status == 404  # the proxy sends /inbox/v1/stream to the `stream` process
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
 
 
 def test_request_bodies_are_read_as_under_the_wsgi_server(subprocess_env, key_a):
