@@ -1,5 +1,5 @@
-"""ASGI entry point: the web process of the Procfile and `make run` (granian's ASGI interface), also
-served by gunicorn's asgi worker or uvicorn.
+"""ASGI entry point: the Procfile's `stream` process and `make run`'s web process (granian's ASGI
+interface), also served by gunicorn's asgi worker or uvicorn.
 
 - `GET /inbox/v1/stream`, the in-app inbox's live stream, is answered on the event loop (inbox.live):
   open streams are tasks, thousands a process.

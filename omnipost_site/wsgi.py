@@ -1,7 +1,7 @@
-"""WSGI entry point (granian's WSGI interface, gunicorn gthread). The Procfile and `make run` serve
-the ASGI one (omnipost_site.asgi), which runs this same application in threads for every request
-but the live inbox stream and receipts (docs/DECISIONS.md "Serving"). Under granian, stop signals
-are relayed to the worker's main thread (omnipost_site.signal_relay).
+"""WSGI entry point: the Procfile's `web` process (granian's WSGI interface), gunicorn gthread. The
+ASGI one (omnipost_site.asgi: the Procfile's `stream` process, `make run`) runs this same application
+in threads for every request but the live inbox stream and receipts (docs/DECISIONS.md "Serving").
+Under granian, stop signals are relayed to the worker's main thread (omnipost_site.signal_relay).
 """
 
 import sys

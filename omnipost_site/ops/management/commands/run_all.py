@@ -42,9 +42,10 @@ WEB_STREAMS = 4096
 
 
 def web_server(bind: str, manage: list[str]) -> list[str]:
-    """The production server, as the Procfile runs it: granian's ASGI interface on omnipost_site.asgi
-    (docs/DECISIONS.md, "Serving"): the live inbox stream on its event loop, the API in
-    OMNIPOST_WEB_THREADS threads a worker; its stop bounded like gunicorn's graceful timeout (open
+    """One granian ASGI process on omnipost_site.asgi: the live inbox stream on its event loop and the
+    API in OMNIPOST_WEB_THREADS threads a worker, on one port, as the Procfile's `web` and `stream`
+    processes behind a proxy's path route are (docs/DECISIONS.md, "Serving": the API is faster under
+    the WSGI interface, which production runs); its stop bounded like gunicorn's graceful timeout (open
     streams end then). Else gunicorn gthread (no stream), else runserver."""
     host, _, port = bind.rpartition(":")
     if importlib.util.find_spec("granian") is not None:
