@@ -165,7 +165,7 @@ def test_a_failed_send_is_an_error_span_and_the_service_name_is_configurable(
 def test_each_process_exports_what_it_holds_when_it_stops(
     otlp, webhook_receiver, tenant_a, subprocess_env, tmp_path  # noqa: F811
 ):
-    """The web server as the Procfile runs it (granian's ASGI interface, whose workers end past atexit;
+    """The web server as `make run` runs it (granian's ASGI interface, whose workers end past atexit;
     the create answered in its thread bridge) and a dispatcher, each exporting only when it stops (a
     batch delay of a minute): the spans arrive."""
     env = {**_traced_env(subprocess_env, otlp), "OTEL_BSP_SCHEDULE_DELAY": "60000"}
