@@ -23,7 +23,7 @@ import pytest
 
 from inbox.models import InboxItem
 from omnipost_site.ops.management.commands.run_all import web_server
-from tests.inbox.stream_support import stream
+from tests.inbox.stream_support import stop, stream
 from tests.inbox.support import drain
 from tests.support.pgserver import free_port
 
@@ -71,10 +71,8 @@ def started(command: list[str], env: dict[str, str], port: int) -> Iterator[tupl
             assert time.monotonic() < deadline and proc.poll() is None, "the web server did not come up"
             time.sleep(0.1)
         yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+    finally:  # SIGTERM first: granian stops its workers (a SIGKILL to it alone would orphan them)
+        stop(proc)
 
 
 @pytest.mark.parametrize("command", [run_all_command, procfile_stream_command], ids=["run_all", "Procfile-stream"])
