@@ -1,13 +1,15 @@
 """Ingest throughput: notifications accepted per second through the HTTP API.
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
-        [--server gunicorn|granian|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
+        [--server gunicorn|granian|granian-asgi|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
         [--single-clients 8] [--batch-clients 4] [--modes single,keyed,batch,subscribers,read] [--client raw|httpx]
         [--keys 40000]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
-worker) or uvicorn on the ASGI application; then a load generator in a separate process: in mode
+worker), granian's ASGI interface as the Procfile runs it (`granian-asgi`: the API in `--threads`
+threads a worker, omnipost_site.wsgi_bridge) or uvicorn on the ASGI application; then a load
+generator in a separate process: in mode
 `single`, `--single-clients` keep-alive connections hammering `POST /api/v1/notifications`;
 `batch`, `--batch-clients` connections sending `POST /api/v1/notifications/batch` with
 `--batch-size` items; `keyed`, as `single` but each request with an `Idempotency-Key` of its own
@@ -122,6 +124,10 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         return [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", str(args.workers),
                 "--blocking-threads", str(args.threads), "--host", "127.0.0.1", "--port", str(port),
                 "--log-level", "warning", "--no-ws", "omnipost_site.wsgi:application"]  # fmt: skip
+    if args.server == "granian-asgi":  # the Procfile's: the API in --threads threads a worker (wsgi_bridge)
+        return [sys.executable, "-m", "granian", "--interface", "asgi", "--workers", str(args.workers),
+                "--backpressure", "4096", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                "--no-ws", "omnipost_site.asgi:application"]  # fmt: skip
     if args.server == "uvicorn":
         return [sys.executable, "-m", "uvicorn", "omnipost_site.asgi:application", "--workers", str(args.workers),
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
@@ -137,7 +143,7 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
 
 
 def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
-    env = server_env(args.database_url)
+    env = {**server_env(args.database_url), "OMNIPOST_WEB_THREADS": str(args.threads)}
     if args.extra_path:  # e.g. a directory with granian/uvicorn installed beside the virtualenv
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.extra_path, env.get("PYTHONPATH")]))
     process = subprocess.Popen(server_command(args, port), cwd=ROOT, env=env)  # noqa: S603
@@ -311,7 +317,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--server", choices=["gunicorn", "granian", "uvicorn"], default="gunicorn")
+    parser.add_argument("--server", choices=["gunicorn", "granian", "granian-asgi", "uvicorn"], default="gunicorn")
     parser.add_argument("--extra-path", default=os.environ.get("BENCH_EXTRA_PATH", ""),
                         help="PYTHONPATH entry for the server (granian/uvicorn installed outside the venv)")
     parser.add_argument("--workers", type=int, default=2)
@@ -381,8 +387,10 @@ def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
-    kind = {"gunicorn": f"gunicorn {args.worker_class}", "granian": "granian wsgi", "uvicorn": "uvicorn asgi"}
-    threads = f" x {args.threads} threads" if args.server == "granian" or args.worker_class == "gthread" else ""
+    kind = {"gunicorn": f"gunicorn {args.worker_class}", "granian": "granian wsgi",
+            "granian-asgi": "granian asgi (API in threads)", "uvicorn": "uvicorn asgi"}
+    threaded = args.server.startswith("granian") or args.worker_class == "gthread"
+    threads = f" x {args.threads} threads" if threaded else ""
     print(f"\n{kind[args.server]}: {args.workers} workers{threads}, {os.cpu_count()} CPUs, "
           f"{args.seconds:g} s per run, median of {args.repeat}:")
     for mode, runs in results.items():

@@ -1,28 +1,22 @@
-"""ASGI entry point (gunicorn's asgi worker, uvicorn, granian's asgi interface). The Procfile serves
-the WSGI one (omnipost_site.wsgi); this one is for an ASGI server, and is the faster way to take
-vendors' receipts under gunicorn (receipts.asgi, docs/DECISIONS.md "Serving").
+"""ASGI entry point: the Procfile's `stream` process and `make run`'s web process (granian's ASGI
+interface), also served by gunicorn's asgi worker or uvicorn.
 
-Vendors' receipts (POST /hooks/providers/{id}) skip Django's handler: see receipts.asgi. So does the
-inbox's live stream (GET /inbox/v1/stream, inbox.live), which only an ASGI server can hold open by the
-thousand.
+- `GET /inbox/v1/stream`, the in-app inbox's live stream, is answered on the event loop (inbox.live):
+  open streams are tasks, thousands a process.
+- Vendors' receipts (`POST /hooks/providers/{id}`) are read on the event loop and answered in their
+  own threads (receipts.asgi).
+- Everything else (the API, the console, the admin) is the WSGI application (omnipost_site.wsgi_app)
+  run in a pool of OMNIPOST_WEB_THREADS threads a process (omnipost_site.wsgi_bridge), as granian's
+  WSGI interface runs it in its blocking threads; not Django's ASGI handler, which runs sync views
+  one at a time a process (docs/DECISIONS.md "Serving").
 """
 
-import os
+from omnipost_site.wsgi_app import build
+from omnipost_site.wsgi_bridge import WSGIInThreads
 
-from django.core.asgi import get_asgi_application
+application = WSGIInThreads(build())
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings")
+from inbox.live import InboxStreamASGI  # noqa: E402 - needs the app registry build() set up
+from receipts.asgi import ReceiptsFastPathASGI  # noqa: E402
 
-application = get_asgi_application()
-
-from receipts.asgi import ReceiptsFastPathASGI  # noqa: E402 - needs the app registry get_asgi_application set up
-
-application = ReceiptsFastPathASGI(application)
-
-from inbox.live import InboxStreamASGI  # noqa: E402
-
-application = InboxStreamASGI(application)  # GET /inbox/v1/stream: Server-Sent Events on the event loop
-
-from core import tracing  # noqa: E402
-
-tracing.configure("web")  # with OTEL_EXPORTER_OTLP_ENDPOINT set: spans of creates and receipts
+application = InboxStreamASGI(ReceiptsFastPathASGI(application))

@@ -155,6 +155,9 @@ OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=T
 OMNIPOST_RATE_LIMIT_RECEIPTS = number(env, "OMNIPOST_RATE_LIMIT_RECEIPTS", 5000.0)
 # Threads a worker gives receipts under an ASGI server (receipts.asgi: 2 measured best on 2 cores).
 OMNIPOST_RECEIPTS_THREADS = int(number(env, "OMNIPOST_RECEIPTS_THREADS", 2, minimum=1, integer=True))
+# Threads a web process answers the API in under the ASGI server (omnipost_site.wsgi_bridge), as the
+# WSGI server's --blocking-threads.
+OMNIPOST_WEB_THREADS = int(number(env, "OMNIPOST_WEB_THREADS", 4, minimum=1, integer=True))
 # Web processes cache verified API keys and LISTEN for revocations (core.auth_cache); off, entries live 1 s.
 OMNIPOST_AUTH_LISTEN = env.bool("OMNIPOST_AUTH_LISTEN", default=True)
 # CONN_HEALTH_CHECKS' `SELECT 1` only for a connection idle this long (core.conn_checks); 0: before every request.

@@ -165,17 +165,17 @@ def test_a_failed_send_is_an_error_span_and_the_service_name_is_configurable(
 def test_each_process_exports_what_it_holds_when_it_stops(
     otlp, webhook_receiver, tenant_a, subprocess_env, tmp_path  # noqa: F811
 ):
-    """The web server as the Procfile runs it (granian, whose workers end past atexit) and a
-    dispatcher, each exporting only when it stops (a batch delay of a minute): the spans arrive."""
+    """The web server as `make run` runs it (granian's ASGI interface, whose workers end past atexit;
+    the create answered in its thread bridge) and a dispatcher, each exporting only when it stops (a
+    batch delay of a minute): the spans arrive."""
     env = {**_traced_env(subprocess_env, otlp), "OTEL_BSP_SCHEDULE_DELAY": "60000"}
     hook = factories.provider(tenant_a, "hook", config={"url": webhook_receiver.url},
                               secrets={"signing_secret": TEST_SIGNING_SECRET}, is_default=True)  # fmt: skip
     port = free_port()
     server = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", "1", "--blocking-threads", "2",
-         "--host", "127.0.0.1", "--port", str(port), "--no-ws", "--log-level", "warning",
-         "omnipost_site.wsgi:application"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "granian", "--interface", "asgi", "--workers", "1", "--host", "127.0.0.1",
+         "--port", str(port), "--no-ws", "--log-level", "warning", "omnipost_site.asgi:application"],
+        cwd=ROOT, env={**env, "OMNIPOST_WEB_THREADS": "2"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"

@@ -35,19 +35,24 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 WEB_WORKERS = 2
-WEB_THREADS = 4
+WEB_THREADS = 4  # the API's threads a worker (OMNIPOST_WEB_THREADS's default under granian)
+# Requests a granian worker takes at once: every open live inbox stream is one, and past this many new
+# connections wait in the backlog unanswered (granian's default is backlog / workers: 512 here).
+WEB_STREAMS = 4096
 
 
 def web_server(bind: str, manage: list[str]) -> list[str]:
-    """The production server, as the Procfile runs it: granian's WSGI interface (docs/DECISIONS.md,
-    "Serving": the fastest measured; its workers' stop is made reliable by omnipost_site.signal_relay, and bounded
-    like gunicorn's graceful timeout), else gunicorn gthread, else runserver."""
+    """One granian ASGI process on omnipost_site.asgi: the live inbox stream on its event loop and the
+    API in OMNIPOST_WEB_THREADS threads a worker, on one port, as the Procfile's `web` and `stream`
+    processes behind a proxy's path route are (docs/DECISIONS.md, "Serving": the API is faster under
+    the WSGI interface, which production runs); its stop bounded like gunicorn's graceful timeout (open
+    streams end then). Else gunicorn gthread (no stream), else runserver."""
     host, _, port = bind.rpartition(":")
     if importlib.util.find_spec("granian") is not None:
-        return [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", str(WEB_WORKERS),
-                "--blocking-threads", str(WEB_THREADS), "--host", host or "127.0.0.1", "--port", port, "--no-ws",
+        return [sys.executable, "-m", "granian", "--interface", "asgi", "--workers", str(WEB_WORKERS),
+                "--backpressure", str(WEB_STREAMS), "--host", host or "127.0.0.1", "--port", port, "--no-ws",
                 "--respawn-failed-workers", "--workers-kill-timeout", "5", "--log-level", "warning",
-                "omnipost_site.wsgi:application"]  # fmt: skip
+                "omnipost_site.asgi:application"]  # fmt: skip
     if importlib.util.find_spec("gunicorn") is not None:
         return [sys.executable, "-m", "gunicorn", "omnipost_site.wsgi:application", "--bind", bind, "--workers",
                 str(WEB_WORKERS), "--worker-class", "gthread", "--threads", str(WEB_THREADS), "--graceful-timeout",
