@@ -34,30 +34,17 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.standalone import create_database, setup_django  # noqa: E402
+
 DEFAULT_URL = "postgres://postgres:postgres@127.0.0.1:5432/omnipost_inbox_bench"
 
 
 def _setup(url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    sys.path.insert(0, str(ROOT))
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "omnipost_site.settings_test")
-    os.environ.setdefault("OMNIPOST_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
+    create_database(url)
+    setup_django(url)
 
 
 def _rss_kib(pid: int) -> int:
