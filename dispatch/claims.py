@@ -29,8 +29,8 @@ from dispatch.delivery import (
     ClaimSeen,
     DispatchLease,
     Prepared,
-    _prepare_when_asked,
     claim_and_start,
+    prepare_when_asked,
     push_targets,
     suppressed_among,
 )
@@ -152,7 +152,7 @@ class Claimer:
         try:
             if self.orphans:
                 return None
-            _prepare_when_asked(conn)  # planned once, as on the DB thread
+            prepare_when_asked(conn)  # planned once, as on the DB thread
             seen, token = ClaimSeen(), uuid.uuid4()
             try:
                 prepared, skipped = claim_and_start(

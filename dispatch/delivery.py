@@ -186,14 +186,14 @@ def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
     """A psycopg cursor with server-side binding on Django's connection (or on `raw_connection`, a
     psycopg connection), for the two statements per batch of the dispatcher's hot path: parameters
     (long arrays) travel as typed values instead of being quoted into the SQL text, and the
-    statements are prepared once per connection (`_prepare_when_asked`)."""
+    statements are prepared once per connection (`prepare_when_asked`)."""
     import psycopg
 
     if raw_connection is None:
         connection = connections[using]
         connection.ensure_connection()
         raw_connection = connection.connection
-        _prepare_when_asked(raw_connection)
+        prepare_when_asked(raw_connection)
     cursor = psycopg.Cursor(raw_connection)
     # psycopg's own (C) timestamptz loader instead of Django's Python subclass: both give aware
     # datetimes in the session's zone (UTC), and a batch carries three per item.
@@ -204,7 +204,7 @@ def hot_cursor(using: str, raw_connection: Any = None):  # noqa: ANN201, ANN401
 _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: never prepare a query on its own
 
 
-def _prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
+def prepare_when_asked(raw_connection: Any) -> None:  # noqa: ANN401
     """Make `execute(..., prepare=True)` prepare, once, on this connection, and plan it once.
 
     Django turns psycopg's prepared statements off on its connections (prepare_threshold=None, for
@@ -471,7 +471,7 @@ def record_outcomes(outcomes: Sequence[Outcome], *, using: str = "default") -> R
 # Placeholders are %(…)b: the long arrays travel in binary (psycopg's own list dumpers), not as array text.
 # Every per-item column travels in the one `outcome` unnest (an item's attempt and dead letter, null
 # where it has none) and comes back through the queue's RETURNING in `ours`: no CTE is joined with
-# another. The dispatcher keeps one generic plan of this statement (_prepare_when_asked), which
+# another. The dispatcher keeps one generic plan of this statement (prepare_when_asked), which
 # estimates every unnest at 10 rows; a join of two such inputs was planned as a nested loop over
 # the other one, 1,000 × 1,000 rows a batch (≈ 800 ms instead of 40).
 _OUTCOME_COLUMNS = (

@@ -234,7 +234,7 @@ def test_the_fair_claim_is_flat_at_depth_and_never_jit_compiled(tenant_a, tenant
 
 
 def test_the_dispatchers_claim_under_its_generic_plan_is_flat_at_depth(tenant_a, tenant_b):
-    """The dispatcher prepares its claim and plans it once (dispatch.delivery._prepare_when_asked): that
+    """The dispatcher prepares its claim and plans it once (dispatch.delivery.prepare_when_asked): that
     one generic plan, executed with A 200,000 deep and B 50, reads indexes only, a few thousand buffers at
     most, and takes B's 50 and A's 50 of a claim of 100 (and only B's when A is left out)."""
     import uuid

@@ -1,5 +1,5 @@
 """The generic plans the dispatcher keeps for its hot statements (planned once per connection,
-dispatch.delivery._prepare_when_asked) stay linear in the batch and read rows by index.
+dispatch.delivery.prepare_when_asked) stay linear in the batch and read rows by index.
 
 A generic plan estimates every unnest of an array parameter at 10 rows: a join of two such inputs
 (or of one with a CTE) was planned as a nested loop, run 1,000 × 1,000 times for a batch of 1,000,

@@ -1,7 +1,7 @@
 """The plan PostgreSQL keeps for a statement the dispatcher prepares: its generic plan, executed.
 
 The dispatcher plans each hot statement once per connection (`plan_cache_mode =
-force_generic_plan`, dispatch.delivery._prepare_when_asked). `explain_generic` prepares a
+force_generic_plan`, dispatch.delivery.prepare_when_asked). `explain_generic` prepares a
 statement the same way and runs `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE` of it, in a
 transaction that is rolled back; `nodes` walks the plan.
 """
