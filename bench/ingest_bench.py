@@ -3,7 +3,7 @@
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
         [--server gunicorn|granian|granian-asgi|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
         [--single-clients 8] [--batch-clients 4] [--modes single,keyed,batch,subscribers,read] [--client raw|httpx]
-        [--keys 40000]
+        [--keys 40000] [--pgbench]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
@@ -24,9 +24,12 @@ per thread (`--client httpx`, kept for comparison) cost 540–560 µs, 40 % of o
 two cores at 700 requests a second. Prints accepted notifications per second, request latency
 p50/p99 and CPU per request of the server's processes, of the database backends serving them
 and of the client, per mode (median of `--repeat` runs; CPU from /proc, which the machine's other
-load disturbs far less than the rate), and checks the database holds exactly what was accepted. No dispatcher runs, so
-every accepted notification stays queued. The default database is a throwaway one the script
-creates (`omnipost_bench_ingest`); its notification tables are emptied at start.
+load disturbs far less than the rate), and checks the database holds exactly what was accepted.
+`--pgbench` follows each run of a creating mode with `pgbench` one-row inserts (the same clients
+and seconds, a table of its own in the same database, `pgbench -n -c C -j 2 -T S`) and prints the
+run's creates over pgbench's rate: the create path against the database's floor in the same minute.
+No dispatcher runs, so every accepted notification stays queued. The default database is a
+throwaway one the script creates (`omnipost_bench_ingest`); its notification tables are emptied at start.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -305,6 +310,26 @@ def run_mode(
     }
 
 
+PGBENCH_TABLE = "bench_pgbench_rows"
+
+
+def pgbench_rate(database_url: str, clients: int, seconds: float) -> float:
+    """One-row inserts a second by `pgbench` with `clients` connections, each its own transaction."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {PGBENCH_TABLE} (id bigserial PRIMARY KEY, payload text)")
+        conn.execute(f"TRUNCATE {PGBENCH_TABLE}")
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(f"INSERT INTO {PGBENCH_TABLE} (payload) VALUES ('x');\n")
+        script.flush()
+        out = subprocess.run(
+            ["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(max(1, round(seconds))), "-f", script.name,
+             database_url], capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    return float(re.search(r"^tps = ([\d.]+)", out, re.M).group(1))
+
+
 def stored(database_url: str) -> int:
     import psycopg
 
@@ -328,6 +353,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--modes", default="single,batch")
     parser.add_argument("--keys", type=int, default=40000, help="distinct Idempotency-Keys a `keyed` run sends at most")
+    parser.add_argument("--pgbench", action="store_true",
+                        help="after each single/keyed run, pgbench one-row inserts, as many clients; the ratio")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="load generator: raw keep-alive sockets on one selector loop (default), or httpx threads")
     args = parser.parse_args()
@@ -378,6 +405,11 @@ def main() -> None:
                                   keys=args.keys if mode == "keyed" else 0)
                 if mode != "read":
                     total += result["accepted"]
+                if args.pgbench and mode in ("single", "keyed"):
+                    result["pgbench_per_s"] = pgbench_rate(args.database_url, clients, args.seconds)
+                    result["ratio"] = result["accepted_per_s"] / result["pgbench_per_s"]
+                    print(f"pgbench: {result['pgbench_per_s']:9.0f} one-row inserts/s; {mode} / pgbench "
+                          f"{result['ratio']:.3f}", flush=True)
                 results.setdefault(mode, []).append(result)
                 print(f"{mode:>6}: {result['accepted_per_s']:9.0f} accepted/s  p50 {result['p50_ms']:7.1f} ms  "
                       f"p99 {result['p99_ms']:7.1f} ms  requests {result['requests']}  statuses {result['statuses']}  "
@@ -403,6 +435,11 @@ def main() -> None:
         print(f"  {path:<26} {med['accepted_per_s']:9.0f} {unit:<16}"
               f"p50 {med['p50_ms']:7.1f} ms   p99 {med['p99_ms']:7.1f} ms   CPU/request: server "
               f"{med['server_us']:.0f} us, db {med['db_us']:.0f} us, client ({args.client}) {med['client_us']:.0f} us")
+        if "ratio" in runs[0]:
+            print(f"  {'':<26} ÷ pgbench one-row inserts in the same minute: median "
+                  f"{statistics.median(r['ratio'] for r in runs):.3f} "
+                  f"({', '.join(format(r['ratio'], '.3f') for r in runs)}; "
+                  f"pgbench {statistics.median(r['pgbench_per_s'] for r in runs):.0f}/s)")
     print(f"  accepted {total}, stored {in_db}: {'OK' if total == in_db else 'MISMATCH'}")
     if total != in_db:
         raise SystemExit(1)
