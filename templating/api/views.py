@@ -12,6 +12,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.pagination import StrictCursorPagination
 from core.api.schema import errors
 from core.api.viewsets import ConfigViewSet, actor, config_docs
 from templating import rendering, services
@@ -22,6 +23,10 @@ from templating.api.serializers import (
     TemplateVersionSerializer,
 )
 from templating.models import Template, TemplateVersion
+
+
+class VersionPagination(StrictCursorPagination):
+    ordering = ("-version",)
 
 
 @extend_schema_view(
@@ -62,10 +67,16 @@ class TemplateViewSet(ConfigViewSet):
         template = self.get_object()
         return TemplateVersion.objects.for_tenant(self.request.tenant).filter(template=template)
 
-    @action(detail=True, methods=["get"], pagination_class=None)
+    def allowed_query_params(self) -> tuple[str, ...]:
+        allowed = super().allowed_query_params()
+        if getattr(self, "action", None) == "versions":
+            allowed = (*allowed, VersionPagination.cursor_query_param, VersionPagination.page_size_query_param)
+        return allowed
+
+    @action(detail=True, methods=["get"], pagination_class=VersionPagination)
     def versions(self, request: Request, key: str) -> Response:
-        rows = self._versions(key).order_by("-version")
-        return Response(TemplateVersionSerializer(rows, many=True).data)
+        page = self.paginate_queryset(self._versions(key))
+        return self.get_paginated_response(TemplateVersionSerializer(page, many=True).data)
 
     @action(detail=True, methods=["get"], url_path=r"versions/(?P<number>[0-9]{1,9})")
     def version(self, request: Request, key: str, number: str) -> Response:

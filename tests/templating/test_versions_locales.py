@@ -50,8 +50,12 @@ def test_an_edit_between_two_sends_shows_version_1_then_2_both_readable(api_a, s
     assert (second["template_version"], second["body"]) == (2, "Thank you, Jo!")
     assert first["locale"] is None and second["locale"] is None  # the template's own fields
 
-    listed = api_a.get(f"{TEMPLATES}/receipt/versions").json()
+    listed = api_a.get(f"{TEMPLATES}/receipt/versions").json()["results"]
     assert [(v["version"], v["body"]) for v in listed] == [(2, "Thank you, {{ name }}!"), (1, "Thanks, {{ name }}.")]
+    page = api_a.get(f"{TEMPLATES}/receipt/versions?limit=1").json()
+    assert [v["version"] for v in page["results"]] == [2]
+    assert [v["version"] for v in api_a.get(page["next"]).json()["results"]] == [1]
+    assert api_a.get(f"{TEMPLATES}/receipt/versions?sort=1").status_code == 400
     one = api_a.get(f"{TEMPLATES}/receipt/versions/1").json()
     assert (one["version"], one["subject"], one["body"]) == (1, "Receipt {{ n }}", "Thanks, {{ name }}.")
     assert api_a.get(f"{TEMPLATES}/receipt/versions/3").status_code == 404
