@@ -78,11 +78,11 @@ class TemplateViewSet(ConfigViewSet):
         page = self.paginate_queryset(self._versions(key))
         return self.get_paginated_response(TemplateVersionSerializer(page, many=True).data)
 
-    @action(detail=True, methods=["get"], url_path=r"versions/(?P<number>[0-9]{1,9})")
-    def version(self, request: Request, key: str, number: str) -> Response:
-        row = self._versions(key).filter(version=int(number)).first()
+    @action(detail=True, methods=["get"], url_path=r"versions/(?P<n>[0-9]{1,9})")
+    def version(self, request: Request, key: str, n: str) -> Response:
+        row = self._versions(key).filter(version=int(n)).first()
         if row is None:
-            raise NotFound(f"No version {int(number)} of this template.")
+            raise NotFound(f"No version {int(n)} of this template.")
         return Response(TemplateVersionSerializer(row).data)
 
     @action(detail=True, methods=["post"])
