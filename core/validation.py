@@ -145,3 +145,37 @@ def check_name(value: Any) -> str:
     if not isinstance(value, str) or not NAME.fullmatch(value):
         raise ValueError("must be a name of 1 to 100 letters, digits, '-' or '_'")
     return value
+
+
+# A well-formed BCP 47 language tag (RFC 5646's langtag, or a private-use tag): language[-script]
+# [-region]*(-variant)*(-extension)[-privateuse]. Irregular grandfathered tags are not accepted.
+_LOCALE = re.compile(
+    r"^(?:(?:[a-z]{2,3}(?:-[a-z]{3}){0,3}|[a-z]{4,8})"
+    r"(?:-[a-z]{4})?(?:-(?:[a-z]{2}|[0-9]{3}))?(?:-(?:[a-z0-9]{5,8}|[0-9][a-z0-9]{3}))*"
+    r"(?:-[0-9a-wyz](?:-[a-z0-9]{2,8})+)*(?:-x(?:-[a-z0-9]{1,8})+)?|x(?:-[a-z0-9]{1,8})+)$",
+    re.IGNORECASE,
+)
+MAX_LOCALE_CHARS = 35
+
+
+def check_locale(value: Any) -> str:
+    """A BCP 47 tag in its conventional case (`fr-ca` → `fr-CA`, `zh-hant-tw` → `zh-Hant-TW`)."""
+    if not isinstance(value, str) or len(value) > MAX_LOCALE_CHARS or not _LOCALE.fullmatch(value):
+        raise ValueError("must be a BCP 47 language tag such as fr, fr-CA or zh-Hant-TW")
+    subtags = value.lower().split("-")
+    out = [subtags[0]]
+    extension = subtags[0] == "x"
+    for subtag in subtags[1:]:
+        if len(subtag) == 1:
+            extension = True
+        elif not extension and len(subtag) == 2:
+            subtag = subtag.upper()
+        elif not extension and len(subtag) == 4 and subtag.isalpha():
+            subtag = subtag.title()
+        out.append(subtag)
+    return "-".join(out)
+
+
+def base_language(tag: str) -> str:
+    """A tag's primary language subtag (`fr-CA` → `fr`)."""
+    return tag.split("-", 1)[0]

@@ -81,6 +81,7 @@ class Prepared:
     targets: list[Target] | None = None
     any_delivered: bool = False  # some device of it accepted in an earlier try
     device_results: list[DeviceOutcome] | None = None  # how each target's send went (dispatch.sending)
+    html_body: str = ""  # email: the HTML part rendered at creation ("" none)
 
     @property
     def notification_key(self) -> str:
@@ -279,12 +280,13 @@ def claim_and_start(
         if channel is None:  # the notification is no longer sendable
             skipped.append(held)
             continue
-        recipient, subject, body, metadata, created_at, count, offset, category, named, suppressing = notification
+        recipient, subject, body, metadata, created_at, count, offset, category, named, suppressing, html = notification
         check = check or suppressing or category != "general"
         prepared.append(
             Prepared(
                 held, channel, recipient, subject, body, loads(metadata) if isinstance(metadata, str) else metadata,
                 created_at, count + 1, count - offset + 1, None, category=category, provider_named=named,
+                html_body=html or "",
             )
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
@@ -318,7 +320,7 @@ def claim_statement(
     sql = f"""{ctes}
         SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text, p.updated_at,
                n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset,
-               n.category, n.provider_named, {suppressions.any_for_tenant_sql("n.tenant_id")}
+               n.category, n.provider_named, {suppressions.any_for_tenant_sql("n.tenant_id")}, n.html_body
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')

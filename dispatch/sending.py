@@ -66,7 +66,7 @@ class Sender:
                 notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
                 recipient=recipient, subject=item.subject, body=item.body, metadata=item.metadata,
                 created_at=item.created_at, attempt=item.attempt_number, headers=headers, traceparent=traceparent,
-                push=item.push,
+                push=item.push, html_body=item.html_body,
             )  # fmt: skip
             handle = instance.start_send(message, lambda result: self._sent(item, result, started, t0))
         except Exception as exc:  # noqa: BLE001 - a crash before the send is recorded, never lost

@@ -225,9 +225,10 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice would scan the table on every page
     # `recipient` (ciphertext at rest, plaintext once decrypted) is deliberately absent.
-    fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "status_now", "priority",
+    fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "template_version", "locale",
+              "status_now", "priority",
               "queue", "scheduled_for", "enqueued_at", "delivered_at", "receipt", "bounce_type", "attempt_count",
-              "attempt_offset", "last_error_code", "subject", "body", "context", "metadata", "enrollment",
+              "attempt_offset", "last_error_code", "subject", "body", "html_body", "context", "metadata", "enrollment",
               "fallback", "fallback_notification_id", "fallback_of", "created_at", "updated_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [AttemptInline, DeviceResultInline]

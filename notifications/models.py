@@ -90,9 +90,14 @@ class Notification(TenantOwned):
     template = models.ForeignKey(
         Template, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
+    # The template's version rendered (the subject and bodies below are that version's), and the tag of
+    # the variant used (templating.rendering; null: the template's own fields).
+    template_version = models.PositiveIntegerField(null=True, blank=True)
+    locale = models.CharField(max_length=35, null=True, blank=True)
     context = models.JSONField(default=dict, blank=True)
     subject = models.TextField(blank=True, default="")
     body = models.TextField(blank=True, default="")
+    html_body = models.TextField(blank=True, default="", db_default="")  # email: the HTML part ("" none)
     priority = models.PositiveSmallIntegerField(default=5)
     queue = models.CharField(max_length=100, default="default")
     # The tenant's category key (Category.key); `general` always exists.

@@ -39,7 +39,7 @@ from core.grouping import GroupRunner
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from core.validation import MAX_SUBJECT_CHARS, FieldErrors
+from core.validation import FieldErrors
 from notifications import fallback, statements, tenant_config
 from notifications.models import CANCELLABLE, IdempotencyRecord, Notification, Status, TenantQueue
 from notifications.validation import DEFAULT_QUEUE, Draft
@@ -53,7 +53,7 @@ from queueing.schedule import insert_jobs_sql, ring_schedulers
 from recipients import devices, suppressions
 from recipients.models import GENERAL, Category, Subscriber
 from routing import quiet_hours
-from templating import renderer
+from templating import rendering
 from templating.models import Template
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,10 @@ class NotificationSpec:
     provider: Provider
     subject: str = ""
     body: str = ""
+    html_body: str = ""  # email from a template with an HTML body
     template: Template | None = None
+    template_version: int | None = None  # the version rendered (the template's at resolve time)
+    locale: str | None = None  # the variant's tag (templating.rendering); None: the template's own fields
     context: dict[str, Any] = field(default_factory=dict)
     priority: int = 5
     queue: str = "default"
@@ -186,6 +189,7 @@ class _Resolved:
     timezone: str = ""  # IANA name; "" is UTC (quiet hours)
     fallback_address: str | None = None  # its address for the draft's fallback channel, if it has one
     devices: list[tuple[uuid.UUID, str]] = field(default_factory=list)  # its active push devices (id, kind)
+    locale: str = ""  # BCP 47 tag; "" none (which template variant it reads)
 
     def opted_out(self, category: str, channel: str) -> bool:
         return self.preferences.get(category, {}).get(channel) is False
@@ -193,11 +197,11 @@ class _Resolved:
 
 # With a push among the drafts, each subscriber's active push devices too ("<id>:<kind>", oldest first):
 # a probe of device_subscriber_recent_idx each, in the same statement.
-_SUBSCRIBERS_WITH_DEVICES_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone,
+_SUBSCRIBERS_WITH_DEVICES_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone, locale,
        ARRAY(SELECT d.id::text || ':' || d.kind FROM devices d WHERE d.subscriber_id = subscribers.id AND d.active
              ORDER BY d.created_at, d.id)
 FROM subscribers WHERE tenant_id = %s AND external_id = ANY(%s)"""
-_SUBSCRIBERS_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone FROM subscribers
+_SUBSCRIBERS_SQL = """SELECT external_id, email, phone, push_tokens, preferences, timezone, locale FROM subscribers
 WHERE tenant_id = %s AND external_id = ANY(%s)"""
 
 
@@ -223,10 +227,10 @@ def _subscribers(tenant: Tenant, drafts: Sequence[Draft]) -> list[_Resolved | No
         if row is None:
             resolved.append(_Resolved(found=False))
             continue
-        email, phone, push_tokens, preferences, zone, *found = row
+        email, phone, push_tokens, preferences, zone, locale, *found = row
         if isinstance(preferences, str):
             preferences = json.loads(preferences)
-        item = _Resolved(found=True, preferences=preferences or {}, timezone=zone or "")
+        item = _Resolved(found=True, preferences=preferences or {}, timezone=zone or "", locale=locale or "")
         if found and found[0] and draft.channel == "push":  # its active push devices, oldest first
             item.devices = [(uuid.UUID(text[:36]), text[37:]) for text in found[0]]
         resolved.append(item)
@@ -345,7 +349,7 @@ def _build_specs(
             else:
                 recipient, zone = address, subscriber.timezone
                 opted_out = not critical and subscriber.opted_out(draft.category, draft.channel)
-        template = None
+        template = rendered = None
         subject, body = draft.subject, draft.body
         if draft.template:
             template = templates.get(draft.template)
@@ -354,7 +358,8 @@ def _build_specs(
             elif template.channel != draft.channel:
                 problems["template"] = [f"template {template.key!r} is for channel {template.channel!r}"]
             else:
-                subject, body = _render(template, draft.context, problems)
+                rendered = _render(template, draft, subscriber, problems)
+                subject, body = rendered.subject, rendered.body
         # the push fields, and the vendors' payload limits once rendered (in_app keeps its own fields)
         if (draft.push and draft.channel == "push") or native:
             for name, messages in push.check(draft.push or {}, subject, body, tuple(native)).items():
@@ -374,6 +379,8 @@ def _build_specs(
             category=draft.category, subscriber=draft.subscriber, critical=critical, opted_out=opted_out,
             provider_named=bool(draft.provider), push=draft.push, devices=targets,
         )  # fmt: skip
+        if rendered is not None:
+            spec.html_body, spec.template_version, spec.locale = rendered.html_body, rendered.version, rendered.locale
         if targets:  # the item goes through the provider of its first device's kind (its breaker, its lane)
             spec.provider = targets[0][2]
         if step is not None:
@@ -386,6 +393,8 @@ def _build_specs(
                 metadata=draft.metadata, config_version=version, category=draft.category,
                 subscriber=draft.subscriber, critical=critical, opted_out=next_opted_out, provider_named=False,
             )  # fmt: skip
+            if rendered is not None:  # the HTML part only where the next channel is email too (never: one channel)
+                spec.fallback.template_version, spec.fallback.locale = rendered.version, rendered.locale
         specs.append(spec)
     if errors:
         raise SpecErrors(errors)
@@ -436,20 +445,20 @@ def _provider_for(
     return provider
 
 
-def _render(template: Template, context: dict[str, Any], problems: dict[str, list[str]]) -> tuple[str, str]:
-    rendered = {}
-    for part in ("subject", "body"):
-        try:
-            rendered[part] = renderer.render(getattr(template, part), context, autoescape=False)
-        except renderer.TemplateError as exc:
-            problems.setdefault("template", []).append(f"{part} of {template.key!r}: {exc}")
-    subject = rendered.get("subject", "")
-    if len(subject) > MAX_SUBJECT_CHARS:  # RFC 5322's line limit holds for what was rendered, too
-        problems.setdefault("subject", []).append(
-            f"the subject rendered from template {template.key!r} is {len(subject)} characters long; "
-            f"at most {MAX_SUBJECT_CHARS} are allowed: shorten the template's subject or the context it prints"
-        )
-    return subject, rendered.get("body", "")
+def _render(
+    template: Template, draft: Draft, subscriber: _Resolved | None, problems: dict[str, list[str]]
+) -> rendering.Rendered:
+    """The template's variant for the draft's locale, else its subscriber's (templating.rendering),
+    rendered on the draft's context; each part's failure noted under `template` (`subject` for a
+    rendered subject past the line limit)."""
+    locales = (draft.locale, subscriber.locale if subscriber is not None else None)
+    rendered, errors = rendering.render(template, draft.context, locales=locales, html=draft.channel == "email")
+    for part, message in errors.items():
+        if part == "subject" and message.startswith("the rendered subject"):
+            problems.setdefault("subject", []).append(f"template {template.key!r}: {message}")
+        else:
+            problems.setdefault("template", []).append(f"{part} of {template.key!r}: {message}")
+    return rendered
 
 
 # --- queues of a tenant ----------------------------------------------------------------------------
@@ -837,6 +846,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "id": uuid7(), "tenant_id": tenant.pk, "channel": spec.channel, "recipient": spec.recipient,
         "recipient_masked": _masked(spec.channel, spec.recipient), "provider_id": spec.provider.pk,
         "template_id": spec.template.pk if spec.template else None, "context": spec.context,
+        "template_version": spec.template_version, "locale": spec.locale, "html_body": spec.html_body,
         "subject": spec.subject, "body": spec.body, "priority": spec.priority, "queue": spec.queue,
         "status": status, "scheduled_for": spec.scheduled_for, "metadata": spec.metadata, "category": spec.category,
         "subscriber": spec.subscriber,

@@ -20,6 +20,7 @@ from core.validation import (
     MAX_METADATA_BYTES,
     MAX_SUBJECT_CHARS,
     FieldErrors,
+    check_locale,
     check_name,
     check_object,
     check_recipient,
@@ -42,7 +43,7 @@ MAX_IN_APP_DATA_BYTES = 4096
 MAX_ACTION_URL_CHARS = 2048
 NOTIFICATION_FIELDS = (
     "channel", "recipient", "subscriber", "category", "provider", "subject", "body", "template", "context",
-    "priority", "queue", "scheduled_for", "metadata", "fallback", *PUSH_FIELDS,
+    "locale", "priority", "queue", "scheduled_for", "metadata", "fallback", *PUSH_FIELDS,
 )  # fmt: skip
 DEFAULT_CATEGORY = "general"
 
@@ -67,6 +68,7 @@ class Draft:
     fallback: Fallback | None = None  # the next channel if this one does not get through (notifications.fallback)
     # The push fields given (PUSH_FIELDS; checked against the vendors' limits once the provider is known)
     push: dict[str, Any] | None = None
+    locale: str | None = None  # BCP 47: the template variant asked for (before the subscriber's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,7 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
         ("subject", check_text, (MAX_SUBJECT_CHARS,)),
         ("body", check_text, (MAX_BODY_CHARS,)),
         ("context", check_object, (MAX_CONTEXT_BYTES,)),
+        ("locale", check_locale, ()),
         ("priority", check_priority, ()),
         ("queue", check_queue, ()),
         ("scheduled_for", check_scheduled_for, (now,)),
@@ -232,6 +235,8 @@ def clean_notification(data: Any, *, now: datetime | None = None) -> Draft:
     if draft.template is None:
         if data.get("context"):
             errors.setdefault("context", []).append("only allowed with `template`")
+        if data.get("locale") is not None:
+            errors.setdefault("locale", []).append("only allowed with `template`: it chooses the template's variant")
         if data.get("body") is None:
             errors.setdefault("body", []).append("required unless a `template` is given")
     else:

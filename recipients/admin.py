@@ -169,7 +169,7 @@ class SubscriberAdmin(ReadOnlyMixin, TenantScopedAdmin):
     search_fields = ["=external_id"]
     ordering = ["-created_at", "-id"]
     # `email`, `phone` and `push_tokens` (ciphertext at rest, plaintext once decrypted) are deliberately absent.
-    fields = ["external_id", "tenant", "email_masked", "phone_masked", "push_tokens_masked", "timezone",
+    fields = ["external_id", "tenant", "email_masked", "phone_masked", "push_tokens_masked", "timezone", "locale",
               "preferences", "created_at", "updated_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [DeviceInline]

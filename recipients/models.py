@@ -52,6 +52,7 @@ class Subscriber(TenantOwned):
     push_tokens = EncryptedJSONField(default=list, blank=True)
     push_tokens_masked = models.JSONField(default=list, blank=True)
     timezone = models.CharField(max_length=64, blank=True, default="")
+    locale = models.CharField(max_length=35, blank=True, default="", db_default="")  # BCP 47 tag; "" none
     preferences = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())

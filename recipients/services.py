@@ -27,13 +27,13 @@ from core.channels import CHANNELS
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
-from core.validation import MAX_METADATA_BYTES, FieldErrors, check_recipient, json_size, unknown_fields
+from core.validation import MAX_METADATA_BYTES, FieldErrors, check_locale, check_recipient, json_size, unknown_fields
 from recipients.models import GENERAL, Category, Subscriber
 
 MAX_EXTERNAL_ID_CHARS = 200
 MAX_PUSH_TOKENS = 10
 MAX_DESCRIPTION_CHARS = 2000
-SUBSCRIBER_FIELDS = ("external_id", "email", "phone", "push_tokens", "timezone", "preferences")
+SUBSCRIBER_FIELDS = ("external_id", "email", "phone", "push_tokens", "timezone", "locale", "preferences")
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 
 
@@ -140,6 +140,7 @@ class SubscriberData:
     phone: str | None = None
     push_tokens: list[str] = field(default_factory=list)
     timezone: str = ""
+    locale: str = ""
     preferences: dict[str, dict[str, bool]] = field(default_factory=dict)
 
 
@@ -172,13 +173,15 @@ def clean_subscriber(
     take("phone", lambda v: None if v is None else check_recipient(v, "sms"))
     take("push_tokens", _check_tokens)
     take("timezone", check_timezone)
+    take("locale", lambda v: "" if v is None or v == "" else check_locale(v))
     take("preferences", lambda v: _check_preferences(v, categories))
     if errors:
         raise FieldErrors(errors)
     if external_id is not None:
         clean["external_id"] = external_id
     if not partial:
-        clean = {**{"email": None, "phone": None, "push_tokens": [], "timezone": "", "preferences": {}}, **clean}
+        clean = {**{"email": None, "phone": None, "push_tokens": [], "timezone": "", "locale": "",
+                    "preferences": {}}, **clean}
     return clean
 
 
@@ -225,17 +228,18 @@ def _masked(channel: str, value: str | None) -> str:
 
 
 _UPSERT = """INSERT INTO subscribers AS s (id, tenant_id, external_id, email, email_masked, phone, phone_masked,
-                                   push_tokens, push_tokens_masked, timezone, preferences, created_at, updated_at)
+                                   push_tokens, push_tokens_masked, timezone, locale, preferences, created_at,
+                                   updated_at)
 SELECT u.id, %s::uuid, u.external_id, u.email, u.email_masked, u.phone, u.phone_masked, u.push_tokens,
-       u.push_tokens_masked::jsonb, u.timezone, u.preferences::jsonb, now(), now()
+       u.push_tokens_masked::jsonb, u.timezone, u.locale, u.preferences::jsonb, now(), now()
 FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-            %s::text[], %s::text[])
+            %s::text[], %s::text[], %s::text[])
      AS u(id, external_id, email, email_masked, phone, phone_masked, push_tokens, push_tokens_masked, timezone,
-          preferences)
+          locale, preferences)
 ON CONFLICT (tenant_id, external_id) DO UPDATE SET
     email = EXCLUDED.email, email_masked = EXCLUDED.email_masked, phone = EXCLUDED.phone,
     phone_masked = EXCLUDED.phone_masked, push_tokens = EXCLUDED.push_tokens,
-    push_tokens_masked = EXCLUDED.push_tokens_masked, timezone = EXCLUDED.timezone,
+    push_tokens_masked = EXCLUDED.push_tokens_masked, timezone = EXCLUDED.timezone, locale = EXCLUDED.locale,
     preferences = EXCLUDED.preferences, updated_at = now()
 RETURNING s.external_id, (s.xmax = 0) AS created"""
 
@@ -247,13 +251,14 @@ def upsert_subscribers(tenant: Tenant, rows: Sequence[dict[str, Any]]) -> dict[s
         return {}
     encrypt_text = Subscriber._meta.get_field("email").get_prep_value
     encrypt_json = Subscriber._meta.get_field("push_tokens").get_prep_value
-    columns: list[list[Any]] = [[] for _ in range(10)]
+    columns: list[list[Any]] = [[] for _ in range(11)]
     for row in rows:
         tokens = row["push_tokens"]
         values = (
             uuid7(), row["external_id"], encrypt_text(row["email"]), _masked("email", row["email"]),
             encrypt_text(row["phone"]), _masked("sms", row["phone"]), encrypt_json(tokens),
-            json.dumps([_masked("push", t) for t in tokens]), row["timezone"], json.dumps(row["preferences"]),
+            json.dumps([_masked("push", t) for t in tokens]), row["timezone"], row.get("locale", ""),
+            json.dumps(row["preferences"]),
         )  # fmt: skip
         for column, value in zip(columns, values, strict=True):
             column.append(value)
@@ -291,7 +296,7 @@ def patch_subscriber(tenant: Tenant, external_id: str, changes: dict[str, Any]) 
             return None
         current = {
             "external_id": external_id, "email": subscriber.email, "phone": subscriber.phone,
-            "push_tokens": subscriber.push_tokens or [], "timezone": subscriber.timezone,
+            "push_tokens": subscriber.push_tokens or [], "timezone": subscriber.timezone, "locale": subscriber.locale,
             "preferences": subscriber.preferences or {},
         }  # fmt: skip
         upsert_subscribers(tenant, [{**current, **changes}])

@@ -451,4 +451,6 @@ def render(template_text: str, context: dict[str, Any] | None = None, *, autoesc
         _budget.reset(token)
     if len(output) > MAX_OUTPUT_CHARS:  # the budget already stopped it; kept as the contract's last word
         raise TemplateError(f"the rendered text is longer than {MAX_OUTPUT_CHARS} characters")
-    return str(output)
+    # Plain text, not Django's SafeString: what a template renders is the tenant's text, and a page
+    # that shows it (the console's preview) must escape it like any other value.
+    return str.__str__(output)

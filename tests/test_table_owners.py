@@ -43,6 +43,7 @@ OWNERS: dict[str, str] = {
     "devices": "recipients/devices.py",  # registration's upsert, the record statement's deactivation
     "provider_circuits": "routing/circuits.py",
     "templates": "templating/models.py",
+    "template_versions": "templating/services.py",  # written once per change, through its model
     # notifications: the notification rows and what hangs off them; the /metrics counters
     "notifications": "notifications/statements.py",
     "delivery_attempts": "notifications/statements.py",

@@ -63,6 +63,11 @@ class NotificationCreateSerializer(StrictSerializer):
         help_text="Template key; renders subject and body from `context` (not with subject/body).",
     )  # fmt: skip
     context = serializers.DictField(required=False, allow_null=True, help_text="Template variables (≤ 64 KiB).")
+    locale = serializers.CharField(
+        required=False, allow_null=True, max_length=35,
+        help_text="BCP 47 tag (with `template`): the variant to render. Fallback: this tag, the subscriber's "
+        "`locale`, then each one's base language (fr-CA → fr), then the template's own fields.",
+    )  # fmt: skip
     priority = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=9, default=5)
     queue = FullRegexField(validation.QUEUE_NAME.pattern, required=False, allow_null=True, default="default")
     scheduled_for = serializers.DateTimeField(
@@ -182,8 +187,13 @@ class NotificationSerializer(serializers.Serializer):
     recipient_masked = serializers.CharField(help_text="The recipient, masked: j***@example.com, +1******4567.")
     provider = serializers.CharField(help_text="Provider name.")
     template = serializers.CharField(allow_null=True, help_text="Template key, if rendered from one.")
+    template_version = serializers.IntegerField(allow_null=True, help_text="The template version rendered.")
+    locale = serializers.CharField(
+        allow_null=True, help_text="The template variant rendered (a BCP 47 tag); null: the template's own fields."
+    )
     subject = serializers.CharField()
     body = serializers.CharField()
+    html_body = serializers.CharField(allow_blank=True, help_text="Email: the HTML part (empty: text only).")
     context = serializers.DictField()
     priority = serializers.IntegerField(min_value=0, max_value=9)
     queue = serializers.CharField()
@@ -224,7 +234,9 @@ def notification_data(n: Notification) -> dict[str, Any]:
     return {
         "id": str(n.id), "channel": n.channel, "recipient_masked": n.recipient_masked,
         "provider": n.provider.name, "template": template.key if template else None,
-        "subject": n.subject, "body": n.body, "context": n.context, "priority": n.priority, "queue": n.queue,
+        "template_version": n.template_version, "locale": n.locale,
+        "subject": n.subject, "body": n.body, "html_body": n.html_body, "context": n.context,
+        "priority": n.priority, "queue": n.queue,
         "category": n.category, "subscriber": n.subscriber, "status": n.live_status,
         "scheduled_for": iso(n.scheduled_for), "scheduled_job_id": _scheduled_job_id(n),
         "metadata": n.metadata, "attempt_count": n.attempt_count, "last_error_code": n.last_error_code,

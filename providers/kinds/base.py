@@ -52,6 +52,8 @@ class OutboundMessage:
     traceparent: str = ""
     # A push notification's push fields (providers.kinds.push.PUSH_FIELDS): the native push kinds read them.
     push: dict | None = None
+    # Email: the HTML part, sent beside `body` (multipart/alternative; SES Body.Html; SendGrid text/html).
+    html_body: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,8 @@ class SendgridProvider(BaseProvider):
             # Echoed in every Event Webhook event: how a receipt finds its notification.
             "custom_args": {"notification_id": message.notification_id},
         }
+        if message.html_body:  # after text/plain: the order SendGrid requires
+            payload["content"].append({"type": "text/html", "value": message.html_body})
         return orjson.dumps(payload)
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:

@@ -166,6 +166,8 @@ class SesProvider(BaseProvider):
             },
             "EmailTags": [{"Name": TAG_NAME, "Value": message.notification_id}],
         }
+        if message.html_body:  # both parts: SES sends multipart/alternative
+            body["Content"]["Simple"]["Body"]["Html"] = {"Data": message.html_body, "Charset": "UTF-8"}
         if self.configuration_set:
             body["ConfigurationSetName"] = self.configuration_set
         return body

@@ -332,6 +332,8 @@ class SmtpProvider(BaseProvider):
         for name, value in message.headers:
             email[name] = value
         email.set_content(message.body)
+        if message.html_body:  # multipart/alternative: the text part first, the HTML part (preferred) last
+            email.add_alternative(message.html_body, subtype="html")
         return email
 
     def _send_blocking(self, message: OutboundMessage, session: _Session, timeout: float) -> DeliveryResult:

@@ -264,6 +264,7 @@ class SubscriberSerializer(serializers.Serializer):
     phone_masked = serializers.CharField(allow_blank=True)
     push_tokens_masked = serializers.ListField(child=serializers.CharField())
     timezone = serializers.CharField(allow_blank=True)
+    locale = serializers.CharField(allow_blank=True, help_text="BCP 47 tag: which template variant it reads.")
     preferences = serializers.DictField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
@@ -272,6 +273,7 @@ class SubscriberSerializer(serializers.Serializer):
         return {
             "external_id": s.external_id, "email_masked": s.email_masked, "phone_masked": s.phone_masked,
             "push_tokens_masked": list(s.push_tokens_masked or []), "timezone": s.timezone,
+            "locale": s.locale,
             "preferences": s.preferences or {}, "created_at": iso(s.created_at), "updated_at": iso(s.updated_at),
         }  # fmt: skip
 
@@ -284,6 +286,8 @@ class SubscriberWriteSerializer(StrictSerializer):
     push_tokens = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True,
                                         help_text="Push goes to the first one.")  # fmt: skip
     timezone = StrictCharField(required=False, allow_blank=True, help_text="IANA name, e.g. Europe/Berlin.")
+    locale = StrictCharField(required=False, allow_blank=True, allow_null=True,
+                             help_text="BCP 47 tag, e.g. fr-CA: its notifications' template variant.")  # fmt: skip
     preferences = serializers.DictField(required=False, help_text='{"<category>": {"<channel>": true|false}}')
 
 

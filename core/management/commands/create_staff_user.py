@@ -22,6 +22,7 @@ OPERATOR_PERMISSIONS = [
     ("notifications", "view_deliveryattempt"),
     ("providers", "view_provider"),
     ("templating", "view_template"),
+    ("templating", "view_templateversion"),
     ("notifications", "view_sequence"),
     ("notifications", "view_enrollment"),
     ("queueing", "view_scheduledjob"),
