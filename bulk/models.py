@@ -57,6 +57,7 @@ class BulkSend(TenantOwned):
 
     class Meta:
         db_table = "bulk_sends"
+        permissions = [("cancel_bulksend", "Can cancel a bulk send")]
         indexes = [models.Index(fields=["tenant", "-created_at", "-id"], name="bulk_send_tenant_recent_idx")]
 
     def __str__(self) -> str:

@@ -186,3 +186,17 @@ def test_another_tenants_bulk_send_is_404(api_a, api_b, setup_a, setup_b):
     assert api_b.get(URL).json()["results"] == []
     assert [b["id"] for b in api_a.get(URL).json()["results"]] == [bulk["id"]]
     assert api_a.get(f"{URL}/not-a-uuid").status_code == 404
+
+
+def test_a_bulk_send_does_not_hold_back_priority_sends_or_other_tenants(api_a, api_b, setup_a, setup_b):
+    from queueing import queue
+
+    bulk = upload(api_a, csv_text(2000)).json()
+    api_a.post(f"{URL}/{bulk['id']}/start")
+    run_all()
+    urgent = api_a.post("/api/v1/notifications", {"channel": "email", "recipient": "ops@example.com", "subject": "s",
+                                                  "body": "b", "priority": 9}, format="json").json()  # fmt: skip
+    other = api_b.post("/api/v1/notifications", {"channel": "email", "recipient": "b@example.com", "subject": "s",
+                                                 "body": "b"}, format="json").json()  # fmt: skip
+    first = {str(lease.notification_id) for lease in queue.claim(10)}
+    assert {urgent["id"], other["id"]} <= first  # in the first claim batch, ahead of 2,000 bulk rows
