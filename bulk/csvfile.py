@@ -10,13 +10,14 @@ errors of their rows. Preferences and suppressions are not errors: they are appl
 notification is created (it is then `suppressed`).
 
 `check()` returns the header's problems as a ValueError (the file cannot be read as a bulk send:
-400), or a `Checked`: the row count, the first MAX_ERRORS errors and their total, and, while no row
-has an error, the rows in chunks of CHUNK_ROWS ready to store."""
+400), or a `Checked`: the row count, the first MAX_ERRORS errors and their total; while no row has an
+error, it hands the rows to the caller in chunks of CHUNK_ROWS as they are read, so the file is never
+held whole."""
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +47,6 @@ class Checked:
     rows: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     error_count: int = 0
-    # [first_row, [[address, {column: value}], …]] while no row has an error
-    chunks: list[tuple[int, list[list[Any]]]] = field(default_factory=list)
 
     def error(self, row: int, column: str | None, message: str) -> None:
         self.error_count += 1
@@ -55,9 +54,14 @@ class Checked:
             self.errors.append({"row": row, "column": column, "message": message})
 
 
-def check(lines: Iterable[str], *, tenant_id: Any, channel: str, variables: set[str]) -> Checked:  # noqa: ANN401
+def check(
+    lines: Iterable[str], *, tenant_id: Any, channel: str, variables: set[str],  # noqa: ANN401
+    store: Callable[[int, list[list[Any]]], None],
+) -> Checked:  # fmt: skip
     """Check a CSV text given as lines (a text file or io.StringIO) for `channel` and a template reading
-    `variables`. Raises ValueError for a header that cannot work (TooManyRows past MAX_ROWS)."""
+    `variables`; while no row has an error, hand each full chunk to `store(first_row, rows)` as it fills
+    (the caller drops what it stored if an error comes later). Raises ValueError for a header that
+    cannot work (TooManyRows past MAX_ROWS)."""
     reader = csv.reader(lines, strict=True)
     try:
         header = next(reader)
@@ -107,18 +111,16 @@ def check(lines: Iterable[str], *, tenant_id: Any, channel: str, variables: set[
         if checked.error_count == 0:
             chunk.append([address, context])
             if len(chunk) == CHUNK_ROWS:
-                checked.chunks.append((number - CHUNK_ROWS + 1, chunk))
+                store(number - CHUNK_ROWS + 1, chunk)
                 chunk = []
-        elif checked.chunks or chunk:
-            checked.chunks, chunk = [], []  # an invalid file is never sent: keep nothing
-    if chunk:
-        checked.chunks.append((checked.rows - len(chunk) + 1, chunk))
+        else:
+            chunk = []  # an invalid file is never sent: keep nothing more
     if rows.problem is not None:
         checked.error(rows.problem[0], None, rows.problem[1])
     if subscribers:
         _check_subscribers(checked, tenant_id, channel, subscribers)
-    if checked.error_count:
-        checked.chunks = []
+    if chunk and checked.error_count == 0:
+        store(checked.rows - len(chunk) + 1, chunk)
     return checked
 
 

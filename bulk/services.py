@@ -107,32 +107,34 @@ def check_size(size: int) -> None:
 def create_bulk_send(tenant: Tenant, lines: Iterable[str], options: dict[str, Any], *, actor: str) -> BulkSend:
     """Check every row of the CSV `lines`; store the job (`ready`, with its rows, or `invalid`, with its
     errors). 400 for a header that cannot work, no data rows, or more than MAX_ROWS."""
-    try:
-        checked = csvfile.check(lines, tenant_id=tenant.pk, channel=options["channel"],
-                                variables=options["variables"])  # fmt: skip
-    except UnicodeDecodeError:
-        raise ValidationError({"file": ["the file must be UTF-8 text"]}) from None
-    except ValueError as exc:
-        raise ValidationError({"file": [str(exc)]}) from None
-    if checked.rows == 0:
-        raise ValidationError({"file": ["the file has a header but no data rows"]})
-    status = BulkStatus.INVALID if checked.error_count else BulkStatus.READY
     with transaction.atomic():
+        # The job first (its rows point at it); its status once every row is read.
         bulk = BulkSend.objects.create(
             tenant=tenant, name=options["name"], channel=options["channel"], template=options["template"],
-            addressed_by=checked.addressed_by, columns=checked.columns, status=status, rows=checked.rows,
-            errors=checked.errors, error_count=checked.error_count, scheduled_for=options["scheduled_for"],
+            addressed_by="", status=BulkStatus.INVALID, scheduled_for=options["scheduled_for"],
         )  # fmt: skip
-        BulkSendChunk.objects.bulk_create(
-            [
-                BulkSendChunk(tenant=tenant, bulk_send=bulk, first_row=first, payload=rows)
-                for first, rows in checked.chunks
-            ],
-            batch_size=20,
-        )
-        AuditEvent.record(actor=actor, action="bulk_send.created", target=bulk,
-                          details={"rows": checked.rows, "status": status, "errors": checked.error_count})  # fmt: skip
-    logger.info("%s uploaded bulk send %s: %d rows, %s (%d errors)", actor, bulk.pk, bulk.rows, status,
+
+        def store(first_row: int, rows: list[list[Any]]) -> None:
+            BulkSendChunk.objects.create(tenant=tenant, bulk_send=bulk, first_row=first_row, payload=rows)
+
+        try:
+            checked = csvfile.check(lines, tenant_id=tenant.pk, channel=options["channel"],
+                                    variables=options["variables"], store=store)  # fmt: skip
+        except UnicodeDecodeError:
+            raise ValidationError({"file": ["the file must be UTF-8 text"]}) from None
+        except ValueError as exc:
+            raise ValidationError({"file": [str(exc)]}) from None
+        if checked.rows == 0:
+            raise ValidationError({"file": ["the file has a header but no data rows"]})
+        if checked.error_count:
+            BulkSendChunk.objects.filter(bulk_send=bulk).delete()  # an invalid file is never sent
+        bulk.status = BulkStatus.INVALID if checked.error_count else BulkStatus.READY
+        bulk.addressed_by, bulk.columns, bulk.rows = checked.addressed_by, checked.columns, checked.rows
+        bulk.errors, bulk.error_count = checked.errors, checked.error_count
+        bulk.save(update_fields=["status", "addressed_by", "columns", "rows", "errors", "error_count"])
+        details = {"rows": checked.rows, "status": bulk.status, "errors": checked.error_count}
+        AuditEvent.record(actor=actor, action="bulk_send.created", target=bulk, details=details)
+    logger.info("%s uploaded bulk send %s: %d rows, %s (%d errors)", actor, bulk.pk, bulk.rows, bulk.status,
                 checked.error_count)  # fmt: skip
     return bulk
 
