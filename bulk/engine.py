@@ -8,7 +8,7 @@ the job's `scheduled_for`). One chunk is one transaction:
      providers, templates, preferences and suppressions — a row to an opted-out or suppressed address
      is created `suppressed` —, quiet hours), in one statement whose rows carry the bulk send and row,
      which notification_bulk_row_unique keeps unique;
-  4. the job's progress moves on, the chunk (its addresses) is deleted, the next chunk's job is added
+  4. the job's progress moves on, the chunk's stored rows (its addresses) are dropped, the next chunk's job is added
      due now (behind what is already due: several bulk sends take turns) and this one ends executed.
 A scheduler killed anywhere in between rolls the chunk back: its job is pending again and a peer (or
 its restart) creates it, once. The notifications are of priority 5 in the `default` queue: the claim's
@@ -81,7 +81,8 @@ def run_chunk(*, using: str = "default") -> scheduler.Promotion:
             bulk.status, bulk.completed_at = BulkStatus.COMPLETED, timezone.now()
             fields += ["status", "completed_at"]
         bulk.save(update_fields=fields)
-        chunk.delete()
+        chunk.payload = None  # the addresses live in the notifications now (encrypted)
+        chunk.save(update_fields=["payload"])
         schedule.settle_jobs([job_id], [], using=using)
     logger.info("bulk send %s: rows %d-%d, %d notifications", bulk.pk, chunk.first_row, bulk.rows_done, created)
     return scheduler.Promotion(1, 0, max_lag=(timezone.now() - run_at).total_seconds())

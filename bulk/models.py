@@ -2,7 +2,8 @@
 uploaded, then turned into one notification per row by the scheduler, a chunk at a time.
 
 `BulkSend` is the job; `BulkSendChunk` holds its validated rows, `CHUNK_ROWS` to a chunk, encrypted
-as one token each (recipients are stored only encrypted), until the chunk's notifications exist. A
+as one token each (recipients are stored only encrypted), until the chunk's notifications exist, and
+then the chunk's counts once they all finished. A
 chunk is what the scheduler creates in one transaction (bulk.engine), and its id is the opaque id of
 the scheduled job (kind `bulk_send`) that creates it."""
 
@@ -65,15 +66,24 @@ class BulkSend(TenantOwned):
 
 
 class BulkSendChunk(TenantOwned):
+    """CHUNK_ROWS rows of a job: their checked values until their notifications exist (`payload`, one
+    Fernet token; NULL from then on), then their counts once every one of those notifications finished
+    (`settled`), so a job's progress reads the notifications of its unsettled chunks only."""
+
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     bulk_send = models.ForeignKey(BulkSend, on_delete=models.CASCADE, related_name="chunks", db_index=False)
     first_row = models.PositiveIntegerField()  # 1-based data row of its first row
-    # [[recipient or external id, {column: value}], …]: one Fernet token for the chunk
-    payload = EncryptedJSONField()
+    last_row = models.PositiveIntegerField()
+    # [[recipient or external id, {column: value}], …]
+    payload = EncryptedJSONField(null=True)
+    settled = models.BooleanField(default=False)
+    delivered = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)  # failed, dead-lettered or cancelled
+    suppressed = models.PositiveIntegerField(default=0)
 
     class Meta:
         db_table = "bulk_send_chunks"
         constraints = [models.UniqueConstraint(fields=["bulk_send", "first_row"], name="bulk_chunk_unique")]
 
     def __str__(self) -> str:
-        return f"rows from {self.first_row} of {self.bulk_send_id}"
+        return f"rows {self.first_row}-{self.last_row} of {self.bulk_send_id}"

@@ -53,6 +53,8 @@ def get_bulk_send(tenant: Tenant, bulk_id: Any) -> BulkSend:  # noqa: ANN401
 
 def clean_options(tenant: Tenant, data: Any) -> dict[str, Any]:  # noqa: ANN401
     """`channel`, `template`, `scheduled_for`, `name` of an upload, checked; 400 names each bad field."""
+    if not isinstance(data, dict):
+        raise ValidationError({"non_field_errors": ["the body must be a JSON object or a multipart form"]})
     problems: dict[str, list[str]] = {}
     channel = data.get("channel")
     if channel not in CHANNELS:
@@ -71,10 +73,10 @@ def clean_options(tenant: Tenant, data: Any) -> dict[str, Any]:  # noqa: ANN401
             problems["template"] = [f"template {key!r} is for channel {template.channel!r}"]
     scheduled_for = None
     try:
-        scheduled_for = check_scheduled_for(data.get("scheduled_for") or None)
+        scheduled_for = check_scheduled_for(data.get("scheduled_for"))
     except ValueError as exc:
         problems["scheduled_for"] = [str(exc)]
-    name = data.get("name") or ""
+    name = data.get("name", "")
     if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
         problems["name"] = [f"must be a text of at most {MAX_NAME_CHARS} characters"]
     if channel in CHANNELS and channel != "in_app" and not _has_default_provider(tenant, channel):
@@ -115,7 +117,8 @@ def create_bulk_send(tenant: Tenant, lines: Iterable[str], options: dict[str, An
         )  # fmt: skip
 
         def store(first_row: int, rows: list[list[Any]]) -> None:
-            BulkSendChunk.objects.create(tenant=tenant, bulk_send=bulk, first_row=first_row, payload=rows)
+            BulkSendChunk.objects.create(tenant=tenant, bulk_send=bulk, first_row=first_row,
+                                         last_row=first_row + len(rows) - 1, payload=rows)  # fmt: skip
 
         try:
             checked = csvfile.check(lines, tenant_id=tenant.pk, channel=options["channel"],
@@ -163,14 +166,15 @@ def cancel(tenant: Tenant | None, bulk_id: Any, *, actor: str) -> BulkSend:  # n
     being created now is waited for). `tenant` None: any tenant's (the console checks its own scope)."""
     bulk = get_bulk_send(tenant, bulk_id) if tenant is not None else BulkSend.objects.get(pk=bulk_id)
     with transaction.atomic():
-        chunks = list(BulkSendChunk.objects.filter(bulk_send_id=bulk.pk).values_list("id", flat=True))
+        unsent = BulkSendChunk.objects.filter(bulk_send_id=bulk.pk, payload__isnull=False)
+        chunks = list(unsent.values_list("id", flat=True))
         schedule.cancel_jobs_for(JOB_KIND, chunks)  # jobs first: the order the engine locks in
         bulk = BulkSend.objects.select_for_update().select_related("template").get(pk=bulk.pk)
         if bulk.status not in (BulkStatus.READY, BulkStatus.SENDING):
             raise Conflict(f"A bulk send that is {bulk.status} cannot be cancelled.", code="not_cancellable")
         bulk.status, bulk.cancelled_at = BulkStatus.CANCELLED, timezone.now()
         bulk.save(update_fields=["status", "cancelled_at"])
-        BulkSendChunk.objects.filter(bulk_send_id=bulk.pk).delete()  # their addresses are needed no more
+        unsent.delete()  # their addresses are needed no more
         AuditEvent.record(actor=actor, action="bulk_send.cancelled", target=bulk,
                           details={"rows": bulk.rows, "created": bulk.rows_done - bulk.skipped})  # fmt: skip
     return bulk
@@ -178,16 +182,42 @@ def cancel(tenant: Tenant | None, bulk_id: Any, *, actor: str) -> BulkSend:  # n
 
 # --- progress -------------------------------------------------------------------------------------------
 
-# One pass over the job's entries of notification_bulk_row_unique (and their rows' status).
-_COUNTS = """SELECT status, count(*) FROM notifications
-WHERE tenant_id = %s AND bulk_send_id = %s GROUP BY status"""
-_FAILED = ("failed", "dead_lettered", "cancelled")
+# The job's counts: the settled chunks' kept counts, plus one pass over the notifications of the others
+# (by notification_bulk_row_unique's row ranges), which settles the chunks whose notifications all finished.
+_COUNTS = """
+WITH open AS (
+    SELECT id, first_row, last_row FROM bulk_send_chunks
+    WHERE bulk_send_id = %(bulk)s AND payload IS NULL AND NOT settled
+), live AS (
+    SELECT o.id, count(*) FILTER (WHERE n.status = 'delivered') AS delivered,
+           count(*) FILTER (WHERE n.status IN ('failed', 'dead_lettered', 'cancelled')) AS failed,
+           count(*) FILTER (WHERE n.status = 'suppressed') AS suppressed, count(*) AS total
+    FROM open o JOIN notifications n
+      ON n.tenant_id = %(tenant)s AND n.bulk_send_id = %(bulk)s AND n.bulk_row BETWEEN o.first_row AND o.last_row
+    GROUP BY o.id
+), settle AS (
+    UPDATE bulk_send_chunks c SET settled = true, delivered = l.delivered, failed = l.failed,
+                                  suppressed = l.suppressed
+    FROM live l WHERE c.id = l.id AND l.delivered + l.failed + l.suppressed = l.total
+    RETURNING 1
+), kept AS (
+    SELECT coalesce(sum(delivered), 0) AS delivered, coalesce(sum(failed), 0) AS failed,
+           coalesce(sum(suppressed), 0) AS suppressed
+    FROM bulk_send_chunks WHERE bulk_send_id = %(bulk)s AND settled
+)
+SELECT k.delivered + coalesce((SELECT sum(delivered) FROM live), 0),
+       k.failed + coalesce((SELECT sum(failed) FROM live), 0),
+       k.suppressed + coalesce((SELECT sum(suppressed) FROM live), 0),
+       (SELECT count(*) FROM settle)
+FROM kept k"""
 
 
 def progress(bulk: BulkSend) -> dict[str, int]:
     """{created, delivered, failed, suppressed, pending}: `failed` counts failed, dead-lettered and
     cancelled notifications and the rows that could not become one; `pending` those not finished yet.
-    One query while some are unfinished; none once all finished (the counts are kept on the job)."""
+    One statement, reading the notifications of the chunks not all finished yet (a chunk's counts are
+    kept once its notifications all finished: a redriven dead letter still counts as failed); none once
+    the whole job finished."""
     created = bulk.rows_done - bulk.skipped
     counts = bulk.final_counts
     if counts is None:
@@ -195,11 +225,9 @@ def progress(bulk: BulkSend) -> dict[str, int]:
             counts = {"delivered": 0, "failed": 0, "suppressed": 0}
         else:
             with connections[Notification.objects.db].cursor() as cursor:
-                cursor.execute(_COUNTS, [bulk.tenant_id, bulk.pk])
-                by_status = dict(cursor.fetchall())
-            counts = {"delivered": by_status.get("delivered", 0),
-                      "failed": sum(by_status.get(s, 0) for s in _FAILED),
-                      "suppressed": by_status.get("suppressed", 0)}  # fmt: skip
+                cursor.execute(_COUNTS, {"bulk": bulk.pk, "tenant": bulk.tenant_id})
+                delivered, failed, suppressed, _ = cursor.fetchone()
+            counts = {"delivered": int(delivered), "failed": int(failed), "suppressed": int(suppressed)}
             finished = sum(counts.values())
             if bulk.status == BulkStatus.COMPLETED and finished == created:
                 BulkSend.objects.filter(pk=bulk.pk, final_counts__isnull=True).update(final_counts=counts)

@@ -75,7 +75,7 @@ class BulkSendViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.RetrieveMo
     def create(self, request: Request) -> Response:
         data = request.data
         options = services.clean_options(request.tenant, data)
-        upload = request.FILES.get("file") if hasattr(request, "FILES") else None
+        upload = request.FILES.get("file")
         if upload is not None:
             services.check_size(upload.size)
             lines = io.TextIOWrapper(upload.open("rb"), encoding="utf-8-sig", newline="")
@@ -92,7 +92,7 @@ class BulkSendViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.RetrieveMo
 
     @extend_schema(
         request=None,
-        responses={202: BulkSendSerializer, **errors(404, 409)},
+        responses={202: BulkSendSerializer, **errors(400, 404, 409)},
         description="Send a `ready` bulk send (from its `scheduled_for`, if any); `409` otherwise.",
     )
     @action(detail=True, methods=["post"])
@@ -102,7 +102,7 @@ class BulkSendViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.RetrieveMo
 
     @extend_schema(
         request=None,
-        responses={200: BulkSendSerializer, **errors(404, 409)},
+        responses={200: BulkSendSerializer, **errors(400, 404, 409)},
         description="Stop a ready or sending bulk send: rows without a notification yet never get one.",
     )
     @action(detail=True, methods=["post"])
