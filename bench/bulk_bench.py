@@ -110,7 +110,11 @@ def request(port: int, key: str, method: str, path: str, body: bytes | None = No
         with urllib.request.urlopen(req, timeout=300) as response:  # noqa: S310
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+        text = exc.read()
+        try:
+            return exc.code, json.loads(text or b"{}")
+        except ValueError:
+            return exc.code, {"body": text[:500].decode(errors="replace")}
 
 
 def multipart(fields: dict[str, str], data: bytes) -> tuple[bytes, str]:

@@ -88,11 +88,17 @@ def run_chunk(*, using: str = "default") -> scheduler.Promotion:
     return scheduler.Promotion(1, 0, max_lag=(timezone.now() - run_at).total_seconds())
 
 
+# Tries a row gets within its chunk before it is skipped: a render can miss its deadline on a busy
+# machine (templating.renderer's budget), which the next try does not.
+ROW_TRIES = 3
+
+
 def _create(bulk: BulkSend, first_row: int, rows: list[list[Any]]) -> int:
-    """The notifications of `rows` (row numbers from `first_row`); rows that cannot become one now (their
-    subscriber lost its address since the upload, say) are counted `skipped` with their errors."""
+    """The notifications of `rows` (row numbers from `first_row`), in one statement. A row the creation
+    service refuses is tried again after the others, up to ROW_TRIES rounds, then counted `skipped` with
+    its error (its subscriber lost its address since the upload, say)."""
     by_subscriber = bulk.addressed_by == "subscriber"
-    drafts = {
+    pending = {
         first_row + i: Draft(
             channel=bulk.channel,
             recipient="" if by_subscriber else address,
@@ -102,23 +108,35 @@ def _create(bulk: BulkSend, first_row: int, rows: list[list[Any]]) -> int:
         )  # fmt: skip
         for i, (address, context) in enumerate(rows)
     }
-    while drafts:
-        numbers = list(drafts)
+    specs: dict[int, services.NotificationSpec] = {}
+    retry: dict[int, Draft] = {}
+    round_no = 1
+    while pending:
+        numbers = list(pending)
         try:
-            specs = services.build_specs(bulk.tenant, list(drafts.values()), cached=False)
+            built = services.build_specs(bulk.tenant, list(pending.values()), cached=False)
         except services.SpecErrors as exc:
-            for index, problems in sorted(exc.errors.items()):
+            for index, problems in exc.errors.items():
                 row = numbers[index]
-                del drafts[row]
-                bulk.skipped += 1
-                bulk.error_count += 1
-                if len(bulk.errors) < MAX_ERRORS:
-                    field, messages = next(iter(problems.items()))
-                    column = bulk.addressed_by if field in ("recipient", "subscriber") else None
-                    bulk.errors.append({"row": row, "column": column, "message": f"{field}: {messages[0]}"})
-            continue
-        for row, spec in zip(numbers, specs, strict=True):
-            spec.bulk_send_id, spec.bulk_row = bulk.pk, row
-        services.create_notifications(bulk.tenant, specs, actor=f"bulk_send:{bulk.pk}")
-        return len(specs)
-    return 0
+                if round_no < ROW_TRIES:
+                    retry[row] = pending[row]
+                else:
+                    _skip(bulk, row, problems)
+                del pending[row]
+            continue  # the rest again, without them
+        specs.update(zip(numbers, built, strict=True))
+        pending, retry, round_no = retry, {}, round_no + 1
+    numbers = sorted(specs)
+    for row in numbers:
+        specs[row].bulk_send_id, specs[row].bulk_row = bulk.pk, row
+    services.create_notifications(bulk.tenant, [specs[row] for row in numbers], actor=f"bulk_send:{bulk.pk}")
+    return len(numbers)
+
+
+def _skip(bulk: BulkSend, row: int, problems: dict[str, list[str]]) -> None:
+    bulk.skipped += 1
+    bulk.error_count += 1
+    if len(bulk.errors) < MAX_ERRORS:
+        field, messages = next(iter(problems.items()))
+        column = bulk.addressed_by if field in ("recipient", "subscriber") else None
+        bulk.errors.append({"row": row, "column": column, "message": f"{field}: {messages[0]}"})

@@ -211,3 +211,34 @@ def test_a_bulk_send_does_not_hold_back_priority_sends_or_other_tenants(api_a, a
                                                  "body": "b"}, format="json").json()  # fmt: skip
     first = {str(lease.notification_id) for lease in queue.claim(10)}
     assert {urgent["id"], other["id"]} <= first  # in the first claim batch, ahead of 2,000 bulk rows
+
+
+def test_a_row_refused_once_is_tried_again_and_one_refused_for_good_is_skipped(api_a, setup_a, tenant_a, monkeypatch):
+    from notifications import services as creation
+
+    Subscriber.objects.create(
+        tenant=tenant_a, external_id="u1", email="u1@example.com", email_masked="u***@example.com"
+    )
+    Subscriber.objects.create(
+        tenant=tenant_a, external_id="u2", email="u2@example.com", email_masked="u***@example.com"
+    )
+    Subscriber.objects.create(
+        tenant=tenant_a, external_id="u3", email="u3@example.com", email_masked="u***@example.com"
+    )
+    bulk = upload(api_a, "subscriber,name\nu1,A\nu2,B\nu3,C\n").json()
+    api_a.post(f"{URL}/{bulk['id']}/start")
+    Subscriber.objects.filter(external_id="u3").update(email=None, email_masked="")  # its address gone since
+    real, calls = creation.build_specs, []
+
+    def flaky(tenant, drafts, **kwargs):  # noqa: ANN001, ANN003, ANN202 - row 2 misses its render deadline once
+        calls.append(len(drafts))
+        if len(calls) == 1:
+            raise creation.SpecErrors({1: {"template": ["the template takes longer than 0.5 s to render"]}})
+        return real(tenant, drafts, **kwargs)
+
+    monkeypatch.setattr(creation, "build_specs", flaky)
+    run_all()
+    assert sorted(Notification.objects.values_list("bulk_row", flat=True)) == [1, 2]
+    body = api_a.get(f"{URL}/{bulk['id']}").json()
+    assert body["status"] == "completed" and body["progress"]["created"] == 2 and body["progress"]["failed"] == 1
+    assert [(e["row"], e["column"]) for e in body["errors"]] == [(3, "subscriber")]
