@@ -41,7 +41,7 @@ class RequestSizeLimitMiddleware:
             length = int(raw)
         except ValueError:
             return error_response(400, "bad_request", "Content-Length is not a number.")
-        limit = settings.OMNIPOST_MAX_REQUEST_BYTES
+        limit = settings.OMNIPOST_LARGE_BODY_PATHS.get(request.path_info, settings.OMNIPOST_MAX_REQUEST_BYTES)
         if length > limit:
             return error_response(
                 413,

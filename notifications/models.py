@@ -130,6 +130,11 @@ class Notification(TenantOwned):
     fallback_of = models.UUIDField(null=True, blank=True)
     # A push notification's push fields (providers.kinds.push.PUSH_FIELDS), for the native push kinds.
     push = models.JSONField(null=True, blank=True)
+    # A bulk send's row (bulk.models.BulkSend: an opaque id here, the app sits above this one): the job
+    # and the 1-based data row of its file this notification was created from. Written once at creation;
+    # (bulk_send_id, bulk_row) is unique, so a row can never become two notifications.
+    bulk_send_id = models.UUIDField(null=True, blank=True)
+    bulk_row = models.PositiveIntegerField(null=True, blank=True)
 
     objects = NotificationQuerySet.as_manager()
 
@@ -141,6 +146,10 @@ class Notification(TenantOwned):
                 condition=Q(bounce_type__isnull=True) | Q(receipt=ReceiptStatus.BOUNCED),
                 name="notification_bounce_type_bounced",
             ),
+            # One notification per row of a bulk send, whoever creates it; partial, so rows of no bulk send
+            # write nothing to it. Also the bulk send's listing (by row) and its progress counts.
+            models.UniqueConstraint(fields=["bulk_send_id", "bulk_row"], condition=Q(bulk_send_id__isnull=False),
+                                    name="notification_bulk_row_unique"),
         ]
         indexes = [
             # GET notifications: a tenant's newest first, cursor-paginated on (created_at, id).

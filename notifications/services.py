@@ -107,6 +107,9 @@ class NotificationSpec:
     # A push to a subscriber through the native kinds: (device id, kind, the provider serving that kind)
     # of each active device it goes to, stored beside it (notification_devices).
     devices: list[tuple[uuid.UUID, str, Provider]] | None = None
+    # The bulk send and its 1-based data row this notification comes from (bulk.engine), if any.
+    bulk_send_id: uuid.UUID | None = None
+    bulk_row: int | None = None
 
 
 class StaleConfig(Exception):
@@ -856,6 +859,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,
         "receipt": None, "bounce_type": None,
         "fallback": None, "fallback_notification_id": None, "fallback_of": None, "push": spec.push,
+        "bulk_send_id": spec.bulk_send_id, "bulk_row": spec.bulk_row,
     }  # fmt: skip
     # Straight into the instance's __dict__, as Model.__init__ would leave it: its per-field setattr
     # runs the foreign keys' descriptors (a quarter of a 1,000-item batch's Python time).

@@ -16,5 +16,6 @@ urlpatterns = [
     path("", include("events.api.urls")),
     path("", include("inbox.api.urls")),
     path("", include("workflows.api.urls")),
+    path("", include("bulk.api.urls")),
     re_path(r"^", csrf_exempt(api_not_found)),
 ]

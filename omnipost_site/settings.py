@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "inbox",
     "receipts",
     "workflows",
+    "bulk",
     "operations",
     "dispatch",
     "omnipost_site.ops",
@@ -197,6 +198,9 @@ OMNIPOST_SNS_CERT_URL_PATTERN = env.str(
 OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS = number(env, "OMNIPOST_EVENT_ENDPOINT_DISABLE_AFTER_HOURS", 120.0)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = OMNIPOST_MAX_REQUEST_BYTES
+# Paths that take larger bodies than OMNIPOST_MAX_REQUEST_BYTES: a bulk send's CSV file is up to 20 MiB,
+# and more as JSON text (its quotes escaped) or with a form's parts; the view checks the file's own size.
+OMNIPOST_LARGE_BODY_PATHS = {"/api/v1/bulk-sends": max(OMNIPOST_MAX_REQUEST_BYTES, 48 * 1024 * 1024)}
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 
 # --- HTTPS hardening ------------------------------------------------------------------------------

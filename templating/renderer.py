@@ -418,6 +418,52 @@ def _compile(template_text: str) -> _SandboxTemplate:
     return template
 
 
+def variables(template_text: str) -> set[str]:
+    """The names a template reads from its context (`{{ name.attr }}` → `name`, in tags and filter
+    arguments too), without those it binds itself (`for`, `with`, `forloop`); TemplateError if it does
+    not compile. What a bulk send's header must name (bulk.csvfile)."""
+    found: set[str] = set()
+    bound: set[str] = {"forloop", "True", "False", "None"}
+    seen: set[int] = set()
+
+    def visit(value: Any, depth: int) -> None:
+        if depth > 200 or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, FilterExpression):
+            visit(value.var, depth + 1)
+            for _func, args in value.filters:
+                for is_lookup, arg in args:
+                    if is_lookup:
+                        visit(arg, depth + 1)
+            return
+        if isinstance(value, Variable):
+            if value.lookups:
+                found.add(value.lookups[0])
+            return
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth + 1)
+            return
+        if isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth + 1)
+            return
+        if isinstance(value, ForNode):
+            bound.update(value.loopvars)
+        elif hasattr(value, "extra_context") and isinstance(value.extra_context, dict):  # `with`
+            bound.update(value.extra_context)
+        elif hasattr(value, "var_name") and isinstance(value.var_name, str):  # `regroup … as x`, `cycle … as x`
+            bound.add(value.var_name)
+        module = type(value).__module__
+        if module.startswith("django.template") or module == __name__:
+            for item in vars(value).values() if hasattr(value, "__dict__") else ():
+                visit(item, depth + 1)
+
+    visit(_compile(template_text).nodelist, 0)
+    return {name for name in found - bound if not name.startswith("_")}
+
+
 def render_seconds() -> float:
     return float(getattr(settings, "OMNIPOST_TEMPLATE_RENDER_SECONDS", DEFAULT_RENDER_SECONDS))
 

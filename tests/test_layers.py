@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = (
     "core", "queueing", "templating", "providers", "recipients", "routing", "notifications", "events", "dlq",
-    "inbox", "receipts", "workflows", "dispatch", "operations", "benchmarks", "omnipost_site",
+    "inbox", "receipts", "workflows", "bulk", "dispatch", "operations", "benchmarks", "omnipost_site",
 )  # fmt: skip
 
 

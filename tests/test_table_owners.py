@@ -73,6 +73,9 @@ OWNERS: dict[str, str] = {
     "workflow_runs": "workflows/statements.py",
     "workflow_throttles": "workflows/statements.py",
     "workflow_digests": "workflows/statements.py",
+    # bulk sends: the jobs and their stored rows (through their models)
+    "bulk_sends": "bulk/services.py",
+    "bulk_send_chunks": "bulk/services.py",
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",

@@ -75,6 +75,6 @@ def test_a_disagreement_is_caught():
     not_independent = pyproject.replace('"dlq | events"', '"dlq : events"', 1)
     assert disagreements(markdown, not_independent)
 
-    forgotten = markdown.replace("| 11 | `benchmarks/` |", "| 11 | benchmarks |", 1)
+    forgotten = markdown.replace("| 12 | `benchmarks/` |", "| 12 | benchmarks |", 1)
     assert forgotten != markdown
     assert any("benchmarks" in d for d in disagreements(forgotten, pyproject))

@@ -33,6 +33,8 @@ OPERATOR_PERMISSIONS = [
     ("receipts", "view_notificationevent"),
     ("workflows", "view_workflow"),
     ("workflows", "view_workflowrun"),
+    ("bulk", "view_bulksend"),
+    ("bulk", "cancel_bulksend"),
 ]
 
 
