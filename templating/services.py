@@ -9,21 +9,16 @@ from django.db.models import ProtectedError
 
 from core.api.errors import Conflict
 from core.models import AuditEvent
+from core.services import save_audited
 from templating.models import Template
 
 
 def save_template(template: Template, *, actor: str, fields: Sequence[str] | None = None) -> Template:
-    created = template._state.adding
-    try:
-        with transaction.atomic():
-            template.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="template.created" if created else "template.updated", target=template,
-                details={"key": template.key, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError:
-        raise Conflict(f"A template named {template.key!r} already exists.", code="already_exists") from None
-    return template
+    def conflict(_: IntegrityError) -> Conflict:
+        return Conflict(f"A template named {template.key!r} already exists.", code="already_exists")
+
+    return save_audited(template, actor=actor, noun="template", details={"key": template.key}, fields=fields,
+                        conflict=conflict)  # fmt: skip
 
 
 def delete_template(template: Template, *, actor: str) -> None:

@@ -24,6 +24,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 
 from core.api.errors import Conflict
 from core.models import AuditEvent, Tenant
+from core.services import save_audited
 from notifications import services as notifications
 from notifications.models import Notification, Status
 from providers.models import Provider
@@ -84,18 +85,13 @@ def check_references(tenant: Tenant, category: str, steps: Sequence[dict[str, An
 
 
 def save_workflow(workflow: Workflow, *, actor: str, fields: Sequence[str] | None = None) -> Workflow:
-    created = workflow._state.adding
     check_references(workflow.tenant, workflow.category, workflow.steps)
-    try:
-        with transaction.atomic():
-            workflow.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="workflow.created" if created else "workflow.updated", target=workflow,
-                details={"key": workflow.key, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError:
-        raise Conflict(f"A workflow with key {workflow.key!r} already exists.", code="already_exists") from None
-    return workflow
+
+    def conflict(_: IntegrityError) -> Conflict:
+        return Conflict(f"A workflow with key {workflow.key!r} already exists.", code="already_exists")
+
+    return save_audited(workflow, actor=actor, noun="workflow", details={"key": workflow.key}, fields=fields,
+                        conflict=conflict)  # fmt: skip
 
 
 def delete_workflow(workflow: Workflow, *, actor: str) -> None:
