@@ -44,6 +44,7 @@ class RunStatus(models.TextChoices):
 
 
 UNFINISHED = (RunStatus.RUNNING, RunStatus.WAITING)
+FINISHED = tuple(status for status in RunStatus if status not in UNFINISHED)  # pruned past retention
 
 
 class StepStatus(models.TextChoices):

@@ -23,11 +23,30 @@ from typing import Any
 from django.db import connections
 
 from core.ids import uuid7
+from core.retention import RetainedTable
 from queueing import schedule
-from workflows.models import WorkflowRun
-from workflows.steps import key_value
+from workflows.models import FINISHED, WorkflowRun
+from workflows.steps import MAX_WINDOW_SECONDS, key_value
 
 MAX_ITEMS = 100
+
+_FINISHED = ", ".join(f"'{status}'" for status in FINISHED)
+# What `prune` deletes past retention (core.retention), in this order: a digest window is kept while
+# the run that leads it has not finished; a throttle's counter until its window cannot still be open.
+RETAINED = (
+    RetainedTable("workflow_runs", f"updated_at < %(cutoff)s AND status IN ({_FINISHED})", "finished workflow run(s)"),
+    RetainedTable(
+        "workflow_digests",
+        "status = 'closed' AND closes_at < %(cutoff)s AND NOT EXISTS (SELECT 1 FROM workflow_runs r"
+        " WHERE r.id = workflow_digests.leader_id AND r.status IN ('running', 'waiting'))",
+        "closed digest window(s)",
+    ),
+    RetainedTable(
+        "workflow_throttles",
+        f"window_start < LEAST(%(cutoff)s, now() - interval '{MAX_WINDOW_SECONDS} seconds')",
+        "throttle window(s)",
+    ),
+)
 
 # A trigger's runs, each waiting on a job due now, in one statement whatever their count.
 _START_RUNS = """WITH s AS (
