@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
@@ -21,10 +21,22 @@ def save_template(template: Template, *, actor: str, fields: Sequence[str] | Non
                         conflict=conflict)  # fmt: skip
 
 
+# Whether a definition above this app (a sequence's steps) still names a template: handed in at start-up.
+_users: list[Callable[[Template], bool]] = []
+
+
+def check_use_with(uses: Callable[[Template], bool]) -> None:
+    """Refuse deleting a template while `uses(template)` says a definition still names it."""
+    if uses not in _users:
+        _users.append(uses)
+
+
 def delete_template(template: Template, *, actor: str) -> None:
-    """Delete a template; 409 while notifications or sequence steps still use it (their foreign keys
-    PROTECT it)."""
+    """Delete a template; 409 while notifications (their foreign keys PROTECT it) or sequence steps
+    still use it."""
     try:
+        if any(uses(template) for uses in _users):
+            raise ProtectedError("named by a sequence's steps", set())
         with transaction.atomic():
             AuditEvent.record(actor=actor, action="template.deleted", target=template, details={"name": template.key})
             template.delete()

@@ -34,7 +34,7 @@ from templating import renderer
 from templating.models import Template
 from workflows import statements
 from workflows.engine import JOB_KIND
-from workflows.models import RunStatus, StepStatus, Workflow, WorkflowRun
+from workflows.models import RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,13 @@ MAX_SUBSCRIBERS = 1000
 MAX_DATA_BYTES = 32 * 1024
 
 
+def workflows_of(workflows: QuerySet[Workflow]) -> QuerySet[Workflow]:
+    """The workflows among `workflows` (a sequence is one too, of its own kind, under `sequences/`)."""
+    return workflows.filter(kind=WorkflowKind.WORKFLOW)
+
+
 def get_workflow(tenant: Tenant, key: str) -> Workflow:
-    workflow = Workflow.objects.for_tenant(tenant).filter(key=key).first()
+    workflow = workflows_of(Workflow.objects.for_tenant(tenant)).filter(key=key).first()
     if workflow is None:
         raise NotFound("No workflow with this key.")
     return workflow
@@ -220,4 +225,5 @@ def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: st
 
 
 def runs_for(tenant: Tenant) -> QuerySet[WorkflowRun]:
-    return WorkflowRun.objects.for_tenant(tenant).select_related("workflow")
+    runs = WorkflowRun.objects.for_tenant(tenant).filter(workflow__kind=WorkflowKind.WORKFLOW)
+    return runs.select_related("workflow")

@@ -34,7 +34,13 @@ _FINISHED = ", ".join(f"'{status}'" for status in FINISHED)
 # What `prune` deletes past retention (core.retention), in this order: a digest window is kept while
 # the run that leads it has not finished; a throttle's counter until its window cannot still be open.
 RETAINED = (
-    RetainedTable("workflow_runs", f"updated_at < %(cutoff)s AND status IN ({_FINISHED})", "finished workflow run(s)"),
+    # (a sequence's enrollment finishes at its start; its last step's time may lie far ahead)
+    RetainedTable(
+        "workflow_runs",
+        f"updated_at < %(cutoff)s AND status IN ({_FINISHED})"
+        " AND coalesce((steps -> -1 ->> 'at')::timestamptz, updated_at) < %(cutoff)s",
+        "finished workflow run(s)",
+    ),
     RetainedTable(
         "workflow_digests",
         "status = 'closed' AND closes_at < %(cutoff)s AND NOT EXISTS (SELECT 1 FROM workflow_runs r"

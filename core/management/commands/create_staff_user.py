@@ -22,8 +22,6 @@ OPERATOR_PERMISSIONS = [
     ("notifications", "view_deliveryattempt"),
     ("providers", "view_provider"),
     ("templating", "view_template"),
-    ("notifications", "view_sequence"),
-    ("notifications", "view_enrollment"),
     ("queueing", "view_scheduledjob"),
     ("queueing", "view_queueitem"),
     ("queueing", "view_worker"),
