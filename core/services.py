@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from django.db import IntegrityError, models, transaction
+
+from core.api.errors import Conflict
 from core.models import ApiKey, AuditEvent, Tenant
 
 CREATED_ACTION = "api_key.created"
@@ -67,3 +71,34 @@ def set_tenant_weight(tenant: Tenant, weight: int, *, actor: str) -> Tenant:
         AuditEvent.record(actor=actor, action=WEIGHT_ACTION, target=tenant, tenant=tenant.pk,
                           details={"weight": int(weight), "previous": before})
     return tenant
+
+
+Saved = TypeVar("Saved", bound=models.Model)
+
+
+def save_audited(
+    obj: Saved, *, actor: str, noun: str, details: dict[str, Any], fields: Sequence[str] | None,
+    conflict: Callable[[IntegrityError], Conflict], before: Callable[[bool, list[str] | None], list[str]] | None = None,
+    after: Callable[[bool], None] | None = None,
+) -> Saved:  # fmt: skip
+    """Create or update `obj` (its `fields` only, and `updated_at`, when given) and write one
+    `<noun>.created` / `<noun>.updated` audit event with `details` and the sorted fields, in one
+    transaction. `before(created, fields)` runs first in that transaction and returns further fields
+    to save; `after(created)` runs once `obj` is saved, before the audit event (which reads `details`
+    then, so either hook may add to it); a unique constraint's IntegrityError becomes `conflict(exc)`
+    (a 409)."""
+    created = obj._state.adding
+    try:
+        with transaction.atomic():
+            if before is not None:
+                extra = before(created, None if fields is None else list(fields))
+                if fields is not None and extra:
+                    fields = [*fields, *extra]
+            obj.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
+            if after is not None:
+                after(created)
+            AuditEvent.record(actor=actor, action=f"{noun}.{'created' if created else 'updated'}", target=obj,
+                              details={**details, "fields": sorted(fields or [])})  # fmt: skip
+    except IntegrityError as exc:
+        raise conflict(exc) from None
+    return obj

@@ -1,4 +1,4 @@
-"""Admin for notifications and sequences. Staff see only their tenants
+"""Admin for notifications. Staff see only their tenants
 (TenantScopedAdmin); recipients appear only masked."""
 
 from __future__ import annotations
@@ -13,19 +13,14 @@ from django.db.models import BooleanField, F, Func, Q, Subquery, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 from django.http import HttpRequest
-from django.urls import reverse
-from django.utils.html import format_html
 
 from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, visible_tenant_ids
 from notifications.models import (
     LEASABLE,
     DeliveryAttempt,
-    Enrollment,
     Notification,
     NotificationDevice,
     ReceiptStatus,
-    Sequence,
-    SequenceStep,
     Status,
     TenantQueue,
 )
@@ -228,7 +223,7 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
     fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "template_version", "locale",
               "status_now", "priority",
               "queue", "scheduled_for", "enqueued_at", "delivered_at", "receipt", "bounce_type", "attempt_count",
-              "attempt_offset", "last_error_code", "subject", "body", "html_body", "context", "metadata", "enrollment",
+              "attempt_offset", "last_error_code", "subject", "body", "html_body", "context", "metadata",
               "fallback", "fallback_notification_id", "fallback_of", "created_at", "updated_at"]  # fmt: skip
     readonly_fields = fields
     inlines = [AttemptInline, DeviceResultInline]
@@ -267,72 +262,3 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
             return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
             return queryset.none(), False
-
-
-class StepInline(ReadOnlyMixin, admin.TabularInline):
-    model = SequenceStep
-    extra = 0
-    fields = ["position", "offset_seconds", "channel", "template"]
-    readonly_fields = fields
-    ordering = ["position"]
-
-
-@admin.register(Sequence)
-class SequenceAdmin(TenantScopedAdmin):
-    """Only the display name is editable: steps are fixed once enrollments may have used them, and
-    deleting a sequence would orphan its enrollments' scheduled steps (they would still be sent)."""
-
-    list_display = ["key", "tenant", "name", "created_at"]
-    search_fields = ["key", "name"]
-    readonly_fields = ["tenant", "key", "created_at"]
-    fields = ["tenant", "key", "name", "created_at"]
-    inlines = [StepInline]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # sequences are defined through the API, which validates their steps
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class StepNotificationInline(LiveStatusMixin, ReadOnlyMixin, admin.TabularInline):
-    """An enrollment's steps: one notification each, with its delivery status (recipient masked)."""
-
-    model = Notification
-    fk_name = "enrollment"
-    extra = 0
-    verbose_name = "step"
-    verbose_name_plural = "steps"
-    fields = ["step", "notification", "channel", "recipient_masked", "status_now", "scheduled_for", "delivered_at",
-              "attempt_count", "last_error_code"]  # fmt: skip
-    readonly_fields = fields
-    ordering = ["scheduled_for"]
-
-    def get_queryset(self, request: HttpRequest) -> Any:
-        columns = [f for f in self.fields if f not in ("step", "notification", "status_now")]
-        rows = super().get_queryset(request).only(*columns, "id", "status", "metadata", "enrollment_id")
-        return rows.with_live_status()
-
-    @admin.display(description="step")
-    def step(self, obj: Notification) -> int | None:
-        return (obj.metadata or {}).get("step")
-
-    @admin.display(description="notification")
-    def notification(self, obj: Notification) -> str:
-        url = reverse("admin:notifications_notification_change", args=[obj.pk])
-        return format_html('<a href="{}">{}</a>', url, obj.pk)
-
-
-@admin.register(Enrollment)
-class EnrollmentAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    """Read-only: remove a recipient through the API (`DELETE sequences/{key}/enrollments/{id}`)."""
-
-    list_display = ["id", "tenant", "sequence", "recipient_masked", "state", "starts_at", "created_at"]
-    list_filter = ["state"]
-    search_fields = ["=id", "sequence__key"]
-    list_select_related = ["tenant", "sequence"]
-    # `recipient` (encrypted at rest, clear once decrypted) is deliberately absent.
-    fields = ["id", "tenant", "sequence", "recipient_masked", "context", "state", "starts_at", "created_at",
-              "cancelled_at"]  # fmt: skip
-    readonly_fields = fields
-    inlines = [StepNotificationInline]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Exists, OuterRef, Q
@@ -85,8 +83,8 @@ class Notification(TenantOwned):
     # The client named the provider: the notification never fails over. False: it came from
     # the channel's failover order (or default) and moves along that order.
     provider_named = models.BooleanField(db_default=True)
-    # Template and enrollment are indexed only where set (partial indexes below): most rows have
-    # neither, and an index they are not in costs their inserts and non-HOT updates nothing.
+    # The template is indexed only where set (a partial index below): most rows have none, and an
+    # index they are not in costs their inserts and non-HOT updates nothing.
     template = models.ForeignKey(
         Template, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
@@ -111,9 +109,6 @@ class Notification(TenantOwned):
     # Attempts spent before the last redrive; the budget for the current run is max_attempts.
     attempt_offset = models.PositiveIntegerField(default=0)
     last_error_code = models.CharField(max_length=100, blank=True, default="")
-    enrollment = models.ForeignKey(
-        "Enrollment", on_delete=models.SET_NULL, null=True, blank=True, related_name="notifications", db_index=False
-    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -158,7 +153,6 @@ class Notification(TenantOwned):
             # records an outcome can be HOT (heap-only, no index writes; fillfactor 45 leaves room).
             models.Index(fields=["created_at"], name="notif_created_idx"),
             models.Index(fields=["template"], condition=Q(template__isnull=False), name="notif_template_idx"),
-            models.Index(fields=["enrollment"], condition=Q(enrollment__isnull=False), name="notif_enrollment_idx"),
             # GET notifications?receipt= (a tenant's, newest first) and the console's receipt filter (every
             # tenant's, newest first). Partial: a row enters them when its first receipt arrives, so the
             # dispatcher's status updates (which never change `receipt`) stay HOT.
@@ -291,57 +285,6 @@ class IdempotencyRecord(TenantOwned):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.state})"
-
-
-class Sequence(TenantOwned):
-    key = models.SlugField(max_length=100)
-    name = models.CharField(max_length=200, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        db_table = "sequences"
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="sequence_key_unique_per_tenant")]
-
-    def __str__(self) -> str:
-        return self.key
-
-
-class SequenceStep(TenantOwned):
-    sequence = models.ForeignKey(Sequence, on_delete=models.CASCADE, related_name="steps")
-    position = models.PositiveSmallIntegerField()
-    offset_seconds = models.PositiveIntegerField()
-    channel = models.CharField(max_length=10, choices=Channel.choices)
-    template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+")
-
-    class Meta:
-        db_table = "sequence_steps"
-        ordering = ["sequence", "position"]
-        constraints = [models.UniqueConstraint(fields=["sequence", "position"], name="sequence_step_position_unique")]
-
-    def __str__(self) -> str:
-        return f"{self.sequence_id} step {self.position}"
-
-
-class Enrollment(TenantOwned):
-    class State(models.TextChoices):
-        ACTIVE = "active"
-        CANCELLED = "cancelled"
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    sequence = models.ForeignKey(Sequence, on_delete=models.CASCADE, related_name="enrollments")
-    recipient = EncryptedTextField()
-    recipient_masked = models.CharField(max_length=200)
-    context = models.JSONField(default=dict, blank=True)
-    starts_at = models.DateTimeField()
-    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
-    created_at = models.DateTimeField(auto_now_add=True)
-    cancelled_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        db_table = "sequence_enrollments"
-
-    def __str__(self) -> str:
-        return f"{self.recipient_masked} in {self.sequence_id}"
 
 
 class TenantQueue(TenantOwned):

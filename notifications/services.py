@@ -87,7 +87,6 @@ class NotificationSpec:
     queue: str = "default"
     scheduled_for: datetime | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    enrollment_id: uuid.UUID | None = None
     category: str = "general"
     subscriber: str | None = None  # the external id the recipient was resolved from
     # A critical category ignores opt-outs and category-scoped suppressions, never those for every category.
@@ -854,7 +853,7 @@ def _instance(tenant: Tenant, spec: NotificationSpec, now: datetime) -> Notifica
         "status": status, "scheduled_for": spec.scheduled_for, "metadata": spec.metadata, "category": spec.category,
         "subscriber": spec.subscriber,
         "attempt_count": 0, "attempt_offset": 0, "last_error_code": "",
-        "enrollment_id": spec.enrollment_id, "provider_named": spec.provider_named,
+        "provider_named": spec.provider_named,
         "created_at": now, "updated_at": now,
         "enqueued_at": None if future or spec.opted_out else now, "delivered_at": None,
         "receipt": None, "bounce_type": None,

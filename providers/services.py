@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from core.api.errors import Conflict
 from core.models import AuditEvent
+from core.services import save_audited
 from providers.models import Provider
 
 
@@ -29,23 +30,18 @@ def _duplicate(exc: IntegrityError, name: str) -> Conflict:
 def save_provider(provider: Provider, *, actor: str, fields: Sequence[str] | None = None) -> Provider:
     """Create or update a provider. Making it the default unsets the channel's previous default in
     the same transaction; the partial unique index settles a race between two new defaults (409)."""
-    created = provider._state.adding
-    try:
-        with transaction.atomic():
-            if provider.is_default:
-                old = Provider.objects.for_tenant(provider.tenant_id).filter(channel=provider.channel, is_default=True)
-                old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
-            if not created and fields is not None and "secrets" in fields:
-                fields = [*fields, *_note_rotation(provider)]
-            # Its rate limit, and the lanes of its queued items, follow in this transaction (providers.lanes).
-            provider.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="provider.created" if created else "provider.updated", target=provider,
-                details={"name": provider.name, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError as exc:
-        raise _duplicate(exc, provider.name) from None
-    return provider
+
+    def before(created: bool, fields: list[str] | None) -> list[str]:
+        if provider.is_default:
+            old = Provider.objects.for_tenant(provider.tenant_id).filter(channel=provider.channel, is_default=True)
+            old.exclude(pk=provider.pk).update(is_default=False, updated_at=Now())
+        if not created and fields is not None and "secrets" in fields:
+            return _note_rotation(provider)
+        return []
+
+    # Its rate limit, and the lanes of its queued items, follow in the save's transaction (providers.lanes).
+    return save_audited(provider, actor=actor, noun="provider", details={"name": provider.name}, fields=fields,
+                        conflict=lambda exc: _duplicate(exc, provider.name), before=before)  # fmt: skip
 
 
 def _note_rotation(provider: Provider) -> list[str]:

@@ -27,6 +27,7 @@ from core.channels import CHANNELS
 from core.ids import uuid7
 from core.masking import mask_recipient
 from core.models import AuditEvent, Tenant
+from core.services import save_audited
 from core.validation import MAX_METADATA_BYTES, FieldErrors, check_locale, check_recipient, json_size, unknown_fields
 from recipients.models import GENERAL, Category, Subscriber
 
@@ -92,19 +93,14 @@ def describe_quiet_hours(value: Any) -> str:
 
 
 def save_category(category: Category, *, actor: str, fields: Sequence[str] | None = None) -> Category:
-    created = category._state.adding
     if category.key == GENERAL and category.critical:
         raise FieldErrors({"critical": ["the general category is never critical"]})
-    try:
-        with transaction.atomic():
-            category.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="category.created" if created else "category.updated", target=category,
-                details={"key": category.key, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError:
-        raise Conflict(f"A category with key {category.key!r} already exists.", code="already_exists") from None
-    return category
+
+    def conflict(_: IntegrityError) -> Conflict:
+        return Conflict(f"A category with key {category.key!r} already exists.", code="already_exists")
+
+    return save_audited(category, actor=actor, noun="category", details={"key": category.key}, fields=fields,
+                        conflict=conflict)  # fmt: skip
 
 
 def delete_category(category: Category, *, actor: str) -> None:

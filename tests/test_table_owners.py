@@ -49,9 +49,6 @@ OWNERS: dict[str, str] = {
     "delivery_attempts": "notifications/statements.py",
     "idempotency_records": "notifications/statements.py",
     "tenant_queues": "notifications/statements.py",
-    "sequences": "notifications/statements.py",
-    "sequence_steps": "notifications/statements.py",
-    "sequence_enrollments": "notifications/statements.py",
     "provider_messages": "notifications/statements.py",  # (provider, message id) → notification
     "notification_devices": "notifications/statements.py",  # a push's devices and how each went
     "delivery_counters": "notifications/counters.py",

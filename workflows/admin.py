@@ -15,10 +15,13 @@ from workflows.models import Workflow, WorkflowRun
 
 @admin.register(Workflow)
 class WorkflowAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    list_display = ["key", "name", "tenant", "category", "step_count", "updated_at"]
+    """Workflows, and sequences (a workflow of their kind: send steps with delays between)."""
+
+    list_display = ["key", "kind", "name", "tenant", "category", "step_count", "updated_at"]
+    list_filter = ["kind"]
     search_fields = ["=key"]
     ordering = ["-created_at", "-id"]
-    fields = readonly_fields = ["key", "name", "tenant", "category", "steps", "created_at", "updated_at"]
+    fields = readonly_fields = ["key", "kind", "name", "tenant", "category", "steps", "created_at", "updated_at"]
 
     @admin.display(description="steps")
     def step_count(self, obj: Workflow) -> int:
@@ -27,13 +30,16 @@ class WorkflowAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
-    list_display = ["id", "workflow", "subscriber", "status", "tenant", "created_at"]
+    """Runs, and sequences' enrollments (runs to a recipient: `recipient` is never shown, only masked)."""
+
+    list_display = ["id", "workflow", "subscriber", "recipient_masked", "status", "tenant", "created_at"]
     list_filter = ["status"]
     list_select_related = ("tenant", "workflow")
     search_fields = ["=subscriber", "=trigger_id"]
     ordering = ["-created_at", "-id"]
-    fields = readonly_fields = ["id", "workflow", "tenant", "subscriber", "trigger_id", "status", "cancellation_key",
-                                "actor", "timeline", "data", "digest", "created_at", "updated_at"]  # fmt: skip
+    fields = readonly_fields = ["id", "workflow", "tenant", "subscriber", "recipient_masked", "trigger_id", "status",
+                                "cancellation_key", "actor", "timeline", "data", "digest", "starts_at", "created_at",
+                                "updated_at"]  # fmt: skip
 
     @admin.display(description="steps")
     def timeline(self, obj: WorkflowRun) -> Any:  # noqa: ANN401

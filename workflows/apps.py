@@ -6,8 +6,14 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from core import retention
         from queueing import scheduler
-        from workflows import engine
+        from templating import services as templates
+        from workflows import engine, sequences, statements
 
         # A run waiting on a delay (or its first step) is a scheduled job of its own kind.
         scheduler.register_promotion(engine.promote, kind=engine.JOB_KIND)
+        # Past retention: finished runs, closed digest windows no unfinished run still leads, and
+        # throttle windows over for longer than the longest window a step may have.
+        retention.register(*statements.RETAINED)
+        templates.check_use_with(sequences.uses_template)  # a sequence's step names its template by key

@@ -5,11 +5,15 @@ for the delay's end, a digest window for the window's close. One batch is one tr
   1. the due jobs of this kind, locked FOR UPDATE SKIP LOCKED (queueing.scheduler.due_jobs_sql), so
      each goes to exactly one of several schedulers;
   2. their runs, locked, still unfinished and waiting on that very job (a cancel that committed first wins);
-  3. each run advances in a savepoint, step after step, until it waits again or ends: a send step
-     creates its notification through the one creation service (notifications.services), so
-     preferences, suppressions, quiet hours, fallback and events apply; the run's row changes by a
-     conditional update on (id, wake_id, status) whose row count must be one;
+  3. every run walks its steps in memory until it waits again or ends (throttle, digest and skip_if
+     steps run their own single statements); then, in a savepoint and a fixed number of statements
+     whatever the runs' count: the subscribers' time zones the delays need, per tenant the sends'
+     notifications through the one creation service's batch path (notifications.services: so
+     preferences, suppressions, quiet hours, fallback and events apply) and the waits' jobs, and every
+     run's new state in one conditional UPDATE on (id, wake_id, status) whose row count must be all;
   4. the jobs end executed (or cancelled when their run had gone).
+When the batch cannot go through (a step's template gone, a subject that fails to render), its
+savepoint is undone and each run goes again on its own, so only that run fails.
 A scheduler killed anywhere in between rolls the whole batch back: the jobs are pending again and a
 peer (or its restart) takes them; a step's effects and its state commit together, so each step runs
 at most once, and in order."""
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -40,8 +46,7 @@ from workflows.steps import delay_until, key_value
 logger = logging.getLogger("omnipost.workflows")
 
 JOB_KIND = "workflow"
-# Runs advanced per transaction: each costs a few statements (more with a send step), and the batch's
-# jobs stay locked until it commits.
+# Runs advanced per transaction: their jobs stay locked until it commits.
 BATCH = 100
 NO_ADDRESS = "no_address"
 
@@ -76,60 +81,86 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
                 return scheduler.Promotion(0, 0)
             cursor.execute("SELECT now()")
             (now,) = cursor.fetchone()
-        runs = {
-            run.wake_id: run
-            for run in WorkflowRun.objects.using(using)
-            .select_related("tenant", "workflow")
-            .select_for_update(of=("self",))
-            .filter(wake_id__in=[wake for _, wake, _ in due], status__in=UNFINISHED)
-        }
-        executed, cancelled, lag = [], [], 0.0
-        for job_id, wake, run_at in due:
-            run = runs.get(wake)
-            if run is None:  # cancelled meanwhile, or its workflow deleted
-                cancelled.append(job_id)
-                continue
-            try:
-                with transaction.atomic(using=using):
-                    advance(run, now, using=using)
-            except _Lost:
-                cancelled.append(job_id)
-                continue
-            except Exception as exc:
-                if is_connection_lost(exc):
-                    raise
-                logger.exception("workflow run %s failed at step %d", run.pk, run.step_index)
-                with transaction.atomic(using=using):
-                    _fail(run, f"{type(exc).__name__}: {exc}"[:500])
-            executed.append(job_id)
-            lag = max(lag, (now - run_at).total_seconds())
+        runs = _locked_runs([wake for _, wake, _ in due], using)
+        live = [(job_id, runs[wake], run_at) for job_id, wake, run_at in due if wake in runs]
+        # a job whose run is gone (cancelled meanwhile, or its workflow deleted) ends cancelled
+        cancelled = [job_id for job_id, wake, _ in due if wake not in runs]
+        executed: list[Any] = []
+        try:
+            with transaction.atomic(using=using):
+                _advance_batch([run for _, run, _ in live], now, using)
+            executed = [job_id for job_id, _, _ in live]
+        except Exception as exc:
+            if is_connection_lost(exc):
+                raise
+            # A run the batch could not advance (a template gone, a step that fails to render): the
+            # savepoint undid the whole batch; each run goes again on its own, so only it fails.
+            logger.info("workflow batch of %d run(s) retried run by run: %s", len(live), exc)
+            runs = _locked_runs([run.wake_id for _, run, _ in live], using)
+            for job_id, run, _ in live:
+                if _advance_alone(runs[run.wake_id], now, using):
+                    executed.append(job_id)
+                else:
+                    cancelled.append(job_id)
+        lag = max(((now - run_at).total_seconds() for job_id, _, run_at in live if job_id in executed), default=0.0)
         schedule.settle_jobs(executed, cancelled, using=using)
     return scheduler.Promotion(len(executed), len(cancelled), max_lag=lag if executed else None)
 
 
-def advance(run: WorkflowRun, now: datetime, *, using: str = "default") -> None:
-    """Run `run`'s steps from where it waits until it waits again or ends (in the caller's transaction,
-    the run's row locked)."""
-    states = [dict(state) for state in run.steps]
+def _locked_runs(wakes: list[Any], using: str) -> dict[Any, WorkflowRun]:
+    """The unfinished runs waiting on these jobs, locked, by wake id (one statement)."""
+    return {
+        run.wake_id: run
+        for run in WorkflowRun.objects.using(using)
+        .select_related("tenant", "workflow")
+        .select_for_update(of=("self",))
+        .filter(wake_id__in=wakes, status__in=UNFINISHED)
+    }
+
+
+def _advance_alone(run: WorkflowRun, now: datetime, using: str) -> bool:
+    """Advance one run in its own savepoint; a failing step fails the run. False when its row was lost."""
+    try:
+        with transaction.atomic(using=using):
+            advance(run, now, using=using)
+    except _Lost:
+        return False
+    except Exception as exc:
+        if is_connection_lost(exc):
+            raise
+        logger.exception("workflow run %s failed at step %d", run.pk, getattr(run, "reached", run.step_index))
+        with transaction.atomic(using=using):
+            _fail(run, f"{type(exc).__name__}: {exc}"[:500])
+    return True
+
+
+# A step's send, as a walk sees it: the step's new state, given (run, step, states, index).
+SendStep = Callable[[WorkflowRun, dict[str, Any], list[dict[str, Any]], int], dict[str, Any]]
+
+
+def _walk(
+    run: WorkflowRun, now: datetime, states: list[dict[str, Any]], send: SendStep, zone: Callable[[], str]
+) -> tuple[str, int, datetime | None]:
+    """Take `run`'s steps from where it waits until it waits again or ends, changing `states`; returns
+    (status, the step's index it stopped at, when its wait ends or None). Throttle and digest steps
+    run their conditional statements here; sends go through `send`."""
     index = run.step_index
     if index < len(states) and states[index]["status"] == StepStatus.WAITING:
         states[index]["status"] = StepStatus.DONE  # the wait this job stood for is over
         index += 1
         if run.definition[index - 1]["type"] == "digest":  # its window closed: this run goes on with it
             run.digest = statements.close_digest(run, run.definition[index - 1]["name"])
-    zone: list[str] = []  # the subscriber's timezone, read once when a step needs it
     try:
         while index < len(run.definition):
-            run.reached = index  # where a failure is recorded (the savepoint undoes this batch's steps)
+            run.reached = index  # where a failure is recorded
             step = run.definition[index]
             kind = step["type"]
             if kind == "send":
-                states[index].update(_send(run, step, states, using))
+                states[index].update(send(run, step, states, index))
             elif kind == "delay":
-                if step.get("until_local") and not zone:
-                    zone.append(_timezone(run))
-                at = delay_until(step, zone[0] if zone else "", now)
-                return _wait(run, states, index, at, using)
+                at = delay_until(step, zone() if step.get("until_local") else "", now)
+                states[index].update(status=StepStatus.WAITING, at=at.isoformat())
+                return RunStatus.WAITING, index, at
             elif kind == "throttle":
                 key = key_value(run.data, step.get("key"))
                 if not statements.pass_throttle(run, step["name"], key, step["limit"], step["window_seconds"]):
@@ -141,11 +172,128 @@ def advance(run: WorkflowRun, now: datetime, *, using: str = "default") -> None:
                 if at is None:
                     states[index].update(status=StepStatus.SKIPPED, reason="digested")
                     raise _Finished(RunStatus.DIGESTED)
-                return _wait(run, states, index, at, using)
+                states[index].update(status=StepStatus.WAITING, at=at.isoformat())
+                return RunStatus.WAITING, index, at
             index += 1
     except _Finished as finished:
-        return _end(run, states, index, finished.status)
-    return _end(run, states, index, RunStatus.COMPLETED)
+        return finished.status, index, None
+    return RunStatus.COMPLETED, index, None
+
+
+def advance(run: WorkflowRun, now: datetime, *, using: str = "default") -> None:
+    """Run `run`'s steps from where it waits until it waits again or ends (in the caller's transaction,
+    the run's row locked): one run on its own, each send creating its notification at once."""
+    states = [dict(state) for state in run.steps]
+    zone: list[str] = []  # the subscriber's timezone, read once when a step needs it
+
+    def timezone_of() -> str:
+        if not zone:
+            zone.append(_timezone(run))
+        return zone[0]
+
+    def send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], index: int) -> dict[str, Any]:
+        return _send(run, step, states, using)
+
+    status, index, at = _walk(run, now, states, send, timezone_of)
+    if at is not None:
+        return _wait(run, states, index, at, using)
+    return _end(run, states, index, status)
+
+
+@dataclass
+class _Plan:
+    """One run's walk in a batch: where it stopped, and the sends whose notifications the batch creates."""
+
+    run: WorkflowRun
+    states: list[dict[str, Any]]
+    status: str = RunStatus.RUNNING
+    index: int = 0
+    at: datetime | None = None
+    wake: uuid.UUID | None = None
+    sends: list[tuple[int, Draft]] = field(default_factory=list)
+
+
+def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str) -> None:
+    """Advance `runs` together (in the caller's savepoint, their rows locked), in a fixed number of
+    statements whatever their count, besides each throttle, digest and skip_if step's own: the time
+    zones the delays need (one query), per tenant the sends' notifications through the batch creation
+    path (its subscriber read and its one creation statement) and the waits' jobs (one INSERT), and
+    every run's new state (one UPDATE)."""
+    zones = _timezones(runs, using)
+    plans: list[_Plan] = []
+    for run in runs:
+        plan = _Plan(run, [dict(state) for state in run.steps])
+
+        def send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], index: int,
+                 plan: _Plan = plan) -> dict[str, Any]:  # fmt: skip
+            outcome = _draft(run, step, states, using)
+            if isinstance(outcome, Draft):
+                plan.sends.append((index, outcome))
+                return {"status": StepStatus.DONE, "notification_id": None}  # its id once created below
+            return outcome
+
+        def zone(run: WorkflowRun = run) -> str:
+            return zones.get((run.tenant_id, run.subscriber), "")
+
+        plan.status, plan.index, plan.at = _walk(run, now, plan.states, send, zone)
+        if plan.at is not None:
+            plan.wake = uuid.uuid4()
+        plans.append(plan)
+    by_tenant: dict[Any, list[tuple[_Plan, int, Draft]]] = {}
+    for plan in plans:
+        for index, draft in plan.sends:
+            by_tenant.setdefault(plan.run.tenant_id, []).append((plan, index, draft))
+    for sends in by_tenant.values():
+        _create(sends)
+    statements.record_runs([
+        (plan.run.pk, plan.run.wake_id, plan.status, min(plan.index, max(len(plan.states) - 1, 0)), plan.states,
+         plan.wake, plan.run.digest)
+        for plan in plans
+    ], using=using)  # fmt: skip
+    waits: dict[Any, list[tuple[Any, datetime | None, float]]] = {}
+    for plan in plans:
+        if plan.wake is not None:
+            waits.setdefault(plan.run.tenant_id, []).append((plan.wake, plan.at, 0.0))
+    for tenant_id, timed in waits.items():
+        schedule.add_timed_jobs(tenant_id, JOB_KIND, timed, using=using)
+
+
+def _create(sends: list[tuple[_Plan, int, Draft]]) -> None:
+    """One tenant's sends of a batch: their notifications in one creation (a send to a channel its
+    subscriber has no address for is skipped, `no_address`); another problem raises StepError."""
+    tenant = sends[0][0].run.tenant
+    try:
+        specs = services.build_specs(tenant, [draft for _, _, draft in sends])
+    except services.SpecErrors as exc:
+        if any(set(problems) != {"subscriber"} for problems in exc.errors.values()):
+            raise StepError(f"{len(exc.errors)} send step(s) cannot create their notification") from None
+        for position in exc.errors:
+            plan, index, _ = sends[position]
+            plan.states[index].update(status=StepStatus.SKIPPED, reason=NO_ADDRESS)
+        sends = [send for position, send in enumerate(sends) if position not in exc.errors]
+        if not sends:
+            return
+        specs = services.build_specs(tenant, [draft for _, _, draft in sends])
+    try:
+        rows = services.create_notifications(tenant, specs, actor="scheduler:workflows")
+    except services.StaleConfig:
+        specs = services.build_specs(tenant, [draft for _, _, draft in sends], cached=False)
+        rows = services.create_notifications(tenant, specs, actor="scheduler:workflows")
+    for (plan, index, _), row in zip(sends, rows, strict=True):
+        plan.states[index]["notification_id"] = str(row.pk)
+
+
+def _timezones(runs: list[WorkflowRun], using: str) -> dict[tuple[Any, str], str]:
+    """(tenant, subscriber) → time zone, for the runs whose definition has an `until_local` delay (one query)."""
+    wanted = [run for run in runs if any(step.get("until_local") for step in run.definition)]
+    if not wanted:
+        return {}
+    rows = (
+        Subscriber.objects.using(using)
+        .filter(tenant_id__in={run.tenant_id for run in wanted}, external_id__in={run.subscriber for run in wanted})
+        .values_list("tenant_id", "external_id", "timezone")
+    )
+    return {(tenant_id, external_id): zone or "" for tenant_id, external_id, zone in rows}
 
 
 def _timezone(run: WorkflowRun) -> str:
@@ -167,12 +315,13 @@ def _context(run: WorkflowRun) -> dict[str, Any]:
     return context
 
 
-def _send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str) -> dict[str, Any]:
-    """The send step's state: done with its notification, or skipped (skip_if met, no address)."""
+def _draft(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str) -> Draft | dict[str, Any]:
+    """The send step's notification to create, or its state when skipped (its skip_if met)."""
     condition = step.get("skip_if")
     if condition:
         earlier = next((s for s in states if s["name"] == condition["step"]), None)
         notification_id = earlier.get("notification_id") if earlier else None
+        # (a notification created in this very batch has no id yet: it cannot have been delivered or read)
         if notification_id and reached(run.tenant_id, notification_id, condition["state"], using=using):
             return {"status": StepStatus.SKIPPED, "reason": f"{condition['step']} {condition['state']}"}
     context = _context(run)
@@ -183,11 +332,18 @@ def _send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], 
             body = renderer.render(body, context, autoescape=False)
         except renderer.TemplateError as exc:
             raise StepError(f"rendering the step's subject or body: {exc}") from None
-    draft = Draft(
+    return Draft(
         channel=step["channel"], recipient="", subscriber=run.subscriber, provider=step.get("provider"),
         template=step.get("template"), subject=subject, body=body, context=context, category=run.category,
         metadata={"workflow": run.workflow.key, "workflow_run_id": str(run.pk), "step": step["name"]},
     )  # fmt: skip
+
+
+def _send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str) -> dict[str, Any]:
+    """The send step's state: done with its notification (created now), or skipped (skip_if met, no address)."""
+    draft = _draft(run, step, states, using)
+    if not isinstance(draft, Draft):
+        return draft
     try:
         try:
             specs = services.build_specs(run.tenant, [draft])
@@ -238,7 +394,6 @@ def _save(run: WorkflowRun, **changes: Any) -> None:
 
 def _wait(run: WorkflowRun, states: list[dict[str, Any]], index: int, at: datetime, using: str) -> None:
     wake = uuid.uuid4()
-    states[index].update(status=StepStatus.WAITING, at=at.isoformat())
     _save(run, step_index=index, steps=states, wake_id=wake, digest=run.digest, status=RunStatus.WAITING)
     schedule.add_timed_jobs(run.tenant_id, JOB_KIND, [(wake, at, 0.0)], using=using)
 

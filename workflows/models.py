@@ -11,12 +11,21 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from core.fields import EncryptedTextField
 from core.ids import uuid7
 from core.models import TenantOwned
 from core.models.tenancy import TenantQuerySet
 
 
+class WorkflowKind(models.TextChoices):
+    WORKFLOW = "workflow"
+    # A drip sequence (`sequences/{key}`): send steps to one recipient, with fixed delays between them;
+    # its enrollments are runs planned at their start (workflows.sequences).
+    SEQUENCE = "sequence"
+
+
 class Workflow(TenantOwned):
+    kind = models.CharField(max_length=10, choices=WorkflowKind.choices, default=WorkflowKind.WORKFLOW)
     key = models.SlugField(max_length=100)
     name = models.CharField(max_length=200, blank=True, default="")
     category = models.CharField(max_length=100, default="general")
@@ -27,7 +36,9 @@ class Workflow(TenantOwned):
     class Meta:
         db_table = "workflows"
         ordering = ["-created_at", "-id"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="workflow_key_unique_per_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "kind", "key"], name="workflow_key_unique_per_tenant_kind")
+        ]
 
     def __str__(self) -> str:
         return self.key
@@ -44,6 +55,7 @@ class RunStatus(models.TextChoices):
 
 
 UNFINISHED = (RunStatus.RUNNING, RunStatus.WAITING)
+FINISHED = tuple(status for status in RunStatus if status not in UNFINISHED)  # pruned past retention
 
 
 class StepStatus(models.TextChoices):
@@ -61,7 +73,11 @@ class WorkflowRunQuerySet(TenantQuerySet):
 class WorkflowRun(TenantOwned):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs", db_index=False)
-    subscriber = models.CharField(max_length=200)  # the external id
+    subscriber = models.CharField(max_length=200)  # the external id ("" for a sequence's enrollment)
+    # A sequence's enrollment sends to one recipient, not a subscriber: stored encrypted, masked beside.
+    recipient = EncryptedTextField(null=True, blank=True)
+    recipient_masked = models.CharField(max_length=200, blank=True, default="", db_default="")
+    starts_at = models.DateTimeField(null=True, blank=True)  # an enrollment's: its steps' offsets count from it
     trigger_id = models.UUIDField()
     # running: its next step is due (a scheduler takes it); waiting: on a delay or a digest window
     status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.RUNNING)

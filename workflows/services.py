@@ -24,6 +24,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 
 from core.api.errors import Conflict
 from core.models import AuditEvent, Tenant
+from core.services import save_audited
 from notifications import services as notifications
 from notifications.models import Notification, Status
 from providers.models import Provider
@@ -33,7 +34,7 @@ from templating import renderer
 from templating.models import Template
 from workflows import statements
 from workflows.engine import JOB_KIND
-from workflows.models import RunStatus, StepStatus, Workflow, WorkflowRun
+from workflows.models import RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,13 @@ MAX_SUBSCRIBERS = 1000
 MAX_DATA_BYTES = 32 * 1024
 
 
+def workflows_of(workflows: QuerySet[Workflow]) -> QuerySet[Workflow]:
+    """The workflows among `workflows` (a sequence is one too, of its own kind, under `sequences/`)."""
+    return workflows.filter(kind=WorkflowKind.WORKFLOW)
+
+
 def get_workflow(tenant: Tenant, key: str) -> Workflow:
-    workflow = Workflow.objects.for_tenant(tenant).filter(key=key).first()
+    workflow = workflows_of(Workflow.objects.for_tenant(tenant)).filter(key=key).first()
     if workflow is None:
         raise NotFound("No workflow with this key.")
     return workflow
@@ -84,18 +90,13 @@ def check_references(tenant: Tenant, category: str, steps: Sequence[dict[str, An
 
 
 def save_workflow(workflow: Workflow, *, actor: str, fields: Sequence[str] | None = None) -> Workflow:
-    created = workflow._state.adding
     check_references(workflow.tenant, workflow.category, workflow.steps)
-    try:
-        with transaction.atomic():
-            workflow.save(update_fields=None if created or fields is None else [*fields, "updated_at"])
-            AuditEvent.record(
-                actor=actor, action="workflow.created" if created else "workflow.updated", target=workflow,
-                details={"key": workflow.key, "fields": sorted(fields or [])},
-            )  # fmt: skip
-    except IntegrityError:
-        raise Conflict(f"A workflow with key {workflow.key!r} already exists.", code="already_exists") from None
-    return workflow
+
+    def conflict(_: IntegrityError) -> Conflict:
+        return Conflict(f"A workflow with key {workflow.key!r} already exists.", code="already_exists")
+
+    return save_audited(workflow, actor=actor, noun="workflow", details={"key": workflow.key}, fields=fields,
+                        conflict=conflict)  # fmt: skip
 
 
 def delete_workflow(workflow: Workflow, *, actor: str) -> None:
@@ -224,4 +225,5 @@ def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: st
 
 
 def runs_for(tenant: Tenant) -> QuerySet[WorkflowRun]:
-    return WorkflowRun.objects.for_tenant(tenant).select_related("workflow")
+    runs = WorkflowRun.objects.for_tenant(tenant).filter(workflow__kind=WorkflowKind.WORKFLOW)
+    return runs.select_related("workflow")

@@ -23,11 +23,36 @@ from typing import Any
 from django.db import connections
 
 from core.ids import uuid7
+from core.retention import RetainedTable
 from queueing import schedule
-from workflows.models import WorkflowRun
-from workflows.steps import key_value
+from workflows.models import FINISHED, WorkflowRun
+from workflows.steps import MAX_WINDOW_SECONDS, key_value
 
 MAX_ITEMS = 100
+
+_FINISHED = ", ".join(f"'{status}'" for status in FINISHED)
+# What `prune` deletes past retention (core.retention), in this order: a digest window is kept while
+# the run that leads it has not finished; a throttle's counter until its window cannot still be open.
+RETAINED = (
+    # (a sequence's enrollment finishes at its start; its last step's time may lie far ahead)
+    RetainedTable(
+        "workflow_runs",
+        f"updated_at < %(cutoff)s AND status IN ({_FINISHED})"
+        " AND coalesce((steps -> -1 ->> 'at')::timestamptz, updated_at) < %(cutoff)s",
+        "finished workflow run(s)",
+    ),
+    RetainedTable(
+        "workflow_digests",
+        "status = 'closed' AND closes_at < %(cutoff)s AND NOT EXISTS (SELECT 1 FROM workflow_runs r"
+        " WHERE r.id = workflow_digests.leader_id AND r.status IN ('running', 'waiting'))",
+        "closed digest window(s)",
+    ),
+    RetainedTable(
+        "workflow_throttles",
+        f"window_start < LEAST(%(cutoff)s, now() - interval '{MAX_WINDOW_SECONDS} seconds')",
+        "throttle window(s)",
+    ),
+)
 
 # A trigger's runs, each waiting on a job due now, in one statement whatever their count.
 _START_RUNS = """WITH s AS (
@@ -144,3 +169,29 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
         return {"count": 1, "items": [run.data]}
     count, items = row
     return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
+
+
+# A batch's runs, each to its new state, in one statement: only while each still waits on the job the
+# batch holds (its wake_id) and is unfinished.
+_RECORD_RUNS = """UPDATE workflow_runs r
+SET status = u.status, step_index = u.step_index, steps = u.steps::jsonb, wake_id = u.wake,
+    digest = u.digest::jsonb, updated_at = now()
+FROM unnest(%(ids)s::uuid[], %(olds)s::uuid[], %(statuses)s::text[], %(indexes)s::int[], %(steps)s::text[],
+            %(wakes)s::uuid[], %(digests)s::text[]) AS u(id, old, status, step_index, steps, wake, digest)
+WHERE r.id = u.id AND r.wake_id = u.old AND r.status IN ('running', 'waiting')"""
+
+
+def record_runs(changes: list[tuple[Any, Any, str, int, list[dict[str, Any]], Any, Any]], *, using: str) -> None:  # noqa: ANN401
+    """Each `(run id, the wake id it waited on, status, step_index, steps, new wake id or None, digest)`;
+    raises when a run no longer waited on that job (the batch is undone)."""
+    if not changes:
+        return
+    params = {
+        "ids": [c[0] for c in changes], "olds": [c[1] for c in changes], "statuses": [str(c[2]) for c in changes],
+        "indexes": [c[3] for c in changes], "steps": [json.dumps(c[4]) for c in changes],
+        "wakes": [c[5] for c in changes], "digests": [None if c[6] is None else json.dumps(c[6]) for c in changes],
+    }  # fmt: skip
+    with connections[using].cursor() as cursor:
+        cursor.execute(_RECORD_RUNS, params)
+        if cursor.rowcount != len(changes):
+            raise RuntimeError(f"{len(changes) - cursor.rowcount} run(s) changed under the batch's lock")

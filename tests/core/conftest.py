@@ -20,8 +20,9 @@ from core.management.commands.create_staff_user import operators_group
 from core.masking import mask_recipient
 from core.models import ApiKey, AuditEvent, Tenant, TenantMembership
 from dlq.models import DeadLetter
-from notifications.models import Enrollment, IdempotencyRecord, Notification, Sequence
+from notifications.models import IdempotencyRecord, Notification
 from providers.models import Provider
+from workflows.models import Workflow, WorkflowRun
 
 REPO = Path(settings.BASE_DIR)
 
@@ -96,10 +97,13 @@ def secrets_everywhere(rows_a):  # noqa: ANN001, ANN201
         response_body='{"recipient": "alice@example.com"}',
         expires_at=timezone.now() + timedelta(hours=24),
     )
-    sequence = Sequence.objects.create(tenant=rows_a.tenant, key="welcome")
-    enrollment = Enrollment.objects.create(
+    sequence = Workflow.objects.create(tenant=rows_a.tenant, kind="sequence", key="welcome")
+    enrollment = WorkflowRun.objects.create(  # a sequence's enrollment: a run to a recipient
         tenant=rows_a.tenant,
-        sequence=sequence,
+        workflow=sequence,
+        subscriber="",
+        trigger_id=uuid.uuid4(),
+        status="completed",
         recipient=PHONE,
         recipient_masked="+1******4567",
         starts_at=timezone.now(),

@@ -15,10 +15,11 @@ from django.db import connection
 from django.test import override_settings
 
 from core import crypto
-from notifications.models import Enrollment, Notification
+from notifications.models import Notification
 from omnipost_site.keys import load_encryption_keys, parse_keys
 from providers.models import Provider
 from tests.core.conftest import PHONE, WHSEC, clean_env, run_manage
+from workflows.models import WorkflowRun
 
 REPO = Path(__file__).resolve().parents[2]
 # A valid key spelled the same in every process: parameter ids must be equal across xdist workers.
@@ -38,7 +39,7 @@ def test_stored_values_are_not_plain_text(secrets_everywhere):
         "recipient": raw_column("notifications", "recipient", rows.notification.pk),
         "secrets": raw_column("providers", "secrets", rows.provider.pk),
         "response": raw_column("idempotency_records", "response_body", record.pk),
-        "enrollment": raw_column("sequence_enrollments", "recipient", enrollment.pk),
+        "enrollment": raw_column("workflow_runs", "recipient", enrollment.pk),
     }
     for plain in ("alice@example.com", "alice", WHSEC, "whsec_", PHONE, "5551234567"):
         for column, value in stored.items():
@@ -52,7 +53,7 @@ def test_stored_values_are_not_plain_text(secrets_everywhere):
     # ...and the model still reads them back.
     assert Notification.objects.get(pk=rows.notification.pk).recipient == "alice@example.com"
     assert Provider.objects.get(pk=rows.provider.pk).secrets == {"signing_secret": WHSEC}
-    assert Enrollment.objects.get(pk=enrollment.pk).recipient == PHONE
+    assert WorkflowRun.objects.get(pk=enrollment.pk).recipient == PHONE
 
 
 def test_orm_update_with_plain_text_encrypts_it(rows_a):

@@ -12,10 +12,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.models import AuditEvent
-from notifications.models import Enrollment, Notification, Sequence, SequenceStep
+from notifications.models import Notification
 from queueing.models import QueueItem, ScheduledJob
 from templating.models import Template
 from tests.support.setups import EMAIL, PHONE, TOKEN
+from workflows.models import Workflow, WorkflowRun
+
+# A sequence is a workflow of its kind; an enrollment, a run of it.
+Sequence = Workflow.objects.filter(kind="sequence")
+Enrollment = WorkflowRun.objects.filter(workflow__kind="sequence")
 
 pytestmark = pytest.mark.django_db
 
@@ -95,7 +100,7 @@ def test_duplicate_key_is_409(api_a, onboarding, setup_a):
     response = define(api_a, step_list=steps(["t0"]))
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "already_exists"
-    assert SequenceStep.objects.count() == 3
+    assert [len(s) for s in Sequence.values_list("steps", flat=True)] == [5]  # 3 sends, 2 delays
 
 
 def _many(n: int) -> list[dict]:
@@ -116,7 +121,7 @@ def _many(n: int) -> list[dict]:
 def test_invalid_sequence_fields_are_400(api_a, setup_a, body, expected):
     templates(setup_a.tenant, count=1)
     assert set(error_details(api_a.post(SEQUENCES, body, format="json"))) == expected
-    assert not Sequence.objects.exists()
+    assert not Sequence.exists()
 
 
 @pytest.mark.parametrize(
@@ -136,7 +141,7 @@ def test_a_bad_step_is_named_by_its_index(api_a, setup_a, bad_step, field):
     details = error_details(api_a.post(SEQUENCES, body, format="json"))
     assert set(details) == {"steps"} and set(details["steps"]) == {"1"}
     assert field in details["steps"]["1"]
-    assert not Sequence.objects.exists()
+    assert not Sequence.exists()
 
 
 def test_unknown_template_or_one_of_another_channel_is_400_naming_the_step(api_a, setup_a):
@@ -185,9 +190,9 @@ def test_enroll_schedules_every_step_and_queues_the_due_one(api_a, setup_a, onbo
     assert [(s["position"], s["channel"], s["status"]) for s in data["steps"]] == [
         (0, "email", "queued"), (1, "email", "scheduled"), (2, "email", "scheduled")]  # fmt: skip
 
-    enrollment = Enrollment.objects.get(pk=data["id"])
+    enrollment = Enrollment.get(pk=data["id"])
     assert enrollment.recipient == EMAIL and before <= enrollment.starts_at <= timezone.now()
-    notes = {str(n.id): n for n in Notification.objects.filter(enrollment=enrollment)}
+    notes = {str(n.id): n for n in Notification.objects.filter(metadata__enrollment_id=data["id"])}
     assert set(notes) == {s["notification_id"] for s in data["steps"]}
     for step in data["steps"]:
         note = notes[step["notification_id"]]
@@ -258,7 +263,7 @@ def test_provider_by_name_or_per_channel(api_a, setup_a):
 )
 def test_invalid_enrollment_fields_are_400(api_a, setup_a, onboarding, body, field):
     assert field in error_details(enroll(api_a, **body))
-    assert not Enrollment.objects.exists() and not Notification.objects.exists()
+    assert not Enrollment.exists() and not Notification.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -273,7 +278,7 @@ def test_provider_problems_are_named_per_step(api_a, setup_a, onboarding, provid
     details = error_details(enroll(api_a, provider=provider))
     assert set(details["steps"]) == {"0", "1", "2"}
     assert details["steps"]["0"] == {"provider": [message]}
-    assert not Enrollment.objects.exists() and not Notification.objects.exists()
+    assert not Enrollment.exists() and not Notification.objects.exists()
 
 
 def test_a_channel_without_a_default_provider_is_400(api_a, setup_a, onboarding):
@@ -303,7 +308,7 @@ def test_idempotency_key_makes_an_enrollment_safe_to_retry(api_a, setup_a, onboa
     again = api_a.post(enrollments_url(), body, format="json", HTTP_IDEMPOTENCY_KEY="enroll-jane-1")
     assert first.status_code == again.status_code == 201
     assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
-    assert Enrollment.objects.count() == 1 and Notification.objects.count() == 3
+    assert Enrollment.count() == 1 and Notification.objects.count() == 3
     other = api_a.post(enrollments_url(), {**body, "context": {}}, format="json", HTTP_IDEMPOTENCY_KEY="enroll-jane-1")
     assert other.status_code == 422
 
@@ -357,7 +362,7 @@ def test_unknown_enrollment_or_one_under_another_key_is_404(api_a, setup_a, onbo
                  f"{enrollments_url('other')}/{data['id']}", f"{enrollments_url()}/not-a-uuid"):  # fmt: skip
         assert api_a.get(path).status_code == 404
         assert api_a.delete(path).status_code == 404
-    assert Enrollment.objects.get().state == "active"
+    assert Enrollment.get().status != "cancelled"
 
 
 # --- tenants --------------------------------------------------------------------------------------
@@ -365,8 +370,8 @@ def test_unknown_enrollment_or_one_under_another_key_is_404(api_a, setup_a, onbo
 
 def snapshot() -> dict:
     return {
-        "sequences": sorted(Sequence.objects.values_list("id", "key", "name")),
-        "enrollments": sorted(Enrollment.objects.values_list("id", "state", "cancelled_at")),
+        "sequences": sorted(Sequence.values_list("id", "key", "name")),
+        "enrollments": sorted(Enrollment.values_list("id", "status", "updated_at")),
         "notifications": sorted(Notification.objects.values_list("id", "status", "updated_at")),
         "jobs": sorted(ScheduledJob.objects.values_list("job_id", "status")),
         "items": sorted(QueueItem.objects.values_list("item_id", flat=True)),
@@ -393,7 +398,7 @@ def test_another_tenants_sequences_and_enrollments_are_404_and_unchanged(api_a, 
     # Keys are per tenant: B may define its own `onboarding`, and A's enrollment stays out of its reach.
     assert define(api_b, step_list=steps(["t0"])).status_code == 201
     assert api_b.delete(enrollment).status_code == 404
-    assert Enrollment.objects.get(pk=data["id"]).state == "active"
+    assert Enrollment.get(pk=data["id"]).status != "cancelled"
 
 
 def test_endpoints_need_a_key(anonymous, setup_a):

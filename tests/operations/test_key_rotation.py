@@ -16,10 +16,11 @@ from django.test import override_settings
 
 from core import crypto
 from core.fields import encrypted_fields
-from notifications.models import Enrollment, IdempotencyRecord, Notification
+from notifications.models import IdempotencyRecord, Notification
 from operations import key_rotation
 from providers.models import Provider
 from tests.core.conftest import PHONE, WHSEC
+from workflows.models import WorkflowRun
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +33,7 @@ def test_every_encrypted_column_is_covered_by_rotation():
         "notifications.Notification.recipient",
         "providers.Provider.secrets",
         "notifications.IdempotencyRecord.response_body",
-        "notifications.Enrollment.recipient",
+        "workflows.WorkflowRun.recipient",
     } <= names
 
 
@@ -77,7 +78,7 @@ def test_rotation_re_encrypts_everything_under_the_newest_key_only(secrets_every
         assert Notification.objects.get(pk=rows.notification.pk).recipient == "alice@example.com"
         assert Provider.objects.get(pk=rows.provider.pk).secrets == {"signing_secret": WHSEC}
         assert IdempotencyRecord.objects.get(pk=record.pk).response_body == '{"recipient": "alice@example.com"}'
-        assert Enrollment.objects.get(pk=enrollment.pk).recipient == PHONE
+        assert WorkflowRun.objects.get(pk=enrollment.pk).recipient == PHONE
 
 
 def test_rotation_processes_in_batches(rows_a):
@@ -127,7 +128,7 @@ def test_the_service_reports_progress_per_column_and_returns_the_count(secrets_e
         "notifications.Notification.recipient",
         "providers.Provider.secrets",
         "notifications.IdempotencyRecord.response_body",
-        "notifications.Enrollment.recipient",
+        "workflows.WorkflowRun.recipient",
     }
     assert all(total == done for total, done in seen.values())
 

@@ -66,7 +66,7 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     NotificationDevice.objects.filter(pk__in=[devices[0].pk, devices[1].pk]).update(updated_at=OLD)
     assert [t.table for t in retention.TABLES] == [
         "provider_messages", "notification_devices", "event_attempts", "event_deliveries", "events",
-        "receipt_dedup"]  # fmt: skip
+        "receipt_dedup", "workflow_runs", "workflow_digests", "workflow_throttles"]  # fmt: skip
 
     dry = io.StringIO()
     call_command("prune", "--older-than", "30", "--dry-run", stdout=dry)
@@ -79,7 +79,8 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     call_command("prune", "--older-than", "30", "--batch-size", "100", stdout=out, stderr=io.StringIO())
     assert ("deleted 1 provider message id(s), 1 push device result(s), 3 event attempt(s), "
             "2 finished event delivery(s), 2 event(s), "
-            "2 receipt de-duplication key(s);") in out.getvalue()  # fmt: skip
+            "2 receipt de-duplication key(s), 0 finished workflow run(s), 0 closed digest window(s), "
+            "0 throttle window(s);") in out.getvalue()  # fmt: skip
     assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done, old_unspread}
     assert not Event.objects.filter(pk__in=old_done).exists()
     kept = set(EventDelivery.objects.values_list("event_id", "status"))

@@ -17,10 +17,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from notifications import sequences, tenant_config
+from notifications import tenant_config
 from notifications.api import views
 from notifications.models import Notification
-from notifications.sequences import StepSpec
 from queueing.models import ScheduledJob
 from recipients.models import Category
 from routing import quiet_hours
@@ -30,6 +29,8 @@ from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_s
 from tests.queueing.scheduler_support import start_scheduler, wait_for_text
 from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 from tests.support.setups import email
+from workflows import sequences
+from workflows.sequences import StepSpec
 
 URL = "/api/v1/notifications"
 BERLIN, NEW_YORK = "Europe/Berlin", "America/New_York"

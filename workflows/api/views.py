@@ -54,6 +54,9 @@ class WorkflowViewSet(ConfigViewSet):
     lookup_field = "key"
     model = Workflow
 
+    def get_queryset(self) -> QuerySet[Workflow]:
+        return services.workflows_of(super().get_queryset())
+
     def perform_create(self, serializer: WorkflowSerializer) -> None:
         workflow = Workflow(tenant=self.request.tenant, **serializer.validated_data)
         serializer.instance = services.save_workflow(workflow, actor=actor(self.request))

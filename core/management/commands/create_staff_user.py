@@ -23,8 +23,6 @@ OPERATOR_PERMISSIONS = [
     ("providers", "view_provider"),
     ("templating", "view_template"),
     ("templating", "view_templateversion"),
-    ("notifications", "view_sequence"),
-    ("notifications", "view_enrollment"),
     ("queueing", "view_scheduledjob"),
     ("queueing", "view_queueitem"),
     ("queueing", "view_worker"),

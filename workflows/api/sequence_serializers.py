@@ -2,7 +2,7 @@
 
 Requests refuse unknown fields and values of the wrong JSON type; checks that need the tenant's
 data (templates, providers, the recipient against each step's channel) run in
-`notifications.sequences`. Responses are built by hand; the declared fields document them.
+`workflows.sequences`. Responses are built by hand; the declared fields document them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from core.api.schema import StrictCharField, StrictIntegerField, StrictRegexFiel
 from core.channels import Channel
 from core.validation import MAX_METADATA_BYTES, MAX_TOKEN_CHARS, NAME, check_name, check_object
 from notifications import validation
-from notifications.models import Enrollment, Notification, Sequence, Status
-from notifications.sequences import MAX_STEPS, StepSpec, check_step_channels, step_errors, step_position
+from notifications.models import Notification, Status
+from workflows.models import RunStatus, Workflow, WorkflowRun
+from workflows.sequences import MAX_STEPS, StepSpec, check_step_channels, planned, step_errors, step_position
 
 MAX_OFFSET_SECONDS = int(validation.MAX_SCHEDULE_AHEAD.total_seconds())
 
@@ -53,14 +54,14 @@ class SequenceSerializer(StrictSerializer):
             raise step_errors(errors)
         return attrs
 
-    def to_representation(self, s: Sequence) -> dict[str, Any]:
+    def to_representation(self, s: Workflow) -> dict[str, Any]:
         return {
             "key": s.key,
             "name": s.name,
             "steps": [
-                {"position": step.position, "offset_seconds": step.offset_seconds, "channel": step.channel,
-                 "template": step.template.key}  # fmt: skip
-                for step in s.steps.all()
+                {"position": send.position, "offset_seconds": send.offset_seconds, "channel": send.step["channel"],
+                 "template": send.step["template"]}  # fmt: skip
+                for send in planned(s.steps)
             ],
             "created_at": iso(s.created_at),
         }
@@ -142,17 +143,19 @@ class EnrollmentSerializer(serializers.Serializer):
     recipient_masked = serializers.CharField()
     context = serializers.DictField()
     starts_at = serializers.DateTimeField()
-    state = serializers.ChoiceField(choices=Enrollment.State.choices)
+    state = serializers.ChoiceField(choices=[("active", "active"), ("cancelled", "cancelled")])
     created_at = serializers.DateTimeField()
     cancelled_at = serializers.DateTimeField(allow_null=True)
     steps = EnrollmentStepSerializer(many=True, help_text="One notification per step, in step order.")
 
-    def to_representation(self, e: Enrollment) -> dict[str, Any]:
+    def to_representation(self, e: WorkflowRun) -> dict[str, Any]:
+        """An enrollment is a run of the sequence's workflow: cancelled once removed, else active."""
         notes: list[Notification] = sorted(e.step_notifications, key=step_position)  # type: ignore[attr-defined]
+        cancelled = e.status == RunStatus.CANCELLED
         return {
-            "id": str(e.id), "sequence": e.sequence.key, "recipient_masked": e.recipient_masked,
-            "context": e.context, "starts_at": iso(e.starts_at), "state": e.state,
-            "created_at": iso(e.created_at), "cancelled_at": iso(e.cancelled_at),
+            "id": str(e.id), "sequence": e.workflow.key, "recipient_masked": e.recipient_masked,
+            "context": e.data, "starts_at": iso(e.starts_at), "state": "cancelled" if cancelled else "active",
+            "created_at": iso(e.created_at), "cancelled_at": iso(e.updated_at) if cancelled else None,
             "steps": [
                 {"position": step_position(n), "channel": n.channel, "notification_id": str(n.id),
                  "status": n.live_status, "scheduled_for": iso(n.scheduled_for)}

@@ -1,6 +1,7 @@
 """Drip sequences (`sequences/{key}`) and their enrollments (`sequences/{key}/enrollments/{id}`).
 
-A sequence is an ordered list of steps `{offset_seconds, channel, template}`. Enrolling one
+A sequence is an ordered list of steps `{offset_seconds, channel, template}`, kept as a workflow of
+send and delay steps; an enrollment is a run of it (workflows.sequences). Enrolling one
 recipient creates one notification per step at once, each rendered from its template with the
 enrollment's `context` and scheduled at `starts_at + offset_seconds` (queued at once when already
 due); those notifications are ordinary ones (`GET notifications/{id}`, cancellable one by one).
@@ -24,15 +25,15 @@ from rest_framework.response import Response
 from core.api.pagination import StrictCursorPagination
 from core.api.schema import StrictQueryMixin, errors
 from core.api.viewsets import SLUG, actor
-from notifications import sequences
 from notifications.api.idempotency import run_idempotent_in_transaction
-from notifications.api.sequence_serializers import (
+from notifications.api.views import IDEMPOTENCY_PARAM
+from workflows import sequences
+from workflows.api.sequence_serializers import (
     EnrollmentCreateSerializer,
     EnrollmentSerializer,
     SequenceSerializer,
 )
-from notifications.api.views import IDEMPOTENCY_PARAM
-from notifications.models import Enrollment, Sequence
+from workflows.models import Workflow, WorkflowRun
 
 
 @extend_schema_view(
@@ -59,9 +60,9 @@ class SequenceViewSet(
     lookup_field = "key"
     lookup_value_regex = SLUG
 
-    def get_queryset(self) -> QuerySet[Sequence]:
+    def get_queryset(self) -> QuerySet[Workflow]:
         if getattr(self, "swagger_fake_view", False):
-            return Sequence.objects.none()
+            return Workflow.objects.none()
         return sequences.sequences_for(self.request.tenant)
 
     def perform_create(self, serializer: SequenceSerializer) -> None:
@@ -110,9 +111,9 @@ class EnrollmentViewSet(
     lookup_field = "pk"
     lookup_url_kwarg = "enrollment_id"
 
-    def get_queryset(self) -> QuerySet[Enrollment]:
+    def get_queryset(self) -> QuerySet[WorkflowRun]:
         if getattr(self, "swagger_fake_view", False):
-            return Enrollment.objects.none()
+            return WorkflowRun.objects.none()
         return sequences.enrollments_for(self.request.tenant, self.kwargs["key"])
 
     def get_serializer_class(self) -> type:
@@ -120,7 +121,13 @@ class EnrollmentViewSet(
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         sequences.get_sequence_id(request.tenant, kwargs["key"])  # 404 for an unknown key, not an empty list
-        return super().list(request, *args, **kwargs)
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        runs = sequences.with_step_notifications(request.tenant, page)
+        return self.get_paginated_response(EnrollmentSerializer(runs, many=True).data)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        (run,) = sequences.with_step_notifications(request.tenant, [self.get_object()])
+        return Response(EnrollmentSerializer(run).data)
 
     def create(self, request: Request, key: str) -> Response:
         return run_idempotent_in_transaction(request, self, lambda: self._enroll(request, key))
