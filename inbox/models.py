@@ -34,6 +34,8 @@ class InboxItem(TenantOwned):
     # that writes it: that counts row is locked until the commit, so a subscriber's items commit in
     # `seq` order and "the items after seq N" is exact (the stream's Last-Event-ID, inbox.live).
     seq = models.BigIntegerField(db_default=0)
+    # The notification's `ttl_seconds` after the item was written: `manage.py prune` removes it from then on.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "inbox_items"
