@@ -11,6 +11,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
+from core.masking import mask_text
 from core.models import Tenant, TenantOwned
 
 
@@ -57,7 +58,7 @@ class InboxItem(TenantOwned):
         ]  # fmt: skip
 
     def __str__(self) -> str:
-        return f"{self.title or self.id} for {self.subscriber}"
+        return f"{mask_text(self.title) or self.id} for {self.subscriber}"  # the console's headings: masked
 
 
 class TokenRevocation(TenantOwned):

@@ -32,6 +32,7 @@ OPERATOR_PERMISSIONS = [
     ("receipts", "view_notificationevent"),
     ("workflows", "view_workflow"),
     ("workflows", "view_workflowrun"),
+    ("inbox", "view_inboxitem"),
 ]
 
 
