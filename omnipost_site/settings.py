@@ -190,6 +190,10 @@ OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_G
 # The public base of every URL OmniPost hands out (events_url, Twilio
 # StatusCallback, List-Unsubscribe); `make run` sets http://127.0.0.1:8000.
 OMNIPOST_PUBLIC_URL = env.str("OMNIPOST_PUBLIC_URL", default="").rstrip("/")
+# Where the Procfile's `stream` process is reachable by browsers (e.g. https://stream.omnipost.example.com):
+# the WSGI `web` process answers GET /inbox/v1/stream with a redirect there (inbox.api.views.StreamRedirectView);
+# unset, it answers 404 (the stream is served by the ASGI application only).
+OMNIPOST_STREAM_URL = env.str("OMNIPOST_STREAM_URL", default="").rstrip("/")
 OMNIPOST_BOUNCE_DOMAIN = env.str("OMNIPOST_BOUNCE_DOMAIN", default="")  # VERP return paths for SMTP bounces
 OMNIPOST_SNS_CERT_URL_PATTERN = env.str(
     "OMNIPOST_SNS_CERT_URL_PATTERN", default=r"^https://sns\.[a-z0-9-]+\.amazonaws\.com/[^?#]*\.pem$"

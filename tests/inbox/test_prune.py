@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from inbox import live, statements
 from inbox.models import InboxCounts, InboxItem
-from tests.inbox.support import drain, notify, subscriber
+from tests.inbox.support import notify, subscriber
+from tests.queueing.dispatch_support import drain
 
 OLD = timezone.now() - timedelta(days=40)
 
