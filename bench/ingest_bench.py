@@ -2,15 +2,15 @@
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
         [--server gunicorn|granian|granian-asgi|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
-        [--asgi-app project|a2wsgi|django]
+        [--asgi-app project|django]
         [--single-clients 8] [--batch-clients 4] [--modes single,keyed,batch,subscribers,read] [--client raw|httpx]
         [--keys 40000] [--pgbench]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
-worker), granian's ASGI interface as the Procfile runs it (`granian-asgi`: the API in `--threads`
-threads a worker) or uvicorn on the ASGI application (`--asgi-app`: the project's, omnipost_site.asgi,
-or the same with the WSGI application under a2wsgi's WSGIMiddleware or Django's own ASGI handler,
+worker), granian's ASGI interface as `make run` runs it (`granian-asgi`: the API in `--threads`
+threads a worker) or uvicorn on the ASGI application (`--asgi-app`: the project's, omnipost_site.asgi
+with the WSGI application under a2wsgi, or the same under Django's own ASGI handler,
 bench/asgi_variants.py); then a load generator in a separate process: in mode
 `single`, `--single-clients` keep-alive connections hammering `POST /api/v1/notifications`;
 `batch`, `--batch-clients` connections sending `POST /api/v1/notifications/batch` with
@@ -161,14 +161,15 @@ def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
     if args.extra_path:  # e.g. a directory with granian/uvicorn installed beside the virtualenv
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.extra_path, env.get("PYTHONPATH")]))
     process = subprocess.Popen(server_command(args, port), cwd=ROOT, env=env)  # noqa: S603
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a loaded machine starts two Django workers slowly
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return process
         except httpx.TransportError:
             time.sleep(0.2)
-    process.kill()
+    process.terminate()  # SIGTERM: granian stops its workers (a SIGKILL to it alone would orphan them)
+    process.wait(timeout=30)
     raise SystemExit(f"{args.server} did not come up")
 
 
@@ -352,7 +353,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--server", choices=["gunicorn", "granian", "granian-asgi", "uvicorn"], default="gunicorn")
-    parser.add_argument("--asgi-app", choices=["project", "a2wsgi", "django"], default="project",
+    parser.add_argument("--asgi-app", choices=["project", "django"], default="project",
                         help="ASGI servers: the project's application or the API under another adapter")
     parser.add_argument("--extra-path", default=os.environ.get("BENCH_EXTRA_PATH", ""),
                         help="PYTHONPATH entry for the server (granian/uvicorn installed outside the venv)")

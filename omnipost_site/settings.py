@@ -155,7 +155,7 @@ OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=T
 OMNIPOST_RATE_LIMIT_RECEIPTS = number(env, "OMNIPOST_RATE_LIMIT_RECEIPTS", 5000.0)
 # Threads a worker gives receipts under an ASGI server (receipts.asgi: 2 measured best on 2 cores).
 OMNIPOST_RECEIPTS_THREADS = int(number(env, "OMNIPOST_RECEIPTS_THREADS", 2, minimum=1, integer=True))
-# Threads a web process answers the API in under the ASGI server (omnipost_site.wsgi_bridge), as the
+# Threads a web process answers the API in under the ASGI server (a2wsgi, omnipost_site.asgi), as the
 # WSGI server's --blocking-threads.
 OMNIPOST_WEB_THREADS = int(number(env, "OMNIPOST_WEB_THREADS", 4, minimum=1, integer=True))
 # Web processes cache verified API keys and LISTEN for revocations (core.auth_cache); off, entries live 1 s.

@@ -4,8 +4,8 @@ API on one port: a stream opened with a subscriber's token gets the item a real 
 while API calls on the same port are answered; SIGTERM stops it with a stream still open (exit 0,
 within granian's --workers-kill-timeout). The Procfile's `web` process (granian WSGI) serves the API
 and sends a browser's stream to the `stream` process (a real chromium through both processes).
-Request bodies reach the API through the ASGI server's thread bridge (omnipost_site.wsgi_bridge) as
-under the WSGI server: over the limit 413, chunked read as empty (400)."""
+Request bodies reach the API through the ASGI server's WSGI adapter (a2wsgi) as under the
+WSGI server: over the limit 413, chunked read as empty (400)."""
 
 from __future__ import annotations
 
