@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/ingest_bench.py [--database-url URL] [--seconds 10] [--repeat 3]
         [--server gunicorn|granian|granian-asgi|uvicorn] [--workers 2] [--worker-class sync|gthread] [--threads 4]
+        [--asgi-app project|django]
         [--single-clients 8] [--batch-clients 4] [--modes single,keyed,batch,subscribers,read] [--client raw|httpx]
         [--keys 40000] [--pgbench]
 
 Runs the web server (`--workers` processes, DEBUG off) on the database: gunicorn (`--worker-class`
 sync or gthread with `--threads`), granian's WSGI interface (`--threads` blocking threads per
-worker), granian's ASGI interface as the Procfile runs it (`granian-asgi`: the API in `--threads`
-threads a worker, omnipost_site.wsgi_bridge) or uvicorn on the ASGI application; then a load
-generator in a separate process: in mode
+worker), granian's ASGI interface as `make run` runs it (`granian-asgi`: the API in `--threads`
+threads a worker) or uvicorn on the ASGI application (`--asgi-app`: the project's, omnipost_site.asgi
+with the WSGI application under a2wsgi, or the same under Django's own ASGI handler,
+bench/asgi_variants.py); then a load generator in a separate process: in mode
 `single`, `--single-clients` keep-alive connections hammering `POST /api/v1/notifications`;
 `batch`, `--batch-clients` connections sending `POST /api/v1/notifications/batch` with
 `--batch-size` items; `keyed`, as `single` but each request with an `Idempotency-Key` of its own
@@ -124,17 +126,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def asgi_target(args: argparse.Namespace) -> str:
+    return "omnipost_site.asgi:application" if args.asgi_app == "project" else "asgi_variants:application"
+
+
 def server_command(args: argparse.Namespace, port: int) -> list[str]:
     if args.server == "granian":
         return [sys.executable, "-m", "granian", "--interface", "wsgi", "--workers", str(args.workers),
                 "--blocking-threads", str(args.threads), "--host", "127.0.0.1", "--port", str(port),
                 "--log-level", "warning", "--no-ws", "omnipost_site.wsgi:application"]  # fmt: skip
-    if args.server == "granian-asgi":  # the Procfile's: the API in --threads threads a worker (wsgi_bridge)
+    if args.server == "granian-asgi":  # make run's: the API in --threads threads a worker
         return [sys.executable, "-m", "granian", "--interface", "asgi", "--workers", str(args.workers),
                 "--backpressure", "4096", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                "--no-ws", "omnipost_site.asgi:application"]  # fmt: skip
+                "--no-ws", asgi_target(args)]  # fmt: skip
     if args.server == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", "omnipost_site.asgi:application", "--workers", str(args.workers),
+        return [sys.executable, "-m", "uvicorn", asgi_target(args), "--workers", str(args.workers),
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
                 "--loop", "uvloop", "--http", "httptools"]  # fmt: skip
     command = [
@@ -149,17 +155,21 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
 
 def start_gunicorn(args: argparse.Namespace, port: int) -> subprocess.Popen:
     env = {**server_env(args.database_url), "OMNIPOST_WEB_THREADS": str(args.threads)}
+    if args.asgi_app != "project":  # bench/asgi_variants.py, the adapter it names
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "bench"), env.get("PYTHONPATH")]))
+        env["BENCH_ASGI_APP"] = args.asgi_app
     if args.extra_path:  # e.g. a directory with granian/uvicorn installed beside the virtualenv
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.extra_path, env.get("PYTHONPATH")]))
     process = subprocess.Popen(server_command(args, port), cwd=ROOT, env=env)  # noqa: S603
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a loaded machine starts two Django workers slowly
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return process
         except httpx.TransportError:
             time.sleep(0.2)
-    process.kill()
+    process.terminate()  # SIGTERM: granian stops its workers (a SIGKILL to it alone would orphan them)
+    process.wait(timeout=30)
     raise SystemExit(f"{args.server} did not come up")
 
 
@@ -343,6 +353,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--server", choices=["gunicorn", "granian", "granian-asgi", "uvicorn"], default="gunicorn")
+    parser.add_argument("--asgi-app", choices=["project", "django"], default="project",
+                        help="ASGI servers: the project's application or the API under another adapter")
     parser.add_argument("--extra-path", default=os.environ.get("BENCH_EXTRA_PATH", ""),
                         help="PYTHONPATH entry for the server (granian/uvicorn installed outside the venv)")
     parser.add_argument("--workers", type=int, default=2)
@@ -420,7 +432,7 @@ def main() -> None:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     kind = {"gunicorn": f"gunicorn {args.worker_class}", "granian": "granian wsgi",
-            "granian-asgi": "granian asgi (API in threads)", "uvicorn": "uvicorn asgi"}
+            "granian-asgi": f"granian asgi ({args.asgi_app})", "uvicorn": f"uvicorn asgi ({args.asgi_app})"}
     threaded = args.server.startswith("granian") or args.worker_class == "gthread"
     threads = f" x {args.threads} threads" if threaded else ""
     print(f"\n{kind[args.server]}: {args.workers} workers{threads}, {os.cpu_count()} CPUs, "

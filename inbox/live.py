@@ -19,7 +19,9 @@ written or however slow the client is.
 - A lost LISTEN connection is reconnected with backoff, then every stream re-reads its feed (what was
   sent in between is replayed); the hub never gives up while the process runs.
 - The token is the one /inbox/v1/ takes (`Authorization: Bearer`, or `?token=` since EventSource sends
-  no headers); expired, forged or revoked → 401. CORS as the rest of /inbox/v1/ (inbox.cors).
+  no headers); expired, forged or revoked → 401. CORS as the rest of /inbox/v1/ (inbox.cors); a
+  request the WSGI web process redirected here arrives from a browser with `Origin: null`, and is
+  granted `null` when its `redirected_from` is an origin the tenant allows.
 """
 
 from __future__ import annotations
@@ -362,7 +364,11 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
         return
     _, origins, last_seq = row
     last_seq = last_seq or 0
-    grant = [(b"access-control-allow-origin", origin.encode("latin-1"))] if origin and origin in (origins or ()) else []
+    # A browser sends `Origin: null` on a request another origin redirected here (the WSGI web process's
+    # /inbox/v1/stream, inbox.api.views.StreamRedirectView), which names the origin it came from.
+    came_from = (query.get("redirected_from") or [""])[0] if origin == "null" else origin
+    granted = bool(came_from) and came_from in (origins or ())
+    grant = [(b"access-control-allow-origin", origin.encode("latin-1"))] if granted else []
     asked = headers.get("last-event-id") or (query.get("last_event_id") or [""])[0]
     after = int(asked) if asked.isdigit() and len(asked) < 19 else None
 

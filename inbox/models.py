@@ -11,6 +11,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
+from core.masking import mask_text
 from core.models import Tenant, TenantOwned
 
 
@@ -34,6 +35,8 @@ class InboxItem(TenantOwned):
     # that writes it: that counts row is locked until the commit, so a subscriber's items commit in
     # `seq` order and "the items after seq N" is exact (the stream's Last-Event-ID, inbox.live).
     seq = models.BigIntegerField(db_default=0)
+    # The notification's `ttl_seconds` after the item was written: `manage.py prune` removes it from then on.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "inbox_items"
@@ -55,7 +58,7 @@ class InboxItem(TenantOwned):
         ]  # fmt: skip
 
     def __str__(self) -> str:
-        return f"{self.title or self.id} for {self.subscriber}"
+        return f"{mask_text(self.title) or self.id} for {self.subscriber}"  # the console's headings: masked
 
 
 class TokenRevocation(TenantOwned):

@@ -44,11 +44,12 @@ def deliver_ctes(changed: str) -> str:
         RETURNING c.tenant_id, c.subscriber, c.last_seq
     ), inbox_new AS (
         INSERT INTO inbox_items (id, tenant_id, subscriber, notification_id, category, title, body, data,
-                                 action_url, created_at, seq)
+                                 action_url, created_at, seq, expires_at)
         SELECT gen_random_uuid(), f.tenant_id, f.subscriber, f.notification_id, f.inbox_category,
                coalesce(f.inbox_title, ''), coalesce(f.inbox_body, ''),
                coalesce(f.inbox_fields -> 'data', '{{}}'::jsonb), coalesce(f.inbox_fields ->> 'action_url', ''),
-               now(), ct.last_seq - f.n + f.k
+               now(), ct.last_seq - f.n + f.k,
+               now() + make_interval(secs => (f.inbox_fields ->> 'ttl_seconds')::int)
         FROM inbox_fresh f JOIN inbox_counted ct ON ct.tenant_id = f.tenant_id AND ct.subscriber = f.subscriber
         ON CONFLICT (notification_id) DO NOTHING
         RETURNING tenant_id, subscriber

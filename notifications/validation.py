@@ -38,7 +38,8 @@ DEFAULT_QUEUE = "default"
 
 PUSH_FIELDS = ("data", "badge", "sound", "image_url", "action_url", "collapse_key", "ttl_seconds", "urgency")
 # An in_app notification's own fields, kept beside the push fields in the row's channel fields (`push`).
-IN_APP_FIELDS = ("data", "action_url")
+IN_APP_FIELDS = ("data", "action_url", "ttl_seconds")
+MAX_IN_APP_TTL_SECONDS = 31_536_000  # a year: the item is pruned once it has passed (inbox.apps)
 MAX_IN_APP_DATA_BYTES = 4096
 MAX_ACTION_URL_CHARS = 2048
 NOTIFICATION_FIELDS = (
@@ -144,8 +145,8 @@ def check_fallback(value: Any, channel: str | None) -> Fallback | None:
 
 
 def _in_app_fields(given: dict[str, Any], errors: dict[str, list[str]]) -> dict[str, Any]:
-    """The in_app fields of a request (`data`: an object ≤ 4 KiB, `action_url`: text); the push-only
-    fields are refused by name."""
+    """The in_app fields of a request (`data`: an object ≤ 4 KiB, `action_url`: text, `ttl_seconds`: how
+    long the feed item lives); the push-only fields are refused by name."""
     fields: dict[str, Any] = {}
     for name, value in given.items():
         if name not in IN_APP_FIELDS:
@@ -154,6 +155,10 @@ def _in_app_fields(given: dict[str, Any], errors: dict[str, list[str]]) -> dict[
         try:
             if name == "data":
                 fields[name] = check_object(value, MAX_IN_APP_DATA_BYTES)
+            elif name == "ttl_seconds":
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_IN_APP_TTL_SECONDS:
+                    raise ValueError(f"must be an integer from 0 to {MAX_IN_APP_TTL_SECONDS}")
+                fields[name] = value
             else:
                 fields[name] = check_text(value, MAX_ACTION_URL_CHARS)
         except ValueError as exc:

@@ -156,7 +156,7 @@ OMNIPOST_RATE_LIMIT_API = number(env, "OMNIPOST_RATE_LIMIT_API", 6000, integer=T
 OMNIPOST_RATE_LIMIT_RECEIPTS = number(env, "OMNIPOST_RATE_LIMIT_RECEIPTS", 5000.0)
 # Threads a worker gives receipts under an ASGI server (receipts.asgi: 2 measured best on 2 cores).
 OMNIPOST_RECEIPTS_THREADS = int(number(env, "OMNIPOST_RECEIPTS_THREADS", 2, minimum=1, integer=True))
-# Threads a web process answers the API in under the ASGI server (omnipost_site.wsgi_bridge), as the
+# Threads a web process answers the API in under the ASGI server (a2wsgi, omnipost_site.asgi), as the
 # WSGI server's --blocking-threads.
 OMNIPOST_WEB_THREADS = int(number(env, "OMNIPOST_WEB_THREADS", 4, minimum=1, integer=True))
 # Web processes cache verified API keys and LISTEN for revocations (core.auth_cache); off, entries live 1 s.
@@ -191,6 +191,10 @@ OMNIPOST_SECRET_ROTATION_GRACE_SECONDS = number(env, "OMNIPOST_SECRET_ROTATION_G
 # The public base of every URL OmniPost hands out (events_url, Twilio
 # StatusCallback, List-Unsubscribe); `make run` sets http://127.0.0.1:8000.
 OMNIPOST_PUBLIC_URL = env.str("OMNIPOST_PUBLIC_URL", default="").rstrip("/")
+# Where the Procfile's `stream` process is reachable by browsers (e.g. https://stream.omnipost.example.com):
+# the WSGI `web` process answers GET /inbox/v1/stream with a redirect there (inbox.api.views.StreamRedirectView);
+# unset, it answers 404 (the stream is served by the ASGI application only).
+OMNIPOST_STREAM_URL = env.str("OMNIPOST_STREAM_URL", default="").rstrip("/")
 OMNIPOST_BOUNCE_DOMAIN = env.str("OMNIPOST_BOUNCE_DOMAIN", default="")  # VERP return paths for SMTP bounces
 OMNIPOST_SNS_CERT_URL_PATTERN = env.str(
     "OMNIPOST_SNS_CERT_URL_PATTERN", default=r"^https://sns\.[a-z0-9-]+\.amazonaws\.com/[^?#]*\.pem$"

@@ -1,6 +1,6 @@
 """WSGI entry point: the Procfile's `web` process (granian's WSGI interface), gunicorn gthread. The
 ASGI one (omnipost_site.asgi: the Procfile's `stream` process, `make run`) runs this same application
-in threads for every request but the live inbox stream and receipts (docs/DECISIONS.md "Serving").
+in threads (a2wsgi) for every request but the live inbox stream and receipts (docs/DECISIONS.md "Serving").
 Under granian, stop signals are relayed to the worker's main thread (omnipost_site.signal_relay).
 """
 

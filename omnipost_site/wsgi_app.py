@@ -4,7 +4,7 @@
 `collectstatic` and served by whatever fronts the app).
 
 Served by granian's WSGI interface (omnipost_site.wsgi) or, in threads, by the ASGI application
-(omnipost_site.asgi, omnipost_site.wsgi_bridge).
+(omnipost_site.asgi, under a2wsgi).
 """
 
 import os

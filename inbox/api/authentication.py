@@ -31,12 +31,18 @@ class InboxSubscriber:
 
 
 class InboxTokenAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[InboxSubscriber, tokens.Claims] | None:
+    missing = "Use the header `Authorization: Bearer <inbox token>`."
+
+    def raw_token(self, request: Request) -> str:
         header = authentication.get_authorization_header(request).decode("latin-1")
         scheme, _, raw = header.partition(" ")
-        if not header or scheme.lower() != "bearer" or not raw.strip():
-            raise exceptions.NotAuthenticated("Use the header `Authorization: Bearer <inbox token>`.")
-        claims = tokens.verify(raw.strip())
+        return raw.strip() if scheme.lower() == "bearer" else ""
+
+    def authenticate(self, request: Request) -> tuple[InboxSubscriber, tokens.Claims] | None:
+        raw = self.raw_token(request)
+        if not raw:
+            raise exceptions.NotAuthenticated(self.missing)
+        claims = tokens.verify(raw)
         if claims is None:
             raise exceptions.AuthenticationFailed("The inbox token is invalid, expired or revoked.")
         request._request.inbox_subscriber = principal = InboxSubscriber(claims)
@@ -44,6 +50,15 @@ class InboxTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="omnipost-inbox"'
+
+
+class StreamTokenAuthentication(InboxTokenAuthentication):
+    """As the stream takes its token: the header, or `?token=` (EventSource sends no headers)."""
+
+    missing = "Use `Authorization: Bearer <inbox token>` or `?token=`."
+
+    def raw_token(self, request: Request) -> str:
+        return super().raw_token(request) or request.query_params.get("token", "").strip()
 
 
 class IsInboxSubscriber(BasePermission):

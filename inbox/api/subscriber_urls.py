@@ -14,5 +14,6 @@ urlpatterns = [
     path("counts", views.CountsView.as_view(), name="inbox-counts"),
     path("preferences", views.PreferencesView.as_view(), name="inbox-preferences"),
     path("widget.js", widget_js, name="inbox-widget"),
+    path("stream", views.StreamRedirectView.as_view(), name="inbox-stream"),
     re_path(r"^", csrf_exempt(api_not_found)),
 ]

@@ -4,8 +4,11 @@ inbox token (one subscriber of one tenant); another subscriber's item is 404."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db import connection, transaction
+from django.http import Http404, HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
@@ -18,7 +21,7 @@ from core.api.viewsets import as_uuid
 from core.models import Tenant
 from core.validation import NAME, FieldErrors
 from inbox import engagement, statements
-from inbox.api.authentication import InboxTokenAuthentication, IsInboxSubscriber
+from inbox.api.authentication import InboxTokenAuthentication, IsInboxSubscriber, StreamTokenAuthentication
 from inbox.models import InboxItem
 from recipients import services as recipient_services
 from recipients.models import Category, Subscriber
@@ -168,3 +171,31 @@ class PreferencesView(InboxView):
         if subscriber is None:
             raise NotFound()
         return Response(subscriber.preferences or {})
+
+
+class StreamRedirectView(InboxView):
+    """GET stream on a process that does not serve it (the Procfile's WSGI `web`): `307` to the same
+    path and query on OMNIPOST_STREAM_URL, the `stream` process, once the token is checked (a bad one
+    is `401` here). The answer carries CORS as the rest of /inbox/v1/, which a browser needs to follow
+    it. A browser sends `Origin: null` on a request redirected across origins, so the location names
+    the origin this request came from (`redirected_from`; the stream grants `null` only with an origin
+    the tenant allows there, inbox.live). EventSource reconnects to the stream process directly, and
+    browsers drop `Authorization` across origins: give the token as `?token=`."""
+
+    authentication_classes = (StreamTokenAuthentication,)
+    query_params_allowed = ("token", "last_event_id", "redirected_from")
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:  # noqa: ANN401
+        return super().perform_content_negotiation(request, force=True)  # EventSource accepts only text/event-stream
+
+    def get(self, request: Request) -> HttpResponse:
+        if not settings.OMNIPOST_STREAM_URL:
+            raise Http404
+        query = {k: v for k, v in request.query_params.items() if k != "redirected_from"}
+        origin = request.headers.get("Origin")
+        if origin and origin != "null":
+            query["redirected_from"] = origin
+        response = HttpResponse(status=307)
+        response["Location"] = f"{settings.OMNIPOST_STREAM_URL}{request.path}?{urlencode(query)}"
+        response["Cache-Control"] = "no-store"
+        return response

@@ -1,63 +1,15 @@
-"""The live stream's tests: the web process as an ASGI server (granian, the Procfile's server, on its
-ASGI interface) on a loopback port, and a Server-Sent Events client over a plain socket."""
+"""The live stream's tests: a Server-Sent Events client over a plain socket (the servers:
+tests.support.web)."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import httpx
-
-from tests.support.pgserver import free_port
-from tests.support.web import Served
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def asgi_web(env: Mapping[str, str], port: int | None = None) -> Iterator[Served]:
-    """One granian ASGI process (omnipost_site.asgi, one worker) on `port` (a free one by default), up
-    when /healthz answers; stopped with SIGTERM (killed after 10 s) when the block ends."""
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-m", "granian", "--interface", "asgi", "omnipost_site.asgi:application", "--host",
-         "127.0.0.1", "--port", str(port), "--workers", "1", "--no-ws", "--workers-kill-timeout", "5",
-         "--log-level", "warning"],
-        env={"OMNIPOST_LOG_LEVEL": "WARNING", **env, "OMNIPOST_PUBLIC_URL": url}, cwd=ROOT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "granian did not come up"
-            time.sleep(0.1)
-        yield Served(url, proc)
-    finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
 
 
 @dataclass
@@ -79,6 +31,7 @@ class EventStream:
     token: str | None
     last_event_id: str | None = None
     origin: str | None = None
+    path: str = "/inbox/v1/stream"
     status: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
@@ -95,7 +48,7 @@ class EventStream:
             headers["Last-Event-ID"] = self.last_event_id
         if self.origin:
             headers["Origin"] = self.origin
-        self._conn.request("GET", "/inbox/v1/stream", headers=headers)
+        self._conn.request("GET", self.path, headers=headers)
         self._response = self._conn.getresponse()
         self.status = self._response.status
         self.headers = {k.lower(): v for k, v in self._response.getheaders()}
@@ -141,6 +94,21 @@ class EventStream:
             assert got is not None, f"the stream ended before a {kind} event"
             if got.kind == kind:
                 return got
+
+    def comments(self, count: int, timeout: float = 30) -> list[tuple[float, str]]:
+        """The next `count` comment lines (events skipped), each with the monotonic time it was read."""
+        assert self._response is not None and self._conn is not None
+        deadline = time.monotonic() + timeout
+        got: list[tuple[float, str]] = []
+        while len(got) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{len(got)} comment lines in {timeout}s, not {count}"
+            self._conn.sock.settimeout(left)
+            raw = self._response.readline()
+            assert raw, "the stream ended"
+            if raw.startswith(b":"):
+                got.append((time.monotonic(), raw.decode().rstrip("\r\n")))
+        return got
 
     def close(self) -> None:
         if self._conn is not None:

@@ -8,7 +8,8 @@ import pytest
 from inbox.models import InboxItem
 from notifications.models import Notification
 from providers.models import Provider
-from tests.inbox.support import drain, notify, subscriber
+from tests.inbox.support import notify, subscriber
+from tests.queueing.dispatch_support import drain
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

@@ -14,9 +14,10 @@ from django.db import connection
 
 from inbox import tokens
 from inbox.models import InboxItem
-from tests.inbox.stream_support import asgi_web, silent_stream, stop, stream
-from tests.inbox.support import drain
+from tests.inbox.stream_support import silent_stream, stream
+from tests.queueing.dispatch_support import drain
 from tests.support.pgserver import free_port
+from tests.support.web import granian, stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -54,7 +55,7 @@ def env(subprocess_env) -> dict:  # noqa: ANN001
 
 @pytest.fixture
 def site(env, key_a) -> Iterator[Site]:  # noqa: ANN001
-    with asgi_web(env) as web:
+    with granian(env) as web:
         served = Site(web.url, key_a)
         served.subscriber("jane")
         assert served.api.patch("settings", json={"inbox_allowed_origins": [APP]}).status_code == 200
@@ -88,9 +89,26 @@ def test_an_item_delivered_while_the_stream_is_open_arrives_and_counts_follow(si
         assert live.next_of("counts").data == {"unseen": 0, "unread": 0, "total": 1}
 
 
+@pytest.mark.parametrize("interval", [0.4, 1.2])
+def test_heartbeats_come_at_the_configured_interval(env, key_a, interval):
+    """A comment line every OMNIPOST_INBOX_HEARTBEAT_SECONDS while nothing happens (never sooner: the
+    bound that can fail; the count within the timeout shows they keep coming)."""
+    with granian({**env, "OMNIPOST_INBOX_HEARTBEAT_SECONDS": str(interval)}) as web:
+        site = Site(web.url, key_a)
+        site.subscriber("jane")
+        with stream(site.url, site.token("jane")) as live:
+            assert live.next().kind == "counts"
+            opened = time.monotonic()
+            beats = live.comments(4, timeout=30)
+    assert [text for _, text in beats] == [": keep-alive"] * 4
+    times = [opened] + [at for at, _ in beats]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    assert min(gaps) >= interval * 0.9, gaps
+
+
 def test_a_reconnect_after_a_web_restart_replays_every_item_written_meanwhile_once(env, key_a, tmp_path):
     port = free_port()
-    with asgi_web(env, port) as web:
+    with granian(env, port) as web:
         site = Site(web.url, key_a)
         site.subscriber("jane")
         token = site.token("jane")
@@ -106,7 +124,7 @@ def test_a_reconnect_after_a_web_restart_replays_every_item_written_meanwhile_on
                 assert rest.kind == "counts"
 
     drain(env, tmp_path / "d2", until=delivered(4))
-    with asgi_web(env, port) as web:  # restarted on the same address
+    with granian(env, port) as web:  # restarted on the same address
         site = Site(web.url, key_a)
         with stream(site.url, token, last_event_id=seen.id) as again:
             replayed = [again.next_of("item").notification_id for _ in meanwhile]

@@ -8,67 +8,24 @@ test-artifacts/inbox-widget.png."""
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import httpx
 import pytest
 
 from tests.dlq.test_console_browser import ARTIFACTS, chromium_page
-from tests.inbox.stream_support import asgi_web
+from tests.inbox.support import PAGE, tenant_app
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started
-from tests.support.pgserver import free_port
 from tests.support.receivers import HttpReceiver
+from tests.support.web import granian
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
-PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>Acme app</title>
-<script src="{omnipost}/inbox/v1/widget.js"></script></head>
-<body style="font-family:sans-serif;padding:24px">
-<header style="display:flex;justify-content:space-between;align-items:center;width:600px">
-<h1 style="margin:0">Acme</h1>
-<omnipost-inbox base-url="{omnipost}" token="{token}"></omnipost-inbox>
-</header></body></html>"""
-
-
-@contextmanager
-def tenant_app(html: str) -> Iterator[str]:
-    """The tenant's own page on its own origin (another port on loopback)."""
-    body = html.encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    port = free_port()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, name="tenant-app", daemon=True)
-    thread.start()
-    try:
-        yield f"http://localhost:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
 def test_the_widget_on_another_origin_shows_a_new_notification_live_and_reads_it(key_a, subprocess_env, tmp_path):
     env = {**subprocess_env, "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}
     log_dir = tmp_path / "run"
     log_dir.mkdir()
-    with HttpReceiver(secret=SECRET, max_seconds=120) as events_rx, asgi_web(env) as web:
+    with HttpReceiver(secret=SECRET, max_seconds=120) as events_rx, granian(env) as web:
         api = httpx.Client(base_url=f"{web.url}/api/v1/", headers={"Authorization": f"Bearer {key_a}"}, timeout=20)
         assert api.put("subscribers/jane", json={}).status_code == 201
         hook = api.post("event-endpoints", json={"name": "ops", "url": events_rx.url, "secret": SECRET,

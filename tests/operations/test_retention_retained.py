@@ -66,19 +66,19 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     NotificationDevice.objects.filter(pk__in=[devices[0].pk, devices[1].pk]).update(updated_at=OLD)
     assert [t.table for t in retention.TABLES] == [
         "provider_messages", "notification_devices", "event_attempts", "event_deliveries", "events",
-        "receipt_dedup", "workflow_runs", "workflow_digests", "workflow_throttles"]  # fmt: skip
+        "inbox_items", "receipt_dedup", "workflow_runs", "workflow_digests", "workflow_throttles"]  # fmt: skip
 
     dry = io.StringIO()
     call_command("prune", "--older-than", "30", "--dry-run", stdout=dry)
     assert ("dry run: would delete 1 provider message id(s), 1 push device result(s), 3 event attempt(s), "
             "2 finished event delivery(s), "
-            "2 event(s), 2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
+            "2 event(s), 0 inbox item(s), 2 receipt de-duplication key(s)") in dry.getvalue()  # fmt: skip
     assert Event.objects.count() == 5 and ReceiptDedup.objects.count() == 3  # a dry run deletes nothing
 
     out = io.StringIO()
     call_command("prune", "--older-than", "30", "--batch-size", "100", stdout=out, stderr=io.StringIO())
     assert ("deleted 1 provider message id(s), 1 push device result(s), 3 event attempt(s), "
-            "2 finished event delivery(s), 2 event(s), "
+            "2 finished event delivery(s), 2 event(s), 0 inbox item(s), "
             "2 receipt de-duplication key(s), 0 finished workflow run(s), 0 closed digest window(s), "
             "0 throttle window(s);") in out.getvalue()  # fmt: skip
     assert set(Event.objects.values_list("pk", flat=True)) == {old_pending, new_done, old_unspread}
@@ -94,5 +94,5 @@ def test_old_event_history_and_receipt_keys_go_and_what_is_pending_or_new_stays(
     again = io.StringIO()
     call_command("prune", "--older-than", "30", stdout=again, stderr=io.StringIO())
     assert ("deleted 0 provider message id(s), 0 push device result(s), 0 event attempt(s), "
-            "0 finished event delivery(s), 0 event(s), "
+            "0 finished event delivery(s), 0 event(s), 0 inbox item(s), "
             "0 receipt") in again.getvalue()

@@ -1,10 +1,11 @@
 """The web process as `make run` (run_all's `web_server`) starts it, and the Procfile's `stream`
-process (which a proxy's path route puts on the API's origin), serve the live inbox stream and the
+process (which the `web` process redirects browsers to), serve the live inbox stream and the
 API on one port: a stream opened with a subscriber's token gets the item a real dispatcher delivers
 while API calls on the same port are answered; SIGTERM stops it with a stream still open (exit 0,
-within granian's --workers-kill-timeout). The Procfile's `web` process (granian WSGI) serves the API,
-not the stream. Request bodies reach the API through the ASGI server's thread bridge
-(omnipost_site.wsgi_bridge) as under the WSGI server: over the limit 413, chunked read as empty (400)."""
+within granian's --workers-kill-timeout). The Procfile's `web` process (granian WSGI) serves the API
+and sends a browser's stream to the `stream` process (a real chromium through both processes).
+Request bodies reach the API through the ASGI server's WSGI adapter (a2wsgi) as under the
+WSGI server: over the limit 413, chunked read as empty (400)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +23,12 @@ import pytest
 
 from inbox.models import InboxItem
 from omnipost_site.ops.management.commands.run_all import web_server
-from tests.inbox.stream_support import stop, stream
-from tests.inbox.support import drain
+from tests.dlq.test_console_browser import chromium_page
+from tests.inbox.stream_support import stream
+from tests.inbox.support import PAGE, tenant_app
+from tests.queueing.dispatch_support import drain
 from tests.support.pgserver import free_port
+from tests.support.web import serve
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -52,27 +55,8 @@ def procfile_stream_command(port: int) -> list[str]:
 
 @contextmanager
 def started(command: list[str], env: dict[str, str], port: int) -> Iterator[tuple[str, subprocess.Popen]]:
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **env,
-        "OMNIPOST_LOG_LEVEL": "WARNING",
-        "OMNIPOST_PUBLIC_URL": url,
-        "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true",
-    }  # fmt: skip - as run_all's environment
-    proc = subprocess.Popen(command, env=env, cwd=ROOT)  # noqa: S603
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "the web server did not come up"
-            time.sleep(0.1)
-        yield url, proc
-    finally:  # SIGTERM first: granian stops its workers (a SIGKILL to it alone would orphan them)
-        stop(proc)
+    with serve(command, {**env, "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true"}, port) as web:  # as run_all's
+        yield web.url, web.process
 
 
 @pytest.mark.parametrize("command", [run_all_command, procfile_stream_command], ids=["run_all", "Procfile-stream"])
@@ -102,16 +86,58 @@ def test_the_web_process_serves_the_stream_and_the_api_on_one_port(command, subp
             assert left[-1] is None, left
 
 
-def test_the_procfiles_web_process_serves_the_api_and_not_the_stream(subprocess_env, key_a):
+def test_the_procfiles_web_process_without_a_stream_url_answers_the_stream_404(subprocess_env, key_a):
     port = free_port()
     with started(procfile_command(port), subprocess_env, port) as (url, proc):
         api = httpx.Client(base_url=f"{url}/api/v1/", headers={"Authorization": f"Bearer {key_a}"}, timeout=20)
         assert api.put("subscribers/jane", json={}).status_code in (200, 201)
         token = api.post("subscribers/jane/inbox-token", json={"ttl_seconds": 600}).json()["token"]
         with stream(url, token) as live:
-            assert live.status == 404  # the proxy sends /inbox/v1/stream to the `stream` process
+            assert live.status == 404  # OMNIPOST_STREAM_URL unset: nowhere to send it
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.browser
+def test_a_browser_reaches_the_stream_through_the_procfiles_web_process(subprocess_env, key_a, tmp_path):
+    """The Procfile's two processes as they are written, no proxy: the widget on another origin, its
+    base-url the `web` process, gets its stream from the `stream` process through the web's redirect
+    (the browser's `Origin: null` after it granted from `redirected_from`), and a delivered item live."""
+    stream_port, web_port = free_port(), free_port()
+    with (
+        started(procfile_stream_command(stream_port), subprocess_env, stream_port) as (stream_url, _),
+        started(procfile_command(web_port), {**subprocess_env, "OMNIPOST_STREAM_URL": stream_url}, web_port) as web,
+    ):
+        url = web[0]
+        api = httpx.Client(base_url=f"{url}/api/v1/", headers={"Authorization": f"Bearer {key_a}"}, timeout=20)
+        assert api.put("subscribers/jane", json={}).status_code in (200, 201)
+        token = api.post("subscribers/jane/inbox-token", json={"ttl_seconds": 600}).json()["token"]
+        bad = httpx.get(f"{url}/inbox/v1/stream", params={"token": token + "x"}, timeout=20)
+        assert bad.status_code == 401  # checked before it is sent anywhere
+        with tenant_app(PAGE.format(omnipost=url, token=token)) as app_origin:
+            assert api.patch("settings", json={"inbox_allowed_origins": [app_origin]}).status_code == 200
+            sent = httpx.get(f"{url}/inbox/v1/stream", params={"token": token}, headers={"Origin": app_origin})
+            assert sent.status_code == 307 and sent.headers["access-control-allow-origin"] == app_origin
+            assert sent.headers["location"].startswith(f"{stream_url}/inbox/v1/stream?token=")
+            with stream(stream_url, None, origin="null", path=sent.headers["location"].removeprefix(stream_url)) as s:
+                assert s.headers["access-control-allow-origin"] == "null"  # from an origin the tenant allows
+            with stream(stream_url, token, origin="null") as s:  # no redirected_from: no grant
+                assert s.status == 200 and "access-control-allow-origin" not in s.headers
+
+            with chromium_page(900, 640) as page:
+                errors: list[str] = []
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.goto(app_origin)
+                widget = page.locator("omnipost-inbox")
+                widget.locator(".bell").click()
+                widget.get_by_text("Nothing yet").wait_for()  # the stream is open (its first event came)
+                shipped = {"channel": "in_app", "subscriber": "jane", "subject": "Your order shipped", "body": "Soon"}
+                made = api.post("notifications", json=shipped)
+                assert made.status_code == 201, made.text
+                drain(subprocess_env, tmp_path / "dispatcher", until=lambda: InboxItem.objects.exists())
+                widget.locator("li[data-id]", has_text="Your order shipped").wait_for(timeout=60_000)
+                assert widget.locator(".count").inner_text() == "1"
+                assert not errors, errors
 
 
 def test_request_bodies_are_read_as_under_the_wsgi_server(subprocess_env, key_a):

@@ -15,10 +15,9 @@ import pytest
 
 from events.models import Event
 from notifications.models import DeliveryAttempt, Notification, NotificationDevice
-from queueing.models import QueueItem
 from recipients.models import Device
 from tests.push.standins import Answer
-from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
+from tests.queueing.dispatch_support import drain, start_dispatchers, wait_exit, wait_started, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -51,18 +50,6 @@ def notify(api, subscriber: str, subject: str, **push: object) -> str:
     return made.json()["id"]
 
 
-def drain(env: dict, log_dir, until=lambda: not QueueItem.objects.exists(), timeout: float = 60) -> None:  # noqa: ANN001
-    log_dir.mkdir()
-    procs = start_dispatchers(1, env, "--batch-size", "10", log_dir=log_dir)
-    try:
-        assert wait_started(log_dir, 1)
-        assert wait_until(until, timeout)
-    finally:
-        for proc in procs:
-            proc.terminate()
-        assert wait_exit(procs, 20) == [0]
-
-
 def detail(api, notification_id: str) -> dict:
     response = api.get(f"/api/v1/notifications/{notification_id}")
     assert response.status_code == 200
@@ -79,7 +66,7 @@ def test_one_notification_reaches_a_device_of_each_kind(api_a, standins, push_en
         "webpush": register(api_a, "jane", kind="webpush", subscription=webpush.subscribe("jane").as_json()),
     }
     sent = notify(api_a, "jane", "Shipped", data={"order": "42"}, badge=1, collapse_key="order-42")
-    drain(push_env, tmp_path / "run")
+    drain(push_env, tmp_path / "run", batch_size=10)
 
     body = detail(api_a, sent)
     assert body["status"] == "delivered", body
@@ -111,7 +98,7 @@ def test_a_dead_token_is_deactivated_at_once_and_never_sent_again(api_a, standin
     apns.answer(IOS_DEAD, Answer(410))
     fcm.answer(ANDROID, Answer(404))
     first = notify(api_a, "jane", "One")
-    drain(push_env, tmp_path / "run1")
+    drain(push_env, tmp_path / "run1", batch_size=10)
 
     body = detail(api_a, first)
     assert body["status"] == "delivered"
@@ -134,7 +121,7 @@ def test_a_dead_token_is_deactivated_at_once_and_never_sent_again(api_a, standin
     assert events == sorted([(dead, "Unregistered", "apns", "jane"), (gone, "UNREGISTERED", "fcm", "jane")])
 
     second = notify(api_a, "jane", "Two")
-    drain(push_env, tmp_path / "run2")
+    drain(push_env, tmp_path / "run2", batch_size=10)
     assert detail(api_a, second)["status"] == "delivered"
     assert [d["device_id"] for d in detail(api_a, second)["devices"]] == [alive]
     assert apns.seen[IOS_DEAD] == 1 and fcm.seen[ANDROID] == 1 and apns.seen[IOS] == 2
@@ -156,7 +143,7 @@ def test_a_503_on_one_device_retries_that_device_only(api_a, standins, push_env,
     register(api_a, "jane", kind="webpush", subscription=webpush.subscribe("jane").as_json())
     fcm.answer(ANDROID, Answer(503, headers={"retry-after": "1"}))
     sent = notify(api_a, "jane", "Retry")
-    drain(push_env, tmp_path / "run", until=lambda: Notification.objects.get(pk=sent).status == "delivered")
+    drain(push_env, tmp_path / "run", lambda: Notification.objects.get(pk=sent).status == "delivered", batch_size=10)
 
     body = detail(api_a, sent)
     assert [(a["number"], a["outcome"], a["error_code"]) for a in body["attempts"]] == [
@@ -188,7 +175,7 @@ def test_a_dispatcher_killed_mid_send_never_resends_what_a_device_accepted(api_a
     finally:
         wait_exit(procs, 10)
     assert Notification.objects.get(pk=sent).status == "queued"  # nothing recorded but the devices
-    drain(push_env, tmp_path / "run2", until=lambda: Notification.objects.get(pk=sent).status == "delivered")
+    drain(push_env, tmp_path / "run2", lambda: Notification.objects.get(pk=sent).status == "delivered", batch_size=10)
 
     assert apns.seen[IOS] == 1 and webpush.seen["jane"] == 1  # accepted before the kill: never again
     assert fcm.seen[ANDROID] == 2 and len(fcm.accepted(ANDROID)) == 1
@@ -231,6 +218,6 @@ def test_a_recipient_with_a_native_provider_goes_to_that_one_device(api_a, stand
     bad = api_a.post("/api/v1/notifications", {"channel": "push", "provider": "ios", "subject": "Hi", "body": "x",
                                                "recipient": "not-hex"}, format="json")  # fmt: skip
     assert bad.status_code == 400 and "recipient" in bad.json()["error"]["details"]
-    drain(push_env, tmp_path / "run")
+    drain(push_env, tmp_path / "run", batch_size=10)
     assert detail(api_a, made.json()["id"])["status"] == "delivered"
     assert [r["payload"]["title"] for r in webpush.accepted("solo")] == ["Hi"]

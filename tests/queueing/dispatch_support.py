@@ -66,3 +66,23 @@ def wait_started(log_dir: Path, count: int, timeout: float = 30) -> bool:
         return sum("started (concurrency" in p.read_text() for p in log_dir.glob("dispatcher*.log"))
 
     return wait_until(lambda: started() >= count, timeout)
+
+
+def drain(env: dict, log_dir: Path, until=None, timeout: float = 60, batch_size: int = 50) -> None:  # noqa: ANN001
+    """Run one real dispatcher process until `until()` holds (by default: the queue is empty), then
+    stop it (SIGTERM, exit 0)."""
+    if until is None:
+        from queueing.models import QueueItem
+
+        def until() -> bool:
+            return not QueueItem.objects.exists()
+
+    log_dir.mkdir()
+    procs = start_dispatchers(1, env, "--batch-size", str(batch_size), log_dir=log_dir)
+    try:
+        assert wait_started(log_dir, 1)
+        assert wait_until(until, timeout)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        assert wait_exit(procs, 20) == [0]

@@ -33,6 +33,7 @@ OPERATOR_PERMISSIONS = [
     ("workflows", "view_workflowrun"),
     ("bulk", "view_bulksend"),
     ("bulk", "cancel_bulksend"),
+    ("inbox", "view_inboxitem"),
 ]
 
 
