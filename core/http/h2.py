@@ -12,8 +12,12 @@ back once with the response or the error, on the event loop.
 - one deadline per request (waiting, connecting, sending, the response), kept by a timer;
 - request bodies respect flow control (sent as the windows open); response bodies are acknowledged
   as they arrive and capped at `max_body_bytes`;
-- a stream reset, a lost connection or GOAWAY fail the streams they end with HttpConnectError
-  (transient); a timed-out stream is reset (CANCEL) and fails with HttpTimeout;
+- GOAWAY: the streams above its last-stream-id were never processed (RFC 9113 §6.8), so they start
+  again on a new connection, as does a stream the server resets with REFUSED_STREAM; the streams at
+  or below it are still answered on the old connection, which closes once they are (h2 refuses every
+  frame after a GOAWAY: `_Connection` lets the answers in). A stream reset otherwise, or in flight on
+  a connection lost without a GOAWAY covering it, fails with HttpConnectError (transient: it may
+  have been processed); a timed-out stream is reset (CANCEL) and fails with HttpTimeout;
 - request headers are encoded by `_Encoder` (stateless HPACK, no Huffman) and not validated again
   by h2: the callers build them (lower-case names, values checked where they come from), and hpack's
   own encoder (Huffman and its dynamic table in pure Python) was a quarter of an APNs send's CPU.
@@ -174,13 +178,24 @@ class _Encoder:
         return head
 
 
+class _Connection(h2.connection.H2Connection):
+    """h2's connection, which after a GOAWAY from the server still takes the frames of the streams
+    the server said it processes (h2 would close at once and refuse them as a protocol error). No new
+    stream is opened on it after that (`_H2Protocol.accepting`)."""
+
+    def _receive_goaway_frame(self, frame: Any) -> tuple[list, list]:  # noqa: ANN401
+        frames, events = super()._receive_goaway_frame(frame)
+        self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        return frames, events
+
+
 class _H2Protocol(asyncio.Protocol):
     def __init__(self, client: H2Client) -> None:
         self.client = client
         # headers as the callers build them (bytes, lower-case names): not normalised or validated again
         config = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False,
                                            normalize_outbound_headers=False)  # fmt: skip
-        self.conn = h2.connection.H2Connection(config)
+        self.conn = _Connection(config)
         self.conn.encoder = _Encoder()
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, _Stream] = {}
@@ -263,10 +278,16 @@ class _H2Protocol(asyncio.Protocol):
                 if stream is not None:
                     response = Response(stream.status, "", stream.headers, bytes(stream.body), stream.truncated)
                     stream.request.finish(response, None)
+                    if not self.accepting and not self.streams:  # the last answer after a GOAWAY
+                        self.close()
             elif isinstance(event, h2.events.StreamReset):
                 stream = self.streams.pop(event.stream_id, None)
                 if stream is not None:
-                    stream.request.finish(None, HttpConnectError(f"stream reset by the server ({event.error_code!r})"))
+                    if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:  # not processed: again
+                        self.client._again([stream.request])
+                    else:
+                        error = HttpConnectError(f"stream reset by the server ({event.error_code!r})")
+                        stream.request.finish(None, error)
             elif isinstance(event, h2.events.WindowUpdated):
                 self._unblock()
             elif isinstance(event, h2.events.RemoteSettingsChanged):
@@ -274,10 +295,12 @@ class _H2Protocol(asyncio.Protocol):
                     self._unblock()
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.accepting = False
+                self.client._draining(self)
                 last = event.last_stream_id or 0
-                for stream_id in [s for s in self.streams if s > last]:  # never processed: fail them now
-                    stream = self.streams.pop(stream_id)
-                    stream.request.finish(None, HttpConnectError("the server closed the connection (GOAWAY)"))
+                # never processed: sent again on a new connection, in the order they were sent
+                again = [self.streams.pop(s).request for s in sorted(s for s in self.streams if s > last)]
+                if again:
+                    self.client._again(again)
                 if not self.streams:
                     self.close()
         self.flush()
@@ -339,6 +362,7 @@ class H2Client:
         self._protocol: _H2Protocol | None = None
         self._opening: asyncio.Task | None = None
         self._waiting: deque[H2Request] = deque()
+        self._old: set[_H2Protocol] = set()  # connections after a GOAWAY, answering their last streams
         self._closed = False
         self.connections_opened = 0
         self.most_in_flight = 0  # the most streams in flight at once on the connection
@@ -453,19 +477,46 @@ class H2Client:
         if request.done:
             return
         request.timer = None
-        protocol = self._protocol
-        if request.stream_id and protocol is not None and request.stream_id in protocol.streams:
+        protocol = self._holding(request)
+        if protocol is not None:
             protocol.reset(request)
             self._pump()
         request.finish(None, HttpTimeout("no complete response before the timeout"))
 
     def _abandon(self, request: H2Request) -> None:
-        protocol = self._protocol
-        if request.stream_id and protocol is not None and request.stream_id in protocol.streams:
+        protocol = self._holding(request)
+        if protocol is not None:
             protocol.reset(request)
             self._pump()
 
+    def _holding(self, request: H2Request) -> _H2Protocol | None:
+        """The connection whose stream `request` is (the current one, or one answering after a GOAWAY)."""
+        if request.stream_id:
+            for protocol in (self._protocol, *self._old):
+                if protocol is not None:
+                    stream = protocol.streams.get(request.stream_id)
+                    if stream is not None and stream.request is request:
+                        return protocol
+        return None
+
+    def _draining(self, protocol: _H2Protocol) -> None:
+        """`protocol` got a GOAWAY: new requests go to a new connection from now on."""
+        if self._protocol is protocol:
+            self._protocol = None
+        self._old.add(protocol)
+
+    def _again(self, requests: list[H2Request]) -> None:
+        """Requests the server never processed: first in line for the next connection, as they were."""
+        for request in reversed(requests):
+            if not request.done:
+                request.stream_id = 0
+                request.sent = 0
+                self._waiting.appendleft(request)
+        if not self._closed:
+            asyncio.get_running_loop().call_soon(self._pump)
+
     def _connection_lost(self, protocol: _H2Protocol) -> None:
+        self._old.discard(protocol)
         if self._protocol is protocol:
             self._protocol = None
         if self._waiting and not self._closed:
@@ -478,8 +529,10 @@ class H2Client:
         waiting, self._waiting = self._waiting, deque()
         for request in waiting:
             request.finish(None, HttpConnectError("client closed"))
-        protocol, self._protocol = self._protocol, None
-        if protocol is not None:
+        protocols = [p for p in (self._protocol, *self._old) if p is not None]
+        self._protocol = None
+        self._old.clear()
+        for protocol in protocols:
             streams, protocol.streams = protocol.streams, {}
             protocol.close()
             for stream in streams.values():
