@@ -118,6 +118,9 @@ class Target:
     token: str  # plaintext: the device token, or the Web Push subscription's JSON
     active: bool
     held: bool = False  # every provider of its kind is open (routing.failover.route_devices): not sent now
+    # its provider (not the push item's own) is rate-limited and had no token for it (dispatch.claims):
+    # not sent now, tried again after this many seconds
+    throttled: float | None = None
 
 
 @dataclass(slots=True)

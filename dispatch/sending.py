@@ -304,6 +304,11 @@ class _FanOut:
             if target.held:  # every provider of its kind is open (routing.failover): tried again later
                 self.handles.append(loop.call_soon(self._done, target, _HELD))
                 continue
+            if target.throttled is not None:  # its provider's rate limit had no token: tried again later
+                throttled = DeliveryResult(delivered=False, error_code="rate_limited", permanent=False,
+                                           retry_after=target.throttled)  # fmt: skip
+                self.handles.append(loop.call_soon(self._done, target, throttled))
+                continue
             try:
                 instance = self.sender.providers.entries[target.provider_id].instance
                 message = OutboundMessage(
@@ -387,7 +392,8 @@ def push_outcome(
             device.sent_outcome = "permanent_error"
         else:
             transient.append(result)
-            held = result is _HELD  # held devices stay where they are: their provider was never asked
+            # held and throttled devices stay where they are: their provider was never asked
+            held = result is _HELD or target.throttled is not None
             after = router.next_for_device(item, through) if router is not None and not held else through
             device = DeviceOutcome(key, target.device_id, "pending", classify(result).error_code[:100],
                                    provider_id=after)  # fmt: skip

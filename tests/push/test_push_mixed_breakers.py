@@ -79,3 +79,33 @@ def test_a_failing_apns_provider_opens_its_own_breaker_and_the_other_kinds_still
     assert counted[(ios, "transient_error")] >= 2
     assert (android, "transient_error") not in counted and (browsers, "transient_error") not in counted
     assert DeliveryAttempt.objects.filter(notification_id__in=sent, provider_id=android).exists()
+
+
+def test_the_apns_provider_s_rate_limit_spaces_its_devices_sends_while_the_fcm_devices_go(
+    api_a, standins, push_env, tmp_path
+):
+    apns, fcm, _ = standins
+    rate = 2.0
+    android = provider(api_a, "android", "fcm", fcm, 1)  # the push items' provider: no limit
+    provider(api_a, "ios", "apns", apns, 2, rate_limit={"rate_per_second": rate, "burst": 1})
+    sent = []
+    for i in range(6):
+        person = f"r{i}"
+        assert api_a.put(f"/api/v1/subscribers/{person}", {}, format="json").status_code == 201
+        register(api_a, person, kind="fcm", token=f"fcm-{person}")
+        register(api_a, person, kind="apns", token=f"{i + 1:02x}" * 32)
+        sent.append(notify(api_a, person, f"Limited {i}"))
+
+    drain(push_env, tmp_path / "run",
+          until=lambda: all(n.status == "delivered" for n in Notification.objects.filter(pk__in=sent)))  # fmt: skip
+
+    # every device got its push once; the APNs sends never outran the provider's bucket (one token at
+    # first, then `rate` a second) although all six pushes were claimed at once
+    assert set(fcm.seen.values()) == {1} and len(fcm.received) == 6
+    assert len(apns.received) == 6 and set(apns.seen.values()) == {1}
+    arrivals = sorted(r["at"] for r in apns.received)
+    assert all(at - arrivals[0] >= (k - 1) / rate - 0.25 for k, at in enumerate(arrivals)), arrivals
+    # the FCM devices were not held back by the APNs limit: each accepted on its push's first try
+    firsts = DeliveryAttempt.objects.filter(notification_id__in=sent, number=1)
+    assert set(firsts.values_list("provider_id", flat=True)) == {android}
+    assert NotificationDevice.objects.filter(notification_id__in=sent, kind="fcm", status="delivered").count() == 6
