@@ -1,13 +1,15 @@
 """CPU per send of each push provider kind's send path alone, without the database or the dispatcher.
 
     .venv/bin/python bench/push_send_bench.py [-n 3000] [--concurrency 100] [--repeat 5]
-        [--kinds webhook,apns,fcm,webpush]
+        [--kinds webhook,webhook-hypercorn,apns,fcm,webpush] [--devices K]
 
 Sends `n` messages through one provider of each kind (`start_send` where the kind has it, else
 `send` in a task, as the dispatcher does) to its stand-in (benchmarks/push_standins.py; the webhook kind
-to tests.support.receivers.HttpReceiver), at most `concurrency` in flight, and prints the CPU
-microseconds per send of the event loop's thread (`time.thread_time`: the stand-ins run in threads
-of their own and are not counted), median of `repeat` rounds after one warm-up round. The providers'
+to tests.support.receivers.HttpReceiver; `webhook-hypercorn`: the webhook kind to a hypercorn server
+like the stand-ins', whose answers come in other batches and writes), at most `concurrency` in flight,
+and prints the CPU microseconds per send of the event loop's thread (`time.thread_time`: the stand-ins run in threads
+of their own and are not counted), median of `repeat` rounds after one warm-up round, with the
+garbage collector set as the dispatcher sets it (dispatch.gc_tuning). The providers'
 share of bench/push_bench.py's dispatcher CPU per send; CPU, not throughput, so changes can be
 compared on a machine shared with other work.
 """
@@ -44,6 +46,21 @@ def _provider_and_recipients(kind: str, n: int, stack: list) -> tuple[object, li
         stack.append(receiver)
         provider = build_provider("webhook", {"url": receiver.url}, {"signing_secret": TEST_SIGNING_SECRET})
         return provider, [f"tok_{i:08d}" for i in range(n)]
+    if kind == "webhook-hypercorn":  # the webhook kind to the server the stand-ins run on
+        from benchmarks.push_standins import AsgiServer, lifespan, read_body, respond
+        from tests.support.receivers import TEST_SIGNING_SECRET
+
+        async def app(scope: dict, receive: object, send: object) -> None:
+            if scope["type"] == "lifespan":
+                await lifespan(receive, send)
+                return
+            await read_body(receive)
+            await respond(send, 200, {"ok": True})
+
+        server = AsgiServer(app, max_requests=10**9).start()
+        stack.append(server)
+        provider = build_provider("webhook", {"url": server.origin + "/hook"}, {"signing_secret": TEST_SIGNING_SECRET})
+        return provider, [f"tok_{i:08d}" for i in range(n)]
     # (hypercorn's GOAWAY after 1,000 requests of a connection drops the streams in flight: not APNs' habit)
     standin = (
         ApnsStandIn(max_requests=10**9) if kind == "apns" else {"fcm": FcmStandIn, "webpush": WebPushStandIn}[kind]()
@@ -57,7 +74,7 @@ def _provider_and_recipients(kind: str, n: int, stack: list) -> tuple[object, li
     return provider, [f"{i:064x}" if kind == "apns" else f"fcm-{i:08d}" for i in range(n)]
 
 
-async def _round(provider: object, recipients: list[str], concurrency: int) -> tuple[float, int]:
+async def _round(provider: object, recipients: list[str], concurrency: int, devices: int = 1) -> tuple[float, int]:
     from providers.kinds import OutboundMessage
 
     loop = asyncio.get_running_loop()
@@ -82,12 +99,14 @@ async def _round(provider: object, recipients: list[str], concurrency: int) -> t
         finished(await provider.send(message))
 
     started = time.thread_time()
-    for recipient in recipients:
+    for i, recipient in enumerate(recipients):
         await slots.acquire()
+        if i % devices == 0:  # a notification's devices share its subject, body and push (the fan-out)
+            notification = (str(uuid.uuid4()), "Bench notification", "x" * 120, {"data": {"order": "42"}, "badge": 1})
         message = OutboundMessage(
-            notification_id=str(uuid.uuid4()), tenant_id="t", channel="push", recipient=recipient,
-            subject="Bench notification", body="x" * 120, metadata={"bench": True}, created_at=now,
-            push={"data": {"order": "42"}, "badge": 1},
+            notification_id=notification[0], tenant_id="t", channel="push", recipient=recipient,
+            subject=notification[1], body=notification[2], metadata={"bench": True}, created_at=now,
+            push=notification[3],
         )  # fmt: skip
         if provider.start_send(message, finished) is None:
             loop.create_task(awaited(message))
@@ -97,14 +116,14 @@ async def _round(provider: object, recipients: list[str], concurrency: int) -> t
     return (time.thread_time() - started) / len(recipients) * 1e6, failed
 
 
-async def _kind(kind: str, n: int, concurrency: int, repeat: int) -> dict:
+async def _kind(kind: str, n: int, concurrency: int, repeat: int, devices: int = 1) -> dict:
     stack: list = []
     try:
         provider, recipients = _provider_and_recipients(kind, n, stack)
         await _round(provider, recipients[: min(n, 500)], concurrency)  # connections, tokens, caches warm
         rounds = []
         for _ in range(repeat):
-            cpu, failed = await _round(provider, recipients, concurrency)
+            cpu, failed = await _round(provider, recipients, concurrency, devices)
             if failed:
                 raise SystemExit(f"{kind}: {failed} sends failed")
             rounds.append(cpu)
@@ -121,15 +140,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--kinds", default="webhook,apns,fcm,webpush")
+    parser.add_argument("--devices", type=int, default=1, help="devices per notification (its sends share its content)")
     args = parser.parse_args()
     import django
 
     django.setup()
     import uvloop
 
+    from dispatch import gc_tuning
+
     results = {}
     for kind in args.kinds.split(","):
-        results[kind] = uvloop.run(_kind(kind, args.n, args.concurrency, args.repeat))
+        gc_tuning.settle_after_start_up(args.concurrency, 1000)  # the collector as a dispatcher sets it
+        results[kind] = uvloop.run(_kind(kind, args.n, args.concurrency, args.repeat, args.devices))
         print(kind, json.dumps(results[kind]), flush=True)
     base = results.get("webhook", {}).get("cpu_us_per_send")
     if base:

@@ -335,6 +335,134 @@ class ApnsStandIn(_StandIn):
             self.in_flight -= 1
 
 
+class GoawayApnsStandIn(ApnsStandIn):
+    """The APNs stand-in on a raw `h2` server over TLS (the same checks and answers: its requests go
+    through ApnsStandIn's ASGI application) that sends a graceful GOAWAY mid-flight: once the
+    `goaway_after`-th request of its first connection has arrived, a GOAWAY (NO_ERROR) whose
+    last-stream-id is that request's stream; the streams at or below it are still answered (after
+    `answer_delay` seconds, so the answers come after the GOAWAY), those above it are never processed
+    (`ignored` counts them), and the connection closes once the last answer is sent. Later
+    connections serve everything. `die_after` instead aborts the first connection (no GOAWAY)
+    when its `die_after`-th request has arrived, with the requests before it answered and the rest
+    in flight."""
+
+    def __init__(self, directory: str | Path | None = None, *, goaway_after: int = 10, die_after: int = 0,
+                 answer_delay: float = 0.2) -> None:  # fmt: skip
+        super().__init__(directory)
+        self.goaway_after = goaway_after
+        self.die_after = die_after
+        self.answer_delay = answer_delay
+        self.connections = 0
+        self.last_stream_ids: list[int] = []  # of each GOAWAY sent
+        self.ignored = 0  # streams above a GOAWAY's last-stream-id
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="apns-goaway", daemon=True)
+        self._server: Any = None
+        self.port = 0
+
+    def start(self) -> GoawayApnsStandIn:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.tls.cafile, str(Path(self.tls.cafile).with_name("key.pem")))
+        context.set_alpn_protocols(["h2"])
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=context), self._loop
+        ).result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    def stop(self) -> None:
+        async def close() -> None:
+            self._server.close()
+            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+        import h2.exceptions
+
+        self.connections += 1
+        first = self.connections == 1
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        requests: dict[int, tuple[list, bytearray]] = {}
+        arrived = 0
+        last = 0  # the GOAWAY's last-stream-id once sent
+        answering: set[asyncio.Task] = set()
+
+        async def answer(stream_id: int, headers: list, body: bytes) -> None:
+            await asyncio.sleep(self.answer_delay)
+            pseudo = {k: v for k, v in headers if k.startswith(b":")}
+            scope = {"type": "http", "http_version": "2", "method": pseudo[b":method"].decode(),
+                     "path": pseudo[b":path"].decode(),
+                     "headers": [(k, v) for k, v in headers if k[:1] != b":"]}  # fmt: skip
+            sent: list[dict] = []
+
+            async def receive() -> dict:
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+
+            await self(scope, receive, send)
+            start, content = sent[0], sent[1].get("body", b"")
+            conn.send_headers(stream_id, [(b":status", str(start["status"]).encode()), *start["headers"]],
+                              end_stream=not content)  # fmt: skip
+            if content:
+                conn.send_data(stream_id, content, end_stream=True)
+            writer.write(conn.data_to_send())
+            answering.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if last and not answering:  # the last stream the GOAWAY covered is answered
+                await writer.drain()
+                writer.close()
+
+        try:
+            while not reader.at_eof():
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        if last and event.stream_id > last:
+                            self.ignored += 1  # never processed
+                            continue
+                        requests[event.stream_id] = (event.headers, bytearray())
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        if event.stream_id in requests:
+                            requests[event.stream_id][1].extend(event.data)
+                    elif isinstance(event, h2.events.StreamEnded) and event.stream_id in requests:
+                        headers, body = requests.pop(event.stream_id)
+                        arrived += 1
+                        if first and self.die_after and arrived == self.die_after:
+                            writer.transport.abort()  # dies: no GOAWAY, the requests in flight unanswered
+                            return
+                        task = asyncio.get_running_loop().create_task(answer(event.stream_id, headers, bytes(body)))
+                        answering.add(task)
+                        if first and not last and self.goaway_after and arrived == self.goaway_after:
+                            last = event.stream_id
+                            self.last_stream_ids.append(last)
+                            conn.close_connection(last_stream_id=last)
+                            # h2 refuses every frame after its own GOAWAY: the answers still go out
+                            conn.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
+                writer.write(conn.data_to_send())
+        except (ConnectionError, h2.exceptions.ProtocolError):
+            pass
+
+
 # --- FCM ------------------------------------------------------------------------------------------
 
 

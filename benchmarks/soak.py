@@ -9,9 +9,11 @@ What runs, all on this machine's loopback:
   under a small supervisor (a thread here) that starts it again when it dies;
 - the chaos receiver (benchmarks.chaos_receiver): the webhook provider and the tenant's event
   endpoint, switchable to 503 / 429 / hang / down;
-- the FCM and APNs stand-ins (benchmarks.push_standins, as `SoakFcm`, `SoakApns`): the native push
-  vendors of the tenant's `fcm` and `apns` providers (the OAuth grant and FCM v1 sends; HTTP/2 over
-  TLS with ES256 provider tokens; checked as the vendors would), following the same provider faults.
+- the FCM, APNs and Web Push stand-ins (benchmarks.push_standins, as `SoakFcm`, `SoakApns`,
+  `SoakWebPush`): the native push vendors of the tenant's `fcm`, `apns` and `webpush` providers (the
+  OAuth grant and FCM v1 sends; HTTP/2 over TLS with ES256 provider tokens; VAPID-signed messages
+  that the push service decrypts with the subscription's private key; checked as the vendors would),
+  following the same provider faults.
 
 The load, at `rate` notifications a second: single creates (with an `Idempotency-Key`, retried
 with the same key on a 5xx or a broken connection until acknowledged), batches of 10, future-dated
@@ -21,7 +23,8 @@ by an older one: out of order), and in-app sends to subscribers' feeds (the buil
 one subscriber in five opted out of `news` in-app), whose arrivals are the feed items the dispatcher's
 record statement wrote; native push to the devices registered (devices API): an FCM device for
 every even subscriber (half of them opted out of `news` push), each message naming itself in
-`data.soak_ref`, and an APNs device for every odd one (named by `apns-id`, the notification id), whose
+`data.soak_ref`, an APNs device for every odd one (named by `apns-id`, the notification id), and a
+Web Push subscription for every third one (named by `data.soak_ref` in the decrypted message), whose
 arrivals are what the stand-ins accepted; and triggers of a workflow (send in-app, a 1 s delay, send
 push), whose runs the scheduler advances, their send steps' notifications then counted like the rest.
 
@@ -63,7 +66,7 @@ import httpx
 
 from benchmarks.chaos_receiver import ChaosReceiver
 from benchmarks.pgserver import PrivatePostgres, free_port
-from benchmarks.push_standins import Answer, ApnsStandIn, FcmStandIn
+from benchmarks.push_standins import Answer, ApnsStandIn, FcmStandIn, WebPushStandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 DBNAME = "omnipost_soak"
@@ -85,6 +88,8 @@ RECOVERED_PICKUP = 2.0  # seconds from due to arrival that count as "flowing aga
 SUBSCRIBERS = 40  # sub-0 … sub-39; every fourth opted out of `news` on push, every fifth in-app
 FCM_DEVICES = range(0, SUBSCRIBERS, 2)  # subscribers with an FCM device (so half of them opted out of `news` push)
 APNS_DEVICES = range(1, SUBSCRIBERS, 2)  # … and with an APNs device (none of them opted out)
+WEBPUSH_DEVICES = range(0, SUBSCRIBERS, 3)  # … and with a Web Push subscription (a quarter of them opted out)
+NATIVE_PUSH = ("fcm", "apns", "webpush")  # the load's kinds of native push (each its provider's name and kind)
 WORKFLOW = "soak"  # its steps: WORKFLOW_STEPS
 WORKFLOW_STEPS = [
     {"name": "hello", "type": "send", "channel": "in_app", "subject": "Hello", "body": "Hello {{ data.n }}"},
@@ -287,11 +292,11 @@ def rss_and_files(pid: int) -> tuple[int, int] | None:
 # --- the load ----------------------------------------------------------------------------------
 @dataclass
 class Sent:
-    kind: str  # single | batch | future | subscriber | inbox | fcm | apns | workflow (a run's send step)
+    kind: str  # single | batch | future | subscriber | inbox | fcm | apns | webpush | workflow (a run's send step)
     acked_at: float  # unix time of the 201
     due_at: float  # when it could be delivered at the earliest (acked_at, or scheduled_for)
     status: str  # as the 201 gave it
-    provider: str  # hook | push | inbox | fcm | apns
+    provider: str  # hook | push | inbox | fcm | apns | webpush
 
 
 class Api:
@@ -342,7 +347,7 @@ class Load:
     API acknowledged goes into `sent`."""
 
     WEIGHTS = (("single", 0.45), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15), ("inbox", 0.1),
-               ("fcm", 0.07), ("apns", 0.05), ("workflow", 0.05))  # fmt: skip
+               ("fcm", 0.07), ("apns", 0.05), ("webpush", 0.05), ("workflow", 0.05))  # fmt: skip
 
     def __init__(self, api: Api, config: SoakConfig, rng: random.Random) -> None:
         self.api, self.config, self.rng = api, config, rng
@@ -386,7 +391,7 @@ class Load:
                 with self.lock:
                     self.in_flight += 1
                 self.offered += size
-                to_one = kind in ("subscriber", "inbox", "fcm", "apns", "workflow")
+                to_one = kind in ("subscriber", "inbox", *NATIVE_PUSH, "workflow")
                 extra = self.rng.randrange(SUBSCRIBERS) if to_one else self.rng.uniform(1.0, 4.0)
                 self.pool.submit(self._one, kind, extra)
 
@@ -428,6 +433,11 @@ class Load:
                     "category": "news", "provider": "apns", "subject": "native",
                     "body": "native push body"}  # fmt: skip
             provider = "apns"
+        elif kind == "webpush":  # … to the subscriber's browser; the decrypted message names it by `soak_ref`
+            body = {"channel": "push", "subscriber": f"sub-{WEBPUSH_DEVICES[int(extra) % len(WEBPUSH_DEVICES)]}",
+                    "category": "news", "provider": "webpush", "subject": "native", "body": "native push body",
+                    "data": {"soak_ref": key}}  # fmt: skip
+            provider = "webpush"
         elif kind == "workflow":
             path = f"/api/v1/workflows/{WORKFLOW}/trigger"
             body = {"subscribers": [f"sub-{int(extra)}"], "data": {"n": key[:8]}}
@@ -448,7 +458,7 @@ class Load:
             rows = response.json()["results"] if kind == "batch" else [response.json()]
             for row in rows:
                 self.sent[row["id"]] = Sent(kind, acked, max(acked, due), row["status"], provider)
-            if kind == "fcm":
+            if kind in ("fcm", "webpush"):
                 self.refs[key] = rows[0]["id"]
 
 
@@ -502,6 +512,20 @@ class SoakApns(_Faulted, ApnsStandIn):
         """(apns-id: the notification id, when) of each accepted message, duplicates included."""
         with self.lock:
             return [(r["headers"].get("apns-id", ""), r["at"]) for r in self.received]
+
+
+class SoakWebPush(_Faulted, WebPushStandIn):
+    """The Web Push stand-in (VAPID checked, each message decrypted with http_ece and the
+    subscription's private key), faulted as the soak's provider is."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def arrivals(self) -> list[tuple[str, float]]:
+        """(soak_ref, when) of each accepted message, as decrypted, duplicates included."""
+        with self.lock:
+            return [((r["payload"].get("data") or {}).get("soak_ref", ""), r["at"]) for r in self.received]
 
 
 # --- faults ------------------------------------------------------------------------------------
@@ -660,7 +684,7 @@ class Faults:
         seconds = self.soak.config.fault_seconds(fault.kind)
         self.soak.receiver.mode(target, mode)
         if target == "provider":  # the native push vendors too
-            for vendor in (self.soak.fcm, self.soak.apns):
+            for vendor in (self.soak.fcm, self.soak.apns, self.soak.webpush):
                 vendor.set_mode(mode, time.time() + seconds)
         fault.target, fault.detail = target, f"{mode} for {seconds:g} s"
 
@@ -668,7 +692,7 @@ class Faults:
             if self.generation[target] == mine:  # a later fault of the same target ends it instead
                 self.soak.receiver.mode(target, "ok")
                 if target == "provider":
-                    for vendor in (self.soak.fcm, self.soak.apns):
+                    for vendor in (self.soak.fcm, self.soak.apns, self.soak.webpush):
                         vendor.set_mode("ok")
             fault.ended = time.time()
 
@@ -828,7 +852,7 @@ class Soak:
                 "secrets": {"signing_secret": PROVIDER_SECRET}})  # fmt: skip
             if name == "hook":
                 self.hook_id = provider["id"]
-        for kind, vendor in (("fcm", self.fcm), ("apns", self.apns)):
+        for kind, vendor in (("fcm", self.fcm), ("apns", self.apns), ("webpush", self.webpush)):
             vendor_config, vendor_secrets = vendor.provider_config()
             must("POST", "/api/v1/providers", {
                 "name": kind, "channel": "push", "kind": kind, "max_attempts": 100, "config": vendor_config,
@@ -841,6 +865,9 @@ class Soak:
             must("POST", f"/api/v1/subscribers/sub-{i}/devices", {"kind": "fcm", "token": f"fcm-token-{i}"})
         for i in APNS_DEVICES:
             must("POST", f"/api/v1/subscribers/sub-{i}/devices", {"kind": "apns", "token": f"{i:064x}"})
+        for i in WEBPUSH_DEVICES:
+            subscription = self.webpush.subscribe(f"sub-{i}").as_json()
+            must("POST", f"/api/v1/subscribers/sub-{i}/devices", {"kind": "webpush", "subscription": subscription})
         must("POST", "/api/v1/workflows", {"key": WORKFLOW, "name": "soak", "steps": WORKFLOW_STEPS})
         must("POST", "/api/v1/event-endpoints", {"name": "soak", "url": self.receiver.events_url,
                                                   "event_types": ["notification.delivered"], "secret": EVENTS_SECRET})
@@ -910,7 +937,8 @@ class Soak:
         """What the native push vendors accepted: (notification id, when), duplicates included; an FCM
         message whose create was never acknowledged (yet) goes by its `soak_ref`."""
         refs = self.load.refs
-        return [*((refs.get(ref, ref), at) for ref, at in self.fcm.arrivals()), *self.apns.arrivals()]
+        return [*((refs.get(ref, ref), at) for ref, at in [*self.fcm.arrivals(), *self.webpush.arrivals()]),
+                *self.apns.arrivals()]
 
     def workflow_runs(self, made: bool = False) -> list[dict[str, Any]] | None:
         """Every workflow run as the database holds it: {id, trigger_id, status, sends: [(step, notification
@@ -997,6 +1025,7 @@ class Soak:
             self.fcm = SoakFcm(config.provider_delay_ms / 1000).start()
             (workdir / "apns-tls").mkdir(exist_ok=True)
             self.apns = SoakApns(config.provider_delay_ms / 1000, workdir / "apns-tls").start()
+            self.webpush = SoakWebPush(config.provider_delay_ms / 1000).start()
             self.web_ports = [free_port() for _ in range(config.webs)]
             env["OMNIPOST_PUBLIC_URL"] = f"http://127.0.0.1:{self.web_ports[0]}"
             self._start_processes(env, workdir)
@@ -1037,8 +1066,8 @@ class Soak:
             faults.stop()
             for target in ("provider", "events"):
                 receiver.mode(target, "ok")
-            self.fcm.set_mode("ok")
-            self.apns.set_mode("ok")
+            for vendor in (self.fcm, self.apns, self.webpush):
+                vendor.set_mode("ok")
             say(f"load stopped ({len(self.load.sent)} acknowledged); draining")
             drained = self._drain(load_ended + config.drain_seconds)
             self.receipts.stop()
@@ -1057,7 +1086,7 @@ class Soak:
             final, accepted = receiver.stop() if receiver is not None else ({}, [])
             pushed = self.push_arrivals() if hasattr(self, "load") else []
             self.push_refused = []  # requests the vendors would refuse as malformed
-            for name in ("fcm", "apns"):
+            for name in NATIVE_PUSH:
                 if hasattr(self, name):
                     vendor = getattr(self, name)
                     self.push_refused += [f"{name}: {why}" for why in vendor.refused]
@@ -1217,7 +1246,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     api_mismatch = sorted((delivered ^ (api_delivered & set(sent))) - set(lost))
     not_suppressed_by_api = sorted(i for i in suppressed if api_view.get(i, {}).get("status") != "suppressed")
     opted_out = {i for i, s in sent.items()
-                 if s.kind in ("subscriber", "inbox", "fcm", "apns") and s.status == "suppressed"}  # fmt: skip
+                 if s.kind in ("subscriber", "inbox", *NATIVE_PUSH) and s.status == "suppressed"}  # fmt: skip
     missing_events = sorted(i for i in api_delivered & set(sent) if not event_hits.get(i))
     receipts_posted = soak.receipts.posted
     receipts_missing = sorted(i for i in receipts_posted if not api_view.get(i, {}).get("receipt"))
@@ -1239,7 +1268,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
             later = [at for at in event_times if at >= f.ended][:1]
         else:
             wanted = (("future",) if f.kind == "scheduler_kill"
-                      else ("single", "batch", "future", "subscriber", "inbox", "fcm", "apns"))  # fmt: skip
+                      else ("single", "batch", "future", "subscriber", "inbox", *NATIVE_PUSH))  # fmt: skip
             later = [arrived for due, arrived, kind in prompt if due >= f.ended and kind in wanted]
         f.recovered_after = round(min(later) - f.ended, 2) if later else None
 
@@ -1360,8 +1389,8 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         "event_duplicates": sum(n - 1 for n in event_hits.values() if n > 1),
         "receipts_acknowledged": sum(receipts_posted.values()), "receipt_notifications": len(receipts_posted),
         "receipts_missing": len(receipts_missing), "receipts_failed": len(soak.receipts.failed),
-        "push_arrivals": len(delivered & {i for i, s in sent.items() if s.kind in ("fcm", "apns")}),
-        "push_duplicates": sum(duplicates.get(i, 0) for i, s in sent.items() if s.kind in ("fcm", "apns")),
+        "push_arrivals": len(delivered & {i for i, s in sent.items() if s.kind in NATIVE_PUSH}),
+        "push_duplicates": sum(duplicates.get(i, 0) for i, s in sent.items() if s.kind in NATIVE_PUSH),
         "push_refused": len(push_refused),
         "workflow_triggers": len(triggers), "workflow_runs": len(runs),
         "workflow_runs_by_status": dict(Counter(r["status"] for r in runs)),
@@ -1418,8 +1447,9 @@ def markdown(report: Report) -> str:
         f"{led['duplicates_outside_in_flight']} outside a kill's in-flight set or a timeout) |",
         f"| events delivered (≥ 1 per delivered notification) | {led['events_delivered']:,}; missing {led['events_missing']}; duplicates {led['event_duplicates']} |",  # noqa: E501
         f"| receipts acknowledged | {led['receipts_acknowledged']:,} for {led['receipt_notifications']:,} notifications; not shown {led['receipts_missing']} |",  # noqa: E501
-        f"| native push (FCM and APNs stand-ins) | {led.get('push_arrivals', 0):,} arrived (fcm "
-        f"{led['delivered_by_kind'].get('fcm', 0):,}, apns {led['delivered_by_kind'].get('apns', 0):,}); "
+        f"| native push (FCM, APNs and Web Push stand-ins) | {led.get('push_arrivals', 0):,} arrived (fcm "
+        f"{led['delivered_by_kind'].get('fcm', 0):,}, apns {led['delivered_by_kind'].get('apns', 0):,}, "
+        f"webpush {led['delivered_by_kind'].get('webpush', 0):,}); "
         f"duplicates {led.get('push_duplicates', 0)}; refused as malformed {led.get('push_refused', 0)} |",
         f"| workflow triggers | {led.get('workflow_triggers', 0):,}; runs {led.get('workflow_runs', 0):,} "
         f"({', '.join(f'{k} {v:,}' for k, v in sorted(led.get('workflow_runs_by_status', {}).items()))}); "

@@ -95,6 +95,32 @@ def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
     }
 
 
+def throttle_devices(prepared: list[Prepared]) -> None:
+    """Rate limits of the providers a push's devices go through besides the item's own (whose lane the
+    claim took the item's token from): one token of each such provider, or its tenant's, per device
+    send (a query of their limits and one take, only when such devices are claimed); a device its
+    provider has no token for now is not sent this try (`Target.throttled`: pending, retried when
+    the provider's next token is due), as a device past an open breaker is held."""
+    wanted: dict[int, list] = {}
+    for item in prepared:
+        for target in item.targets or ():
+            if target.active and not target.held and target.provider_id != item.lease.provider_id:
+                wanted.setdefault(target.provider_id, []).append(target)
+    if not wanted:
+        return
+    rows = Provider.objects.filter(pk__in=list(wanted)).values_list(
+        "pk", "tenant_id", "rate_per_second", "burst", "tenant__rate_per_second", "tenant__rate_burst"
+    )
+    lanes = {pid: ratelimit.LaneSpec(pid, tid, prate, pburst, trate, tburst)
+             for pid, tid, prate, pburst, trate, tburst in rows if prate is not None or trate is not None}  # fmt: skip
+    if not lanes:
+        return
+    grant = ratelimit.take(lanes, {pid: len(wanted[pid]) for pid in lanes})
+    for pid in lanes:
+        for target in wanted[pid][grant.granted.get(pid, 0) :]:
+            target.throttled = grant.next_token_in or 1.0
+
+
 class Claimer:
     def __init__(
         self, queues: list[str] | None, lease_seconds: float, providers: ProviderCache,
@@ -200,6 +226,7 @@ class Claimer:
             devices = push_targets(prepared)
             if devices:
                 self.router.route_devices(prepared)
+                throttle_devices(prepared)
                 devices = {t.provider_id for p in prepared if p.targets for t in p.targets if t.active and not t.held}
             self.providers.load({p.provider_id for p in prepared} | devices, known=seen.versions)
         except Exception as exc:

@@ -119,6 +119,9 @@ class Target:
     token: str  # plaintext: the device token, or the Web Push subscription's JSON
     active: bool
     held: bool = False  # every provider of its kind is open (routing.failover.route_devices): not sent now
+    # its provider (not the push item's own) is rate-limited and had no token for it (dispatch.claims):
+    # not sent now, tried again after this many seconds
+    throttled: float | None = None
 
 
 @dataclass(slots=True)
@@ -130,6 +133,11 @@ class DeviceOutcome:
     reason: str | None = None  # the vendor said the token is dead: the device is deactivated with this
     # the provider it went through, or (pending) that its next try goes through (failover); None: unchanged
     provider_id: int | None = None
+    # the send itself, for the counters and the breaker of the provider it went through (`sent_through`;
+    # None: not sent, its device held or gone): delivered | transient_error | permanent_error
+    sent_through: int | None = None
+    sent_outcome: str = ""
+    http_status: int | None = None
 
 
 @dataclass(slots=True)
@@ -501,16 +509,27 @@ _RECORD_SQL = """
         SELECT * FROM acked UNION ALL SELECT * FROM released
     ), changed AS ({changed}
     ), {outbox}, {fallback}, attempts AS ({attempts}
-    ), counted AS ({counted}
     ), dead AS ({dead}
     ), messages AS ({messages}
     ), dev_in AS (
         -- a push's devices (notification_devices), for the items still ours: each device's result; the
         -- devices the vendor called dead deactivated, with their device.deactivated events; last_used_at
         SELECT v.* FROM unnest(%(dv_notification)s::uuid[], %(dv_device)s::uuid[], %(dv_status)s::text[],
-                               %(dv_code)s::text[], %(dv_reason)s::text[], %(dv_provider)s::bigint[])
-                        AS v(notification_id, device_id, status, code, reason, provider_id)
+                               %(dv_code)s::text[], %(dv_reason)s::text[], %(dv_provider)s::bigint[],
+                               %(dv_sent_through)s::bigint[], %(dv_sent_outcome)s::text[], %(dv_http)s::int[])
+                        AS v(notification_id, device_id, status, code, reason, provider_id, sent_through, sent_outcome,
+                             http_status)
         WHERE v.notification_id IN (SELECT notification_id FROM ours)
+    ), sends AS (
+        -- what each provider was sent, for its counters and its breaker: an item's attempt, or for a
+        -- push to devices each device's send, through the provider it went through (so a failing APNs
+        -- provider's breaker opens, not that of the provider the push item was on; a device held or
+        -- gone was not sent)
+        SELECT a.provider_id, a.outcome, a.http_status FROM attempts a
+        WHERE NOT EXISTS (SELECT 1 FROM dev_in d WHERE d.notification_id = a.notification_id)
+        UNION ALL
+        SELECT d.sent_through, d.sent_outcome, d.http_status FROM dev_in d WHERE d.sent_through IS NOT NULL
+    ), counted AS ({counted}
     ), dev_raw_in AS (
         -- pushes to a raw token the vendor called dead: the tenant's device with that token, if it has one
         SELECT v.* FROM unnest(%(rd_notification)s::uuid[], %(rd_tenant)s::uuid[], %(rd_kind)s::text[],
@@ -546,10 +565,10 @@ _RECORD_SQL = """
     fallback=fallback.record_ctes("changed"),
     # the providers' breakers (routing.circuits): read and written only for a provider whose
     # batch had a transient failure or whose breaker is not closed
-    circuit=circuits.record_ctes("attempts", counters.breaker_totals_sql),
+    circuit=circuits.record_ctes("sends", counters.breaker_totals_sql),
     breakers=circuits.RECORDED_STATES,
     # /metrics' counters (notifications.counters) and the dead letters (dlq.statements)
-    counted=counters.add_sql("attempts", "changed"),
+    counted=counters.add_sql("sends", "changed"),
     dead=dlq_statements.insert_dead_letters_sql("ours"),
     dev_results=statements.record_devices_sql("dev_in"),
     dev_by_token=devices.by_token_sql("dev_raw_in"),
@@ -608,6 +627,9 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
     params["dv_code"] = [r.code for r in results]
     params["dv_reason"] = [r.reason for r in results]
     params["dv_provider"] = [r.provider_id for r in results]
+    params["dv_sent_through"] = [r.sent_through for r in results]
+    params["dv_sent_outcome"] = [r.sent_outcome for r in results]
+    params["dv_http"] = [r.http_status for r in results]
     dead_tokens = [(o.lease, o.dead_token, index) for o in outcomes if o.dead_token for index in o.dead_token[1]]
     params["rd_notification"] = [lease.notification_id for lease, _, _ in dead_tokens]
     params["rd_tenant"] = [lease.tenant_id for lease, _, _ in dead_tokens]

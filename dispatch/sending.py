@@ -304,6 +304,11 @@ class _FanOut:
             if target.held:  # every provider of its kind is open (routing.failover): tried again later
                 self.handles.append(loop.call_soon(self._done, target, _HELD))
                 continue
+            if target.throttled is not None:  # its provider's rate limit had no token: tried again later
+                throttled = DeliveryResult(delivered=False, error_code="rate_limited", permanent=False,
+                                           retry_after=target.throttled)  # fmt: skip
+                self.handles.append(loop.call_soon(self._done, target, throttled))
+                continue
             try:
                 instance = self.sender.providers.entries[target.provider_id].instance
                 message = OutboundMessage(
@@ -369,24 +374,35 @@ def push_outcome(
         through = target.provider_id
         if result.delivered:
             accepted = True
-            devices.append(DeviceOutcome(key, target.device_id, "delivered", provider_id=through))
+            device = DeviceOutcome(key, target.device_id, "delivered", provider_id=through)
+            device.sent_outcome = "delivered"
         elif result is _GONE:
             permanent.append(result)
             devices.append(DeviceOutcome(key, target.device_id, "deactivated", result.error_code))
+            continue  # never sent
         elif result.deactivate:
             permanent.append(result)
-            devices.append(DeviceOutcome(key, target.device_id, "deactivated", result.error_code,
-                                         result.deactivate[:100], through))  # fmt: skip
+            device = DeviceOutcome(key, target.device_id, "deactivated", result.error_code, result.deactivate[:100],
+                                   through)  # fmt: skip
+            device.sent_outcome = "permanent_error"
         elif classify(result).permanent:
             permanent.append(result)
-            devices.append(DeviceOutcome(key, target.device_id, "failed", classify(result).error_code[:100],
-                                         provider_id=through))  # fmt: skip
+            device = DeviceOutcome(key, target.device_id, "failed", classify(result).error_code[:100],
+                                   provider_id=through)  # fmt: skip
+            device.sent_outcome = "permanent_error"
         else:
             transient.append(result)
-            # held devices stay where they are: their provider was never asked
-            after = router.next_for_device(item, through) if router is not None and result is not _HELD else through
-            devices.append(DeviceOutcome(key, target.device_id, "pending", classify(result).error_code[:100],
-                                         provider_id=after))  # fmt: skip
+            # held and throttled devices stay where they are: their provider was never asked
+            held = result is _HELD or target.throttled is not None
+            after = router.next_for_device(item, through) if router is not None and not held else through
+            device = DeviceOutcome(key, target.device_id, "pending", classify(result).error_code[:100],
+                                   provider_id=after)  # fmt: skip
+            if held:
+                devices.append(device)
+                continue  # not sent
+            device.sent_outcome = "transient_error"
+        device.sent_through, device.http_status = through, result.http_status
+        devices.append(device)
     if transient:
         return max(transient, key=lambda r: r.retry_after or 0.0), devices
     if accepted:

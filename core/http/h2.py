@@ -12,8 +12,12 @@ back once with the response or the error, on the event loop.
 - one deadline per request (waiting, connecting, sending, the response), kept by a timer;
 - request bodies respect flow control (sent as the windows open); response bodies are acknowledged
   as they arrive and capped at `max_body_bytes`;
-- a stream reset, a lost connection or GOAWAY fail the streams they end with HttpConnectError
-  (transient); a timed-out stream is reset (CANCEL) and fails with HttpTimeout;
+- GOAWAY: the streams above its last-stream-id were never processed (RFC 9113 §6.8), so they start
+  again on a new connection, as does a stream the server resets with REFUSED_STREAM; the streams at
+  or below it are still answered on the old connection, which closes once they are (h2 refuses every
+  frame after a GOAWAY: `_Connection` lets the answers in). A stream reset otherwise, or in flight on
+  a connection lost without a GOAWAY covering it, fails with HttpConnectError (transient: it may
+  have been processed); a timed-out stream is reset (CANCEL) and fails with HttpTimeout;
 - request headers are encoded by `_Encoder` (stateless HPACK, no Huffman) and not validated again
   by h2: the callers build them (lower-case names, values checked where they come from), and hpack's
   own encoder (Huffman and its dynamic table in pure Python) was a quarter of an APNs send's CPU.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import struct
 from collections import deque
 from collections.abc import Callable
 from functools import lru_cache
@@ -35,6 +40,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import h2.stream
 from hpack.table import HeaderTable
 
 from core.http.client import (
@@ -174,13 +180,90 @@ class _Encoder:
         return head
 
 
+def _frame_head(length: int, kind: int, flags: int, stream_id: int) -> bytes:
+    """An HTTP/2 frame header (RFC 9113 §4.1)."""
+    return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id)
+
+
+_HEAD = struct.Struct(">HBBBL")
+
+
+class _Connection(h2.connection.H2Connection):
+    """h2's connection, which after a GOAWAY from the server still takes the frames of the streams
+    the server said it processes (h2 would close at once and refuse them as a protocol error). No new
+    stream is opened on it after that (`_H2Protocol.accepting`)."""
+
+    def _receive_goaway_frame(self, frame: Any) -> tuple[list, list]:  # noqa: ANN401
+        frames, events = super()._receive_goaway_frame(frame)
+        self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        return frames, events
+
+    # h2 counts the open streams by scanning every stream it holds (and drops the closed ones while it
+    # is at it) whenever a stream starts: with 100 in flight, a tenth of an APNs send. Here a stream
+    # is dropped as soon as it closes (`forget`), so what is held is what is open; a full scan still
+    # runs every 256th count, for a stream that closed some other way.
+    _counted = 0
+
+    def _open_streams(self, remainder: int) -> int:
+        self._counted += 1
+        if remainder != 1 or not self._counted & 255:
+            return super()._open_streams(remainder)
+        return len(self.streams)
+
+    def send_request(self, stream_id: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Open stream `stream_id` with a request's HEADERS and its body in one DATA frame, framed here
+        (h2 builds frame objects, flags sets and priority fields for each and serialises them: a
+        fifth of an APNs send), through h2's own state machines and flow-control windows as
+        `send_headers` and `send_data` would. False, with nothing done, when the request needs more
+        than one frame of each or a window is too small for the body: h2 sends it then."""
+        block = self.encoder.encode(headers)
+        size = len(body)
+        limit = self.max_outbound_frame_size
+        if (
+            len(block) > limit or size > limit or size > self.outbound_flow_control_window
+            or size > self.remote_settings.initial_window_size
+        ):  # fmt: skip
+            return False
+        self.state_machine.process_input(h2.connection.ConnectionInputs.SEND_HEADERS)
+        stream = self._begin_new_stream(stream_id, h2.connection.AllowedStreamIDs.ODD)
+        machine = stream.state_machine
+        machine.process_input(h2.stream.StreamInputs.SEND_HEADERS)
+        stream.request_method = headers[0][1]  # :method (a HEAD's answer has no body)
+        out = self._data_to_send
+        if not size:
+            machine.process_input(h2.stream.StreamInputs.SEND_END_STREAM)
+            out += _frame_head(len(block), 0x1, 0x5, stream_id)  # HEADERS, END_HEADERS | END_STREAM
+            out += block
+            return True
+        out += _frame_head(len(block), 0x1, 0x4, stream_id)  # HEADERS, END_HEADERS
+        out += block
+        self.state_machine.process_input(h2.connection.ConnectionInputs.SEND_DATA)
+        machine.process_input(h2.stream.StreamInputs.SEND_DATA)
+        machine.process_input(h2.stream.StreamInputs.SEND_END_STREAM)
+        out += _frame_head(size, 0x0, 0x1, stream_id)  # DATA, END_STREAM
+        out += body
+        stream.outbound_flow_control_window -= size
+        self.outbound_flow_control_window -= size
+        return True
+
+    def forget(self, stream_id: int) -> None:
+        """Drop stream `stream_id` once it is closed, as h2's scan would."""
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.closed:
+            del self.streams[stream_id]
+            self._closed_streams[stream_id] = stream.closed_by
+
+
 class _H2Protocol(asyncio.Protocol):
     def __init__(self, client: H2Client) -> None:
         self.client = client
         # headers as the callers build them (bytes, lower-case names): not normalised or validated again
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False,
-                                           normalize_outbound_headers=False)  # fmt: skip
-        self.conn = h2.connection.H2Connection(config)
+        # and the server's not validated either: a response is read for its status, retry-after and body
+        config = h2.config.H2Configuration(
+            client_side=True, header_encoding=None, validate_outbound_headers=False,
+            normalize_outbound_headers=False, validate_inbound_headers=False,
+        )  # fmt: skip
+        self.conn = _Connection(config)
         self.conn.encoder = _Encoder()
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, _Stream] = {}
@@ -202,16 +285,20 @@ class _H2Protocol(asyncio.Protocol):
         if self.closed or not self.accepting:
             return 0
         limit = self.conn.remote_settings.max_concurrent_streams
-        return max(0, limit - self.conn.open_outbound_streams)
+        return max(0, limit - len(self.streams))
 
     def start(self, request: H2Request) -> None:
         stream_id = self.conn.get_next_available_stream_id()
         request.stream_id = stream_id
-        self.streams[stream_id] = _Stream(request)
+        if self.conn.send_request(stream_id, request.headers, request.body):
+            request.sent = len(request.body)
+            self.streams[stream_id] = _Stream(request)
+            return
         self.conn.send_headers(stream_id, request.headers, end_stream=not request.body)
+        self.streams[stream_id] = _Stream(request)
         if request.body:
             self._send_body(stream_id, request)
-        self.flush()
+        # written by the caller's flush (one write for every stream a pump starts)
 
     def _send_body(self, stream_id: int, request: H2Request) -> None:
         body = request.body
@@ -232,6 +319,7 @@ class _H2Protocol(asyncio.Protocol):
             self.conn.reset_stream(request.stream_id, h2.errors.ErrorCodes.CANCEL)
         except h2.exceptions.H2Error:
             pass  # already closed on our side
+        self.conn.forget(request.stream_id)
         self.flush()
 
     def data_received(self, data: bytes) -> None:
@@ -259,14 +347,22 @@ class _H2Protocol(asyncio.Protocol):
                     stream.body += event.data[: max(0, room)]
                     stream.truncated = stream.truncated or len(event.data) > room
             elif isinstance(event, h2.events.StreamEnded):
+                self.conn.forget(event.stream_id)
                 stream = self.streams.pop(event.stream_id, None)
                 if stream is not None:
                     response = Response(stream.status, "", stream.headers, bytes(stream.body), stream.truncated)
                     stream.request.finish(response, None)
+                    if not self.accepting and not self.streams:  # the last answer after a GOAWAY
+                        self.close()
             elif isinstance(event, h2.events.StreamReset):
+                self.conn.forget(event.stream_id)
                 stream = self.streams.pop(event.stream_id, None)
                 if stream is not None:
-                    stream.request.finish(None, HttpConnectError(f"stream reset by the server ({event.error_code!r})"))
+                    if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:  # not processed: again
+                        self.client._again([stream.request])
+                    else:
+                        error = HttpConnectError(f"stream reset by the server ({event.error_code!r})")
+                        stream.request.finish(None, error)
             elif isinstance(event, h2.events.WindowUpdated):
                 self._unblock()
             elif isinstance(event, h2.events.RemoteSettingsChanged):
@@ -274,10 +370,12 @@ class _H2Protocol(asyncio.Protocol):
                     self._unblock()
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.accepting = False
+                self.client._draining(self)
                 last = event.last_stream_id or 0
-                for stream_id in [s for s in self.streams if s > last]:  # never processed: fail them now
-                    stream = self.streams.pop(stream_id)
-                    stream.request.finish(None, HttpConnectError("the server closed the connection (GOAWAY)"))
+                # never processed: sent again on a new connection, in the order they were sent
+                again = [self.streams.pop(s).request for s in sorted(s for s in self.streams if s > last)]
+                if again:
+                    self.client._again(again)
                 if not self.streams:
                     self.close()
         self.flush()
@@ -339,6 +437,7 @@ class H2Client:
         self._protocol: _H2Protocol | None = None
         self._opening: asyncio.Task | None = None
         self._waiting: deque[H2Request] = deque()
+        self._old: set[_H2Protocol] = set()  # connections after a GOAWAY, answering their last streams
         self._closed = False
         self.connections_opened = 0
         self.most_in_flight = 0  # the most streams in flight at once on the connection
@@ -412,6 +511,7 @@ class H2Client:
             room -= 1
             started = True
         if started:
+            protocol.flush()
             self.most_in_flight = max(self.most_in_flight, len(protocol.streams))
 
     async def _open(self, deadline: float) -> None:
@@ -453,19 +553,46 @@ class H2Client:
         if request.done:
             return
         request.timer = None
-        protocol = self._protocol
-        if request.stream_id and protocol is not None and request.stream_id in protocol.streams:
+        protocol = self._holding(request)
+        if protocol is not None:
             protocol.reset(request)
             self._pump()
         request.finish(None, HttpTimeout("no complete response before the timeout"))
 
     def _abandon(self, request: H2Request) -> None:
-        protocol = self._protocol
-        if request.stream_id and protocol is not None and request.stream_id in protocol.streams:
+        protocol = self._holding(request)
+        if protocol is not None:
             protocol.reset(request)
             self._pump()
 
+    def _holding(self, request: H2Request) -> _H2Protocol | None:
+        """The connection whose stream `request` is (the current one, or one answering after a GOAWAY)."""
+        if request.stream_id:
+            for protocol in (self._protocol, *self._old):
+                if protocol is not None:
+                    stream = protocol.streams.get(request.stream_id)
+                    if stream is not None and stream.request is request:
+                        return protocol
+        return None
+
+    def _draining(self, protocol: _H2Protocol) -> None:
+        """`protocol` got a GOAWAY: new requests go to a new connection from now on."""
+        if self._protocol is protocol:
+            self._protocol = None
+        self._old.add(protocol)
+
+    def _again(self, requests: list[H2Request]) -> None:
+        """Requests the server never processed: first in line for the next connection, as they were."""
+        for request in reversed(requests):
+            if not request.done:
+                request.stream_id = 0
+                request.sent = 0
+                self._waiting.appendleft(request)
+        if not self._closed:
+            asyncio.get_running_loop().call_soon(self._pump)
+
     def _connection_lost(self, protocol: _H2Protocol) -> None:
+        self._old.discard(protocol)
         if self._protocol is protocol:
             self._protocol = None
         if self._waiting and not self._closed:
@@ -478,8 +605,10 @@ class H2Client:
         waiting, self._waiting = self._waiting, deque()
         for request in waiting:
             request.finish(None, HttpConnectError("client closed"))
-        protocol, self._protocol = self._protocol, None
-        if protocol is not None:
+        protocols = [p for p in (self._protocol, *self._old) if p is not None]
+        self._protocol = None
+        self._old.clear()
+        for protocol in protocols:
             streams, protocol.streams = protocol.streams, {}
             protocol.close()
             for stream in streams.values():

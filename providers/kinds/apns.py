@@ -62,6 +62,7 @@ class ApnsProvider(BaseProvider):
         self._owns_client = h2_client is None
         self._client = h2_client or H2Client(origin, guard=ssrf.check_addresses, ssl_context=context)
         self._topic = self.config["topic"].encode()
+        self._built = push.Built(_built)  # a notification's payload and headers, once for its devices
         self._token = b""
         self._token_made = 0.0
         self.tokens_made = 0
@@ -148,8 +149,7 @@ class ApnsProvider(BaseProvider):
                 result = DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
                                         message="not an APNs device token (hexadecimal)")  # fmt: skip
                 return loop.call_soon(on_result, result)
-            content = push.PushContent.of(message.subject, message.body, message.push)
-            body = push.apns_payload(content)
+            body, priority, ttl_seconds, collapse = self._built.of(message.subject, message.body, message.push)
             if len(body) > push.APNS_MAX_PAYLOAD:
                 result = DeliveryResult(
                     delivered=False,
@@ -161,12 +161,12 @@ class ApnsProvider(BaseProvider):
             headers = [
                 (b"apns-topic", self._topic), (b"apns-push-type", b"alert"),
                 (b"apns-id", message.notification_id.encode()),
-                (b"apns-priority", b"10" if content.urgency == "high" else b"5"),
-                (b"apns-expiration", str(int(time.time()) + content.ttl_seconds).encode()),
+                (b"apns-priority", priority),
+                (b"apns-expiration", b"%d" % (int(time.time()) + ttl_seconds)),
                 (b"content-type", b"application/json"),
             ]  # fmt: skip
-            if content.collapse_key:
-                headers.append((b"apns-collapse-id", content.collapse_key.encode()))
+            if collapse:
+                headers.append((b"apns-collapse-id", collapse))
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
             return loop.call_soon(on_result, self._failure(exc))
         return _ApnsSend(self, f"/3/device/{token}", headers, body, on_result).start()
@@ -244,6 +244,12 @@ class _ApnsSend:
     def cancel(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
+
+
+def _built(content: push.PushContent) -> tuple[bytes, bytes, int, bytes]:
+    """A notification's payload, apns-priority, time to live and apns-collapse-id (b"": none)."""
+    return (push.apns_payload(content), b"10" if content.urgency == "high" else b"5", content.ttl_seconds,
+            (content.collapse_key or "").encode())  # fmt: skip
 
 
 def _reason(body: bytes) -> str:

@@ -95,6 +95,7 @@ class FcmProvider(BaseProvider):
         self._token_url = self.config.get("token_url") or DEFAULT_TOKEN_URL
         self._owns_client = http_client is None
         self._client = http_client or new_client()
+        self._built = push.Built(push.fcm_body_parts)  # a notification's body but the token, once
         self._access_token = ""
         self._renew_at = 0.0  # loop time
         self._renewing: asyncio.Future | None = None
@@ -239,8 +240,7 @@ class FcmProvider(BaseProvider):
         if not token or len(token) > 4096 or not token.isprintable() or " " in token:
             return DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
                                   message="not an FCM registration token")  # fmt: skip
-        content = push.PushContent.of(message.subject, message.body, message.push)
-        return orjson.dumps({"message": push.fcm_message(content, token)})
+        return push.fcm_body(self._built.of(message.subject, message.body, message.push), token)
 
     def _head(self, access: str, body: bytes) -> bytes:
         return self._head_prefix + b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (

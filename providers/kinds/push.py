@@ -64,6 +64,27 @@ class PushContent:
         )  # fmt: skip
 
 
+class Built:
+    """What a provider builds from a notification's content, built once for all its devices: the
+    dispatcher sends one push to a subscriber's devices with one subject, body and push dict, so the
+    last (subject, body, push) seen, by identity, is the cache key. `build(content)` makes the value."""
+
+    __slots__ = ("build", "key", "value")
+
+    def __init__(self, build: Any) -> None:  # noqa: ANN401
+        self.build = build
+        self.key: tuple = (None, None, None)
+        self.value: Any = None
+
+    def of(self, subject: str, body: str, push: dict[str, Any] | None) -> Any:  # noqa: ANN401
+        key = self.key
+        if key[0] is subject and key[1] is body and key[2] is push and self.value is not None:
+            return self.value
+        value = self.build(PushContent.of(subject, body, push))
+        self.key, self.value = (subject, body, push), value
+        return value
+
+
 def apns_payload(content: PushContent) -> bytes:
     """The APNs JSON payload: `aps` (alert title and body, badge, sound; mutable-content when there is
     an image, for the app's notification service extension) and the custom data keys beside it."""
@@ -117,6 +138,23 @@ def fcm_message(content: PushContent, token: str) -> dict[str, Any]:
         webpush["fcm_options"] = {"link": content.action_url}
     message["webpush"] = webpush
     return message
+
+
+_FCM_HEAD = b'{"message":{"token":'
+
+
+def fcm_body_parts(content: PushContent) -> bytes:
+    """The FCM request body without its token: what follows `{"message":{"token":` and the token's
+    JSON string (`fcm_body`)."""
+    whole = orjson.dumps({"message": fcm_message(content, "")})
+    if not whole.startswith(_FCM_HEAD + b'""'):  # the token is the message's first key
+        raise AssertionError("fcm_message must put the token first")
+    return whole[len(_FCM_HEAD) + 2 :]
+
+
+def fcm_body(rest: bytes, token: str) -> bytes:
+    """The FCM request body for `token`: `{"message": fcm_message(content, token)}` as JSON."""
+    return _FCM_HEAD + orjson.dumps(token) + rest
 
 
 def webpush_plaintext(content: PushContent) -> bytes:

@@ -28,10 +28,12 @@ def test_a_short_soak_with_every_fault_loses_nothing_and_recovers(migrated_schem
     # in-app sends arrive as feed items, through the same queue and faults as the rest
     assert ledger["delivered_by_kind"]["inbox"] > 0 and ledger["delivered_by_kind"]["subscriber"] > 0
     assert ledger["suppressed"] == ledger["opted_out_suppressed"] > 0 and ledger["suppressed_but_sent"] == 0
-    # native push through the real `fcm` and `apns` kinds to the vendors' stand-ins, under the same faults
+    # native push through the real `fcm`, `apns` and `webpush` kinds to the vendors' stand-ins, under the
+    # same faults (Web Push messages decrypted by the stand-in with each subscription's private key)
     by_kind = ledger["delivered_by_kind"]
-    assert by_kind["fcm"] > 0 and by_kind["apns"] > 0 and ledger["push_arrivals"] == by_kind["fcm"] + by_kind["apns"]
-    assert ledger["push_refused"] == 0
+    assert by_kind["fcm"] > 0 and by_kind["apns"] > 0 and by_kind["webpush"] > 0
+    assert ledger["push_arrivals"] == by_kind["fcm"] + by_kind["apns"] + by_kind["webpush"]
+    assert ledger["push_refused"] == 0 and ledger["push_duplicates"] <= ledger["duplicates"]
     # workflow triggers: each acknowledged one's run completed, its send steps' notifications arrived
     assert ledger["workflow_triggers"] > 0 and ledger["workflow_runs_completed"] == ledger["workflow_runs"] > 0
     assert ledger["workflow_triggers_without_runs"] == ledger["workflow_runs_not_completed"] == 0

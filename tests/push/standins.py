@@ -8,6 +8,7 @@ from benchmarks.push_standins import (  # noqa: F401 - re-exported
     ApnsStandIn,
     AsgiServer,
     FcmStandIn,
+    GoawayApnsStandIn,
     JwtRefused,
     Subscription,
     WebPushStandIn,
