@@ -83,6 +83,8 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
             .select_for_update(of=("self",))
             .filter(wake_id__in=[wake for _, wake, _ in due], status__in=UNFINISHED)
         }
+        for run in runs.values():  # its own Tenant instance (select_related): the run's mode for its sends
+            run.tenant.test_mode = run.test
         executed, cancelled, lag = [], [], 0.0
         for job_id, wake, run_at in due:
             run = runs.get(wake)

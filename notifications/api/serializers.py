@@ -212,6 +212,7 @@ class NotificationSerializer(serializers.Serializer):
         "cancelled if a delivered receipt came first).",
     )  # fmt: skip
     fallback_of = serializers.UUIDField(allow_null=True, help_text="The notification this one is the fallback of.")
+    test = serializers.BooleanField(help_text="Created with a test key: sent to the simulator, seen by test keys only.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         return notification_data(n)
@@ -231,7 +232,7 @@ def notification_data(n: Notification) -> dict[str, Any]:
         "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
         "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,
         "fallback": n.fallback, "fallback_notification_id": _text(n.fallback_notification_id),
-        "fallback_of": _text(n.fallback_of),
+        "fallback_of": _text(n.fallback_of), "test": n.test,
     }  # fmt: skip
 
 

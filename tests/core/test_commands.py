@@ -38,13 +38,18 @@ def test_create_tenant_prints_id_and_a_working_key_once():
     raw = re.search(r"api_key:\s+(\S+)", out)[1]
     assert KEY_RE.match(raw)
     assert client_for(raw).get("/api/v1/tenant").json() == {"id": str(tenant.pk), "name": "Acme"}
-    assert ApiKey.objects.filter(tenant=tenant).count() == 1
+    assert ApiKey.objects.filter(tenant=tenant, test=False).count() == 1
+    test_raw = re.search(r"test_api_key:\s+(\S+)", out)[1]
+    assert test_raw.startswith("op_test_") and KEY_RE.match(test_raw)
+    assert ApiKey.objects.filter(tenant=tenant, test=True).count() == 1
     assert AuditEvent.objects.filter(action="tenant.created", tenant=tenant).exists()
 
 
 def test_create_tenant_json():
     data = json.loads(call("create_tenant", "Globex", "--json"))
-    assert set(data) == {"tenant_id", "api_key"}
+    assert set(data) == {"tenant_id", "api_key", "test_api_key"}
+    assert data["test_api_key"].startswith("op_test_")
+    assert client_for(data["test_api_key"]).get("/api/v1/tenant").status_code == 200
     assert Tenant.objects.get(pk=data["tenant_id"]).name == "Globex"
     assert client_for(data["api_key"]).get("/api/v1/tenant").status_code == 200
 
@@ -171,7 +176,7 @@ def test_commands_exit_non_zero_with_one_readable_line(subprocess_env):
     created = run_manage("create_tenant", "cli-co", "--json", env=subprocess_env)
     assert created.returncode == 0, created.stderr
     data = json.loads(created.stdout)
-    assert set(data) == {"tenant_id", "api_key"}
+    assert set(data) == {"tenant_id", "api_key", "test_api_key"}
 
     failures = {
         ("create_tenant", "cli-co"): "a tenant named 'cli-co' already exists",
