@@ -199,3 +199,15 @@ def test_commands_exit_non_zero_with_one_readable_line(subprocess_env):
     revoke = run_manage("revoke_api_key", data["api_key"][3:11], env=subprocess_env)
     assert revoke.returncode == 0, revoke.stderr
     assert client_for(data["api_key"]).get("/api/v1/tenant").status_code == 401
+
+    # test keys: issued with --test (--json prints the key alone), revoked by their prefix
+    made = run_manage("create_api_key", "cli-co", "--test", "--json", env=subprocess_env)
+    assert made.returncode == 0, made.stderr
+    test_key = json.loads(made.stdout)["api_key"]
+    assert test_key.startswith("op_test_") and KEY_RE.fullmatch(test_key)
+    assert client_for(test_key).get("/api/v1/tenant").status_code == 200
+    revoke = run_manage("revoke_api_key", test_key.removeprefix("op_test_")[:8], env=subprocess_env)
+    assert revoke.returncode == 0 and revoke.stdout.strip() == f"revoked op_test_{test_key[8:16]}_…", revoke.stdout
+    assert client_for(test_key).get("/api/v1/tenant").status_code == 401
+    again = run_manage("revoke_api_key", test_key, env=subprocess_env)  # the whole key names it too
+    assert again.returncode != 0 and len(again.stderr.strip().splitlines()) == 1

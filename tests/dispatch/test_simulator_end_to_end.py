@@ -184,6 +184,8 @@ def test_simulator_outcomes_receipts_suppressions_and_separation(tenant_a, api_a
     assert {e["type"] for e in test_events} >= {"notification.delivered", "notification.failed",
                                                 "notification.dead_lettered", "notification.bounced",
                                                 "notification.complained"}  # fmt: skip
+    suppressed = [e for e in payloads if e["type"] == "recipient.suppressed"]
+    assert len(suppressed) == 2 and all(e["data"]["test"] is True for e in suppressed)
     live_events = [e for e in payloads if e["data"].get("notification_id") == live["id"]]
     assert all("test" not in e["data"] for e in live_events)
     assert not DeliveryAttempt.objects.filter(notification_id=inbox["id"], outcome="permanent_error").exists()
