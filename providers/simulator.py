@@ -30,6 +30,9 @@ from providers.kinds.base import DeliveryResult, OutboundMessage
 logger = logging.getLogger("omnipost.simulator")
 
 KIND = "simulator"
+# The error_class of every simulated try's attempt: the breakers and /metrics' provider counters leave
+# those out (routing.circuits, notifications.counters), since no provider was asked.
+ERROR_CLASS = "simulator"
 
 # email local part → (result, receipt, bounce type)
 EMAIL = {
@@ -48,10 +51,10 @@ SMS = {
 }
 RECEIPT_CHANNELS = ("email", "sms")
 
-_DELIVERED = DeliveryResult(delivered=True, http_status=200, provider_message_id="")
-_TRANSIENT = DeliveryResult(delivered=False, error_code="simulated_transient", permanent=False,
+_DELIVERED = DeliveryResult(delivered=True, http_status=200, error_class=ERROR_CLASS)
+_TRANSIENT = DeliveryResult(delivered=False, error_code="simulated_transient", permanent=False, error_class=ERROR_CLASS,
                             message="the simulator's transient failure")  # fmt: skip
-_PERMANENT = DeliveryResult(delivered=False, error_code="simulated_permanent", permanent=True,
+_PERMANENT = DeliveryResult(delivered=False, error_code="simulated_permanent", permanent=True, error_class=ERROR_CLASS,
                             message="the simulator's permanent failure")  # fmt: skip
 _RESULTS = {"delivered": _DELIVERED, "transient": _TRANSIENT, "permanent": _PERMANENT}
 

@@ -13,6 +13,7 @@ from dlq.models import DeadLetter
 from inbox.models import InboxItem
 from notifications.models import DeliveryAttempt, Notification
 from queueing.models import QueueItem
+from routing.models import ProviderCircuit
 from tests import factories
 from tests.conftest import client_for
 from tests.queueing.dispatch_support import start_dispatchers, wait_exit, wait_started, wait_until
@@ -21,6 +22,8 @@ from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver, SmtpSink
 
 SID = "AC" + "0123456789abcdef" * 2
 FINAL = {"delivered", "failed", "dead_lettered", "suppressed"}
+# Breakers that one transient failure would open: the simulator's failures must not count (no provider was asked).
+TRIP = {"min_requests": 1, "failure_threshold": 0.1}
 
 # (channel, recipient) → (status, receipt, bounce type, attempts)
 EXPECTED = {
@@ -60,6 +63,7 @@ def test_simulator_outcomes_receipts_suppressions_and_separation(tenant_a, api_a
             is_default=True,
             secrets={},
             max_attempts=2,
+            circuit=TRIP,
             config={"host": "127.0.0.1", "port": sink.port, "from_email": "noreply@omnipost.test"},
         )
         factories.provider(
@@ -69,6 +73,7 @@ def test_simulator_outcomes_receipts_suppressions_and_separation(tenant_a, api_a
             channel="sms",
             is_default=True,
             max_attempts=2,
+            circuit=TRIP,
             config={"account_sid": SID, "from_number": "+15005550006", "base_url": f"http://127.0.0.1:{twilio.port}/"},
             secrets={"auth_token": "auth-token-0123456789abcdef"},
         )
@@ -79,11 +84,21 @@ def test_simulator_outcomes_receipts_suppressions_and_separation(tenant_a, api_a
             channel="push",
             is_default=True,
             max_attempts=2,
+            circuit=TRIP,
             config={"url": pushes.url},
             secrets={"signing_secret": TEST_SIGNING_SECRET},
         )
-        factories.provider(tenant_a, "hook", kind="webhook", channel="webhook", is_default=True, max_attempts=2,
-                           config={"url": hooks.url}, secrets={"signing_secret": TEST_SIGNING_SECRET})  # fmt: skip
+        factories.provider(
+            tenant_a,
+            "hook",
+            kind="webhook",
+            channel="webhook",
+            is_default=True,
+            max_attempts=2,
+            circuit=TRIP,
+            config={"url": hooks.url},
+            secrets={"signing_secret": TEST_SIGNING_SECRET},
+        )
         endpoint = add_endpoint(api_a, events)  # configuration is shared: the test key's events go there too
         assert test_api.put("/api/v1/subscribers/user-1", {"email": "x@example.com"}, format="json").status_code == 201
 
@@ -131,6 +146,7 @@ def test_simulator_outcomes_receipts_suppressions_and_separation(tenant_a, api_a
         twilio_requests, push_requests, hook_requests = len(twilio.requests), len(pushes.requests), len(hooks.requests)
         payloads = endpoint.events()
 
+    assert not ProviderCircuit.objects.exclude(state="closed").exists()
     # the stand-ins got nothing of the test data: only the one live email reached the SMTP sink
     assert mails == [["bounce@example.com"]]
     assert (twilio_requests, push_requests, hook_requests) == (0, 0, 0)
