@@ -124,3 +124,32 @@ def test_admin_filters_and_badges_test_notifications(tenant_a, api_a, test_api, 
     assert html.count("omnipost-test-badge") == 1
     detail = staff.get(f"/admin/notifications/notification/{test['id']}/change/").content.decode()
     assert "omnipost-test-badge" in detail
+
+
+def test_an_idempotency_key_never_replays_the_other_modes_response(tenant_a, api_a, test_api):
+    factories.provider(tenant_a, "mail", kind="console", channel="email", is_default=True, config={})
+    body = {"channel": "email", "recipient": "jane@example.com", "subject": "s", "body": "b"}
+    first = test_api.post("/api/v1/notifications", body, format="json", HTTP_IDEMPOTENCY_KEY="order-1")
+    assert first.status_code == 201 and first.json()["test"] is True
+    replay = test_api.post("/api/v1/notifications", body, format="json", HTTP_IDEMPOTENCY_KEY="order-1")
+    assert replay.json()["id"] == first.json()["id"]
+    live = api_a.post("/api/v1/notifications", body, format="json", HTTP_IDEMPOTENCY_KEY="order-1")
+    assert live.status_code == 422 and first.json()["id"] not in live.content.decode()
+    assert Notification.objects.count() == 1
+
+
+def test_bulk_redrive_takes_its_own_modes_dead_letters(tenant_a):
+    from dlq import services as dlq_services
+    from dlq.models import DeadLetter
+
+    prov = factories.provider(tenant_a, "hook")
+    live, test = factories.notifications(tenant_a, prov, 2, status="failed")
+    Notification.objects.filter(pk=test.pk).update(test=True)
+    for row, mode in ((live, False), (test, True)):
+        DeadLetter.objects.create(tenant=tenant_a, notification=row, provider=prov, failure_class="permanent",
+                                  failure_reason="x", attempt_count=1, test=mode)  # fmt: skip
+    tenant_a.test_mode = True
+    found = dlq_services.matching(dlq_services.RedriveFilters(tenant=tenant_a))
+    assert [d.notification_id for d in found] == [test.pk]
+    tenant_a.test_mode = None  # the operator's command: every mode
+    assert dlq_services.matching(dlq_services.RedriveFilters(tenant=tenant_a)).count() == 2
