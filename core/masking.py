@@ -9,7 +9,7 @@ EMAIL_RE = re.compile(
     r"(?P<local>[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+)@(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
 )
 PHONE_RE = re.compile(r"\+\d{8,15}\b")
-API_KEY_RE = re.compile(r"\bop_([A-Za-z0-9]{8})_[A-Za-z0-9]{16,}")
+API_KEY_RE = re.compile(r"\bop_(test_)?([A-Za-z0-9]{8})_[A-Za-z0-9]{16,}")
 WHSEC_RE = re.compile(r"\bwhsec_[A-Za-z0-9+/=]{8,}")
 
 SECRET_KEY_NAMES = ("secret", "password", "token", "api_key", "apikey", "authorization", "signing")
@@ -49,7 +49,7 @@ def mask_secret(value: Any) -> str:
 
 def mask_text(text: str) -> str:
     """Mask anything that looks like an email, phone number, API key or signing secret in free text."""
-    text = API_KEY_RE.sub(lambda m: f"op_{m.group(1)}_****", text)
+    text = API_KEY_RE.sub(lambda m: f"op_{m.group(1) or ''}{m.group(2)}_****", text)
     text = WHSEC_RE.sub("whsec_****", text)
     text = EMAIL_RE.sub(lambda m: mask_email(m.group(0)), text)
     return PHONE_RE.sub(lambda m: mask_phone(m.group(0)), text)

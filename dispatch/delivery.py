@@ -82,6 +82,7 @@ class Prepared:
     any_delivered: bool = False  # some device of it accepted in an earlier try
     device_results: list[DeviceOutcome] | None = None  # how each target's send went (dispatch.sending)
     html_body: str = ""  # email: the HTML part rendered at creation ("" none)
+    test: bool = False  # test data: sent to the simulator (providers.simulator), never to a provider
 
     @property
     def notification_key(self) -> str:
@@ -173,6 +174,8 @@ class Outcome:
     # A push to a raw token that the vendor called dead: (kind, the token's blind indexes, reason), so
     # that the tenant's device with that token is deactivated as a subscriber's would be.
     dead_token: tuple[str, tuple[str, ...], str] | None = None
+    # A test notification the simulator accepted: the receipt it reports once this outcome is recorded.
+    simulated: Any = None
 
 
 @dataclass(slots=True)
@@ -288,13 +291,14 @@ def claim_and_start(
         if channel is None:  # the notification is no longer sendable
             skipped.append(held)
             continue
-        recipient, subject, body, metadata, created_at, count, offset, category, named, suppressing, html = notification
+        (recipient, subject, body, metadata, created_at, count, offset, category, named, suppressing, html,
+         test) = notification
         check = check or suppressing or category != "general"
         prepared.append(
             Prepared(
                 held, channel, recipient, subject, body, loads(metadata) if isinstance(metadata, str) else metadata,
                 created_at, count + 1, count - offset + 1, None, category=category, provider_named=named,
-                html_body=html or "",
+                html_body=html or "", test=test,
             )
         )  # fmt: skip
     for item, opened in zip(prepared, crypto.decrypt_many([p.recipient_token for p in prepared]), strict=True):
@@ -328,7 +332,7 @@ def claim_statement(
     sql = f"""{ctes}
         SELECT c.item_id, c.provider_id, c.rate_limited, c.notification_id::text, c.tenant_id::text, p.updated_at,
                n.channel, n.recipient, n.subject, n.body, n.metadata, n.created_at, n.attempt_count, n.attempt_offset,
-               n.category, n.provider_named, {suppressions.any_for_tenant_sql("n.tenant_id")}, n.html_body
+               n.category, n.provider_named, {suppressions.any_for_tenant_sql("n.tenant_id")}, n.html_body, n.test
         FROM claimed c
         LEFT JOIN notifications n
           ON n.id = c.notification_id AND n.status IN ('queued', 'retrying', 'dispatching')
@@ -361,7 +365,7 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
     none for an empty claim. Items whose category is critical now get `critical = True`."""
     if not prepared:
         return set()
-    tenants, channels, addresses, categories, positions = [], [], [], [], []
+    tenants, channels, addresses, categories, tests, positions = [], [], [], [], [], []
     for position, item in enumerate(prepared):
         address = item.opened_recipient
         if address is None:
@@ -373,10 +377,11 @@ def suppressed_among(prepared: Sequence[Prepared], *, using: str = "default") ->
         channels.append(item.channel)
         addresses.append(address)
         categories.append(item.category)
+        tests.append(item.test)
         positions.append(position)
     if not positions:
         return set()
-    params = suppressions.dispatch_check_params(tenants, channels, addresses, categories)
+    params = suppressions.dispatch_check_params(tenants, channels, addresses, categories, tests)
     with hot_cursor(using) as cursor:
         cursor.execute(suppressions.dispatch_check_sql(crypto.key_count()), params, prepare=pooling.prepare())
         rows = cursor.fetchall()
@@ -525,10 +530,10 @@ _RECORD_SQL = """
         -- push to devices each device's send, through the provider it went through (so a failing APNs
         -- provider's breaker opens, not that of the provider the push item was on; a device held or
         -- gone was not sent)
-        SELECT a.provider_id, a.outcome, a.http_status FROM attempts a
+        SELECT a.provider_id, a.outcome, a.http_status, a.error_class FROM attempts a
         WHERE NOT EXISTS (SELECT 1 FROM dev_in d WHERE d.notification_id = a.notification_id)
         UNION ALL
-        SELECT d.sent_through, d.sent_outcome, d.http_status FROM dev_in d WHERE d.sent_through IS NOT NULL
+        SELECT d.sent_through, d.sent_outcome, d.http_status, NULL FROM dev_in d WHERE d.sent_through IS NOT NULL
     ), counted AS ({counted}
     ), dev_raw_in AS (
         -- pushes to a raw token the vendor called dead: the tenant's device with that token, if it has one

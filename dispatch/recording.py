@@ -11,6 +11,7 @@ from typing import Any
 from core.db_faults import Backoff, is_connection_lost, reset_connection
 from dispatch.delivery import DispatchLease, Outcome, Recorded, record_accepted, record_outcomes
 from dispatch.providers import ProviderCache
+from providers import simulator
 from queueing import ratelimit
 
 logger = logging.getLogger("omnipost.dispatcher")
@@ -109,9 +110,24 @@ class Recorder:
             self.after_write(recorded)
         self.processed += sum(1 for o in batch if o.kind != "deferred") - len(recorded.lost)
 
+    @staticmethod
+    def _report_simulated(batch: list[Outcome], recorded: Recorded) -> None:
+        """The receipts the simulator reports for the test notifications it accepted (recorded now, so a
+        receipt never precedes its delivery), applied by the receipt service as a vendor's are."""
+        receipts = [o.simulated for o in batch if o.simulated is not None and o.lease.item_id in recorded.ours]
+        if not receipts:
+            return
+        try:
+            simulator.report(receipts)
+        except Exception as exc:  # the outcomes are written; a simulated receipt is not worth stopping for
+            if is_connection_lost(exc):
+                reset_connection()
+            logger.exception("applying %d simulated receipts failed", len(receipts))
+
     def write(self, batch: list[Outcome]) -> Recorded:
         """On the DB thread: the record statement, then what the rate buckets learn from it."""
         recorded = record_outcomes(batch)
+        self._report_simulated(batch, recorded)
         if recorded.breakers and self.on_breakers is not None:
             self.on_breakers(recorded.breakers)
         throttled, succeeded = set(), set()

@@ -24,6 +24,7 @@ from dlq.retry import RetryPolicy
 from providers.kinds import BaseProvider, DeliveryResult, OutboundMessage
 from providers.kinds.base import Cancellable
 from providers.scrub import scrub
+from providers.simulator import SIMULATOR, SimulatedReceipt, receipt_for
 from recipients import devices, unsubscribe
 from routing.failover import Router
 
@@ -57,7 +58,8 @@ class Sender:
             self._fan_out(item, started, t0)
             return
         try:
-            instance = self.providers.entries[item.provider_id].instance
+            # a test notification goes to the simulator, never to its provider
+            instance = SIMULATOR if item.test else self.providers.entries[item.provider_id].instance
             recipient = item.recipient()
             headers = () if item.channel != "email" or item.critical else (
                 unsubscribe.headers(item.tenant_key, recipient, item.category))  # fmt: skip
@@ -129,6 +131,8 @@ class Sender:
             outcome.devices = item.device_results
         elif result.deactivate and item.channel == "push":
             outcome.dead_token = self._dead_token(item, result.deactivate)
+        if item.test and outcome.kind == "delivered":
+            outcome.simulated = self._simulated_receipt(item)
         if tracing.ENABLED:
             self._traced(item, outcome)
         self.recorder.add(outcome)
@@ -142,6 +146,14 @@ class Sender:
             return kind, crypto.blind_indexes(devices.identity_of(kind, item.recipient())), reason[:100]
         except Exception:  # noqa: BLE001 - never in the way of recording the outcome
             logger.exception("could not tell the device of the dead token %s was sent to", item.notification_id)
+            return None
+
+    @staticmethod
+    def _simulated_receipt(item: Prepared) -> SimulatedReceipt | None:
+        try:
+            return receipt_for(item.notification_key, item.tenant_key, item.provider_id, item.channel, item.recipient())
+        except Exception:  # noqa: BLE001 - never in the way of recording the outcome
+            logger.exception("could not simulate the receipt of %s", item.notification_id)
             return None
 
     def given_back(self, item: Prepared) -> None:
@@ -310,7 +322,7 @@ class _FanOut:
                 self.handles.append(loop.call_soon(self._done, target, throttled))
                 continue
             try:
-                instance = self.sender.providers.entries[target.provider_id].instance
+                instance = SIMULATOR if item.test else self.sender.providers.entries[target.provider_id].instance
                 message = OutboundMessage(
                     notification_id=item.notification_key, tenant_id=item.tenant_key, channel=item.channel,
                     recipient=target.token, subject=item.subject, body=item.body, metadata=item.metadata,

@@ -7,7 +7,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
-from core.models import TenantOwned, TenantQuerySet
+from core.models import ModeOwnedQuerySet, TenantOwned
 
 
 class FailureClass(models.TextChoices):
@@ -15,7 +15,7 @@ class FailureClass(models.TextChoices):
     PERMANENT = "permanent"
 
 
-class DeadLetterQuerySet(TenantQuerySet):
+class DeadLetterQuerySet(ModeOwnedQuerySet):
     def open(self) -> DeadLetterQuerySet:
         return self.filter(status=DeadLetter.Status.OPEN)
 
@@ -42,6 +42,8 @@ class DeadLetter(TenantOwned):
     created_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolved_by = models.CharField(max_length=200, blank=True, default="")
+    # Test data (created with a test key): seen by test keys only, sent to the simulator.
+    test = models.BooleanField(default=False, db_default=False)
 
     objects = DeadLetterQuerySet.as_manager()
 

@@ -294,7 +294,7 @@ def matching(filters: RedriveFilters, *, using: str = "default") -> QuerySet[Dea
     """Open entries that match `filters` and whose notification can be redriven, oldest first."""
     entries = DeadLetter.objects.using(using).open()
     if filters.tenant is not None:
-        entries = entries.for_tenant(_tenant_id(filters.tenant))
+        entries = entries.for_tenant(filters.tenant)  # a key's Tenant: its mode's entries only
     if filters.failure_class:
         entries = entries.filter(failure_class=filters.failure_class)
     if filters.provider:

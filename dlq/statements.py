@@ -55,9 +55,12 @@ def insert_dead_letters_sql(ours: str) -> str:
     failure class (d_class not null), through the provider it went through."""
     return f"""
         INSERT INTO dead_letter_queue (id, tenant_id, notification_id, provider_id, failure_class, failure_reason,
-                                       error_code, last_status_code, attempt_count, status, created_at, resolved_by)
+                                       error_code, last_status_code, attempt_count, status, created_at, resolved_by,
+                                       test)
         SELECT gen_random_uuid(), d.tenant_id, d.notification_id, coalesce(d.a_provider, d.provider_id),
-               d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), ''
+               d.d_class, d.d_reason, d.code, d.d_status_code, d.d_count, 'open', now(), '',
+               -- the notification's mode (a primary-key probe, for dead letters only)
+               (SELECT n.test FROM notifications n WHERE n.id = d.notification_id)
         FROM {ours} d WHERE d.d_class IS NOT NULL"""  # noqa: S608 - the caller's CTE names
 
 

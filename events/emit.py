@@ -59,7 +59,8 @@ def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapp
       recipient_masked, provider, attempt_count, error_code); `recipient.suppressed` those of
       SUPPRESSION_FIELDS (suppression_id, recipient_masked, channel, reason, category,
       source_notification_id). Missing keys are null; any other key (a plaintext `recipient`, say)
-      is a ValueError. UUIDs and datetimes are written as strings.
+      is a ValueError, except `test`: test data's events say `"test": true`. UUIDs and datetimes are
+      written as strings.
 
     Nothing is written when the tenant has no endpoint subscribed to `type` (returns []); an event
     gets a delivery per enabled endpoint subscribed to it when the event lane claims it.
@@ -69,10 +70,13 @@ def emit(cursor: Any, tenant_id: uuid.UUID | str, type: str, rows: Iterable[Mapp
     allowed = SUPPRESSION_FIELDS if type == EventType.SUPPRESSED else NOTIFICATION_FIELDS
     data = []
     for row in rows:
-        unknown = sorted(set(row) - set(allowed))
+        unknown = sorted(set(row) - set(allowed) - {"test"})
         if unknown:
             raise ValueError(f"unknown event data key(s) {unknown} for {type}; allowed: {', '.join(allowed)}")
-        data.append({name: row.get(name) for name in allowed})
+        item = {name: row.get(name) for name in allowed}
+        if row.get("test"):
+            item["test"] = True
+        data.append(item)
     if not data:
         return []
     document = json.dumps(data, default=str)
@@ -133,7 +137,7 @@ def emit_suppressed(entries: Iterable[Any]) -> None:  # noqa: ANN401
         by_tenant.setdefault(entry.tenant_id, []).append({
             "suppression_id": entry.id, "recipient_masked": entry.recipient_masked, "channel": entry.channel,
             "reason": entry.reason, "category": entry.category,
-            "source_notification_id": entry.source_notification_id,
+            "source_notification_id": entry.source_notification_id, "test": getattr(entry, "test", False),
         })  # fmt: skip
     for tenant_id, rows in by_tenant.items():
         emit(None, tenant_id, EventType.SUPPRESSED, rows)

@@ -33,12 +33,14 @@ def _rfc3339(at: str) -> str:
 def _notification_data(n: str, *, status: str, receipt: str, bounce_type: str, provider_id: str, attempt_count: str,
                        error_code: str) -> str:  # fmt: skip
     """SQL: a `notification.*` event's data (NOTIFICATION_FIELDS) for the notification row `n`
-    (its id, channel and recipient_masked), the other fields given as SQL expressions."""
-    return f"""jsonb_build_object(
+    (its id, channel and recipient_masked), the other fields given as SQL expressions; a test
+    notification's also says `"test": true`."""
+    return f"""(jsonb_build_object(
         'notification_id', {n}.id, 'status', {status}, 'receipt', {receipt}, 'bounce_type', {bounce_type},
         'channel', {n}.channel, 'recipient_masked', {n}.recipient_masked,
         'provider', (SELECT p.name FROM providers p WHERE p.id = {provider_id}),
-        'attempt_count', {attempt_count}, 'error_code', nullif({error_code}, ''))"""  # noqa: S608 - callers' SQL
+        'attempt_count', {attempt_count}, 'error_code', nullif({error_code}, ''))
+        || CASE WHEN {n}.test THEN '{{"test": true}}'::jsonb ELSE '{{}}'::jsonb END)"""  # noqa: S608 - callers' SQL
 
 
 # Time-ordered ids (shown as evt_<hex>, events.models.public_event_id): the statement's millisecond

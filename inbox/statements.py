@@ -7,8 +7,9 @@ from django.db import connection
 
 # Columns the record statement's `changed` CTE (notifications.statements.record_outcomes_sql) returns
 # for the feed item: only an in_app notification's content travels, other channels return nulls.
+# A test notification's in_app delivery is simulated: it writes no feed item (inbox_subscriber null).
 RETURNING = (
-    "CASE WHEN n.channel = 'in_app' THEN n.subscriber END AS inbox_subscriber, "
+    "CASE WHEN n.channel = 'in_app' AND NOT n.test THEN n.subscriber END AS inbox_subscriber, "
     "CASE WHEN n.channel = 'in_app' THEN n.category END AS inbox_category, "
     "CASE WHEN n.channel = 'in_app' THEN n.subject END AS inbox_title, "
     "CASE WHEN n.channel = 'in_app' THEN n.body END AS inbox_body, "

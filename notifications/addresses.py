@@ -28,11 +28,13 @@ def suppress_notifications(
     wanted = {_uuid(k): v for k, v in (reasons.items() if isinstance(reasons, dict) else reasons)}
     if not wanted:
         return []
-    rows = list(Notification.objects.filter(pk__in=list(wanted)).values_list("id", "tenant_id", "channel", "recipient"))
+    rows = list(Notification.objects.filter(pk__in=list(wanted))
+                .values_list("id", "tenant_id", "channel", "test", "recipient"))  # fmt: skip
     opened = crypto.decrypt_many([token for *_, token in rows])
     entries = []
-    for (pk, tenant_id, channel, token), address in zip(rows, opened, strict=True):
+    for (pk, tenant_id, channel, test, token), address in zip(rows, opened, strict=True):
         if address is None:
             address = crypto.decrypt(token, where=f"Notification.recipient of row {pk}")
-        entries.append(Entry(tenant_id, channel, address, wanted[pk], None, pk))
+        # a test notification's bounce suppresses within the test data only
+        entries.append(Entry(tenant_id, channel, address, wanted[pk], None, pk, test))
     return suppress_many(entries, actor=actor)

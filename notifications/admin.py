@@ -13,6 +13,7 @@ from django.db.models import BooleanField, F, Func, Q, Subquery, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 from django.http import HttpRequest
+from django.utils.safestring import mark_safe
 
 from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, visible_tenant_ids
 from notifications.models import (
@@ -192,6 +193,26 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=self.value()) if self.value() else queryset
 
 
+class ModeFilter(admin.SimpleListFilter):
+    """Live or test data (created with a test key, sent to the simulator)."""
+
+    title = "mode"
+    parameter_name = "mode"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("live", "Live"), ("test", "Test")]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        return queryset.filter(test=value == "test") if value in ("live", "test") else queryset
+
+
+TEST_BADGE = (
+    '<span class="omnipost-test-badge" style="background:#f0ad4e;color:#000;padding:1px 6px;'
+    'border-radius:3px;font-weight:bold;font-size:0.8em">TEST</span>'
+)
+
+
 class LiveStatusMixin:
     """A `status` column showing the live status (needs the `leased` annotation)."""
 
@@ -208,9 +229,9 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
     row), and finds an id through the primary key. The live status (a lease on the queue item) is
     read for the one notification on its page, not per row of the list."""
 
-    list_display = ["id", "tenant", "channel", "recipient_masked", "provider", "status", "receipt", "priority",
-                    "queue", "attempt_count", "created_at"]  # fmt: skip
-    list_filter = [StatusFilter, ReceiptFilter, "channel", QueueFilter]
+    list_display = ["id", "mode", "tenant", "channel", "recipient_masked", "provider", "status", "receipt",
+                    "priority", "queue", "attempt_count", "created_at"]  # fmt: skip
+    list_filter = [StatusFilter, ReceiptFilter, ModeFilter, "channel", QueueFilter]
     search_fields = ["=id"]  # the search itself is get_search_results
     search_help_text = "Search by notification id."
     list_select_related = ["tenant", "provider"]
@@ -220,8 +241,8 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # a COUNT per filter choice would scan the table on every page
     # `recipient` (ciphertext at rest, plaintext once decrypted) is deliberately absent.
-    fields = ["id", "tenant", "channel", "recipient_masked", "provider", "template", "template_version", "locale",
-              "status_now", "priority",
+    fields = ["id", "mode", "tenant", "channel", "recipient_masked", "provider", "template", "template_version",
+              "locale", "status_now", "priority",
               "queue", "scheduled_for", "enqueued_at", "delivered_at", "receipt", "bounce_type", "attempt_count",
               "attempt_offset", "last_error_code", "subject", "body", "html_body", "context", "metadata",
               "fallback", "fallback_notification_id", "fallback_of", "created_at", "updated_at"]  # fmt: skip
@@ -230,6 +251,11 @@ class NotificationAdmin(LiveStatusMixin, ReadOnlyMixin, TenantScopedAdmin):
 
     def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
         return [*self.inlines, *NOTIFICATION_INLINES]
+
+    @admin.display(description="mode", ordering="test")
+    def mode(self, obj: Notification) -> str:
+        """A badge on test data (a test key's, sent to the simulator); nothing on live data."""
+        return mark_safe(TEST_BADGE) if obj.test else ""  # noqa: S308 - a constant
 
     def get_list_display(self, request: HttpRequest) -> list[str]:
         """The tenant column only for those who see more than one tenant."""

@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from django.db import models, transaction
 from django.db.models import F, Sum
 
+from providers.simulator import ERROR_CLASS as SIMULATED
+
 SHARDS = 16
 NO_PROVIDER = 0  # an attempt without a provider (a provider deleted before it was recorded)
 ATTEMPTS = -1
@@ -97,8 +99,9 @@ def add_sql(attempts: str, changed: str) -> str:
         INSERT INTO delivery_counters AS dc (shard, provider_id, outcome, le, count, total)
         SELECT pg_backend_pid() %% {SHARDS}, x.provider_id, x.outcome, x.le, count(*), sum(x.seconds)
         FROM (
+            -- a test notification's try was the simulator's (providers.simulator), not the provider's
             SELECT coalesce(a.provider_id, 0) AS provider_id, a.outcome, -1 AS le, 0::float8 AS seconds
-            FROM {attempts} a
+            FROM {attempts} a WHERE a.error_class IS DISTINCT FROM '{SIMULATED}'
             UNION ALL
             SELECT coalesce(a.provider_id, 0), a.outcome, {THROTTLED}, 0 FROM {attempts} a WHERE a.http_status = 429
             UNION ALL

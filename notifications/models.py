@@ -9,7 +9,7 @@ from django.db.models import Exists, OuterRef, Q
 from core.channels import Channel
 from core.fields import EncryptedTextField
 from core.ids import uuid7
-from core.models import Tenant, TenantOwned, TenantQuerySet
+from core.models import ModeOwnedQuerySet, Tenant, TenantOwned
 from core.models.tenancy import HOT_FK
 from providers.models import Provider
 from templating.models import Template
@@ -52,7 +52,7 @@ class BounceType(models.TextChoices):
     SOFT = "soft"
 
 
-class NotificationQuerySet(TenantQuerySet):
+class NotificationQuerySet(ModeOwnedQuerySet):
     def finished(self) -> NotificationQuerySet:
         return self.filter(status__in=FINISHED)
 
@@ -130,6 +130,8 @@ class Notification(TenantOwned):
     # (bulk_send_id, bulk_row) is unique, so a row can never become two notifications.
     bulk_send_id = models.UUIDField(null=True, blank=True)
     bulk_row = models.PositiveIntegerField(null=True, blank=True)
+    # Test data (created with a test key): seen by test keys only, sent to the simulator.
+    test = models.BooleanField(default=False, db_default=False)
 
     objects = NotificationQuerySet.as_manager()
 

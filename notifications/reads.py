@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from core import hot_sql
-from core.models import Tenant
+from core.models import Tenant, in_mode
 from notifications.models import DeliveryAttempt, Notification, NotificationDevice
 from providers.models import Provider
 from templating.models import Template
@@ -125,6 +125,8 @@ def _detail(tenant: Tenant, notification_id: uuid.UUID) -> Notification | None:
         if name in ("context", "metadata", "fallback", "push") and isinstance(values[index], str):
             values[index] = json.loads(values[index])
     n = Notification.from_db(Notification.objects.db, names, values)
+    if not in_mode(tenant, n.test):  # the other mode's notification: as if there were none
+        return None
     provider_name, template_key, job_id, leased, *attempt_columns = row[len(names):]
     n.leased = leased
     _cache(n, "provider", Provider.from_db(n._state.db, ["id", "name"], [n.provider_id, provider_name]))

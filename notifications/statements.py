@@ -77,14 +77,14 @@ def record_outcomes_sql(ours: str, returning: str) -> str:
 def insert_attempts_sql(ours: str) -> str:
     """The body of the record statement's `attempts` CTE: one delivery attempt per row of `ours`
     that has one (a_number not null), through the provider it went through; returns each attempt's
-    notification_id, provider_id, outcome and http_status (for the counters and the breakers)."""
+    notification_id, provider_id, outcome, http_status and error_class (for the counters and the breakers)."""
     return f"""
         INSERT INTO delivery_attempts (tenant_id, notification_id, number, provider_id, started_at, finished_at,
                                        outcome, error_class, error_code, error_message, http_status, duration_ms)
         SELECT a.tenant_id, a.notification_id, a.a_number, coalesce(a.a_provider, a.provider_id), a.a_started,
                a.a_finished, a.a_outcome, a.a_class, a.a_code, a.a_message, a.a_status, a.a_duration
         FROM {ours} a WHERE a.a_number IS NOT NULL
-        RETURNING notification_id, provider_id, outcome, http_status"""  # noqa: S608 - the caller's CTE names
+        RETURNING notification_id, provider_id, outcome, http_status, error_class"""  # noqa: S608 - the caller's CTE names
 
 
 def insert_provider_messages_sql(ours: str) -> str:

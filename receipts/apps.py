@@ -21,5 +21,10 @@ class ReceiptsConfig(AppConfig):
         retention.register(
             retention.RetainedTable("receipt_dedup", "created_at < %(cutoff)s", "receipt de-duplication key(s)")
         )
+        from providers.simulator import RECEIPT_SINK
+        from receipts.simulated import apply_simulated
+
+        if apply_simulated not in RECEIPT_SINK:
+            RECEIPT_SINK.append(apply_simulated)  # test mode: the simulator's receipts, as a vendor's
         if follow_up not in AFTER_APPLY:
             AFTER_APPLY.append(follow_up)  # suppressions and outbound events, in the apply's transaction

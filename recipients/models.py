@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from core.channels import Channel
 from core.fields import EncryptedJSONField, EncryptedTextField
 from core.ids import uuid7
-from core.models import Tenant, TenantOwned
+from core.models import ModeOwnedQuerySet, Tenant, TenantOwned
 from core.models.tenancy import HOT_FK
 
 GENERAL = "general"
@@ -151,17 +151,22 @@ class Suppression(TenantOwned):
     category = models.CharField(max_length=100, null=True, blank=True)
     source_notification_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # Test data (created with a test key): seen by test keys only, sent to the simulator.
+    test = models.BooleanField(default=False, db_default=False)
+
+    objects = ModeOwnedQuerySet.as_manager()
 
     class Meta:
         db_table = "suppressions"
         constraints = [
             # One entry per (tenant, channel, address, category); null category is its own value.
             models.UniqueConstraint(
-                fields=["tenant", "channel", "recipient_index"], condition=Q(category__isnull=True),
+                fields=["tenant", "test", "channel", "recipient_index"], condition=Q(category__isnull=True),
                 name="suppression_unique_all_categories",
             ),
             models.UniqueConstraint(
-                fields=["tenant", "channel", "recipient_index", "category"], condition=Q(category__isnull=False),
+                fields=["tenant", "test", "channel", "recipient_index", "category"],
+                condition=Q(category__isnull=False),
                 name="suppression_unique_per_category",
             ),
         ]

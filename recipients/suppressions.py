@@ -31,7 +31,7 @@ from core.channels import Channel
 from core.fields import Ciphertext
 from core.ids import uuid7
 from core.masking import mask_recipient
-from core.models import AuditEvent
+from core.models import AuditEvent, mode_of
 from recipients.models import Suppression, SuppressionReason
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class Entry:
     reason: str
     category: str | None = None
     source_notification_id: Any = None
+    test: bool = False  # an entry of test data (a test key's, or a test notification's bounce)
 
 
 def _masked(channel: str, address: str) -> str:
@@ -86,15 +87,15 @@ def _masked(channel: str, address: str) -> str:
 # --- adding and removing ------------------------------------------------------------------------------
 
 _INSERT = """INSERT INTO suppressions (id, tenant_id, channel, recipient, recipient_masked, recipient_index,
-                          reason, category, source_notification_id, created_at)
-SELECT u.id, u.tenant_id, u.channel, u.recipient, u.masked, u.idx, u.reason, u.category, u.source, now()
+                          reason, category, source_notification_id, test, created_at)
+SELECT u.id, u.tenant_id, u.channel, u.recipient, u.masked, u.idx, u.reason, u.category, u.source, u.test, now()
 FROM unnest(%s::uuid[], %s::uuid[], %s::varchar[], %s::text[], %s::varchar[], %s::varchar[], %s::varchar[],
-            %s::varchar[], %s::uuid[], %s::text[])
-     AS u(id, tenant_id, channel, recipient, masked, idx, reason, category, source, known)
+            %s::varchar[], %s::uuid[], %s::bool[], %s::text[])
+     AS u(id, tenant_id, channel, recipient, masked, idx, reason, category, source, test, known)
 WHERE NOT EXISTS (
     -- the same entry indexed under an older key (before rotate_encryption_keys recomputed it)
     SELECT 1 FROM suppressions s
-    WHERE s.tenant_id = u.tenant_id AND s.recipient_index = ANY(string_to_array(u.known, ','))
+    WHERE s.tenant_id = u.tenant_id AND s.test = u.test AND s.recipient_index = ANY(string_to_array(u.known, ','))
       AND s.channel = u.channel AND s.category IS NOT DISTINCT FROM u.category)
 ON CONFLICT DO NOTHING
 RETURNING id, created_at"""
@@ -115,7 +116,7 @@ def suppress_many(entries: Iterable[Entry], *, actor: str | None = None) -> list
             id=uuid7(), tenant_id=entry.tenant_id, channel=entry.channel, recipient=address,
             recipient_masked=_masked(entry.channel, address), recipient_index=found[0],
             reason=entry.reason, category=entry.category or None,
-            source_notification_id=_uuid(entry.source_notification_id),
+            source_notification_id=_uuid(entry.source_notification_id), test=entry.test,
         )  # fmt: skip
         rows.append((row, found))
     if not rows:
@@ -139,11 +140,11 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 def _insert(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]]) -> list[Suppression]:
     field = Suppression._meta.get_field("recipient")
-    columns: list[list[Any]] = [[] for _ in range(10)]
+    columns: list[list[Any]] = [[] for _ in range(11)]
     for row, found in rows:
         token = field.get_prep_value(row.recipient)
         values = (row.id, row.tenant_id, row.channel, token, row.recipient_masked, row.recipient_index,
-                  row.reason, row.category, row.source_notification_id, ",".join(found))  # fmt: skip
+                  row.reason, row.category, row.source_notification_id, row.test, ",".join(found))  # fmt: skip
         for column, value in zip(columns, values, strict=True):
             column.append(value)
     with connection.cursor() as cursor:
@@ -158,8 +159,10 @@ def _insert(connection: Any, rows: list[tuple[Suppression, tuple[str, ...]]]) ->
     return created
 
 
-def _existing(tenant_id: Any, channel: str, found: Sequence[str], category: str | None) -> QuerySet[Suppression]:
-    rows = Suppression.objects.for_tenant(tenant_id).filter(channel=channel, recipient_index__in=found)
+def _existing(
+    tenant_id: Any, channel: str, found: Sequence[str], category: str | None, test: bool
+) -> QuerySet[Suppression]:
+    rows = Suppression.objects.for_tenant(tenant_id).filter(channel=channel, recipient_index__in=found, test=test)
     return rows.filter(category__isnull=True) if category is None else rows.filter(category=category)
 
 
@@ -168,14 +171,17 @@ def suppress(
     source_notification_id: Any = None, *, actor: str | None = None,
 ) -> tuple[Suppression, bool]:  # fmt: skip
     """Add one entry, or find the one there is: (entry, created). A hard bounce or complaint on a
-    channel other than email or SMS is refused with ValueError."""
+    channel other than email or SMS is refused with ValueError. `tenant_id` may be the Tenant a key
+    acts for: a test key's entry is test data."""
     if reason in ADDRESS_REASONS and channel not in ADDRESS_CHANNELS:
         raise ValueError(f"a {reason} suppresses email and sms addresses only, not {channel}")
-    entry = Entry(tenant_id, channel, address, reason, category or None, source_notification_id)
+    test = mode_of(tenant_id)
+    owner = getattr(tenant_id, "pk", tenant_id)
+    entry = Entry(owner, channel, address, reason, category or None, source_notification_id, test)
     created = suppress_many([entry], actor=actor)
     if created:
         return created[0], True
-    existing = _existing(tenant_id, channel, indexes(channel, address), category or None).first()
+    existing = _existing(tenant_id, channel, indexes(channel, address), category or None, test).first()
     if existing is None:  # removed again between the two statements: add it afresh
         return suppress(tenant_id, channel, address, reason, category, source_notification_id, actor=actor)
     return existing, False
@@ -236,17 +242,19 @@ def lookup_for(channel: str, address: str, category: str | None, *, critical: bo
 
 
 def check_sql(
-    tenant_sql: str, channel_sql: str, index_sqls: Sequence[str], scope_sql: str, *, scoped_extra: str = ""
+    tenant_sql: str, channel_sql: str, index_sqls: Sequence[str], scope_sql: str, *, scoped_extra: str = "",
+    test_sql: str = "false",
 ) -> str:
     """SQL that is true when an entry blocks the notification described by the given expressions: an
-    entry for every category, or one for the category `scope_sql` names (and `scoped_extra` holds)."""
+    entry of its mode (`test_sql`) for every category, or one for the category `scope_sql` names (and
+    `scoped_extra` holds)."""
     extra = f" AND {scoped_extra}" if scoped_extra else ""
     # OFFSET 0 keeps the EXISTS a per-row probe of suppression_lookup_idx: pulled up into a semi-join,
     # the planner hashes the whole table when it is small enough to look cheap (measured: 9 ms for a
     # claim of 250 over 10,000 entries, against well under a millisecond probing).
     return (
         "EXISTS (SELECT 1 FROM suppressions s "  # noqa: S608 - column expressions of the caller, no values
-        f"WHERE s.tenant_id = {tenant_sql} AND s.recipient_index IN ({', '.join(index_sqls)}) "
+        f"WHERE s.tenant_id = {tenant_sql} AND s.recipient_index IN ({', '.join(index_sqls)}) AND s.test = {test_sql} "
         f"AND s.channel = {channel_sql} AND (s.category IS NULL OR (s.category = {scope_sql}{extra})) OFFSET 0)"
     )
 
@@ -270,10 +278,10 @@ def dispatch_check_sql(keys: int) -> str:
     `categories text[]` and one `text[]` of blind indexes per configured key; returns (position
     (0-based), blocked, critical) of the rows blocked or in a critical category (not `general`)."""
     # %b: the arrays travel in binary (psycopg's list dumpers), not as array text it must quote
-    arrays = ", ".join(["%b::text[]::uuid[]", "%b::text[]", "%b::text[]", *["%b::text[]"] * keys])
-    names = ", ".join(["tenant_id", "channel", "category", *[f"b{k}" for k in range(keys)], "i"])
+    arrays = ", ".join(["%b::text[]::uuid[]", "%b::text[]", "%b::text[]", "%b::bool[]", *["%b::text[]"] * keys])
+    names = ", ".join(["tenant_id", "channel", "category", "test", *[f"b{k}" for k in range(keys)], "i"])
     condition = check_sql("u.tenant_id", "u.channel", [f"u.b{k}" for k in range(keys)], "u.category",
-                          scoped_extra=_NOT_CRITICAL)  # fmt: skip
+                          scoped_extra=_NOT_CRITICAL, test_sql="u.test")  # fmt: skip
     return (
         f"SELECT i, blocked, critical FROM (SELECT u.i - 1 AS i, {condition} AS blocked, "  # noqa: S608
         f"u.category <> 'general' AND {_CRITICAL} AS critical "
@@ -282,7 +290,8 @@ def dispatch_check_sql(keys: int) -> str:
 
 
 def dispatch_check_params(
-    tenants: list[str], channels: list[str], addresses: list[str], categories: list[str]
+    tenants: list[str], channels: list[str], addresses: list[str], categories: list[str],
+    tests: list[bool] | None = None,
 ) -> list[Any]:
     """Parameters of `dispatch_check_sql` for rows given column by column."""
     # Once per delivery on the dispatcher's claim path: kept lean (≈ 1 µs a row with one key).
@@ -301,7 +310,7 @@ def dispatch_check_params(
             h = mac.copy()  # type: ignore[attr-defined]
             h.update(value)
             column.append(h.digest().hex())
-    return [tenants, channels, categories, *columns]
+    return [tenants, channels, categories, tests if tests is not None else [False] * len(tenants), *columns]
 
 
 # --- key rotation -----------------------------------------------------------------------------------------

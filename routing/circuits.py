@@ -29,6 +29,7 @@ from django.db import connection, models
 from django.db.models.expressions import RawSQL
 
 from providers.circuit import CLOSED, setting_sql
+from providers.simulator import ERROR_CLASS as SIMULATED
 
 PROBES = 3
 
@@ -220,7 +221,7 @@ def recorded_states(ids: list[int] | None, states: list[str] | None) -> dict[int
 
 def record_ctes(attempts: str, totals: Callable[[str], str]) -> str:
     """CTEs for the record statement (after its `attempts` CTE, whose RETURNING has provider_id,
-    outcome and http_status): the breakers this batch changes (breaker.transition), decided from the
+    outcome, http_status and error_class): the breakers this batch changes (breaker.transition), decided from the
     counters as they were before this statement plus the batch's own attempts. `totals(provider)` is
     the counters' subquery of (requests, failures) for a provider id expression, which the room that
     keeps the counters gives (notifications.counters.breaker_totals_sql). Ends in
@@ -235,10 +236,12 @@ def record_ctes(attempts: str, totals: Callable[[str], str]) -> str:
     updates = ", ".join(f"{name} = excluded.{name}" for name, _ in NEXT_ROW)
     return f"""circuit_batch AS (
         -- a 429 is the provider asking to slow down, which the adaptive rate does (queueing.ratelimit):
-        -- it is neither a failure nor a success of the breaker's
+        -- it is neither a failure nor a success of the breaker's; nor is a test notification's try, which
+        -- the simulator answered (providers.simulator), not the provider
         SELECT a.provider_id, count(*) AS sends, count(*) FILTER (WHERE a.outcome = 'transient_error') AS failures,
                count(*) FILTER (WHERE a.outcome = 'delivered') AS successes
         FROM {attempts} a WHERE a.provider_id IS NOT NULL AND a.http_status IS DISTINCT FROM 429
+          AND a.error_class IS DISTINCT FROM '{SIMULATED}'
         GROUP BY a.provider_id
     ), circuit_seen AS (
         -- only providers whose breaker this batch may change: a transient failure, or not closed

@@ -109,13 +109,16 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
 
 def _locked_runs(wakes: list[Any], using: str) -> dict[Any, WorkflowRun]:
     """The unfinished runs waiting on these jobs, locked, by wake id (one statement)."""
-    return {
+    runs = {
         run.wake_id: run
         for run in WorkflowRun.objects.using(using)
         .select_related("tenant", "workflow")
         .select_for_update(of=("self",))
         .filter(wake_id__in=wakes, status__in=UNFINISHED)
     }
+    for run in runs.values():  # its own Tenant instance (select_related): the run's mode for its sends
+        run.tenant.test_mode = run.test
+    return runs
 
 
 def _advance_alone(run: WorkflowRun, now: datetime, using: str) -> bool:
@@ -242,7 +245,8 @@ def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str) -> None:
     by_tenant: dict[Any, list[tuple[_Plan, int, Draft]]] = {}
     for plan in plans:
         for index, draft in plan.sends:
-            by_tenant.setdefault(plan.run.tenant_id, []).append((plan, index, draft))
+            # one creation per tenant and mode: a test run's sends are test notifications
+            by_tenant.setdefault((plan.run.tenant_id, plan.run.test), []).append((plan, index, draft))
     for sends in by_tenant.values():
         _create(sends)
     statements.record_runs([

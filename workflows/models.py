@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 from core.fields import EncryptedTextField
 from core.ids import uuid7
 from core.models import TenantOwned
-from core.models.tenancy import TenantQuerySet
+from core.models.tenancy import ModeOwnedQuerySet
 
 
 class WorkflowKind(models.TextChoices):
@@ -65,7 +65,7 @@ class StepStatus(models.TextChoices):
     WAITING = "waiting"
 
 
-class WorkflowRunQuerySet(TenantQuerySet):
+class WorkflowRunQuerySet(ModeOwnedQuerySet):
     def unfinished(self) -> WorkflowRunQuerySet:
         return self.filter(status__in=UNFINISHED)
 
@@ -95,6 +95,8 @@ class WorkflowRun(TenantOwned):
     # The database's clock: a digest window opens at its first trigger's created_at.
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # Test data (created with a test key): seen by test keys only, sent to the simulator.
+    test = models.BooleanField(default=False, db_default=False)
 
     objects = WorkflowRunQuerySet.as_manager()
 

@@ -38,7 +38,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 
 from core.api.errors import Conflict
 from core.ids import uuid7
-from core.models import AuditEvent, Tenant
+from core.models import AuditEvent, Tenant, mode_of
 from core.validation import check_recipient
 from notifications import services
 from notifications.models import CANCELLABLE, Notification, Status
@@ -275,7 +275,7 @@ def enroll(
             status=RunStatus.COMPLETED, data=context, definition=definition, category=sequence.category,
             step_index=max(len(states) - 1, 0), steps=states, recipient=recipient,
             recipient_masked=services._masked(sends[0].step["channel"], recipient), starts_at=start,
-            created_at=now, updated_at=now,
+            created_at=now, updated_at=now, test=mode_of(tenant),
         )  # fmt: skip
         run.save(force_insert=True)
         AuditEvent.record(

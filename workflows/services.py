@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 from rest_framework.exceptions import NotFound, ValidationError
 
 from core.api.errors import Conflict
-from core.models import AuditEvent, Tenant
+from core.models import AuditEvent, Tenant, mode_of
 from core.services import save_audited
 from notifications import services as notifications
 from notifications.models import Notification, Status
@@ -172,7 +172,8 @@ def trigger(
     with transaction.atomic():
         recipients.ensure_subscribers(tenant, subscribers)
         statements.start_runs(tenant.pk, workflow, trigger_id, list(subscribers), data=data,
-                              cancellation_key=cancellation_key, actor=trigger_actor, job_kind=JOB_KIND)  # fmt: skip
+                              cancellation_key=cancellation_key, actor=trigger_actor, job_kind=JOB_KIND,
+                              test=mode_of(tenant))  # fmt: skip
     runs = subscribers
     logger.info("%s triggered workflow %s for %d subscriber(s)", actor, key, len(runs))
     return trigger_id, len(runs)

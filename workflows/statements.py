@@ -59,9 +59,9 @@ _START_RUNS = """WITH s AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[]) AS s(id, subscriber, wake_id)
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
-                               data, definition, category, step_index, steps, digest, wake_id)
+                               data, definition, category, step_index, steps, digest, wake_id, test)
     SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
-           %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id
+           %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id, %(test)s
     FROM s
     RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
 ), {jobs}"""
@@ -69,7 +69,7 @@ _START_RUNS = """WITH s AS (
 
 def start_runs(
     tenant_id: Any, workflow: Any, trigger_id: Any, subscribers: list[str], *, data: dict[str, Any],  # noqa: ANN401
-    cancellation_key: str | None, actor: str | None, job_kind: str,
+    cancellation_key: str | None, actor: str | None, job_kind: str, test: bool = False,
 ) -> None:  # fmt: skip
     """One `running` run per subscriber (its first step due now) and its job (the caller's transaction)."""
     states = [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
@@ -79,6 +79,7 @@ def start_runs(
         "wakes": [uuid.uuid4() for _ in subscribers], "tenant": tenant_id, "workflow": workflow.pk,
         "trigger": trigger_id, "cancellation_key": cancellation_key, "actor": actor, "data": json.dumps(data),
         "definition": json.dumps(workflow.steps), "category": workflow.category, "steps": json.dumps(states),
+        "test": test,
     }  # fmt: skip
     sql = _START_RUNS.replace("{jobs}", schedule.timed_jobs_sql("runs s", job_kind))
     with connections[WorkflowRun.objects.db].cursor() as cursor:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from core.models.tenancy import Tenant, TenantQuerySet
 
-KEY_RE = re.compile(r"^op_(?P<prefix>[A-Za-z0-9]{8})_(?P<secret>[A-Za-z0-9]{32,128})$")
+KEY_RE = re.compile(r"^op_(?P<test>test_)?(?P<prefix>[A-Za-z0-9]{8})_(?P<secret>[A-Za-z0-9]{32,128})$")
 _ALPHABET = string.ascii_letters + string.digits
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -41,6 +41,8 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # A test key (`op_test_…`): what it creates goes to the simulator and is seen by test keys only.
+    test = models.BooleanField(default=False, db_default=False)
 
     objects = ApiKeyQuerySet.as_manager()
 
@@ -49,12 +51,16 @@ class ApiKey(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"op_{self.prefix}_…"
+        return f"{self.key_start}{self.prefix}_…"
+
+    @property
+    def key_start(self) -> str:
+        return "op_test_" if self.test else "op_"
 
     @classmethod
-    def issue(cls, tenant: Tenant, name: str = "") -> tuple[ApiKey, str]:
+    def issue(cls, tenant: Tenant, name: str = "", *, test: bool = False) -> tuple[ApiKey, str]:
         """Create a key; the raw key is returned once and never stored."""
-        key = cls(tenant=tenant, name=name)
+        key = cls(tenant=tenant, name=name, test=test)
         raw = key.assign_new_secret()
         key.save()
         return key, raw
@@ -62,7 +68,7 @@ class ApiKey(models.Model):
     def assign_new_secret(self) -> str:
         """Set prefix and hash for a fresh key (62^8 prefixes; the unique index catches a clash)."""
         self.prefix = _random(8)
-        raw = f"op_{self.prefix}_{_random(40)}"
+        raw = f"{self.key_start}{self.prefix}_{_random(40)}"
         self.key_hash = hash_key(raw)
         return raw
 
@@ -85,6 +91,7 @@ class ApiKey(models.Model):
             )  # fmt: skip
             if key is None or not hmac.compare_digest(key.key_hash, digest):
                 return None
+            key.tenant.test_mode = key.test  # this key's own Tenant instance: the request's mode
             auth_cache.cache.put(digest, key, ttl, generation)
         key.touch()
         return key

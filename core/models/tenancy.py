@@ -29,6 +29,11 @@ class Tenant(models.Model):
     # (notifications.tenant_config), so an edit takes effect for the next create in every process.
     config_version = models.PositiveBigIntegerField(default=0, editable=False)
 
+    # The mode of the request acting for the tenant (not a column): True with a test key, False with a
+    # live key, None outside the API (admin, processes: both modes). The managers of mode-owned
+    # tables (ModeOwnedQuerySet) scope by it, so an API view never sees the other mode's rows.
+    test_mode: bool | None = None
+
     class Meta:
         db_table = "tenants"
         ordering = ["name"]
@@ -70,6 +75,29 @@ class TenantQuerySet(models.QuerySet):
         if user.is_superuser:
             return self
         return self.filter(tenant__memberships__user=user)
+
+
+def mode_of(tenant: Any) -> bool:
+    """Whether what `tenant` (a Tenant acting through a key) creates is test data."""
+    return bool(getattr(tenant, "test_mode", False))
+
+
+def in_mode(tenant: Any, test: bool) -> bool:
+    """Whether a row of this mode (`test`) is visible to `tenant` (as ModeOwnedQuerySet scopes), for
+    the reads that are raw statements."""
+    mode = getattr(tenant, "test_mode", None)
+    return mode is None or mode == test
+
+
+class ModeOwnedQuerySet(TenantQuerySet):
+    """Base for tables whose rows belong to one mode (`test`): notifications, workflow runs,
+    suppressions, dead letters, bulk sends. `for_tenant` keeps the rows of the mode of the key the
+    tenant acts through (a Tenant from the API carries it), and all of them for a bare tenant id."""
+
+    def for_tenant(self, tenant: Tenant | uuid.UUID | str) -> ModeOwnedQuerySet:
+        rows = super().for_tenant(tenant)
+        mode = getattr(tenant, "test_mode", None)
+        return rows if mode is None else rows.filter(test=mode)
 
 
 # Hot tables carry no database-level foreign keys to hot parent rows. A foreign-key check locks

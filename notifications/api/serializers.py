@@ -224,6 +224,7 @@ class NotificationSerializer(serializers.Serializer):
     fallback_of = serializers.UUIDField(allow_null=True, help_text="The notification this one is the fallback of.")
     bulk_send_id = serializers.UUIDField(allow_null=True, help_text="The bulk send it was created by, if any.")
     row = serializers.IntegerField(allow_null=True, help_text="Its 1-based data row in the bulk send's file.")
+    test = serializers.BooleanField(help_text="Created with a test key: sent to the simulator, seen by test keys only.")
 
     def to_representation(self, n: Notification) -> dict[str, Any]:
         return notification_data(n)
@@ -245,7 +246,7 @@ def notification_data(n: Notification) -> dict[str, Any]:
         "created_at": iso(n.created_at), "updated_at": iso(n.updated_at), "enqueued_at": iso(n.enqueued_at),
         "delivered_at": iso(n.delivered_at), "receipt": n.receipt, "bounce_type": n.bounce_type,
         "fallback": n.fallback, "fallback_notification_id": _text(n.fallback_notification_id),
-        "fallback_of": _text(n.fallback_of), "bulk_send_id": _text(n.bulk_send_id), "row": n.bulk_row,
+        "fallback_of": _text(n.fallback_of), "bulk_send_id": _text(n.bulk_send_id), "row": n.bulk_row, "test": n.test,
     }  # fmt: skip
 
 

@@ -101,7 +101,7 @@ class SuppressionViewSet(
         if recipient is not None:
             if not 1 <= len(recipient) <= MAX_TOKEN_CHARS:
                 raise serializers.ValidationError({"recipient": ["must be an address"]})
-            return suppressions.matching(self.request.tenant.pk, recipient, channel)
+            return suppressions.matching(self.request.tenant, recipient, channel)
         return queryset.filter(channel=channel) if channel else queryset
 
     @extend_schema(parameters=[RECIPIENT_PARAM, CHANNEL_PARAM],
@@ -127,7 +127,7 @@ class SuppressionViewSet(
         if category is not None and category not in services.fresh_category_keys(request.tenant, {category}):
             raise serializers.ValidationError({"category": [f"no category with key {category!r}"]})
         entry, created = suppressions.suppress(
-            request.tenant.pk, data["channel"], data["recipient"], data.get("reason", SuppressionReason.MANUAL),
+            request.tenant, data["channel"], data["recipient"], data.get("reason", SuppressionReason.MANUAL),
             data.get("category"), actor=actor(request),
         )  # fmt: skip
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
@@ -135,7 +135,7 @@ class SuppressionViewSet(
 
     @extend_schema(responses={204: None, **errors(404)})
     def destroy(self, request: Request, pk: str) -> Response:
-        if not suppressions.remove(request.tenant.pk, as_uuid(pk), actor=actor(request)):
+        if not suppressions.remove(request.tenant, as_uuid(pk), actor=actor(request)):
             raise NotFound()
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -38,13 +38,18 @@ def test_create_tenant_prints_id_and_a_working_key_once():
     raw = re.search(r"api_key:\s+(\S+)", out)[1]
     assert KEY_RE.match(raw)
     assert client_for(raw).get("/api/v1/tenant").json() == {"id": str(tenant.pk), "name": "Acme"}
-    assert ApiKey.objects.filter(tenant=tenant).count() == 1
+    assert ApiKey.objects.filter(tenant=tenant, test=False).count() == 1
+    test_raw = re.search(r"test_api_key:\s+(\S+)", out)[1]
+    assert test_raw.startswith("op_test_") and KEY_RE.match(test_raw)
+    assert ApiKey.objects.filter(tenant=tenant, test=True).count() == 1
     assert AuditEvent.objects.filter(action="tenant.created", tenant=tenant).exists()
 
 
 def test_create_tenant_json():
     data = json.loads(call("create_tenant", "Globex", "--json"))
-    assert set(data) == {"tenant_id", "api_key"}
+    assert set(data) == {"tenant_id", "api_key", "test_api_key"}
+    assert data["test_api_key"].startswith("op_test_")
+    assert client_for(data["test_api_key"]).get("/api/v1/tenant").status_code == 200
     assert Tenant.objects.get(pk=data["tenant_id"]).name == "Globex"
     assert client_for(data["api_key"]).get("/api/v1/tenant").status_code == 200
 
@@ -171,7 +176,7 @@ def test_commands_exit_non_zero_with_one_readable_line(subprocess_env):
     created = run_manage("create_tenant", "cli-co", "--json", env=subprocess_env)
     assert created.returncode == 0, created.stderr
     data = json.loads(created.stdout)
-    assert set(data) == {"tenant_id", "api_key"}
+    assert set(data) == {"tenant_id", "api_key", "test_api_key"}
 
     failures = {
         ("create_tenant", "cli-co"): "a tenant named 'cli-co' already exists",
@@ -194,3 +199,15 @@ def test_commands_exit_non_zero_with_one_readable_line(subprocess_env):
     revoke = run_manage("revoke_api_key", data["api_key"][3:11], env=subprocess_env)
     assert revoke.returncode == 0, revoke.stderr
     assert client_for(data["api_key"]).get("/api/v1/tenant").status_code == 401
+
+    # test keys: issued with --test (--json prints the key alone), revoked by their prefix
+    made = run_manage("create_api_key", "cli-co", "--test", "--json", env=subprocess_env)
+    assert made.returncode == 0, made.stderr
+    test_key = json.loads(made.stdout)["api_key"]
+    assert test_key.startswith("op_test_") and KEY_RE.fullmatch(test_key)
+    assert client_for(test_key).get("/api/v1/tenant").status_code == 200
+    revoke = run_manage("revoke_api_key", test_key.removeprefix("op_test_")[:8], env=subprocess_env)
+    assert revoke.returncode == 0 and revoke.stdout.strip() == f"revoked op_test_{test_key[8:16]}_…", revoke.stdout
+    assert client_for(test_key).get("/api/v1/tenant").status_code == 401
+    again = run_manage("revoke_api_key", test_key, env=subprocess_env)  # the whole key names it too
+    assert again.returncode != 0 and len(again.stderr.strip().splitlines()) == 1

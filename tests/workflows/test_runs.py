@@ -198,3 +198,21 @@ def test_a_digest_sends_one_notification_counting_every_trigger(api_a, tenant_a)
     api_a.post("/api/v1/workflows/welcome/trigger", {"subscribers": ["jane"], "data": {"n": 99}}, format="json")
     assert schedule() == 1
     assert WorkflowRun.objects.filter(status="waiting").count() == 1
+
+
+def test_a_test_keys_run_sends_test_notifications_to_the_simulator(api_a, tenant_a, smtp_sink):
+    from core.models import ApiKey
+    from inbox.models import InboxItem
+
+    test_api = client_for(ApiKey.issue(tenant_a, name="test", test=True)[1])
+    setup(test_api, tenant_a, smtp_sink, steps=[HELLO, {**NUDGE, "skip_if": None, "name": "mail"}])
+    trigger(test_api)
+    assert schedule() == 1
+    run = the_run(test_api)
+    assert run["status"] == "completed" and api_a.get("/api/v1/workflow-runs").json()["results"] == []
+    sent = [Notification.objects.get(pk=s["notification_id"]) for s in run["steps"]]
+    assert [(n.channel, n.test) for n in sent] == [("in_app", True), ("email", True)]
+    dispatch()
+    assert [Notification.objects.get(pk=n.pk).status for n in sent] == ["delivered", "delivered"]
+    assert not InboxItem.objects.exists()  # simulated: no feed item
+    assert smtp_sink.messages == []  # simulated: no mail

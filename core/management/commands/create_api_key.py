@@ -16,10 +16,11 @@ class Command(BaseCommand):
         parser.add_argument("tenant")
         parser.add_argument("--name", default="")
         parser.add_argument("--json", action="store_true")
+        parser.add_argument("--test", action="store_true", help="a test key (op_test_…): sends go to the simulator")
 
-    def handle(self, *args, tenant: str, name: str, json: bool, **options) -> None:
+    def handle(self, *args, tenant: str, name: str, json: bool, test: bool = False, **options) -> None:
         owner = resolve_tenant(tenant)
-        key = ApiKey(tenant=owner, name=name)
+        key = ApiKey(tenant=owner, name=name, test=test)
         raw = services.issue_api_key(key, actor="system:create_api_key")
         if json:
             self.stdout.write(jsonlib.dumps({"tenant_id": str(owner.pk), "api_key": raw, "prefix": key.prefix}))
