@@ -83,6 +83,7 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
             .select_for_update(of=("self",))
             .filter(wake_id__in=[wake for _, wake, _ in due], status__in=UNFINISHED)
         }
+        prepare_sends([runs[wake] for _, wake, _ in due if wake in runs], using)
         executed, cancelled, lag = [], [], 0.0
         for job_id, wake, run_at in due:
             run = runs.get(wake)
@@ -167,14 +168,8 @@ def _context(run: WorkflowRun) -> dict[str, Any]:
     return context
 
 
-def _send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str) -> dict[str, Any]:
-    """The send step's state: done with its notification, or skipped (skip_if met, no address)."""
-    condition = step.get("skip_if")
-    if condition:
-        earlier = next((s for s in states if s["name"] == condition["step"]), None)
-        notification_id = earlier.get("notification_id") if earlier else None
-        if notification_id and reached(run.tenant_id, notification_id, condition["state"], using=using):
-            return {"status": StepStatus.SKIPPED, "reason": f"{condition['step']} {condition['state']}"}
+def _draft(run: WorkflowRun, step: dict[str, Any]) -> Draft:
+    """The send step's notification as a draft, its own subject and body rendered (StepError if they cannot)."""
     context = _context(run)
     subject, body = step.get("subject") or "", step.get("body") or ""
     if not step.get("template"):  # a step's own subject and body are templates too, on the same context
@@ -183,24 +178,93 @@ def _send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], 
             body = renderer.render(body, context, autoescape=False)
         except renderer.TemplateError as exc:
             raise StepError(f"rendering the step's subject or body: {exc}") from None
-    draft = Draft(
+    return Draft(
         channel=step["channel"], recipient="", subscriber=run.subscriber, provider=step.get("provider"),
         template=step.get("template"), subject=subject, body=body, context=context, category=run.category,
         metadata={"workflow": run.workflow.key, "workflow_run_id": str(run.pk), "step": step["name"]},
     )  # fmt: skip
+
+
+def _create(run: WorkflowRun, drafts: list[Draft]) -> list[Notification]:
+    """The drafts' notifications, through the one creation service (SpecErrors as it raises them)."""
     try:
-        try:
-            specs = services.build_specs(run.tenant, [draft])
-            rows = services.create_notifications(run.tenant, specs, actor=f"workflow:{run.workflow.key}")
-        except services.StaleConfig:
-            specs = services.build_specs(run.tenant, [draft], cached=False)
-            rows = services.create_notifications(run.tenant, specs, actor=f"workflow:{run.workflow.key}")
+        specs = services.build_specs(run.tenant, drafts)
+        return services.create_notifications(run.tenant, specs, actor=f"workflow:{run.workflow.key}")
+    except services.StaleConfig:
+        specs = services.build_specs(run.tenant, drafts, cached=False)
+        return services.create_notifications(run.tenant, specs, actor=f"workflow:{run.workflow.key}")
+
+
+def _send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str) -> dict[str, Any]:
+    """The send step's state: done with its notification, or skipped (skip_if met, no address)."""
+    prepared = getattr(run, "prepared", None)
+    if prepared is not None and prepared[0] == step["name"]:
+        return prepared[1]
+    condition = step.get("skip_if")
+    if condition:
+        earlier = next((s for s in states if s["name"] == condition["step"]), None)
+        notification_id = earlier.get("notification_id") if earlier else None
+        if notification_id and reached(run.tenant_id, notification_id, condition["state"], using=using):
+            return {"status": StepStatus.SKIPPED, "reason": f"{condition['step']} {condition['state']}"}
+    try:
+        rows = _create(run, [_draft(run, step)])
     except services.SpecErrors as exc:
         problems = exc.errors.get(0, {})
         if set(problems) == {"subscriber"}:  # no address (or no device) for the channel
             return {"status": StepStatus.SKIPPED, "reason": NO_ADDRESS}
         raise StepError("; ".join(f"{field}: {' '.join(messages)}" for field, messages in problems.items())) from None
     return {"status": StepStatus.DONE, "notification_id": str(rows[0].pk)}
+
+
+def prepare_sends(runs: list[WorkflowRun], using: str) -> None:
+    """The batch's runs whose next step is a send without `skip_if` (a fan-out's runs, typically) get
+    that step's notifications made together: one build and one creation statement per tenant and
+    workflow instead of one per run. Each run then finds its step's state ready (`run.prepared`);
+    a group that cannot be made together (a step error) is left to the runs, one by one."""
+    groups: dict[tuple[Any, Any], list[tuple[WorkflowRun, dict[str, Any]]]] = {}
+    for run in runs:
+        index = run.step_index
+        if index >= len(run.definition) or run.steps[index]["status"] != StepStatus.PENDING:
+            continue
+        step = run.definition[index]
+        if step["type"] == "send" and not step.get("skip_if"):
+            groups.setdefault((run.tenant_id, run.workflow_id), []).append((run, step))
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        try:
+            with transaction.atomic(using=using):
+                _prepare_group(group)
+        except Exception as exc:
+            if is_connection_lost(exc):
+                raise
+            logger.warning("workflow sends made one by one (%s: %s)", type(exc).__name__, str(exc)[:200])
+            for run, _ in group:
+                run.prepared = None
+
+
+def _prepare_group(group: list[tuple[WorkflowRun, dict[str, Any]]]) -> None:
+    drafts = [_draft(run, step) for run, step in group]
+    first = group[0][0]
+    states: dict[int, dict[str, Any]] = {}
+    try:
+        rows = _create(first, drafts)
+        keep = list(range(len(group)))
+    except services.SpecErrors as exc:
+        keep = []
+        for index in range(len(group)):
+            problems = exc.errors.get(index)
+            if not problems:
+                keep.append(index)
+            elif set(problems) == {"subscriber"}:
+                states[index] = {"status": StepStatus.SKIPPED, "reason": NO_ADDRESS}
+            else:
+                raise StepError("; ".join(f"{f}: {' '.join(m)}" for f, m in problems.items())) from None
+        rows = _create(first, [drafts[i] for i in keep]) if keep else []
+    for index, row in zip(keep, rows, strict=True):
+        states[index] = {"status": StepStatus.DONE, "notification_id": str(row.pk)}
+    for index, (run, step) in enumerate(group):
+        run.prepared = (step["name"], states[index])
 
 
 class StepError(Exception):

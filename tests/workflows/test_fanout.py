@@ -174,3 +174,31 @@ def test_metrics_show_running_fan_outs_and_their_pending_chunks(api_a, client):
     text = client.get("/metrics").content.decode()
     assert "omnipost_fanouts_running 0.0" in text and "omnipost_fanout_pending_chunks 0.0" in text
     assert "omnipost_fanout_rows_per_second" in text
+
+
+def test_the_fanned_out_runs_send_one_notification_each_made_together(api_a, tenant_a):
+    from django.test.utils import CaptureQueriesContext
+
+    from notifications.models import Notification
+    from recipients.models import Subscriber
+    from tests import factories
+    from workflows import engine
+
+    factories.provider(tenant_a, "mail", kind="console", channel="email", is_default=True, config={})
+    email = [{"name": "mail", "type": "send", "channel": "email", "subject": "Hi", "body": "{{ data.eta }}"}]
+    assert api_a.post("/api/v1/workflows", {"key": "mail", "steps": email}, format="json").status_code == 201
+    setup_topic(api_a, members=[f"u{i:03d}" for i in range(150)])
+    Subscriber.objects.for_tenant(tenant_a).filter(external_id__lt="u100").update(email="x@example.com")
+    body = trigger(api_a, {"topic": "outage", "data": {"eta": "soon"}}, key="mail").json()
+    fan_out_all()
+    with CaptureQueriesContext(connection) as batch:
+        assert engine.promote(100, "default").promoted == 100
+    assert len(batch.captured_queries) < 100 * 4, len(batch.captured_queries)  # not a creation per run
+    while engine.promote(100, "default").promoted:
+        pass
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert set(runs.values_list("status", flat=True)) == {"completed"}
+    ids = [run.steps[0]["notification_id"] for run in runs if run.steps[0]["notification_id"]]
+    assert len(ids) == len(set(ids)) == 100 == Notification.objects.for_tenant(tenant_a).count()
+    assert {run.steps[0]["reason"] for run in runs if not run.steps[0]["notification_id"]} == {"no_address"}
+    assert set(Notification.objects.values_list("body", flat=True)) == {"soon"}
