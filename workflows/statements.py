@@ -106,6 +106,27 @@ def fan_out_chunk(fanout: Any, members_sql: str, chunk: int, job_kind: str, *, u
     return int(read)
 
 
+# Runs that end together (their last step was a send made with their batch's): each changes only
+# while it still waits on the job its batch holds, as workflows.engine's one-by-one update.
+_END_RUNS = """UPDATE workflow_runs r
+SET status = 'completed', steps = u.steps, step_index = u.step_index, wake_id = NULL, updated_at = now()
+FROM unnest(%(ids)s::uuid[], %(wakes)s::uuid[], %(steps)s::jsonb[], %(indexes)s::int[])
+     AS u(id, wake_id, steps, step_index)
+WHERE r.id = u.id AND r.wake_id = u.wake_id AND r.status IN ('running', 'waiting')
+RETURNING r.id"""
+
+
+def end_runs(ending: list[tuple[WorkflowRun, list[dict[str, Any]], int]]) -> set[Any]:
+    """`completed` with their final step states, in one statement; returns the ids it changed."""
+    params = {
+        "ids": [run.pk for run, _, _ in ending], "wakes": [run.wake_id for run, _, _ in ending],
+        "steps": [json.dumps(states) for _, states, _ in ending], "indexes": [index for _, _, index in ending],
+    }  # fmt: skip
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(_END_RUNS, params)
+        return {row[0] for row in cursor.fetchall()}
+
+
 _THROTTLE = """
 INSERT INTO workflow_throttles AS t (tenant_id, workflow_id, step, subscriber, key, window_start, count)
 VALUES (%(tenant)s, %(workflow)s, %(step)s, %(subscriber)s, %(key)s, now(), 1)
