@@ -11,15 +11,15 @@ pending again and a peer (or its restart) goes on from the cursor; the unique (t
 subscriber) key makes a repeated chunk harmless. The last chunk (fewer members than a chunk) ends the
 fan-out and its job together.
 
-A call works for up to BUDGET seconds and then hands the scheduler back, so the scheduler's other
-kinds (due notifications, run steps) keep their turn while a broadcast fans out."""
+A call works for up to OMNIPOST_FANOUT_BUDGET_SECONDS and then hands the scheduler back, so the
+scheduler's other kinds (due notifications, run steps) keep their turn while a broadcast fans out."""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.models.functions import Now
 
@@ -32,21 +32,24 @@ from workflows.models import Fanout
 logger = logging.getLogger("omnipost.workflows")
 
 JOB_KIND = "fanout"
-CHUNK = int(os.environ.get("OMNIPOST_FANOUT_CHUNK", "10000"))
-BUDGET = float(os.environ.get("OMNIPOST_FANOUT_BUDGET_SECONDS", "0.5"))
+
+
+def chunk_size() -> int:
+    return int(settings.OMNIPOST_FANOUT_CHUNK)
+
 
 _ANY_DUE = f"""SELECT 1 FROM scheduled_jobs
 WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1"""  # noqa: S608 - constants
 
 
 def promote(batch_size: int, using: str) -> scheduler.Promotion:
-    """Fan out chunks of due fan-outs for up to BUDGET seconds (queueing.scheduler.PromotionHandler);
-    `promoted` counts the fan-outs finished."""
+    """Fan out chunks of due fan-outs for up to OMNIPOST_FANOUT_BUDGET_SECONDS
+    (queueing.scheduler.PromotionHandler); `promoted` counts the fan-outs finished."""
     with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
         cursor.execute(_ANY_DUE)
         if cursor.fetchone() is None:
             return scheduler.Promotion(0, 0)
-    deadline = time.monotonic() + BUDGET
+    deadline = time.monotonic() + float(settings.OMNIPOST_FANOUT_BUDGET_SECONDS)
     finished = 0
     while time.monotonic() < deadline:
         outcome = chunk_once(using)
@@ -59,7 +62,7 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
 def chunk_once(using: str = "default", *, chunk: int | None = None) -> int | None:
     """One chunk of one due fan-out, in one transaction: 1 when it finished the fan-out, 0 when more
     remain, None when no fan-out is due (or every due one is held by a peer)."""
-    size = chunk or CHUNK
+    size = chunk or chunk_size()
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
             cursor.execute(scheduler.due_jobs_sql(JOB_KIND), {"n": 1})
@@ -93,6 +96,6 @@ def figures(using: str = "default") -> tuple[int, int, float]:
     """(fan-outs running, chunks still to create, their runs created per second since their triggers),
     from the running fan-outs only (a partial index): /metrics."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_FIGURES, {"chunk": CHUNK})
+        cursor.execute(_FIGURES, {"chunk": chunk_size()})
         running, chunks, rate = cursor.fetchone()
     return int(running), int(chunks), float(rate)
