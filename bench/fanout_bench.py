@@ -1,7 +1,7 @@
 """A workflow trigger to a topic of a million: fill, fan out, send; exactly once; fairness; memory.
 
     .venv/bin/python bench/fanout_bench.py [--database-url URL] [--members 1000000] [--kill-at 0.5]
-        [--dispatchers 2] [--probes 200] [--max-seconds 3600] [--markdown FILE]
+        [--dispatchers 2] [--idle-seconds 10] [--max-seconds 3600] [--runs-only] [--markdown FILE]
 
 On its own database (default `omnipost_bench_fanout` on the local server, dropped and created
 afresh): tenant A's topic is filled through the API (`POST topics/{key}/subscribers`, 1,000
@@ -16,7 +16,8 @@ while the fan-out and its deliveries run; pickup = arrival at the receiver - ret
 
 Checks (exit 1 when one fails): exactly one run per member and one notification per run; peak RSS
 (VmHWM) of every process under 300 MiB; fan-out runs created per second >= 50,000 (without
-`--kill-at`); each probe tenant's pickup p99 during the broadcast within 3x of idle.
+`--kill-at`); each probe tenant's pickup p99 during the broadcast within 3x of idle. With
+`--runs-only` the run ends when the fan-out does (the notifications are not waited for).
 """
 
 from __future__ import annotations
@@ -167,6 +168,22 @@ def probe_phase(tenants, providers, receiver_arrivals, seconds: float, stop_when
     return prober.sent
 
 
+def warm_up(tenant, provider) -> None:  # noqa: ANN001
+    """Until the dispatchers deliver: the idle figures are then a running system's, not its start-up's."""
+    from notifications.models import Notification
+    from notifications.services import NotificationSpec, create_notifications
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        spec = NotificationSpec(channel="webhook", recipient="https://example.test/warm", provider=provider, body="w")
+        [row] = create_notifications(tenant, [spec], actor="bench")
+        for _ in range(20):
+            time.sleep(0.1)
+            if Notification.objects.filter(pk=row.pk, status="delivered").exists():
+                return
+    raise SystemExit("fanout_bench: the dispatchers delivered nothing within 300 s")
+
+
 def main() -> int:  # noqa: C901, PLR0915
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgres://postgres:postgres@127.0.0.1:5432/omnipost_bench_fanout")
@@ -175,6 +192,9 @@ def main() -> int:  # noqa: C901, PLR0915
     parser.add_argument("--dispatchers", type=int, default=2)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--max-seconds", type=float, default=3600.0)
+    parser.add_argument(
+        "--runs-only", action="store_true", help="stop once the fan-out is done: check runs, not their notifications"
+    )
     parser.add_argument("--markdown")
     args = parser.parse_args()
 
@@ -234,7 +254,7 @@ def main() -> int:  # noqa: C901, PLR0915
     try:
         for i in range(args.dispatchers):
             procs.start(f"dispatcher-{i}", "run_dispatcher", "--no-jitter")
-        time.sleep(3.0)
+        warm_up(tenant_b, hooks[1])
         idle = probe_phase((tenant_a, tenant_b), hooks, None, args.idle_seconds)
         procs.start("scheduler-1", "run_scheduler", "--no-jitter")
         time.sleep(2.0)
@@ -269,6 +289,8 @@ def main() -> int:  # noqa: C901, PLR0915
                 print(f"fan-out done in {state['fanned']:.1f}s", flush=True)
             if state["fanned"] is None:
                 return False
+            if args.runs_only:
+                return True
             made = Notification.objects.filter(tenant=tenant_a, priority=5).count()
             pending = Notification.objects.filter(tenant=tenant_a, status__in=["queued", "dispatching"]).exists()
             return made >= expected and not pending
@@ -308,7 +330,8 @@ def main() -> int:  # noqa: C901, PLR0915
         expected=expected,
     )
     checks["exactly one run per member"] = runs == distinct == expected and actor_runs == 0
-    checks["exactly one notification per run"] = notes == distinct_notes == expected
+    if not args.runs_only:
+        checks["exactly one notification per run"] = notes == distinct_notes == expected
     rss = {**procs.peaks, "bench (API calls, probes)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     results["peak_rss_mib"] = {k: round(v, 1) for k, v in rss.items()}
     checks[f"peak RSS of every process < {RSS_LIMIT_MIB} MiB"] = all(v < RSS_LIMIT_MIB for v in rss.values())
