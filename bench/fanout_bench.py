@@ -210,7 +210,7 @@ def main() -> int:  # noqa: C901, PLR0915
     from core.models import ApiKey, Tenant
     from providers.models import Provider
 
-    receiver = ReceiverProcess()
+    receiver = ReceiverProcess(max_seconds=args.max_seconds + 3600)  # it stops by itself after that
     tenant_a, tenant_b = Tenant.objects.create(name="broadcaster"), Tenant.objects.create(name="other")
     hooks = [
         Provider.objects.create(
