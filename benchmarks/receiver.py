@@ -216,7 +216,7 @@ class ReceiverProcess:
 
     def __init__(
         self, *, delay_ms: float = 0.0, error_rate: float = 0.0, verify_every: int = 1, secret: str | None = None,
-        host: str = "127.0.0.1",
+        host: str = "127.0.0.1", max_seconds: float = 600.0,
     ) -> None:
         fd, name = tempfile.mkstemp(prefix="omnipost-bench-", suffix=".arrivals")
         os.close(fd)
@@ -225,6 +225,7 @@ class ReceiverProcess:
         command = [
             sys.executable, "-m", "benchmarks.receiver", "--host", host, "--port", "0", "--delay-ms", f"{delay_ms:g}",
             "--error-rate", str(error_rate), "--verify-every", str(verify_every), "--arrivals", name,
+            "--max-seconds", f"{max_seconds:g}",
         ]  # fmt: skip
         if secret:
             command += ["--secret", secret]

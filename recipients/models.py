@@ -196,3 +196,51 @@ class RevokedUnsubscribeToken(TenantOwned):
 
     def __str__(self) -> str:
         return f"revoked unsubscribe token {self.token_digest[:12]}…"
+
+
+class Topic(TenantOwned):
+    """A named group of the tenant's subscribers (recipients.topics): a workflow trigger to it starts
+    one run per member. `subscriber_count` is kept by the membership statements' row counts."""
+
+    key = models.SlugField(max_length=100)
+    name = models.CharField(max_length=200, blank=True, default="")
+    subscriber_count = models.BigIntegerField(default=0)
+    # Fan-outs of this topic not finished yet: while any runs, removed members are kept (marked
+    # removed) so each fan-out still reaches everyone who was a member at its trigger.
+    active_fanouts = models.IntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "topics"
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="topic_key_unique_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class TopicSubscriber(TenantOwned):
+    """One membership. `id` grows with every add and every removal takes the next value of the same
+    sequence (`removed_seq`), so a fan-out's boundary (a value of that sequence taken at its trigger)
+    tells who was a member then: id <= boundary and (removed_seq is null or removed_seq > boundary)."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No constraint and no Django cascade: a topic's members go with it in one DELETE (recipients.topics).
+    topic = models.ForeignKey(Topic, on_delete=models.DO_NOTHING, related_name="+", db_index=False,
+                              db_constraint=False)  # fmt: skip
+    subscriber = models.CharField(max_length=200)  # the external id
+    removed_seq = models.BigIntegerField(null=True, blank=True)
+    added_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "topic_subscribers"
+        constraints = [
+            # one live membership per subscriber: the add's ON CONFLICT, the removal's lookup
+            models.UniqueConstraint(fields=["topic", "subscriber"], condition=Q(removed_seq__isnull=True),
+                                    name="topic_subscriber_live_unique"),
+        ]  # fmt: skip
+        indexes = [
+            # the fan-out's keyset chunks and GET topics/{key}/subscribers: a topic's members in id order
+            models.Index(fields=["topic", "id"], name="topic_subscriber_order_idx"),
+        ]

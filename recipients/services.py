@@ -270,6 +270,17 @@ FROM unnest(%(ids)s::uuid[], %(external_ids)s::text[]) AS s(id, external_id)
 ON CONFLICT (tenant_id, external_id) DO NOTHING"""
 
 
+def ensure_subscribers_sql() -> str:
+    """The INSERT … ON CONFLICT DO NOTHING of `ensure_subscribers`, for a statement that composes it (a
+    topic's membership add): parameters tenant, ids, external_ids (sorted, unique) and no_tokens."""
+    return _ENSURE_SQL
+
+
+def no_tokens() -> Any:  # noqa: ANN401
+    """An empty push token list as stored (encrypted)."""
+    return Subscriber._meta.get_field("push_tokens").get_prep_value([])
+
+
 def ensure_subscribers(tenant: Tenant, external_ids: Sequence[str]) -> None:
     """Subscribers named for the first time (a workflow trigger, a topic) are created with no
     addresses; existing ones are left as they are. One INSERT … ON CONFLICT DO NOTHING."""
@@ -277,8 +288,7 @@ def ensure_subscribers(tenant: Tenant, external_ids: Sequence[str]) -> None:
         return
     # sorted: two triggers naming the same new subscribers insert them in one order (no deadlock)
     external_ids = sorted(set(external_ids))
-    no_tokens = Subscriber._meta.get_field("push_tokens").get_prep_value([])
-    params = {"tenant": tenant.pk, "no_tokens": no_tokens, "ids": [uuid7() for _ in external_ids],
+    params = {"tenant": tenant.pk, "no_tokens": no_tokens(), "ids": [uuid7() for _ in external_ids],
               "external_ids": list(external_ids)}  # fmt: skip
     with connections[Subscriber.objects.db].cursor() as cursor:
         cursor.execute(_ENSURE_SQL, params)

@@ -9,11 +9,13 @@ class WorkflowsConfig(AppConfig):
         from core import retention
         from queueing import scheduler
         from templating import services as templates
-        from workflows import engine, sequences, statements
+        from workflows import engine, fanout, sequences, statements
 
         # A run waiting on a delay (or its first step) is a scheduled job of its own kind.
         scheduler.register_promotion(engine.promote, kind=engine.JOB_KIND)
         # Past retention: finished runs, closed digest windows no unfinished run still leads, and
         # throttle windows over for longer than the longest window a step may have.
+        # A trigger to a topic fans out in chunks, resumable, as a job of its own kind.
+        scheduler.register_promotion(fanout.promote, kind=fanout.JOB_KIND)
         retention.register(*statements.RETAINED)
         templates.check_use_with(sequences.uses_template)  # a sequence's step names its template by key

@@ -112,6 +112,10 @@ class WorkflowRun(TenantOwned):
             models.Index(fields=["tenant", "workflow", "cancellation_key"], name="workflow_run_cancel_idx",
                          condition=Q(status__in=["running", "waiting"], cancellation_key__isnull=False)),
         ]  # fmt: skip
+        constraints = [
+            # one run per subscriber and trigger: a topic fan-out's chunk repeated after a crash adds nothing
+            models.UniqueConstraint(fields=["trigger_id", "subscriber"], name="workflow_run_one_per_trigger"),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.id} of {self.workflow_id} for {self.subscriber} ({self.status})"
@@ -165,3 +169,45 @@ class WorkflowDigest(TenantOwned):
             # the leader's close: WHERE leader_id = … AND step = …
             models.Index(fields=["leader_id"], name="workflow_digest_leader_idx"),
         ]
+
+
+class Fanout(TenantOwned):
+    """A workflow trigger to a topic, fanning out (workflows.fanout): the runs are created in chunks of
+    the topic's members in id order, each chunk one transaction that also moves `cursor` (the last
+    member id done) and `created`, so a fan-out resumes from its last committed chunk after any crash.
+    `boundary` fixes who was a member at the trigger (recipients.topics)."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        COMPLETED = "completed"
+
+    id = models.UUIDField(primary_key=True, editable=False)  # the trigger_id of its runs
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)
+    topic_id = models.BigIntegerField()  # recipients' Topic: no constraint, the topic may go once done
+    topic_key = models.CharField(max_length=100)
+    boundary = models.BigIntegerField()
+    cursor = models.BigIntegerField(default=0)
+    total = models.BigIntegerField()  # members at the trigger (the 202's `runs`)
+    created = models.BigIntegerField(default=0)  # runs created so far
+    chunks = models.IntegerField(default=0)  # chunks committed so far
+    last_read = models.IntegerField(default=0)  # members the last chunk read (fewer than a chunk: done)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    data = models.JSONField(default=dict, blank=True)
+    cancellation_key = models.CharField(max_length=200, null=True, blank=True)
+    actor = models.CharField(max_length=200, null=True, blank=True)
+    # The workflow's steps and category at the trigger: every chunk's runs follow the same definition.
+    definition = models.JSONField(default=list)
+    category = models.CharField(max_length=100, default="general")
+    test = models.BooleanField(default=False, db_default=False)  # a test key's trigger: its runs are test data
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "workflow_fanouts"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["status"], name="workflow_fanout_running_idx", condition=Q(status="running")),
+        ]
+
+    def __str__(self) -> str:
+        return f"fan-out {self.id} of {self.workflow_id} to topic {self.topic_key} ({self.status})"

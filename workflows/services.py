@@ -25,16 +25,19 @@ from rest_framework.exceptions import NotFound, ValidationError
 from core.api.errors import Conflict
 from core.models import AuditEvent, Tenant, mode_of
 from core.services import save_audited
+from core.validation import NAME
 from notifications import services as notifications
 from notifications.models import Notification, Status
 from providers.models import Provider
 from queueing import schedule
 from recipients import services as recipients
+from recipients import topics
 from templating import renderer
 from templating.models import Template
 from workflows import statements
 from workflows.engine import JOB_KIND
-from workflows.models import RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun
+from workflows.fanout import JOB_KIND as FANOUT_KIND
+from workflows.models import Fanout, RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +105,9 @@ def save_workflow(workflow: Workflow, *, actor: str, fields: Sequence[str] | Non
 def delete_workflow(workflow: Workflow, *, actor: str) -> None:
     """Delete a workflow and its runs; 409 while some are unfinished (cancel them first)."""
     with transaction.atomic():
-        if WorkflowRun.objects.for_tenant(workflow.tenant_id).filter(workflow=workflow).unfinished().exists():
+        fanning = Fanout.objects.for_tenant(workflow.tenant_id).filter(workflow=workflow, status="running")
+        runs = WorkflowRun.objects.for_tenant(workflow.tenant_id).filter(workflow=workflow)
+        if fanning.exists() or runs.unfinished().exists():
             raise Conflict(
                 f"The workflow {workflow.key!r} has runs not finished yet: cancel them (POST workflows/{{key}}/cancel) "
                 "or wait for them to end.",
@@ -125,12 +130,18 @@ def clean_trigger(body: Any) -> dict[str, Any]:  # noqa: ANN401
     if not isinstance(body, dict):
         raise ValidationError({"non_field_errors": ["the body must be a JSON object"]})
     errors: dict[str, list[str]] = {}
-    for extra in sorted(set(body) - {"subscribers", "data", "cancellation_key", "actor"}):
-        errors[extra] = ["unknown field; allowed: subscribers, data, cancellation_key, actor"]
+    for extra in sorted(set(body) - {"subscribers", "topic", "data", "cancellation_key", "actor"}):
+        errors[extra] = ["unknown field; allowed: subscribers, topic, data, cancellation_key, actor"]
     subscribers = body.get("subscribers")
+    topic = body.get("topic")
     ids: list[str] = []
-    if not isinstance(subscribers, list) or not subscribers:
-        errors["subscribers"] = ["required: a list of 1 to 1000 subscriber external ids"]
+    if topic is not None:
+        if subscribers is not None:
+            errors["topic"] = ["name either subscribers or a topic, not both"]
+        elif not isinstance(topic, str) or not NAME.fullmatch(topic):
+            errors["topic"] = ["must be a topic's key: 1 to 100 letters, digits, '-' or '_'"]
+    elif not isinstance(subscribers, list) or not subscribers:
+        errors["subscribers"] = ["required (or `topic`): a list of 1 to 1000 subscriber external ids"]
     elif len(subscribers) > MAX_SUBSCRIBERS:
         errors["subscribers"] = [f"at most {MAX_SUBSCRIBERS} subscribers a trigger; this one names {len(subscribers)}"]
     else:
@@ -157,7 +168,7 @@ def clean_trigger(body: Any) -> dict[str, Any]:  # noqa: ANN401
             errors["actor"] = [str(exc)]
     if errors:
         raise ValidationError(errors)
-    return {"subscribers": ids, "data": data, "cancellation_key": body.get("cancellation_key"),
+    return {"subscribers": ids, "topic": topic, "data": data, "cancellation_key": body.get("cancellation_key"),
             "actor": body.get("actor")}  # fmt: skip
 
 
@@ -177,6 +188,34 @@ def trigger(
     runs = subscribers
     logger.info("%s triggered workflow %s for %d subscriber(s)", actor, key, len(runs))
     return trigger_id, len(runs)
+
+
+def trigger_topic(
+    tenant: Tenant, key: str, *, topic: str, data: dict[str, Any], cancellation_key: str | None,
+    trigger_actor: str | None, actor: str,
+) -> tuple[uuid.UUID, int]:  # fmt: skip
+    """A fan-out of the workflow to the topic's members at this moment, but `trigger_actor` (in the
+    caller's transaction, if any); the scheduler creates the runs (workflows.fanout). Returns
+    (trigger_id, runs it will create)."""
+    workflow = get_workflow(tenant, key)
+    trigger_id = uuid.uuid4()
+    with transaction.atomic():
+        try:
+            found, boundary, members = topics.begin_fanout(tenant, topic, trigger_actor)
+        except NotFound:
+            raise ValidationError({"topic": [f"no topic with key {topic!r}"]}) from None
+        Fanout.objects.create(
+            id=trigger_id, tenant=tenant, workflow=workflow, topic_id=found.pk, topic_key=found.key,
+            boundary=boundary, total=members, data=data, cancellation_key=cancellation_key, actor=trigger_actor,
+            definition=workflow.steps, category=workflow.category, test=mode_of(tenant),
+        )  # fmt: skip
+        schedule.add_timed_jobs(tenant.pk, FANOUT_KIND, [(trigger_id, None, 0.0)])
+    logger.info("%s triggered workflow %s for topic %s: %d run(s) to fan out", actor, key, topic, members)
+    return trigger_id, members
+
+
+def fanouts_for(tenant: Tenant) -> QuerySet[Fanout]:
+    return Fanout.objects.for_tenant(tenant)
 
 
 def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequence[str] | None, actor: str) -> int:

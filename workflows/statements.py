@@ -54,17 +54,32 @@ RETAINED = (
     ),
 )
 
-# A trigger's runs, each waiting on a job due now, in one statement whatever their count.
-_START_RUNS = """WITH s AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[]) AS s(id, subscriber, wake_id)
-), runs AS (
+# A trigger's runs, each waiting on a job due now, in one statement whatever their count: from `s`
+# (columns id, subscriber, wake_id), a list the caller names or a chunk of a topic's members. A run
+# that exists already for the trigger and subscriber (a fan-out chunk repeated) adds nothing.
+_START_RUNS = """WITH s AS ({source}), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id, test)
     SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
            %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id, %(test)s
     FROM s
+    ON CONFLICT (trigger_id, subscriber) DO NOTHING
     RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
-), {jobs}"""
+), {more}{jobs}"""
+
+_LISTED = """SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[])
+    AS s(id, subscriber, wake_id)"""
+
+# A version 7 UUID made by the database (core.ids.uuid7's layout: 48 bits of Unix milliseconds, the
+# version, random bits), so runs made in chunks sit in creation order in their primary key's index.
+_UUID7 = """encode(set_byte(overlay(uuid_send(gen_random_uuid())
+    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::int8) FROM 3) FROM 1 FOR 6),
+    6, (get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid"""
+
+
+def _states(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
+             "reason": None} for s in steps]  # fmt: skip
 
 
 def start_runs(
@@ -72,18 +87,48 @@ def start_runs(
     cancellation_key: str | None, actor: str | None, job_kind: str, test: bool = False,
 ) -> None:  # fmt: skip
     """One `running` run per subscriber (its first step due now) and its job (the caller's transaction)."""
-    states = [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
-               "reason": None} for s in workflow.steps]  # fmt: skip
     params = {
         "ids": [uuid7() for _ in subscribers], "subscribers": subscribers,
         "wakes": [uuid.uuid4() for _ in subscribers], "tenant": tenant_id, "workflow": workflow.pk,
         "trigger": trigger_id, "cancellation_key": cancellation_key, "actor": actor, "data": json.dumps(data),
-        "definition": json.dumps(workflow.steps), "category": workflow.category, "steps": json.dumps(states),
-        "test": test,
+        "definition": json.dumps(workflow.steps), "category": workflow.category,
+        "steps": json.dumps(_states(workflow.steps)), "test": test,
     }  # fmt: skip
-    sql = _START_RUNS.replace("{jobs}", schedule.timed_jobs_sql("runs s", job_kind))
+    sql = _START_RUNS.format(source=_LISTED, more="", jobs=schedule.timed_jobs_sql("runs s", job_kind))
     with connections[WorkflowRun.objects.db].cursor() as cursor:
         cursor.execute(sql, params)
+
+
+# A fan-out's chunk: the next members of the topic (recipients.topics.members_sql) become runs with
+# their jobs, and the fan-out's row moves past them, in one statement (one transaction with its lock).
+_CHUNK_SOURCE = f"""SELECT {_UUID7} AS id, m.subscriber, gen_random_uuid() AS wake_id, m.id AS member_id
+    FROM ({{members}}) m"""  # noqa: S608 - constants
+_CHUNK_MOVE = """moved AS (
+    UPDATE workflow_fanouts SET cursor = coalesce((SELECT max(member_id) FROM s), cursor),
+        created = created + (SELECT count(*) FROM runs), chunks = chunks + 1,
+        last_read = (SELECT count(*) FROM s)
+    WHERE id = %(trigger)s
+), """
+
+
+def fan_out_chunk(fanout: Any, members_sql: str, chunk: int, job_kind: str, *, using: str = "default") -> int:  # noqa: ANN401
+    """Runs for the next `chunk` members of the fan-out's topic after its cursor (the caller's
+    transaction, the fan-out's row locked); returns how many members the chunk read (fewer than
+    `chunk`: the fan-out is done)."""
+    params = {
+        "tenant": fanout.tenant_id, "workflow": fanout.workflow_id, "trigger": fanout.pk,
+        "cancellation_key": fanout.cancellation_key, "actor": fanout.actor, "data": json.dumps(fanout.data),
+        "definition": json.dumps(fanout.definition), "category": fanout.category,
+        "steps": json.dumps(_states(fanout.definition)), "topic": fanout.topic_id, "after": fanout.cursor,
+        "boundary": fanout.boundary, "chunk": chunk, "test": fanout.test,
+    }  # fmt: skip
+    sql = _START_RUNS.format(source=_CHUNK_SOURCE.replace("{members}", members_sql), more=_CHUNK_MOVE,
+                             jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        cursor.execute("SELECT cursor, created, last_read FROM workflow_fanouts WHERE id = %s", [fanout.pk])
+        fanout.cursor, fanout.created, read = cursor.fetchone()
+    return int(read)
 
 
 _THROTTLE = """

@@ -17,6 +17,8 @@ does not grow with history.
   (200, lowest ids first, so no series ever moves) add up as `provider="other"`;
 - open dead letters: `omnipost_site.ops.figures.dlq_open()`, exact up to 100,000, then the planner's estimate;
 - scheduler lag: min(run_at) of due pending jobs, `scheduled_jobs_due_idx`;
+- fan-outs of workflow triggers to topics: running, chunks still to create, runs created per second
+  (`workflows.fanout.figures()`, the running fan-outs' rows only);
 - workers live/stale: `queueing.stats.workers()`;
 - receipts ignored (unknown, another tenant's, or another provider's notification): `receipt_counters`,
   sharded like the delivery counters, by provider (folded past OMNIPOST_METRICS_MAX_PROVIDERS like the
@@ -97,6 +99,7 @@ class OmniPostCollector(Collector):
         yield self._latency(counted)
         yield from self._dlq()
         yield self._scheduler_lag()
+        yield from self._fanouts()
         yield self._workers()
         yield self._reconnects()
         yield self._receipts_ignored()
@@ -330,6 +333,21 @@ class OmniPostCollector(Collector):
         )
         family.add_metric([], round(max(0.0, -seconds), 3) if seconds is not None else 0.0)
         return family
+
+    def _fanouts(self) -> Iterator[Metric]:
+        from workflows import fanout
+
+        running, chunks, rate = fanout.figures(self.using)
+        families = (
+            ("omnipost_fanouts_running", "Workflow triggers to a topic still fanning out.", running),
+            ("omnipost_fanout_pending_chunks", "Chunks of runs the running fan-outs have still to create.", chunks),
+            ("omnipost_fanout_rows_per_second",
+             "Runs the running fan-outs created per second, each since its trigger (summed).", round(rate, 3)),
+        )  # fmt: skip
+        for name, help_text, value in families:
+            family = GaugeMetricFamily(name, help_text)
+            family.add_metric([], value)
+            yield family
 
     def _workers(self) -> Metric:
         family = GaugeMetricFamily(

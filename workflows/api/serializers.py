@@ -80,10 +80,14 @@ class RunFilterSerializer(StrictSerializer):
 class TriggerSerializer(serializers.Serializer):
     """For the schema: the body is checked by workflows.services.clean_trigger."""
 
-    subscribers = serializers.ListField(child=serializers.CharField(max_length=200), min_length=1, max_length=1000)
+    subscribers = serializers.ListField(child=serializers.CharField(max_length=200), min_length=1, max_length=1000,
+                                        required=False, help_text="1 to 1,000 external ids; or `topic`.")
+    topic = serializers.RegexField(NAME.pattern, max_length=100, required=False,
+                                   help_text="A topic's key: one run per member at the trigger (but `actor`).")
     data = serializers.DictField(required=False, help_text="The template context's `data` (≤ 32 KiB as compact JSON).")
     cancellation_key = serializers.CharField(required=False, max_length=200)
-    actor = serializers.CharField(required=False, max_length=200)
+    actor = serializers.CharField(required=False, max_length=200,
+                                  help_text="The subscriber who caused the trigger; left out of a topic's fan-out.")
 
 
 class TriggerResultSerializer(serializers.Serializer):

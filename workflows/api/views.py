@@ -35,9 +35,11 @@ from workflows.models import Workflow, WorkflowRun
 @extend_schema_view(
     **config_docs(WorkflowSerializer),
     trigger=extend_schema(
-        description="Start one run per subscriber (unknown ones are created with no addresses). `data` is the "
-        "template context's `data`; `cancellation_key` lets `cancel` stop the runs. `202` once the runs exist; "
-        "they advance through the scheduler. With an `Idempotency-Key`, a retry replays the first answer.",
+        description="Start one run per subscriber (unknown ones are created with no addresses), or with `topic` "
+        "one run per member of the topic at this moment but `actor` (created asynchronously by the scheduler, "
+        "in chunks; `runs` is their number). `data` is the template context's `data`; `cancellation_key` lets "
+        "`cancel` stop the runs. `202` once the runs exist (or the fan-out is recorded); they advance through "
+        "the scheduler. With an `Idempotency-Key`, a retry replays the first answer.",
         request=TriggerSerializer,
         parameters=[IDEMPOTENCY_PARAM],
         responses={202: TriggerResultSerializer, **errors(400, 404, 409, 413, 422)},
@@ -77,10 +79,16 @@ class WorkflowViewSet(ConfigViewSet):
     def _trigger(self, request: Request, key: str) -> Response:
         services.get_workflow(request.tenant, key)  # 404 before the body's 400
         body = services.clean_trigger(request.data)
-        trigger_id, runs = services.trigger(
-            request.tenant, key, subscribers=body["subscribers"], data=body["data"],
-            cancellation_key=body["cancellation_key"], trigger_actor=body["actor"], actor=actor(request),
-        )  # fmt: skip
+        if body["topic"] is not None:
+            trigger_id, runs = services.trigger_topic(
+                request.tenant, key, topic=body["topic"], data=body["data"],
+                cancellation_key=body["cancellation_key"], trigger_actor=body["actor"], actor=actor(request),
+            )  # fmt: skip
+        else:
+            trigger_id, runs = services.trigger(
+                request.tenant, key, subscribers=body["subscribers"], data=body["data"],
+                cancellation_key=body["cancellation_key"], trigger_actor=body["actor"], actor=actor(request),
+            )  # fmt: skip
         return Response({"trigger_id": str(trigger_id), "runs": runs}, status=status.HTTP_202_ACCEPTED)
 
     @action(detail=True, methods=["post"])

@@ -1,0 +1,207 @@
+"""Topics: named groups of a tenant's subscribers, and every statement that writes `topics` and
+`topic_subscribers`.
+
+- Membership changes are one statement per call whatever its size (up to 1,000 external ids), after
+  the topic's row is locked: adding creates the unknown subscribers (no addresses) and the live
+  memberships missing, removing ends the live ones; `subscriber_count` moves by the row counts of
+  those very statements, so it is exact without a scan.
+- A fan-out (workflows) takes a *boundary* at its trigger, under the same lock: the next value of the
+  memberships' id sequence. Members then are those with id <= boundary not removed before it. While a
+  fan-out of the topic runs (`active_fanouts` > 0) a removal only marks the membership with the next
+  value of that sequence (`removed_seq`), so the fan-out still reaches that member; otherwise, and
+  once the last fan-out ends, removed memberships are deleted.
+- The fan-out reads members through `members_sql()`: keyset-ordered chunks by id on the index
+  (topic_id, id), inside the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+from rest_framework.exceptions import NotFound
+
+from core.api.errors import Conflict
+from core.ids import uuid7
+from core.models import AuditEvent, Tenant
+from recipients.models import Topic, TopicSubscriber
+from recipients.services import ensure_subscribers_sql, no_tokens
+
+logger = logging.getLogger(__name__)
+
+MAX_MEMBERS_A_CALL = 1000
+MAX_MEMBERS = 10_000_000
+_SEQUENCE = "pg_get_serial_sequence('topic_subscribers', 'id')"
+
+
+def topics_for(tenant: Tenant) -> QuerySet[Topic]:
+    return Topic.objects.for_tenant(tenant)
+
+
+def get_topic(tenant: Tenant, key: str) -> Topic:
+    topic = topics_for(tenant).filter(key=key).first()
+    if topic is None:
+        raise NotFound("No topic with this key.")
+    return topic
+
+
+def put_topic(tenant: Tenant, key: str, name: str, *, actor: str) -> tuple[Topic, bool]:
+    """Create (True) or rename (False) the topic `key`."""
+    with transaction.atomic():
+        topic = topics_for(tenant).select_for_update().filter(key=key).first()
+        created = topic is None
+        if created:
+            try:
+                with transaction.atomic():
+                    topic = Topic.objects.create(tenant=tenant, key=key, name=name)
+            except IntegrityError:  # a concurrent PUT created it first: replace its name
+                topic = topics_for(tenant).select_for_update().get(key=key)
+                created = False
+        if not created:
+            Topic.objects.filter(pk=topic.pk).update(name=name, updated_at=Now())
+            topic.refresh_from_db()
+        AuditEvent.record(actor=actor, action="topic.created" if created else "topic.updated", target=topic,
+                          details={"key": key})  # fmt: skip
+    return topic, created
+
+
+def delete_topic(tenant: Tenant, key: str, *, actor: str) -> None:
+    """Delete the topic and its memberships (not its subscribers); 409 while a fan-out of it runs."""
+    with transaction.atomic():
+        topic = topics_for(tenant).select_for_update().filter(key=key).first()
+        if topic is None:
+            raise NotFound("No topic with this key.")
+        if topic.active_fanouts:
+            raise Conflict(f"A workflow trigger to the topic {key!r} is still fanning out; delete it once done.",
+                           code="topic_in_use")  # fmt: skip
+        with connections[Topic.objects.db].cursor() as cursor:
+            cursor.execute("DELETE FROM topic_subscribers WHERE topic_id = %s", [topic.pk])
+        AuditEvent.record(actor=actor, action="topic.deleted", target=topic, details={"key": key})
+        topic.delete()
+
+
+def _lock(tenant: Tenant, key: str) -> Topic:
+    topic = topics_for(tenant).select_for_update().filter(key=key).first()
+    if topic is None:
+        raise NotFound("No topic with this key.")
+    return topic
+
+
+# Unknown subscribers (no addresses), then the live memberships missing, then the counter by the
+# memberships' own row count: one statement.
+_ADD = """WITH ensured AS ({ensure}), added AS (
+    INSERT INTO topic_subscribers (tenant_id, topic_id, subscriber, removed_seq, added_at)
+    SELECT %(tenant)s, %(topic)s, e.external_id, NULL, now()
+    FROM unnest(%(external_ids)s::text[]) AS e(external_id) ORDER BY e.external_id
+    ON CONFLICT (topic_id, subscriber) WHERE removed_seq IS NULL DO NOTHING
+    RETURNING 1
+), counted AS (
+    UPDATE topics SET subscriber_count = subscriber_count + (SELECT count(*) FROM added), updated_at = now()
+    WHERE id = %(topic)s
+    RETURNING subscriber_count
+)
+SELECT (SELECT count(*) FROM added), (SELECT subscriber_count FROM counted)"""
+
+# A removal while a fan-out runs keeps the row, marked with the sequence's next value.
+_REMOVE_MARK = f"""WITH removed AS (
+    UPDATE topic_subscribers SET removed_seq = nextval({_SEQUENCE})
+    WHERE topic_id = %(topic)s AND subscriber = ANY(%(external_ids)s::text[]) AND removed_seq IS NULL
+    RETURNING 1
+), counted AS (
+    UPDATE topics SET subscriber_count = subscriber_count - (SELECT count(*) FROM removed), updated_at = now()
+    WHERE id = %(topic)s
+    RETURNING subscriber_count
+)
+SELECT (SELECT count(*) FROM removed), (SELECT subscriber_count FROM counted)"""  # noqa: S608 - a constant
+
+_REMOVE_DELETE = """WITH removed AS (
+    DELETE FROM topic_subscribers
+    WHERE topic_id = %(topic)s AND subscriber = ANY(%(external_ids)s::text[]) AND removed_seq IS NULL
+    RETURNING 1
+), counted AS (
+    UPDATE topics SET subscriber_count = subscriber_count - (SELECT count(*) FROM removed), updated_at = now()
+    WHERE id = %(topic)s
+    RETURNING subscriber_count
+)
+SELECT (SELECT count(*) FROM removed), (SELECT subscriber_count FROM counted)"""
+
+
+def add_members(tenant: Tenant, key: str, external_ids: Sequence[str], *, actor: str) -> int:
+    """Add subscribers to the topic (creating the unknown ones); returns how many memberships are new."""
+    ids = sorted(set(external_ids))  # one order for every caller: no deadlock on the unique index
+    with transaction.atomic():
+        topic = _lock(tenant, key)
+        if topic.subscriber_count + len(ids) > MAX_MEMBERS:
+            raise Conflict(f"A topic holds at most {MAX_MEMBERS:,} subscribers; {key!r} has "
+                           f"{topic.subscriber_count:,}.", code="topic_full")  # fmt: skip
+        params = {"tenant": tenant.pk, "topic": topic.pk, "external_ids": ids, "ids": [uuid7() for _ in ids],
+                  "no_tokens": no_tokens()}  # fmt: skip
+        with connections[Topic.objects.db].cursor() as cursor:
+            cursor.execute(_ADD.replace("{ensure}", ensure_subscribers_sql()), params)
+            added, _ = cursor.fetchone()
+    logger.info("%s added %d subscriber(s) to topic %s", actor, added, key)
+    return int(added)
+
+
+def remove_members(tenant: Tenant, key: str, external_ids: Sequence[str], *, actor: str) -> int:
+    """End these subscribers' memberships; returns how many there were."""
+    ids = sorted(set(external_ids))
+    with transaction.atomic():
+        topic = _lock(tenant, key)
+        sql = _REMOVE_MARK if topic.active_fanouts else _REMOVE_DELETE
+        with connections[Topic.objects.db].cursor() as cursor:
+            cursor.execute(sql, {"topic": topic.pk, "external_ids": ids})
+            removed, _ = cursor.fetchone()
+    logger.info("%s removed %d subscriber(s) from topic %s", actor, removed, key)
+    return int(removed)
+
+
+def members_for(topic: Topic) -> QuerySet[TopicSubscriber]:
+    """The topic's live memberships (GET topics/{key}/subscribers), oldest first."""
+    return TopicSubscriber.objects.for_tenant(topic.tenant_id).filter(topic=topic, removed_seq__isnull=True)
+
+
+# --- fan-outs (workflows.fanout composes these) ---------------------------------------------------------
+_BEGIN = f"""UPDATE topics SET active_fanouts = active_fanouts + 1
+WHERE id = %(topic)s
+RETURNING nextval({_SEQUENCE}), subscriber_count"""  # noqa: S608 - a constant
+
+_END = """UPDATE topics SET active_fanouts = greatest(active_fanouts - 1, 0) WHERE id = %(topic)s
+RETURNING active_fanouts"""
+_PURGE = "DELETE FROM topic_subscribers WHERE topic_id = %(topic)s AND removed_seq IS NOT NULL"
+
+
+def begin_fanout(tenant: Tenant, key: str, actor: str | None) -> tuple[Topic, int, int]:
+    """(topic, boundary, members) for a trigger to the topic, in the caller's transaction: the topic's
+    row is locked, so no membership change falls between the boundary and the count. `members` leaves
+    out `actor` when it is one of them."""
+    topic = _lock(tenant, key)
+    with connections[Topic.objects.db].cursor() as cursor:
+        cursor.execute(_BEGIN, {"topic": topic.pk})
+        boundary, count = cursor.fetchone()
+    if actor is not None and members_for(topic).filter(subscriber=actor).exists():
+        count -= 1
+    return topic, int(boundary), int(count)
+
+
+def end_fanout(topic_id: int, *, using: str = "default") -> None:
+    """A fan-out of the topic is done (the caller's transaction): once none runs, removed memberships go."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_END, {"topic": topic_id})
+        row = cursor.fetchone()
+        if row is not None and row[0] == 0:
+            cursor.execute(_PURGE, {"topic": topic_id})
+
+
+def members_sql() -> str:
+    """A SELECT of the external ids (`subscriber`) and ids of the topic %(topic)s's members at boundary
+    %(boundary)s after id %(after)s, but %(actor)s, in id order, at most %(chunk)s: a fan-out's chunk."""
+    return """SELECT m.id, m.subscriber FROM topic_subscribers m
+    WHERE m.topic_id = %(topic)s AND m.id > %(after)s AND m.id <= %(boundary)s
+      AND (m.removed_seq IS NULL OR m.removed_seq > %(boundary)s)
+      AND m.subscriber IS DISTINCT FROM %(actor)s
+    ORDER BY m.id
+    LIMIT %(chunk)s"""

@@ -1,0 +1,204 @@
+"""Workflow triggers to a topic: the 202's count, one run per member at the trigger (the actor left
+out, a member removed after the 202 still reached, one added after it not), chunks in id order
+resumed from their cursor, field-level 400s, tenant isolation, /metrics. The kill -9 of a real
+scheduler mid fan-out is in test_fanout_processes.py."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from queueing.models import ScheduledJob
+from recipients.models import Topic, TopicSubscriber
+from workflows import fanout
+from workflows.models import Fanout, WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+STEPS = [{"name": "tell", "type": "send", "channel": "in_app", "subject": "Hi", "body": "Down for an hour"}]
+
+
+def setup_topic(api, key="outage", members=()):  # noqa: ANN001, ANN201
+    assert api.put(f"/api/v1/topics/{key}", {"name": key}, format="json").status_code in (200, 201)
+    ids = list(members)
+    for start in range(0, len(ids), 1000):
+        response = api.post(f"/api/v1/topics/{key}/subscribers", {"subscribers": ids[start:start + 1000]},
+                            format="json")  # fmt: skip
+        assert response.status_code == 200, response.content
+
+
+def define(api, key="notice"):  # noqa: ANN001, ANN201
+    assert api.post("/api/v1/workflows", {"key": key, "steps": STEPS}, format="json").status_code == 201
+
+
+def trigger(api, body, key="notice"):  # noqa: ANN001, ANN201
+    return api.post(f"/api/v1/workflows/{key}/trigger", body, format="json")
+
+
+def fan_out_all(chunk: int = 1000) -> int:
+    chunks = 0
+    while fanout.chunk_once(chunk=chunk) is not None:
+        chunks += 1
+    return chunks
+
+
+def test_a_topic_trigger_makes_one_run_per_member_but_the_actor(api_a, tenant_a):
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i:05d}" for i in range(2500)])
+    response = trigger(api_a, {"topic": "outage", "data": {"eta": "1h"}, "actor": "u00007",
+                               "cancellation_key": "outage-1"})  # fmt: skip
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["runs"] == 2499
+    assert not WorkflowRun.objects.exists()  # asynchronous: the scheduler fans out
+    assert fan_out_all(chunk=1000) == 3
+    runs = WorkflowRun.objects.for_tenant(tenant_a).filter(trigger_id=body["trigger_id"])
+    assert runs.count() == 2499 == runs.values("subscriber").distinct().count()
+    assert not runs.filter(subscriber="u00007").exists()
+    one = runs.first()
+    assert (one.data, one.cancellation_key, one.actor, one.status) == ({"eta": "1h"}, "outage-1", "u00007", "running")
+    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 2499
+    done = Fanout.objects.get()
+    assert (done.status, done.created, done.total, done.chunks) == ("completed", 2499, 2499, 3)
+    assert ScheduledJob.objects.get(kind="fanout").status == "executed"
+    assert Topic.objects.get().active_fanouts == 0
+    listed = api_a.get(f"/api/v1/workflow-runs?trigger_id={body['trigger_id']}").json()
+    assert len(listed["results"]) > 0, listed
+
+
+def test_members_removed_after_the_trigger_still_get_a_run_and_new_ones_do_not(api_a, tenant_a):
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(50)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    assert body["runs"] == 50
+    assert api_a.delete("/api/v1/topics/outage/subscribers", {"subscribers": ["u3", "u40"]},
+                        format="json").json() == {"removed": 2}  # fmt: skip
+    assert api_a.post("/api/v1/topics/outage/subscribers", {"subscribers": ["late", "u3"]},
+                      format="json").json() == {"added": 2}  # fmt: skip
+    assert api_a.get("/api/v1/topics/outage").json()["subscriber_count"] == 50
+    assert api_a.delete("/api/v1/topics/outage").status_code == 409  # still fanning out
+    assert api_a.delete("/api/v1/workflows/notice").status_code == 409
+    fan_out_all(chunk=7)
+    subscribers = set(WorkflowRun.objects.filter(trigger_id=body["trigger_id"]).values_list("subscriber", flat=True))
+    assert subscribers == {f"u{i}" for i in range(50)}  # u3 and u40 included, late not; u3 once
+    assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"]).count() == 50
+    # the fan-out over, removed memberships are gone; the live ones are the topic's count
+    assert not TopicSubscriber.objects.filter(removed_seq__isnull=False).exists()
+    assert TopicSubscriber.objects.count() == 50 == Topic.objects.get().subscriber_count
+    # a second trigger sees the topic as it is now
+    second = trigger(api_a, {"topic": "outage"}).json()
+    fan_out_all()
+    now = set(WorkflowRun.objects.filter(trigger_id=second["trigger_id"]).values_list("subscriber", flat=True))
+    assert now == ({f"u{i}" for i in range(50)} - {"u40"}) | {"late"}
+
+
+def test_a_repeated_chunk_creates_nothing_twice(api_a):
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(30)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    assert fanout.chunk_once(chunk=20) == 0
+    # as if the chunk's runs had committed without the cursor: the same members come again
+    Fanout.objects.update(cursor=0, created=0)
+    fan_out_all(chunk=20)
+    assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"]).count() == 30
+    assert ScheduledJob.objects.filter(kind="workflow").count() == 30
+    assert Fanout.objects.get().created == 10  # the repeat added none of the first twenty
+
+
+def test_an_empty_topic_and_an_actor_who_is_not_a_member(api_a):
+    define(api_a)
+    setup_topic(api_a, members=["a", "b"])
+    setup_topic(api_a, key="empty")
+    assert trigger(api_a, {"topic": "empty"}).json()["runs"] == 0
+    assert trigger(api_a, {"topic": "outage", "actor": "zed"}).json()["runs"] == 2
+    fan_out_all()
+    assert WorkflowRun.objects.count() == 2
+    assert set(Fanout.objects.values_list("status", flat=True)) == {"completed"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"topic": "outage", "subscribers": ["a"]}, "topic"),
+        ({"topic": "bad key"}, "topic"),
+        ({"topic": 5}, "topic"),
+        ({"topic": "missing"}, "topic"),
+        ({"topic": "outage", "data": []}, "data"),
+        ({"topic": "outage", "actor": "a/b"}, "actor"),
+    ],
+)
+def test_bad_topic_triggers_are_400_naming_the_field(api_a, body, field):
+    define(api_a)
+    setup_topic(api_a, members=["a"])
+    response = trigger(api_a, body)
+    assert response.status_code == 400, response.content
+    assert field in response.json()["error"]["details"]
+    assert not Fanout.objects.exists()
+
+
+def test_another_tenants_topic_is_not_found_and_never_fanned_out(api_a, api_b, tenant_b):
+    define(api_a)
+    define(api_b)
+    setup_topic(api_a, members=["a1", "a2"])
+    response = trigger(api_b, {"topic": "outage"})
+    assert response.status_code == 400 and "topic" in response.json()["error"]["details"]
+    setup_topic(api_b, members=["b1"])
+    body = trigger(api_b, {"topic": "outage"}).json()
+    assert body["runs"] == 1
+    fan_out_all()
+    assert list(WorkflowRun.objects.values_list("tenant_id", "subscriber")) == [(tenant_b.pk, "b1")]
+
+
+def test_the_trigger_is_idempotent_with_its_key(api_a):
+    define(api_a)
+    setup_topic(api_a, members=["a", "b", "c"])
+    first = api_a.post("/api/v1/workflows/notice/trigger", {"topic": "outage"}, format="json",
+                       HTTP_IDEMPOTENCY_KEY="k1")  # fmt: skip
+    again = api_a.post("/api/v1/workflows/notice/trigger", {"topic": "outage"}, format="json",
+                       HTTP_IDEMPOTENCY_KEY="k1")  # fmt: skip
+    assert first.status_code == again.status_code == 202
+    assert first.json() == again.json() and again["Idempotent-Replayed"] == "true"
+    assert Fanout.objects.count() == 1
+
+
+def test_metrics_show_running_fan_outs_and_their_pending_chunks(api_a, client):
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(25)])
+    trigger(api_a, {"topic": "outage"})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    text = client.get("/metrics").content.decode()
+    assert "omnipost_fanouts_running 1.0" in text
+    assert "omnipost_fanout_pending_chunks 1.0" in text
+    fan_out_all()
+    text = client.get("/metrics").content.decode()
+    assert "omnipost_fanouts_running 0.0" in text and "omnipost_fanout_pending_chunks 0.0" in text
+    assert "omnipost_fanout_rows_per_second" in text
+
+
+def test_the_fanned_out_runs_send_one_notification_each_made_together(api_a, tenant_a):
+    from django.test.utils import CaptureQueriesContext
+
+    from notifications.models import Notification
+    from recipients.models import Subscriber
+    from tests import factories
+    from workflows import engine
+
+    factories.provider(tenant_a, "mail", kind="console", channel="email", is_default=True, config={})
+    email = [{"name": "mail", "type": "send", "channel": "email", "subject": "Hi", "body": "{{ data.eta }}"}]
+    assert api_a.post("/api/v1/workflows", {"key": "mail", "steps": email}, format="json").status_code == 201
+    setup_topic(api_a, members=[f"u{i:03d}" for i in range(150)])
+    Subscriber.objects.for_tenant(tenant_a).filter(external_id__lt="u100").update(email="x@example.com")
+    body = trigger(api_a, {"topic": "outage", "data": {"eta": "soon"}}, key="mail").json()
+    fan_out_all()
+    with CaptureQueriesContext(connection) as batch:
+        assert engine.promote(100, "default").promoted == 100
+    assert len(batch.captured_queries) < 100 * 4, len(batch.captured_queries)  # not a creation per run
+    while engine.promote(100, "default").promoted:
+        pass
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert set(runs.values_list("status", flat=True)) == {"completed"}
+    ids = [run.steps[0]["notification_id"] for run in runs if run.steps[0]["notification_id"]]
+    assert len(ids) == len(set(ids)) == 100 == Notification.objects.for_tenant(tenant_a).count()
+    assert {run.steps[0]["reason"] for run in runs if not run.steps[0]["notification_id"]} == {"no_address"}
+    assert set(Notification.objects.values_list("body", flat=True)) == {"soon"}
