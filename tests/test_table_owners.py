@@ -40,7 +40,9 @@ OWNERS: dict[str, str] = {
     "suppressions": "recipients/suppressions.py",
     "categories": "recipients/models.py",
     "unsubscribe_token_revocations": "recipients/models.py",
-    "devices": "recipients/devices.py",  # registration's upsert, the record statement's deactivation
+    "devices": "recipients/devices.py",
+    "topics": "recipients/topics.py",  # membership counters, a fan-out's begin and end
+    "topic_subscribers": "recipients/topics.py",  # registration's upsert, the record statement's deactivation
     "provider_circuits": "routing/circuits.py",
     "templates": "templating/models.py",
     # notifications: the notification rows and what hangs off them; the /metrics counters
@@ -72,6 +74,7 @@ OWNERS: dict[str, str] = {
     "workflow_runs": "workflows/statements.py",
     "workflow_throttles": "workflows/statements.py",
     "workflow_digests": "workflows/statements.py",
+    "workflow_fanouts": "workflows/statements.py",  # a chunk moves its fan-out's cursor
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",
