@@ -296,6 +296,12 @@ def main() -> int:  # noqa: C901, PLR0915
             return made >= expected and not pending
 
         during = probe_phase((tenant_a, tenant_b), hooks, None, args.max_seconds, stop_when=watch)
+        probes = [k for sent in (*idle.values(), *during.values()) for k in sent]
+        deadline = time.monotonic() + 60  # the last probes' deliveries, before the processes stop
+        while time.monotonic() < deadline:
+            if not Notification.objects.filter(pk__in=probes).exclude(status="delivered").exists():
+                break
+            time.sleep(0.2)
         sent_all = time.monotonic() - triggered
         fan = Fanout.objects.get(pk=trigger_id)
         fan_seconds = (fan.finished_at - fan.created_at).total_seconds()

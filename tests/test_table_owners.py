@@ -40,7 +40,9 @@ OWNERS: dict[str, str] = {
     "suppressions": "recipients/suppressions.py",
     "categories": "recipients/models.py",
     "unsubscribe_token_revocations": "recipients/models.py",
-    "devices": "recipients/devices.py",  # registration's upsert, the record statement's deactivation
+    "devices": "recipients/devices.py",
+    "topics": "recipients/topics.py",  # membership counters, a fan-out's begin and end
+    "topic_subscribers": "recipients/topics.py",  # registration's upsert, the record statement's deactivation
     "provider_circuits": "routing/circuits.py",
     "templates": "templating/models.py",
     "template_versions": "templating/services.py",  # written once per change, through its model
@@ -73,6 +75,7 @@ OWNERS: dict[str, str] = {
     # bulk sends: the jobs and their stored rows (through their models)
     "bulk_sends": "bulk/services.py",
     "bulk_send_chunks": "bulk/services.py",
+    "workflow_fanouts": "workflows/statements.py",  # a chunk moves its fan-out's cursor
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",
