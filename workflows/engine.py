@@ -46,8 +46,9 @@ from workflows.steps import delay_until, key_value
 logger = logging.getLogger("omnipost.workflows")
 
 JOB_KIND = "workflow"
-# Runs advanced per transaction: their jobs stay locked until it commits.
-BATCH = 100
+# Runs advanced per transaction (a fixed number of statements whatever their count): their jobs stay
+# locked until it commits. A topic's fan-out makes its runs' first steps due at once, in these batches.
+BATCH = 500
 NO_ADDRESS = "no_address"
 
 
