@@ -69,6 +69,7 @@ def run_chunk(*, using: str = "default") -> scheduler.Promotion:
         if chunk is None or bulk is None or bulk.status != BulkStatus.SENDING or bulk.rows_done >= chunk.first_row:
             schedule.settle_jobs([], [job_id], using=using)  # cancelled meanwhile: nothing more is created
             return scheduler.Promotion(0, 1)
+        bulk.tenant.test_mode = bulk.test  # its own Tenant instance: a test key's job makes test notifications
         rows = chunk.payload
         created = _create(bulk, chunk.first_row, rows)
         bulk.rows_done = chunk.first_row + len(rows) - 1

@@ -13,7 +13,7 @@ from django.db import models
 
 from core.fields import EncryptedJSONField
 from core.ids import uuid7
-from core.models import TenantOwned
+from core.models import ModeOwnedQuerySet, TenantOwned
 from templating.models import Template
 
 CHUNK_ROWS = 1000  # rows a chunk holds and the scheduler creates per transaction
@@ -32,6 +32,8 @@ class BulkStatus(models.TextChoices):
 
 class BulkSend(TenantOwned):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    # A test key's jobs (`test`) are seen by test keys only, a live key's by live ones (for_tenant).
+    objects = ModeOwnedQuerySet.as_manager()
     name = models.CharField(max_length=200, blank=True, default="")
     channel = models.CharField(max_length=10)
     template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+", db_index=False)

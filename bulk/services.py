@@ -19,7 +19,7 @@ from bulk import csvfile
 from bulk.models import MAX_BYTES, BulkSend, BulkSendChunk, BulkStatus
 from core.api.errors import Conflict, PayloadTooLarge
 from core.channels import CHANNELS
-from core.models import AuditEvent, Tenant
+from core.models import AuditEvent, Tenant, mode_of
 from notifications.models import Notification
 from notifications.validation import check_scheduled_for
 from providers.models import Provider
@@ -113,7 +113,7 @@ def create_bulk_send(tenant: Tenant, lines: Iterable[str], options: dict[str, An
         # The job first (its rows point at it); its status once every row is read.
         bulk = BulkSend.objects.create(
             tenant=tenant, name=options["name"], channel=options["channel"], template=options["template"],
-            addressed_by="", status=BulkStatus.INVALID, scheduled_for=options["scheduled_for"],
+            addressed_by="", status=BulkStatus.INVALID, scheduled_for=options["scheduled_for"], test=mode_of(tenant),
         )  # fmt: skip
 
         def store(first_row: int, rows: list[list[Any]]) -> None:
