@@ -27,6 +27,11 @@ every even subscriber (half of them opted out of `news` push), each message nami
 Web Push subscription for every third one (named by `data.soak_ref` in the decrypted message), whose
 arrivals are what the stand-ins accepted; and triggers of a workflow (send in-app, a 1 s delay, send
 push), whose runs the scheduler advances, their send steps' notifications then counted like the rest.
+A share of the creates uses the tenant's test key, to the simulator's addresses (email `delivered`,
+`bounce`, `permanent`, `transient`; SMS delivered, permanent, transient; the `hook` provider's URL;
+an in-app feed). During the run (`Occasional`): triggers of the workflow to a topic of a few hundred
+subscribers (filled through the topics API), and one CSV bulk send of BULK_ROWS rows to the `hook`
+provider, whose notifications are counted like the rest.
 
 Faults, one every `fault_every` seconds, drawn from a seeded bag (every kind once per round, in a
 random order, so a run with at least as many faults as kinds has each kind): FAULT_KINDS. kill9's
@@ -37,7 +42,11 @@ only for notifications in flight (leased) at a kill or a stop of a dispatcher, n
 were; every delivered notification's event delivered at least once; every receipt acknowledged
 and visible; the opted-out sends suppressed and never sent; the API and the provider agree on
 what was delivered; every acknowledged workflow trigger has its run, completed, with a notification
-for each send step; every process alive at the end (or started again by its supervisor).
+for each send step; each topic trigger has exactly one run per member of the topic; the bulk send
+completed with exactly one notification per row; each test notification ends as its simulator
+address implies (delivered, failed, dead_lettered; its receipt: delivered, bounced), never reaches
+a provider's stand-in, the chaos receiver or a feed, and is never listed to the live key; every
+process alive at the end (or started again by its supervisor).
 """
 
 from __future__ import annotations
@@ -97,6 +106,23 @@ WORKFLOW_STEPS = [
     {"name": "nudge", "type": "send", "channel": "push", "provider": "push", "subject": "Nudge",
      "body": "Nudge {{ data.n }}"},
 ]  # fmt: skip
+TOPIC = "soak-topic"  # its members: topic-0 … (a push token each), filled through the topics API
+BULK_ROWS = 300  # the bulk send's rows, each to the `hook` provider (the chaos receiver)
+BULK_TEMPLATE = "soak-bulk"
+# The test key's sends, to the simulator's addresses: (channel, recipient, provider, final status, receipt).
+# `{n}` makes each email's domain its own (a hard bounce suppresses its address within the test data).
+SIMULATED = (
+    ("email", "delivered@{n}.simulator.test", "mail", "delivered", "delivered"),
+    ("email", "bounce@{n}.simulator.test", "mail", "delivered", "bounced"),
+    ("email", "permanent@{n}.simulator.test", "mail", "failed", None),
+    ("email", "transient@{n}.simulator.test", "mail", "dead_lettered", None),
+    ("sms", "+15005550006", "text", "delivered", "delivered"),
+    ("sms", "+15005550001", "text", "failed", None),
+    ("sms", "+15005550004", "text", "dead_lettered", None),
+    ("webhook", "https://example.test/hook", "hook", "delivered", None),  # the chaos receiver's provider
+    ("in_app", "sub-{i}", "", "delivered", None),  # a feed: no inbox item may be written
+)
+TEST_FINAL = ("delivered", "failed", "dead_lettered")
 
 
 @dataclass
@@ -113,6 +139,8 @@ class SoakConfig:
     workdir: Path | None = None  # logs; a temporary directory when None
     prepare: Callable[[str], None] | None = None  # makes the schema (given a DSN); default: manage.py migrate
     progress: Callable[[str], None] = lambda message: None
+    topic_members: int = 300
+    topic_triggers: int = 2  # during the run, at even intervals
 
     @property
     def lease_seconds(self) -> float:
@@ -292,7 +320,8 @@ def rss_and_files(pid: int) -> tuple[int, int] | None:
 # --- the load ----------------------------------------------------------------------------------
 @dataclass
 class Sent:
-    kind: str  # single | batch | future | subscriber | inbox | fcm | apns | webpush | workflow (a run's send step)
+    kind: str  # single | batch | future | subscriber | inbox | fcm | apns | webpush | workflow (a run's send
+    # step) | bulk (a bulk send's row)
     acked_at: float  # unix time of the 201
     due_at: float  # when it could be delivered at the earliest (acked_at, or scheduled_for)
     status: str  # as the 201 gave it
@@ -347,11 +376,13 @@ class Load:
     API acknowledged goes into `sent`."""
 
     WEIGHTS = (("single", 0.45), ("batch", 0.2), ("future", 0.1), ("subscriber", 0.15), ("inbox", 0.1),
-               ("fcm", 0.07), ("apns", 0.05), ("webpush", 0.05), ("workflow", 0.05))  # fmt: skip
+               ("fcm", 0.07), ("apns", 0.05), ("webpush", 0.05), ("workflow", 0.05), ("test", 0.05))  # fmt: skip
 
-    def __init__(self, api: Api, config: SoakConfig, rng: random.Random) -> None:
-        self.api, self.config, self.rng = api, config, rng
+    def __init__(self, api: Api, config: SoakConfig, rng: random.Random, test_api: Api | None = None) -> None:
+        self.api, self.config, self.rng, self.test_api = api, config, rng, test_api
         self.sent: dict[str, Sent] = {}
+        # the test key's notifications (to the simulator): id → (channel, recipient, final status, receipt)
+        self.tests: dict[str, tuple[str, str, str, str | None]] = {}
         self.refs: dict[str, str] = {}  # a native push's `data.soak_ref` → its notification id
         self.triggers: dict[str, float] = {}  # an acknowledged workflow trigger's id → when (unix time)
         self.lock = threading.Lock()
@@ -391,7 +422,7 @@ class Load:
                 with self.lock:
                     self.in_flight += 1
                 self.offered += size
-                to_one = kind in ("subscriber", "inbox", *NATIVE_PUSH, "workflow")
+                to_one = kind in ("subscriber", "inbox", *NATIVE_PUSH, "workflow", "test")
                 extra = self.rng.randrange(SUBSCRIBERS) if to_one else self.rng.uniform(1.0, 4.0)
                 self.pool.submit(self._one, kind, extra)
 
@@ -406,6 +437,9 @@ class Load:
                 self.in_flight -= 1
 
     def _create(self, kind: str, extra: float) -> None:
+        if kind == "test":
+            self._create_test(int(extra))
+            return
         hook = {"channel": "webhook", "recipient": "https://example.test/hook", "provider": "hook",
                 "subject": "soak", "body": "soak body"}  # fmt: skip
         path, body, due, provider = "/api/v1/notifications", dict(hook), 0.0, "hook"
@@ -460,6 +494,29 @@ class Load:
                 self.sent[row["id"]] = Sent(kind, acked, max(acked, due), row["status"], provider)
             if kind in ("fcm", "webpush"):
                 self.refs[key] = rows[0]["id"]
+
+    def _create_test(self, draw: int) -> None:
+        """A test key's notification to one of the simulator's addresses (SIMULATED, by `draw`)."""
+        key = str(uuid.uuid4())
+        channel, recipient, provider, status, receipt = SIMULATED[(draw + len(self.tests)) % len(SIMULATED)]
+        recipient = recipient.format(n=key[:12], i=draw)
+        body = {"channel": channel, "subject": "simulated", "body": "simulated body"}
+        if channel == "in_app":
+            body["subscriber"] = recipient
+        else:
+            body |= {"recipient": recipient, "provider": provider}
+        assert self.test_api is not None
+        response, tries = self.test_api.until_ok("POST", "/api/v1/notifications", time.time() + 30, json=body,
+                                                 headers={"Idempotency-Key": key})  # fmt: skip
+        with self.lock:
+            self.retried += tries - 1
+            self.answers[str(response.status_code) if response is not None else "no answer"] += 1
+            if response is None or response.status_code != 201 or response.json().get("test") is not True:
+                self.unacknowledged += 1
+                if response is not None:
+                    self.odd.append(f"test {response.status_code}: {response.text[:200]}")
+                return
+            self.tests[response.json()["id"]] = (channel, recipient, status, receipt)
 
 
 class _Faulted:
@@ -803,6 +860,93 @@ class Receipts:
                 time.sleep(0.3)
 
 
+# --- topic triggers and a bulk send ------------------------------------------------------------
+class Occasional:
+    """During the load: `topic_triggers` triggers of the workflow to the topic, and one bulk send of
+    BULK_ROWS rows to the `hook` provider (a CSV, started, followed until `completed`; its rows'
+    notifications then join the load's `sent`, counted like the rest)."""
+
+    def __init__(self, soak: Soak) -> None:
+        self.soak = soak
+        self.topic_triggers: dict[str, int] = {}  # trigger id → runs the 202 announced
+        self.bulk: dict[str, Any] = {}  # the job as last read, with `rows_seen`: its notifications' rows
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="occasional", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, within: float) -> None:
+        """Wait (up to `within` seconds) until the bulk send completed and its notifications are known."""
+        self.thread.join(within)
+        self.stopping.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        seconds = self.soak.config.seconds
+        count = self.soak.config.topic_triggers
+        # the bulk send at 40 % of the run, the topic triggers spread over it
+        plan = sorted([(seconds * (i + 1) / (count + 1), "topic") for i in range(count)] + [(seconds * 0.4, "bulk")])
+        started = time.time()
+        for at, what in plan:
+            if self.stopping.wait(max(0.0, started + at - time.time())):
+                return
+            try:
+                self.trigger_topic() if what == "topic" else self.send_bulk()
+            except Exception as exc:  # noqa: BLE001 - reported by the ledger
+                self.errors.append(f"{what}: {exc!r}"[:300])
+
+    def trigger_topic(self) -> None:
+        load = self.soak.load
+        body = {"topic": TOPIC, "data": {"n": f"topic{len(self.topic_triggers)}"}}
+        response, _ = self.soak.api.until_ok("POST", f"/api/v1/workflows/{WORKFLOW}/trigger", time.time() + 30,
+                                             json=body, headers={"Idempotency-Key": str(uuid.uuid4())})  # fmt: skip
+        if response is None or response.status_code != 202:
+            raise RuntimeError(f"topic trigger: {response and response.status_code} {response and response.text[:200]}")
+        answer = response.json()
+        with load.lock:
+            load.triggers[answer["trigger_id"]] = time.time()
+        self.topic_triggers[answer["trigger_id"]] = answer["runs"]
+        self.soak.config.progress(f"topic trigger {answer['trigger_id']}: {answer['runs']} runs")
+
+    def send_bulk(self) -> None:
+        api = self.soak.api
+        csv = "recipient\n" + "https://example.test/hook\n" * BULK_ROWS
+        body = {"csv": csv, "channel": "webhook", "template": BULK_TEMPLATE, "name": "soak"}
+        response, _ = api.until_ok("POST", "/api/v1/bulk-sends", time.time() + 30, json=body,
+                                   headers={"Idempotency-Key": str(uuid.uuid4())})  # fmt: skip
+        if response is None or response.status_code != 201:
+            raise RuntimeError(f"bulk send: {response and response.status_code} {response and response.text[:200]}")
+        self.bulk = job = response.json()
+        response, _ = api.until_ok("POST", f"/api/v1/bulk-sends/{job['id']}/start", time.time() + 30)
+        if response is None or response.status_code not in (200, 202, 409):
+            raise RuntimeError(f"bulk start: {response and response.status_code} {response and response.text[:200]}")
+        begun = time.time()
+        self.soak.config.progress(f"bulk send {job['id']} started ({job['rows']} rows)")
+        deadline = begun + self.soak.config.drain_seconds + self.soak.config.seconds
+        while not self.stopping.is_set() and time.time() < deadline:
+            response, _ = api.until_ok("GET", f"/api/v1/bulk-sends/{job['id']}", deadline)
+            if response is not None and response.status_code == 200:
+                self.bulk = response.json()
+                if self.bulk["status"] not in ("ready", "sending"):
+                    break
+            time.sleep(0.5)
+        rows: list[int] = []
+        url: str | None = f"/api/v1/bulk-sends/{job['id']}/notifications?limit=500"
+        while url:
+            response, _ = api.until_ok("GET", url, time.time() + 60)
+            if response is None or response.status_code != 200:
+                raise RuntimeError(f"bulk notifications: {response and response.status_code}")
+            page = response.json()
+            with self.soak.load.lock:
+                for row in page["results"]:
+                    rows.append(row["row"])
+                    self.soak.load.sent.setdefault(row["id"], Sent("bulk", begun, begun, row["status"], "hook"))
+            url = page.get("next")
+        self.bulk["rows_seen"] = rows
+
+
 # --- the run -----------------------------------------------------------------------------------
 class Soak:
     def __init__(self, config: SoakConfig) -> None:
@@ -836,6 +980,7 @@ class Soak:
     def _setup_tenant(self, env: dict[str, str]) -> None:
         created = json.loads(self._manage("create_tenant", "soak", "--json", env=env).strip().splitlines()[-1])
         self.api = Api([f"http://127.0.0.1:{port}" for port in self.web_ports], created["api_key"])
+        self.test_api = Api([f"http://127.0.0.1:{port}" for port in self.web_ports], created["test_api_key"])
         deadline = time.time() + 60
 
         def must(method: str, path: str, body: dict) -> dict:
@@ -846,7 +991,7 @@ class Soak:
 
         for name, channel in (("hook", "webhook"), ("push", "push")):
             provider = must("POST", "/api/v1/providers", {
-                "name": name, "channel": channel, "kind": "webhook", "max_attempts": 100,
+                "name": name, "channel": channel, "kind": "webhook", "max_attempts": 100, "is_default": name == "hook",
                 "config": {"url": self.receiver.provider_url, "timeout_seconds": 2},
                 "circuit": {"open_seconds": self.config.circuit_open_seconds},
                 "secrets": {"signing_secret": PROVIDER_SECRET}})  # fmt: skip
@@ -857,6 +1002,19 @@ class Soak:
             must("POST", "/api/v1/providers", {
                 "name": kind, "channel": "push", "kind": kind, "max_attempts": 100, "config": vendor_config,
                 "circuit": {"open_seconds": self.config.circuit_open_seconds}, "secrets": vendor_secrets})  # fmt: skip
+        # email and SMS providers for the test key's sends (the simulator answers for them): nothing listens
+        # on their port, and no live notification is ever sent to them
+        closed = free_port()
+        must("POST", "/api/v1/providers", {
+            "name": "mail", "channel": "email", "kind": "smtp", "max_attempts": 2, "secrets": {},
+            "config": {"host": "127.0.0.1", "port": closed, "from_email": "noreply@soak.test"}})  # fmt: skip
+        must("POST", "/api/v1/providers", {
+            "name": "text", "channel": "sms", "kind": "twilio", "max_attempts": 2,
+            "config": {"account_sid": "AC" + "0123456789abcdef" * 2, "from_number": "+15005550006",
+                       "base_url": f"http://127.0.0.1:{closed}/"},
+            "secrets": {"auth_token": "auth-token-0123456789abcdef"}})  # fmt: skip
+        must("POST", "/api/v1/templates", {"key": BULK_TEMPLATE, "channel": "webhook", "subject": "bulk",
+                                            "body": "bulk row"})
         must("POST", "/api/v1/categories", {"key": "news"})
         for i in range(SUBSCRIBERS):
             prefs = {"news": {"push": i % 4 != 0, "in_app": i % 5 != 0}}
@@ -869,6 +1027,14 @@ class Soak:
             subscription = self.webpush.subscribe(f"sub-{i}").as_json()
             must("POST", f"/api/v1/subscribers/sub-{i}/devices", {"kind": "webpush", "subscription": subscription})
         must("POST", "/api/v1/workflows", {"key": WORKFLOW, "name": "soak", "steps": WORKFLOW_STEPS})
+        # the topic: its members get a push token each (the workflow's push step), then join in pages
+        members = [f"topic-{i}" for i in range(self.config.topic_members)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda m: must("PUT", f"/api/v1/subscribers/{m}", {"push_tokens": [f"tok-{m}"]}), members))
+        must("PUT", f"/api/v1/topics/{TOPIC}", {"name": "soak"})
+        for page in range(0, len(members), 1000):
+            must("POST", f"/api/v1/topics/{TOPIC}/subscribers", {"subscribers": members[page : page + 1000]})
+        self.topic_members = set(members)
         must("POST", "/api/v1/event-endpoints", {"name": "soak", "url": self.receiver.events_url,
                                                   "event_types": ["notification.delivered"], "secret": EVENTS_SECRET})
 
@@ -950,8 +1116,9 @@ class Soak:
         counts: dict[tuple[str, str], int] = {}
         try:
             with psycopg.connect(self.pg.dsn(DBNAME), autocommit=True, connect_timeout=3) as conn:
-                runs = conn.execute("SELECT id::text, trigger_id::text, status, steps FROM workflow_runs").fetchall()
-                ids = [s["notification_id"] for *_, steps in runs for s in steps if s.get("notification_id")]
+                runs = conn.execute("SELECT id::text, trigger_id::text, status, steps, subscriber "
+                                    "FROM workflow_runs").fetchall()  # fmt: skip
+                ids = [s["notification_id"] for *_, steps, _ in runs for s in steps if s.get("notification_id")]
                 statuses = dict(conn.execute("SELECT id::text, status FROM notifications WHERE id = ANY(%s::uuid[])",
                                              [ids]).fetchall())  # fmt: skip
                 if made:
@@ -960,12 +1127,12 @@ class Soak:
                     counts = {(run_id, step): n for run_id, step, n in conn.execute(sql).fetchall()}
         except psycopg.Error:
             return None
-        return [{"id": run_id, "trigger_id": trigger_id, "status": status,
+        return [{"id": run_id, "trigger_id": trigger_id, "status": status, "subscriber": subscriber,
                  "sends": [(s["name"], s.get("notification_id"), statuses.get(s.get("notification_id")))
                            for s in steps if s.get("type") == "send"],
                  **({"made": {s["name"]: counts.get((run_id, s["name"]), 0) for s in steps
                               if s.get("type") == "send"}} if made else {})}
-                for run_id, trigger_id, status, steps in runs]  # fmt: skip
+                for run_id, trigger_id, status, steps, subscriber in runs]  # fmt: skip
 
     def _take_workflow_sends(self, runs: list[dict[str, Any]]) -> None:
         """The send steps' notifications of acknowledged triggers' runs join the ledger's `sent`."""
@@ -1043,11 +1210,13 @@ class Soak:
             self.sample_every = 1.0 if config.quick else 5.0
             sampler = threading.Thread(target=self._sample, daemon=True)
             sampler.start()
-            self.load = Load(self.api, config, random.Random(config.seed + 1))  # noqa: S311
+            self.load = Load(self.api, config, random.Random(config.seed + 1), self.test_api)  # noqa: S311
+            self.occasional = Occasional(self)
             self.receipts = Receipts(self, random.Random(config.seed + 2))  # noqa: S311
             faults = Faults(self, random.Random(config.seed + 3))  # noqa: S311
             load_started = time.time()
             self.load.start()
+            self.occasional.start()
             self.receipts.start()
             faults.start()
             self._run_for(load_started + config.seconds, faults)
@@ -1063,6 +1232,7 @@ class Soak:
                           done=lambda: faults.settled(RECOVERED_PICKUP + 3))  # fmt: skip
             self.load.stop()
             load_ended = time.time()
+            self.occasional.stop(config.drain_seconds)
             faults.stop()
             for target in ("provider", "events"):
                 receiver.mode(target, "ok")
@@ -1075,6 +1245,7 @@ class Soak:
             self.workflow_view = self.workflow_runs(made=True) or []
             self._take_workflow_sends(self.workflow_view)
             api_view = self._api_view()
+            self.test_view = self._test_view(time.time() + (30 if config.quick else 90))
             feed = self.inbox_arrivals()
             self._timeouts_of_duplicates(api_view, faults)
             alive = {name: proc.alive() for name, proc in self.procs.items()}
@@ -1094,6 +1265,7 @@ class Soak:
             accepted = [*accepted, *(("provider", "", i, at) for i, at in [*feed, *pushed])]
             if hasattr(self, "api"):
                 self.api.close()
+                self.test_api.close()
             self.pg.close()
         return build_report(config, self, faults, final, accepted, api_view, alive, drained,
                             {"setup_seconds": round(setup_seconds, 1), "load_started": load_started,
@@ -1149,13 +1321,24 @@ class Soak:
                 attempts = response.json().get("attempts", [])
                 api_view[notification_id]["timeouts"] = sum(a.get("error_code") == "timeout" for a in attempts)
 
-    def _api_view(self) -> dict[str, dict[str, Any]]:
-        """Every notification as the API lists it: id → {status, receipt}."""
+    def _test_view(self, deadline: float) -> dict[str, dict[str, Any]]:
+        """The test key's notifications as it lists them, once each of the load's has its final status and
+        the receipt it awaits (or at `deadline`)."""
+        while True:
+            view = self._api_view(self.test_api)
+            done = all(view.get(i, {}).get("status") in TEST_FINAL and (receipt is None or view[i]["receipt"])
+                       for i, (*_, receipt) in self.load.tests.items())  # fmt: skip
+            if done or time.time() > deadline:
+                return view
+            time.sleep(1.0)
+
+    def _api_view(self, api: Api | None = None) -> dict[str, dict[str, Any]]:
+        """Every notification as the API lists it (to the live key, or `api`'s): id → {status, receipt}."""
         found: dict[str, dict[str, Any]] = {}
         url: str | None = "/api/v1/notifications?limit=500"
         deadline = time.time() + 300
         while url:
-            response, _ = self.api.until_ok("GET", url, deadline)
+            response, _ = (api or self.api).until_ok("GET", url, deadline)
             if response is None or response.status_code != 200:
                 raise RuntimeError(f"listing notifications: {response and response.status_code}")
             page = response.json()
@@ -1322,7 +1505,53 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
                                         for step, notification_id, _ in r["sends"] if not notification_id)  # fmt: skip
     steps_made_twice = sorted(f"{r['id']} {step} ×{n}" for r in runs for step, n in r.get("made", {}).items() if n > 1)
 
+    # test mode: each test notification ends as its simulator address implies (with its receipt), none
+    # reached a provider's stand-in, the chaos receiver or a feed, and the live key lists none of them
+    tests = getattr(soak.load, "tests", {})
+    test_view = getattr(soak, "test_view", {})
+    test_wrong = sorted(f"{i} {channel} {recipient}: {test_view.get(i, {}).get('status')}/"
+                        f"{test_view.get(i, {}).get('receipt')}, not {status}/{receipt}"
+                        for i, (channel, recipient, status, receipt) in tests.items()
+                        if test_view.get(i, {}).get("status") != status
+                        or (receipt is not None and test_view[i].get("receipt") != receipt))  # fmt: skip
+    test_arrived = sorted(set(tests) & set(provider_hits))
+    test_listed_live = sorted(set(tests) & set(api_view))
+    # topic triggers: one run per member of the topic per trigger (all completed: the workflow checks)
+    occasional = getattr(soak, "occasional", None)
+    topic_triggers = occasional.topic_triggers if occasional is not None else {}
+    members = getattr(soak, "topic_members", set())
+    topic_runs = [r for r in runs if r["trigger_id"] in topic_triggers]
+    topic_wrong = []
+    for trigger_id, announced in topic_triggers.items():
+        subscribers = Counter(r["subscriber"] for r in topic_runs if r["trigger_id"] == trigger_id)
+        if announced != len(members) or set(subscribers) != members or max(subscribers.values(), default=0) > 1:
+            topic_wrong.append(f"{trigger_id}: {announced} runs announced, {subscribers.total()} made for "
+                               f"{len(subscribers)} of the {len(members)} members")  # fmt: skip
+    # the bulk send: completed, each row exactly one notification, every one delivered
+    bulk = occasional.bulk if occasional is not None else {}
+    bulk_ids = {i for i, s in sent.items() if s.kind == "bulk"}
+    bulk_rows = sorted(bulk.get("rows_seen", []))
+
     failures = []
+    if occasional is not None and occasional.errors:
+        failures.append(f"topic triggers or the bulk send failed: {occasional.errors[:3]}")
+    if test_wrong:
+        failures.append(f"{len(test_wrong)} test notifications not as the simulator's address implies, "
+                        f"e.g. {test_wrong[:3]}")  # fmt: skip
+    if test_arrived:
+        failures.append(f"{len(test_arrived)} test notifications reached a provider or a feed, e.g. {test_arrived[:3]}")
+    if test_listed_live:
+        failures.append(f"{len(test_listed_live)} test notifications listed to the live key, "
+                        f"e.g. {test_listed_live[:3]}")  # fmt: skip
+    if occasional is not None and len(topic_triggers) != config.topic_triggers:
+        failures.append(f"{len(topic_triggers)} of {config.topic_triggers} topic triggers acknowledged")
+    if topic_wrong:
+        failures.append(f"topic triggers without exactly one run per member: {topic_wrong[:3]}")
+    if occasional is not None and bulk.get("status") != "completed":
+        failures.append(f"the bulk send ended {bulk.get('status')!r}, not completed")
+    if occasional is not None and bulk_rows != list(range(1, BULK_ROWS + 1)):
+        failures.append(f"the bulk send's {BULK_ROWS} rows made {len(bulk_rows)} notifications for "
+                        f"{len(set(bulk_rows))} distinct rows")  # fmt: skip
     if lost:
         failures.append(f"{len(lost)} acknowledged notifications never reached the provider, e.g. {lost[:3]}")
     if unexplained_dups:
@@ -1399,6 +1628,18 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         "workflow_runs_not_completed": len(runs_not_completed), "workflow_steps_made_twice": len(steps_made_twice),
         "workflow_notifications": sum(s.kind == "workflow" for s in sent.values()),
         "workflow_notifications_delivered": sum(sent[i].kind == "workflow" for i in delivered),
+        "test_notifications": len(tests),
+        "test_by_expected": dict(Counter(f"{c} {s}" for c, _, s, _ in tests.values())),
+        "test_by_status": dict(Counter(test_view.get(i, {}).get("status") for i in tests)),
+        "test_receipts": dict(Counter(test_view[i]["receipt"] for i in tests if test_view.get(i, {}).get("receipt"))),
+        "test_not_as_expected": len(test_wrong), "test_arrived": len(test_arrived),
+        "test_listed_live": len(test_listed_live),
+        "topic_members": len(members), "topic_triggers": len(topic_triggers),
+        "topic_runs": len(topic_runs), "topic_runs_completed": sum(r["status"] == "completed" for r in topic_runs),
+        "topic_wrong": len(topic_wrong),
+        "bulk_status": bulk.get("status"), "bulk_rows": bulk.get("rows"), "bulk_notifications": len(bulk_rows),
+        "bulk_distinct_rows": len(set(bulk_rows)), "bulk_delivered": len(delivered & bulk_ids),
+        "bulk_duplicates": sum(duplicates.get(i, 0) for i in bulk_ids),
         "api_statuses": dict(status_counts), "api_provider_mismatch": len(api_mismatch),
         "arrivals_not_acknowledged": len(unacknowledged_arrivals),
         "suppressed_but_sent": len(suppressed_sent), "drained": drained,
@@ -1455,6 +1696,17 @@ def markdown(report: Report) -> str:
         f"({', '.join(f'{k} {v:,}' for k, v in sorted(led.get('workflow_runs_by_status', {}).items()))}); "
         f"without a run {led.get('workflow_triggers_without_runs', 0)}; send steps' notifications "
         f"{led.get('workflow_notifications', 0):,}, arrived {led.get('workflow_notifications_delivered', 0):,} |",
+        f"| test key (to the simulator) | {led.get('test_notifications', 0):,} "
+        f"({', '.join(f'{k} {v:,}' for k, v in sorted(led.get('test_by_status', {}).items(), key=str))}; receipts "
+        f"{', '.join(f'{k} {v:,}' for k, v in sorted(led.get('test_receipts', {}).items()))}); not as the address "
+        f"implies {led.get('test_not_as_expected', 0)}; reached a provider or feed {led.get('test_arrived', 0)}; "
+        f"listed to the live key {led.get('test_listed_live', 0)} |",
+        f"| topic triggers | {led.get('topic_triggers', 0)} to {led.get('topic_members', 0):,} members; runs "
+        f"{led.get('topic_runs', 0):,}, completed {led.get('topic_runs_completed', 0):,}; not one per member "
+        f"{led.get('topic_wrong', 0)} |",
+        f"| bulk send | {led.get('bulk_status')}; {led.get('bulk_rows')} rows, {led.get('bulk_notifications', 0)} "
+        f"notifications ({led.get('bulk_distinct_rows', 0)} rows), delivered {led.get('bulk_delivered', 0)}; "
+        f"duplicates {led.get('bulk_duplicates', 0)} |",
         f"| API and provider disagree | {led['api_provider_mismatch']} |",
         f"| arrivals the API never acknowledged | {led['arrivals_not_acknowledged']} |",
         f"| pickup p50 / p99 / max | {led['pickup_ms']['p50']} / {led['pickup_ms']['p99']} / {led['pickup_ms']['max']} ms |",  # noqa: E501

@@ -1,6 +1,7 @@
 """The short chaos soak (benchmarks/soak.py, as `bench/soak.py --quick --seconds 40 --rate 50`):
 the real processes on a private PostgreSQL server, every kind of fault at least once, and the same
-ledger as the long soak, so a change that breaks recovery fails here. About 75 s of wall time."""
+ledger as the long soak, so a change that breaks recovery fails here (a share of the load with the
+test key, a topic trigger and a bulk send among it). About 80 s of wall time."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 @pytest.mark.timeout(240)
 def test_a_short_soak_with_every_fault_loses_nothing_and_recovers(migrated_schema, tmp_path):  # noqa: F811
     config = SoakConfig(seconds=40, rate=50, fault_every=40 / (len(FAULT_KINDS) + 0.5), seed=7, quick=True,
-                        workdir=tmp_path, prepare=lambda dsn: restore_schema(migrated_schema, dsn))  # fmt: skip
+                        workdir=tmp_path, prepare=lambda dsn: restore_schema(migrated_schema, dsn),
+                        topic_members=200, topic_triggers=1)  # fmt: skip
     report = run(config)
     print(markdown(report))  # the figures, in the test's output (-s) or its failure report
     ledger = report.ledger
@@ -40,6 +42,18 @@ def test_a_short_soak_with_every_fault_loses_nothing_and_recovers(migrated_schem
     assert ledger["workflow_steps_made_twice"] == 0
     assert ledger["workflow_notifications"] == 2 * ledger["workflow_runs"]
     assert ledger["workflow_notifications_delivered"] == ledger["workflow_notifications"]
+    # test mode: a share of the load with the test key, each ending as its simulator address implies (a
+    # bounce with its receipt), none at a provider, stand-in or feed, none listed to the live key
+    assert ledger["test_notifications"] > 0 and ledger["test_not_as_expected"] == 0
+    assert {"delivered", "failed", "dead_lettered"} <= set(ledger["test_by_status"])
+    assert ledger["test_receipts"].get("bounced", 0) > 0
+    assert ledger["test_arrived"] == ledger["test_listed_live"] == 0
+    # a workflow trigger to a topic: one run per member, all completed
+    assert ledger["topic_triggers"] == 1 and ledger["topic_wrong"] == 0
+    assert ledger["topic_runs"] == ledger["topic_runs_completed"] == ledger["topic_members"] == 200
+    # a bulk send: completed, each row one notification, every one delivered
+    assert ledger["bulk_status"] == "completed" and ledger["bulk_rows"] == ledger["bulk_distinct_rows"] == 300
+    assert ledger["bulk_notifications"] == ledger["bulk_delivered"] == 300
     assert ledger["events_missing"] == 0 and ledger["events_delivered"] == ledger["delivered"]
     assert ledger["receipts_acknowledged"] > 0 and ledger["receipts_missing"] == 0
     assert ledger["duplicates_outside_in_flight"] == 0
