@@ -1516,6 +1516,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
                         or (receipt is not None and test_view[i].get("receipt") != receipt))  # fmt: skip
     test_arrived = sorted(set(tests) & set(provider_hits))
     test_listed_live = sorted(set(tests) & set(api_view))
+    live_listed_to_test = sorted(set(sent) & set(test_view))  # and the test key lists no live one
     # topic triggers: one run per member of the topic per trigger (all completed: the workflow checks)
     occasional = getattr(soak, "occasional", None)
     topic_triggers = occasional.topic_triggers if occasional is not None else {}
@@ -1543,6 +1544,9 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     if test_listed_live:
         failures.append(f"{len(test_listed_live)} test notifications listed to the live key, "
                         f"e.g. {test_listed_live[:3]}")  # fmt: skip
+    if live_listed_to_test:
+        failures.append(f"{len(live_listed_to_test)} live notifications listed to the test key, "
+                        f"e.g. {live_listed_to_test[:3]}")  # fmt: skip
     if occasional is not None and len(topic_triggers) != config.topic_triggers:
         failures.append(f"{len(topic_triggers)} of {config.topic_triggers} topic triggers acknowledged")
     if topic_wrong:
@@ -1633,7 +1637,7 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
         "test_by_status": dict(Counter(test_view.get(i, {}).get("status") for i in tests)),
         "test_receipts": dict(Counter(test_view[i]["receipt"] for i in tests if test_view.get(i, {}).get("receipt"))),
         "test_not_as_expected": len(test_wrong), "test_arrived": len(test_arrived),
-        "test_listed_live": len(test_listed_live),
+        "test_listed_live": len(test_listed_live), "live_listed_to_test": len(live_listed_to_test),
         "topic_members": len(members), "topic_triggers": len(topic_triggers),
         "topic_runs": len(topic_runs), "topic_runs_completed": sum(r["status"] == "completed" for r in topic_runs),
         "topic_wrong": len(topic_wrong),
@@ -1700,7 +1704,8 @@ def markdown(report: Report) -> str:
         f"({', '.join(f'{k} {v:,}' for k, v in sorted(led.get('test_by_status', {}).items(), key=str))}; receipts "
         f"{', '.join(f'{k} {v:,}' for k, v in sorted(led.get('test_receipts', {}).items()))}); not as the address "
         f"implies {led.get('test_not_as_expected', 0)}; reached a provider or feed {led.get('test_arrived', 0)}; "
-        f"listed to the live key {led.get('test_listed_live', 0)} |",
+        f"listed to the live key {led.get('test_listed_live', 0)} (live ones to the test key "
+        f"{led.get('live_listed_to_test', 0)}) |",
         f"| topic triggers | {led.get('topic_triggers', 0)} to {led.get('topic_members', 0):,} members; runs "
         f"{led.get('topic_runs', 0):,}, completed {led.get('topic_runs_completed', 0):,}; not one per member "
         f"{led.get('topic_wrong', 0)} |",
