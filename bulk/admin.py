@@ -25,13 +25,13 @@ def actor(request: HttpRequest) -> str:
 class BulkSendAdmin(ReadOnlyMixin, TenantScopedAdmin):
     list_display = ["__str__", "tenant", "status", "rows", "progress_bar", "error_count", "created_at"]
     list_filter = ["status"]
-    list_select_related = ("tenant", "template")
+    list_select_related = ("tenant", "template", "workflow")
     list_per_page = 25  # a running job's delivered count is one query over its notifications
     search_fields = ["=id", "name"]
     ordering = ["-created_at", "-id"]
     actions = ["cancel_selected"]
     fields = readonly_fields = [
-        "id", "name", "tenant", "channel", "template", "addressed_by", "status", "rows", "progress_bar",
+        "id", "name", "tenant", "channel", "template", "workflow", "addressed_by", "status", "rows", "progress_bar",
         "progress_counts", "error_list", "error_count", "scheduled_for", "test", "created_at", "started_at",
         "completed_at", "cancelled_at",
     ]  # fmt: skip

@@ -12,7 +12,13 @@ notification is created (it is then `suppressed`).
 `check()` returns the header's problems as a ValueError (the file cannot be read as a bulk send:
 400), or a `Checked`: the row count, the first MAX_ERRORS errors and their total; while no row has an
 error, it hands the rows to the caller in chunks of CHUNK_ROWS as they are read, so the file is never
-held whole."""
+held whole.
+
+Through a workflow (`workflow=True`) each row is one run: the header names `subscriber` and any other
+columns, which become the run's trigger `data` (text values; an empty cell is ""). A subscriber named
+in two rows is an error of the later row (the job's runs are one per subscriber: they share the job's
+id as trigger id), and so is a row whose data is larger than a trigger's. Unknown subscribers are not
+errors: they are created, without addresses, when their run is (as a trigger creates them)."""
 
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from bulk.models import CHUNK_ROWS, MAX_ERRORS, MAX_ROWS
 from core.validation import check_recipient
 from recipients.models import Subscriber
 from recipients.services import check_external_id
+from workflows.services import MAX_DATA_BYTES, data_size
 
 ADDRESS_COLUMNS = ("recipient", "subscriber")
 MAX_CELL_CHARS = 64 * 1024
@@ -56,7 +63,7 @@ class Checked:
 
 def check(
     lines: Iterable[str], *, tenant_id: Any, channel: str, variables: set[str],  # noqa: ANN401
-    store: Callable[[int, list[list[Any]]], None],
+    store: Callable[[int, list[list[Any]]], None], workflow: bool = False,
 ) -> Checked:  # fmt: skip
     """Check a CSV text given as lines (a text file or io.StringIO) for `channel` and a template reading
     `variables`; while no row has an error, hand each full chunk to `store(first_row, rows)` as it fills
@@ -70,13 +77,14 @@ def check(
     except csv.Error as exc:
         raise ValueError(f"the header row is not valid CSV: {exc}") from None
     columns = [name.strip().lstrip("\ufeff") for name in header]
-    by = _check_header(columns, variables)
+    by = _check_workflow_header(columns) if workflow else _check_header(columns, variables)
     checked = Checked(columns=columns, addressed_by=by)
     address_at = columns.index(by)
     named = [(i, name) for i, name in enumerate(columns) if i != address_at]
     width = len(columns)
     chunk: list[list[Any]] = []
     subscribers: dict[str, list[int]] = {}
+    first_seen: dict[str, int] = {}  # through a workflow: the row that names each subscriber first
     rows = _data_rows(reader)
     for number, cells in rows:
         if number > MAX_ROWS:
@@ -96,11 +104,23 @@ def check(
         else:
             try:
                 check_external_id(address)
-                subscribers.setdefault(address, []).append(number)
             except ValueError as exc:
                 checked.error(number, by, str(exc))
+            else:
+                if not workflow:
+                    subscribers.setdefault(address, []).append(number)
+                elif address in first_seen:
+                    checked.error(number, by, f"subscriber {address!r} is also in row {first_seen[address]}: a "
+                                              "workflow runs once per subscriber in a bulk send")  # fmt: skip
+                else:
+                    first_seen[address] = number
         context = {}
-        for i, name in named:
+        if workflow:
+            _check_data(checked, number, cells, named, context)
+            named_here: list[tuple[int, str]] = []
+        else:
+            named_here = named
+        for i, name in named_here:
             value = cells[i] if i < len(cells) else None
             if value is None or not value.strip():
                 checked.error(number, name, f"missing: the template uses {name!r}; give every row a value")
@@ -122,6 +142,22 @@ def check(
     if chunk and checked.error_count == 0:
         store(checked.rows - len(chunk) + 1, chunk)
     return checked
+
+
+def _check_data(checked: Checked, number: int, cells: list[str], named: list[tuple[int, str]],
+                context: dict[str, str]) -> None:  # fmt: skip
+    """A workflow row's columns into `context` (its trigger data): every column needs a cell (an empty
+    one is ""), each at most MAX_CELL_CHARS, the whole at most MAX_DATA_BYTES as JSON."""
+    for i, name in named:
+        if i >= len(cells):
+            checked.error(number, name, f"missing: the row has no cell for column {name!r}")
+        elif len(cells[i]) > MAX_CELL_CHARS:
+            checked.error(number, name, f"must be at most {MAX_CELL_CHARS} characters")
+        else:
+            context[name] = cells[i]
+    if (size := data_size(context)) > MAX_DATA_BYTES:
+        checked.error(number, None, f"the row's data is {size} bytes as compact JSON; a run's data is at most "
+                                    f"{MAX_DATA_BYTES} bytes")  # fmt: skip
 
 
 class _Rows:
@@ -174,6 +210,21 @@ def _check_header(columns: list[str], variables: set[str]) -> str:
     if problems:
         raise ValueError("; ".join(problems))
     return present[0]
+
+
+def _check_workflow_header(columns: list[str]) -> str:
+    problems = []
+    if any(not name for name in columns):
+        problems.append("every column needs a name in the header row")
+    duplicates = sorted({name for name in columns if name and columns.count(name) > 1})
+    if duplicates:
+        problems.append(f"columns named twice: {', '.join(duplicates)}")
+    if "subscriber" not in columns or "recipient" in columns:
+        problems.append("through a workflow, the header names `subscriber` (a subscriber's external id per row, "
+                        "one run each) and no `recipient`; the other columns become the run's data")  # fmt: skip
+    if problems:
+        raise ValueError("; ".join(problems))
+    return "subscriber"
 
 
 def _check_subscribers(checked: Checked, tenant_id: Any, channel: str, subscribers: dict[str, list[int]]) -> None:  # noqa: ANN401

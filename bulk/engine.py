@@ -13,7 +13,10 @@ the job's `scheduled_for`). One chunk is one transaction:
 A scheduler killed anywhere in between rolls the chunk back: its job is pending again and a peer (or
 its restart) creates it, once. The notifications are of priority 5 in the `default` queue: the claim's
 fairness between tenants, and priority within a tenant, put other tenants' sends and the same
-tenant's priority ≥ 7 sends before them."""
+tenant's priority ≥ 7 sends before them.
+Through a workflow, step 3 starts one run per row instead (workflows.statements.start_rows: the job's
+id as trigger id, the row's subscriber, its columns as data), in one statement whose unique
+(trigger_id, subscriber) key is the row's second guard; the runs' steps then go as any run's."""
 
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ from bulk.services import JOB_KIND
 from notifications import services
 from notifications.validation import Draft
 from queueing import schedule, scheduler
+from recipients.services import ensure_subscribers
+from workflows import statements
+from workflows.engine import JOB_KIND as RUN_KIND
 
 logger = logging.getLogger("omnipost.bulk")
 
@@ -65,13 +71,15 @@ def run_chunk(*, using: str = "default") -> scheduler.Promotion:
         bulk = None
         if chunk is not None:
             bulk = (BulkSend.objects.using(using).select_for_update(of=("self",))
-                    .select_related("tenant", "template").filter(pk=chunk.bulk_send_id).first())  # fmt: skip
+                    .select_related("tenant", "template", "workflow")
+                    .filter(pk=chunk.bulk_send_id).first())  # fmt: skip
         if chunk is None or bulk is None or bulk.status != BulkStatus.SENDING or bulk.rows_done >= chunk.first_row:
             schedule.settle_jobs([], [job_id], using=using)  # cancelled meanwhile: nothing more is created
             return scheduler.Promotion(0, 1)
-        bulk.tenant.test_mode = bulk.test  # its own Tenant instance: a test key's job makes test notifications
+        # its own Tenant instance: a test key's job makes test notifications (and test runs)
+        bulk.tenant.test_mode = bulk.test
         rows = chunk.payload
-        created = _create(bulk, chunk.first_row, rows)
+        created = _start_runs(bulk, rows) if bulk.workflow_id else _create(bulk, chunk.first_row, rows)
         bulk.rows_done = chunk.first_row + len(rows) - 1
         following = (BulkSendChunk.objects.using(using).filter(bulk_send=bulk, first_row=bulk.rows_done + 1)
                      .values_list("id", flat=True).first())  # fmt: skip
@@ -85,7 +93,8 @@ def run_chunk(*, using: str = "default") -> scheduler.Promotion:
         chunk.payload = None  # the addresses live in the notifications now (encrypted)
         chunk.save(update_fields=["payload"])
         schedule.settle_jobs([job_id], [], using=using)
-    logger.info("bulk send %s: rows %d-%d, %d notifications", bulk.pk, chunk.first_row, bulk.rows_done, created)
+    logger.info("bulk send %s: rows %d-%d, %d %s", bulk.pk, chunk.first_row, bulk.rows_done, created,
+                "runs" if bulk.workflow_id else "notifications")
     return scheduler.Promotion(1, 0, max_lag=(timezone.now() - run_at).total_seconds())
 
 
@@ -132,6 +141,16 @@ def _create(bulk: BulkSend, first_row: int, rows: list[list[Any]]) -> int:
         specs[row].bulk_send_id, specs[row].bulk_row = bulk.pk, row
     services.create_notifications(bulk.tenant, [specs[row] for row in numbers], actor=f"bulk_send:{bulk.pk}")
     return len(numbers)
+
+
+def _start_runs(bulk: BulkSend, rows: list[list[Any]]) -> int:
+    """Through a workflow: each row one run of the job's trigger id (the job's id) for its subscriber,
+    with the row's columns as its data; subscribers met for the first time are created (no addresses).
+    The unique (trigger_id, subscriber) adds nothing for a row whose run exists already."""
+    ensure_subscribers(bulk.tenant, [subscriber for subscriber, _ in rows])
+    statements.start_rows(bulk.tenant_id, bulk.workflow, bulk.pk, [(subscriber, data) for subscriber, data in rows],
+                          actor=None, job_kind=RUN_KIND, test=bulk.test)  # fmt: skip
+    return len(rows)
 
 
 def _skip(bulk: BulkSend, row: int, problems: dict[str, list[str]]) -> None:

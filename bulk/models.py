@@ -3,7 +3,9 @@ uploaded, then turned into one notification per row by the scheduler, a chunk at
 
 `BulkSend` is the job; `BulkSendChunk` holds its validated rows, `CHUNK_ROWS` to a chunk, encrypted
 as one token each (recipients are stored only encrypted), until the chunk's notifications exist, and
-then the chunk's counts once they all finished. A
+then the chunk's counts once they all finished. Through a workflow a row becomes a run instead: the
+runs' trigger id is the job's id, one run per subscriber (bulk.csvfile refuses a subscriber named
+twice). A
 chunk is what the scheduler creates in one transaction (bulk.engine), and its id is the opaque id of
 the scheduled job (kind `bulk_send`) that creates it."""
 
@@ -15,6 +17,7 @@ from core.fields import EncryptedJSONField
 from core.ids import uuid7
 from core.models import ModeOwnedQuerySet, TenantOwned
 from templating.models import Template
+from workflows.models import Workflow
 
 CHUNK_ROWS = 1000  # rows a chunk holds and the scheduler creates per transaction
 MAX_ROWS = 100_000
@@ -35,8 +38,10 @@ class BulkSend(TenantOwned):
     # A test key's jobs (`test`) are seen by test keys only, a live key's by live ones (for_tenant).
     objects = ModeOwnedQuerySet.as_manager()
     name = models.CharField(max_length=200, blank=True, default="")
-    channel = models.CharField(max_length=10)
-    template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+", db_index=False)
+    channel = models.CharField(max_length=10, blank=True)  # "" through a workflow
+    # Each row is rendered with `template`, or starts one run of `workflow` (the other is NULL).
+    template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+", db_index=False, null=True)
+    workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="+", db_index=False, null=True)
     # `recipient` (an address per row) or `subscriber` (an external id per row)
     addressed_by = models.CharField(max_length=10)
     columns = models.JSONField(default=list)  # the header, as uploaded

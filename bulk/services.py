@@ -26,6 +26,8 @@ from providers.models import Provider
 from queueing import schedule
 from templating import renderer
 from templating.models import Template
+from workflows import services as workflows
+from workflows.models import Workflow
 
 logger = logging.getLogger("omnipost.bulk")
 
@@ -34,7 +36,7 @@ MAX_NAME_CHARS = 200
 
 
 def bulk_sends_for(tenant: Tenant) -> QuerySet[BulkSend]:
-    return BulkSend.objects.for_tenant(tenant).select_related("template")
+    return BulkSend.objects.for_tenant(tenant).select_related("template", "workflow")
 
 
 def get_bulk_send(tenant: Tenant, bulk_id: Any) -> BulkSend:  # noqa: ANN401
@@ -52,25 +54,17 @@ def get_bulk_send(tenant: Tenant, bulk_id: Any) -> BulkSend:  # noqa: ANN401
 
 
 def clean_options(tenant: Tenant, data: Any) -> dict[str, Any]:  # noqa: ANN401
-    """`channel`, `template`, `scheduled_for`, `name` of an upload, checked; 400 names each bad field."""
+    """`channel` and `template`, or `workflow`, `scheduled_for`, `name` of an upload, checked; 400 names
+    each bad field."""
     if not isinstance(data, dict):
         raise ValidationError({"non_field_errors": ["the body must be a JSON object or a multipart form"]})
     problems: dict[str, list[str]] = {}
-    channel = data.get("channel")
-    if channel not in CHANNELS:
-        problems["channel"] = [f"must be one of {', '.join(CHANNELS)}"]
+    workflow = None
     if data.get("workflow") not in (None, ""):
-        problems["workflow"] = ["bulk sends through a workflow are not available yet: name a `template`"]
-    key = data.get("template")
-    template = None
-    if not isinstance(key, str) or not key:
-        problems.setdefault("template", ["required: the key of the template each row is rendered with"])
+        workflow = _clean_workflow(tenant, data, problems)
+        channel, template, variables = "", None, set()
     else:
-        template = Template.objects.for_tenant(tenant).filter(key=key).first()
-        if template is None:
-            problems["template"] = [f"no template with key {key!r}"]
-        elif channel in CHANNELS and template.channel != channel:
-            problems["template"] = [f"template {key!r} is for channel {template.channel!r}"]
+        channel, template, variables = _clean_template(tenant, data, problems)
     scheduled_for = None
     try:
         scheduled_for = check_scheduled_for(data.get("scheduled_for"))
@@ -79,6 +73,42 @@ def clean_options(tenant: Tenant, data: Any) -> dict[str, Any]:  # noqa: ANN401
     name = data.get("name", "")
     if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
         problems["name"] = [f"must be a text of at most {MAX_NAME_CHARS} characters"]
+    if problems:
+        raise ValidationError(problems)
+    return {"channel": channel, "template": template, "workflow": workflow, "scheduled_for": scheduled_for,
+            "name": name, "variables": variables}  # fmt: skip
+
+
+def _clean_workflow(tenant: Tenant, data: dict[str, Any], problems: dict[str, list[str]]) -> Workflow | None:
+    key = data["workflow"]
+    for other in ("template", "channel"):
+        if data.get(other) not in (None, ""):
+            problems[other] = ["name a `workflow` or a `template` and `channel`, not both: a workflow's steps "
+                               "name their channels and templates"]  # fmt: skip
+    if not isinstance(key, str):
+        problems["workflow"] = ["must be a workflow's key"]
+        return None
+    workflow = workflows.workflows_of(Workflow.objects.for_tenant(tenant)).filter(key=key).first()
+    if workflow is None:
+        problems["workflow"] = [f"no workflow with key {key!r}"]
+    return workflow
+
+
+def _clean_template(tenant: Tenant, data: dict[str, Any], problems: dict[str, list[str]]) -> tuple[Any, Any, set[str]]:
+    channel = data.get("channel")
+    if channel not in CHANNELS:
+        problems["channel"] = [f"must be one of {', '.join(CHANNELS)}"]
+    key = data.get("template")
+    template = None
+    if not isinstance(key, str) or not key:
+        problems.setdefault("template", ["required (or `workflow`): the key of the template each row is rendered "
+                                         "with"])  # fmt: skip
+    else:
+        template = Template.objects.for_tenant(tenant).filter(key=key).first()
+        if template is None:
+            problems["template"] = [f"no template with key {key!r}"]
+        elif channel in CHANNELS and template.channel != channel:
+            problems["template"] = [f"template {key!r} is for channel {template.channel!r}"]
     if channel in CHANNELS and channel != "in_app" and not _has_default_provider(tenant, channel):
         problems["channel"] = [f"no default provider for channel {channel!r}: mark a provider is_default"]
     variables: set[str] = set()
@@ -87,10 +117,7 @@ def clean_options(tenant: Tenant, data: Any) -> dict[str, Any]:  # noqa: ANN401
             variables = renderer.variables(template.subject) | renderer.variables(template.body)
         except renderer.TemplateError as exc:
             problems["template"] = [f"template {key!r} does not compile: {exc}"]
-    if problems:
-        raise ValidationError(problems)
-    return {"channel": channel, "template": template, "scheduled_for": scheduled_for, "name": name,
-            "variables": variables}  # fmt: skip
+    return channel, template, variables
 
 
 def _has_default_provider(tenant: Tenant, channel: str) -> bool:
@@ -113,7 +140,8 @@ def create_bulk_send(tenant: Tenant, lines: Iterable[str], options: dict[str, An
         # The job first (its rows point at it); its status once every row is read.
         bulk = BulkSend.objects.create(
             tenant=tenant, name=options["name"], channel=options["channel"], template=options["template"],
-            addressed_by="", status=BulkStatus.INVALID, scheduled_for=options["scheduled_for"], test=mode_of(tenant),
+            workflow=options["workflow"], addressed_by="", status=BulkStatus.INVALID,
+            scheduled_for=options["scheduled_for"], test=mode_of(tenant),
         )  # fmt: skip
 
         def store(first_row: int, rows: list[list[Any]]) -> None:
@@ -122,7 +150,8 @@ def create_bulk_send(tenant: Tenant, lines: Iterable[str], options: dict[str, An
 
         try:
             checked = csvfile.check(lines, tenant_id=tenant.pk, channel=options["channel"],
-                                    variables=options["variables"], store=store)  # fmt: skip
+                                    variables=options["variables"], store=store,
+                                    workflow=options["workflow"] is not None)  # fmt: skip
         except UnicodeDecodeError:
             raise ValidationError({"file": ["the file must be UTF-8 text"]}) from None
         except ValueError as exc:
@@ -149,7 +178,7 @@ def start(tenant: Tenant, bulk_id: Any, *, actor: str) -> BulkSend:  # noqa: ANN
     """ready → sending: the first chunk's job is due at `scheduled_for` (now without one). 409 otherwise."""
     bulk = get_bulk_send(tenant, bulk_id)
     with transaction.atomic():
-        bulk = BulkSend.objects.select_for_update().select_related("template").get(pk=bulk.pk)
+        bulk = BulkSend.objects.select_for_update(of=("self",)).select_related("template", "workflow").get(pk=bulk.pk)
         if bulk.status != BulkStatus.READY:
             raise Conflict(f"A bulk send that is {bulk.status} cannot be started; only a ready one can.",
                            code="not_ready")  # fmt: skip
@@ -169,7 +198,7 @@ def cancel(tenant: Tenant | None, bulk_id: Any, *, actor: str) -> BulkSend:  # n
         unsent = BulkSendChunk.objects.filter(bulk_send_id=bulk.pk, payload__isnull=False)
         chunks = list(unsent.values_list("id", flat=True))
         schedule.cancel_jobs_for(JOB_KIND, chunks)  # jobs first: the order the engine locks in
-        bulk = BulkSend.objects.select_for_update().select_related("template").get(pk=bulk.pk)
+        bulk = BulkSend.objects.select_for_update(of=("self",)).select_related("template", "workflow").get(pk=bulk.pk)
         if bulk.status not in (BulkStatus.READY, BulkStatus.SENDING):
             raise Conflict(f"A bulk send that is {bulk.status} cannot be cancelled.", code="not_cancellable")
         bulk.status, bulk.cancelled_at = BulkStatus.CANCELLED, timezone.now()
@@ -212,12 +241,23 @@ SELECT k.delivered + coalesce((SELECT sum(delivered) FROM live), 0),
 FROM kept k"""
 
 
+# Through a workflow: the job's runs (its id is their trigger id), by status, in one statement.
+_RUN_COUNTS = """
+SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status IN ('failed', 'cancelled')),
+       count(*) FILTER (WHERE status IN ('throttled', 'digested'))
+FROM workflow_runs WHERE tenant_id = %(tenant)s AND trigger_id = %(bulk)s"""
+
+
 def progress(bulk: BulkSend) -> dict[str, int]:
     """{created, delivered, failed, suppressed, pending}: `failed` counts failed, dead-lettered and
     cancelled notifications and the rows that could not become one; `pending` those not finished yet.
     One statement, reading the notifications of the chunks not all finished yet (a chunk's counts are
     kept once its notifications all finished: a redriven dead letter still counts as failed); none once
-    the whole job finished."""
+    the whole job finished.
+
+    Through a workflow the counts are of its runs: `created` the runs, `delivered` those completed,
+    `failed` those failed or cancelled, `suppressed` those ended by a throttle or joined into another
+    run's digest, `pending` those running or waiting (a run's notifications are the run's own)."""
     created = bulk.rows_done - bulk.skipped
     counts = bulk.final_counts
     if counts is None:
@@ -225,8 +265,9 @@ def progress(bulk: BulkSend) -> dict[str, int]:
             counts = {"delivered": 0, "failed": 0, "suppressed": 0}
         else:
             with connections[Notification.objects.db].cursor() as cursor:
-                cursor.execute(_COUNTS, {"bulk": bulk.pk, "tenant": bulk.tenant_id})
-                delivered, failed, suppressed, _ = cursor.fetchone()
+                sql = _RUN_COUNTS if bulk.workflow_id else _COUNTS
+                cursor.execute(sql, {"bulk": bulk.pk, "tenant": bulk.tenant_id})
+                delivered, failed, suppressed = cursor.fetchone()[:3]
             counts = {"delivered": int(delivered), "failed": int(failed), "suppressed": int(suppressed)}
             finished = sum(counts.values())
             if bulk.status == BulkStatus.COMPLETED and finished == created:

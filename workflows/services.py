@@ -116,8 +116,8 @@ def delete_workflow(workflow: Workflow, *, actor: str) -> None:
         AuditEvent.record(actor=actor, action="workflow.deleted", target=workflow, details={"key": workflow.key})
         try:
             workflow.delete()
-        except ProtectedError:  # pragma: no cover - nothing protects a workflow today
-            raise Conflict("The workflow is still in use.", code="workflow_in_use") from None
+        except ProtectedError:  # a bulk send names it
+            raise Conflict("The workflow is still in use: a bulk send names it.", code="workflow_in_use") from None
 
 
 def data_size(data: Any) -> int:  # noqa: ANN401

@@ -55,13 +55,14 @@ RETAINED = (
 )
 
 # A trigger's runs, each waiting on a job due now, in one statement whatever their count: from `s`
-# (columns id, subscriber, wake_id), a list the caller names or a chunk of a topic's members. A run
+# (columns id, subscriber, wake_id), a list the caller names, a chunk of a topic's members or a bulk send's
+# rows (with each run's data). A run
 # that exists already for the trigger and subscriber (a fan-out chunk repeated) adds nothing.
 _START_RUNS = """WITH s AS ({source}), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id, test)
     SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
-           %(data)s::jsonb, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id, %(test)s
+           {data}, %(definition)s::jsonb, %(category)s, 0, %(steps)s::jsonb, NULL, s.wake_id, %(test)s
     FROM s
     ON CONFLICT (trigger_id, subscriber) DO NOTHING
     RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
@@ -94,7 +95,32 @@ def start_runs(
         "definition": json.dumps(workflow.steps), "category": workflow.category,
         "steps": json.dumps(_states(workflow.steps)), "test": test,
     }  # fmt: skip
-    sql = _START_RUNS.format(source=_LISTED, more="", jobs=schedule.timed_jobs_sql("runs s", job_kind))
+    sql = _START_RUNS.format(source=_LISTED, data="%(data)s::jsonb", more="",
+                             jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+# Rows of a bulk send, each its own subscriber and data.
+_LISTED_WITH_DATA = """SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[],
+    %(datas)s::text[]) AS s(id, subscriber, wake_id, data)"""
+
+
+def start_rows(
+    tenant_id: Any, workflow: Any, trigger_id: Any, rows: list[tuple[str, dict[str, Any]]], *,  # noqa: ANN401
+    actor: str | None, job_kind: str, test: bool = False,
+) -> None:  # fmt: skip
+    """One `running` run per `(subscriber, data)` (its first step due now) and its job, like start_runs
+    but with each run's own data (the caller's transaction); a subscriber that has a run of
+    `trigger_id` already adds none."""
+    params = {
+        "ids": [uuid7() for _ in rows], "subscribers": [r[0] for r in rows], "wakes": [uuid.uuid4() for _ in rows],
+        "datas": [json.dumps(r[1]) for r in rows], "tenant": tenant_id, "workflow": workflow.pk,
+        "trigger": trigger_id, "cancellation_key": None, "actor": actor, "definition": json.dumps(workflow.steps),
+        "category": workflow.category, "steps": json.dumps(_states(workflow.steps)), "test": test,
+    }  # fmt: skip
+    sql = _START_RUNS.format(source=_LISTED_WITH_DATA, data="s.data::jsonb", more="",
+                             jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
     with connections[WorkflowRun.objects.db].cursor() as cursor:
         cursor.execute(sql, params)
 
@@ -122,8 +148,8 @@ def fan_out_chunk(fanout: Any, members_sql: str, chunk: int, job_kind: str, *, u
         "steps": json.dumps(_states(fanout.definition)), "topic": fanout.topic_id, "after": fanout.cursor,
         "boundary": fanout.boundary, "chunk": chunk, "test": fanout.test,
     }  # fmt: skip
-    sql = _START_RUNS.format(source=_CHUNK_SOURCE.replace("{members}", members_sql), more=_CHUNK_MOVE,
-                             jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
+    sql = _START_RUNS.format(source=_CHUNK_SOURCE.replace("{members}", members_sql), data="%(data)s::jsonb",
+                             more=_CHUNK_MOVE, jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         cursor.execute("SELECT cursor, created, last_read FROM workflow_fanouts WHERE id = %s", [fanout.pk])

@@ -16,8 +16,11 @@ class BulkUploadSerializer(serializers.Serializer):
 
     file = serializers.FileField(required=False, help_text="The CSV file (multipart/form-data).")
     csv = serializers.CharField(required=False, help_text="The CSV text (JSON).")
-    channel = serializers.CharField()
-    template = serializers.CharField(help_text="The template's key.")
+    channel = serializers.CharField(required=False, help_text="With `template`.")
+    template = serializers.CharField(required=False, help_text="The template's key (or `workflow`).")
+    workflow = serializers.CharField(
+        required=False, help_text="A workflow's key: each row (header `subscriber` and any data columns) is one run."
+    )
     scheduled_for = serializers.DateTimeField(required=False, help_text="When its rows start to be sent.")
     name = serializers.CharField(required=False)
 
@@ -29,20 +32,22 @@ class RowErrorSerializer(serializers.Serializer):
 
 
 class ProgressSerializer(serializers.Serializer):
-    created = serializers.IntegerField(help_text="Rows whose notification exists.")
-    delivered = serializers.IntegerField()
+    created = serializers.IntegerField(help_text="Rows whose notification (through a workflow: run) exists.")
+    delivered = serializers.IntegerField(help_text="Delivered notifications; through a workflow, completed runs.")
     failed = serializers.IntegerField(
-        help_text="Failed, dead-lettered or cancelled, and rows that could not be created."
+        help_text="Failed, dead-lettered or cancelled, and rows that could not be created; through a workflow, "
+        "failed or cancelled runs."
     )
-    suppressed = serializers.IntegerField()
+    suppressed = serializers.IntegerField(help_text="Through a workflow: throttled or digested runs.")
     pending = serializers.IntegerField(help_text="Created, not finished yet.")
 
 
 class BulkSendSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
-    channel = serializers.CharField()
-    template = serializers.CharField()
+    channel = serializers.CharField(allow_null=True)
+    template = serializers.CharField(allow_null=True)
+    workflow = serializers.CharField(allow_null=True, help_text="The workflow's key, for a job of runs.")
     status = serializers.ChoiceField(choices=BulkStatus.choices)
     rows = serializers.IntegerField()
     errors = RowErrorSerializer(many=True, help_text="The first 100 errors, by row.")
@@ -59,7 +64,9 @@ class BulkSendSerializer(serializers.Serializer):
 def bulk_data(bulk: BulkSend, *, with_progress: bool = False) -> dict[str, Any]:
     when = iso
     data = {
-        "id": str(bulk.pk), "name": bulk.name, "channel": bulk.channel, "template": bulk.template.key,
+        "id": str(bulk.pk), "name": bulk.name, "channel": bulk.channel or None,
+        "template": bulk.template.key if bulk.template else None,
+        "workflow": bulk.workflow.key if bulk.workflow else None,
         "status": bulk.status, "rows": bulk.rows, "errors": bulk.errors, "error_count": bulk.error_count,
         "scheduled_for": when(bulk.scheduled_for), "test": bulk.test, "created_at": when(bulk.created_at),
         "started_at": when(bulk.started_at), "completed_at": when(bulk.completed_at),
