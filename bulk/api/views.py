@@ -40,9 +40,10 @@ class RowCursorPagination(StrictCursorPagination):
     ),  # fmt: skip
     create=extend_schema(
         description='Upload a CSV file (`multipart/form-data` with `file`, or JSON `{"csv": "<text>"}`; at most '
-        "100,000 rows and 20 MiB) with `channel`, `template`, optional `scheduled_for` and `name`. The header names "
-        "`recipient` or `subscriber` and the template's variables. Every row is checked: `201` with status `ready`, "
-        "or `invalid` with the first 100 errors `{row, column, message}`.",
+        "100,000 rows and 20 MiB) with `channel` and `template`, or `workflow`, optional `scheduled_for` and `name`. "
+        "The header names `recipient` or `subscriber` and the template's variables; through a workflow, `subscriber` "
+        "(one run each, once per subscriber) and any columns, the run's data. Every row is checked: `201` with status "
+        "`ready`, or `invalid` with the first 100 errors `{row, column, message}`.",
         request={"application/json": BulkUploadSerializer, "multipart/form-data": BulkUploadSerializer},
         responses={201: BulkSendSerializer, **errors(400, 413)},
     ),  # fmt: skip
@@ -111,7 +112,8 @@ class BulkSendViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.RetrieveMo
         return Response(bulk_data(bulk, with_progress=True), status=status.HTTP_200_OK)
 
     @extend_schema(
-        description="The bulk send's notifications, by row.",
+        description="The bulk send's notifications, by row (none through a workflow: its runs are "
+        "`GET workflow-runs?trigger_id={id}`).",
         parameters=[
             OpenApiParameter("cursor", OpenApiTypes.STR, required=False),
             OpenApiParameter("limit", OpenApiTypes.INT, required=False),
