@@ -413,7 +413,8 @@ def push_outcome(
                 devices.append(device)
                 continue  # not sent
             device.sent_outcome = "transient_error"
-        device.sent_through, device.http_status = through, result.http_status
+        if not item.test:  # a test push's device answered the simulator: no provider's send to count
+            device.sent_through, device.http_status = through, result.http_status
         devices.append(device)
     if transient:
         return max(transient, key=lambda r: r.retry_after or 0.0), devices

@@ -5,6 +5,7 @@ receive nothing, and the devices stay active."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from core.models import ApiKey
 from recipients.models import Device
@@ -36,3 +37,9 @@ def test_a_test_keys_push_reaches_no_vendor(tenant_a, api_a, standins, push_env,
     assert apns.refused == fcm.refused == webpush.refused == []
     assert fcm.grants == 0  # not even the OAuth grant: no provider instance was asked
     assert Device.objects.filter(active=False).count() == 0
+    # the simulator's answers count on no provider's breaker or /metrics counter
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM delivery_counters WHERE provider_id <> 0 AND le = -1")
+        assert cursor.fetchone()[0] == 0
+        cursor.execute("SELECT count(*) FROM provider_circuits")
+        assert cursor.fetchone()[0] == 0
