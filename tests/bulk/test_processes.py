@@ -14,22 +14,12 @@ from notifications.models import Notification
 from tests.bulk.test_api import csv_text, upload
 from tests.queueing.dispatch_support import start_dispatchers, wait_started
 from tests.queueing.scheduler_support import start_scheduler, wait_for_text, wait_until
+from tests.support.web import stop_all
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 ROWS = 3000
 
-
-def stop(procs) -> None:  # noqa: ANN001
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def test_each_row_once_after_the_scheduler_and_the_dispatcher_are_killed(api_a, setup_a, subprocess_env, tmp_path):
@@ -65,7 +55,7 @@ def test_each_row_once_after_the_scheduler_and_the_dispatcher_are_killed(api_a, 
         wait_until(lambda: BulkSend.objects.get().status == "completed", 120, "the job's completion")
         wait_until(lambda: Notification.objects.filter(status="delivered").count() == ROWS, 180, "every delivery")
     finally:
-        stop(procs)
+        stop_all(procs)
     rows = sorted(Notification.objects.filter(bulk_send_id=bulk["id"]).values_list("bulk_row", flat=True))
     assert rows == list(range(1, ROWS + 1))  # each row exactly once
     progress = api_a.get(f"/api/v1/bulk-sends/{bulk['id']}").json()["progress"]

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +55,21 @@ def serve(command: Sequence[str], env: Mapping[str, str], port: int, *, timeout:
 
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM, then a kill after 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
+    stop_all([proc], timeout=10)
+
+
+def stop_all(procs: Iterable[subprocess.Popen], timeout: float = 30) -> None:
+    """SIGTERM to every process still running at once, then each waited for; killed after `timeout`."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from notifications.models import Notification
 from queueing.models import ScheduledJob
 from tests.queueing.dispatch_support import start_dispatchers, wait_started
 from tests.queueing.scheduler_support import start_scheduler, wait_for_text, wait_until
+from tests.support.web import stop_all
 from workflows import services
 from workflows.models import Workflow, WorkflowRun
 
@@ -53,17 +54,6 @@ def finished() -> bool:
     return not WorkflowRun.objects.unfinished().exists() and not ScheduledJob.objects.filter(status="pending").exists()
 
 
-def stop(procs) -> None:  # noqa: ANN001
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001
-            proc.kill()
-            proc.wait(timeout=10)
-
 
 def test_a_thousand_triggers_make_one_digest_while_processes_die(api_a, tenant_a, subprocess_env, tmp_path):
     define(api_a)
@@ -93,7 +83,7 @@ def test_a_thousand_triggers_make_one_digest_while_processes_die(api_a, tenant_a
         wait_until(finished, 60, "every run to finish")
         wait_until(lambda: Notification.objects.filter(status="delivered").exists(), 60, "the digest's delivery")
     finally:
-        stop(procs)
+        stop_all(procs)
     assert Counter(WorkflowRun.objects.values_list("status", flat=True)) == {"digested": 999, "completed": 1}
     (note,) = Notification.objects.all()
     assert note.subject == "1000" and note.body == "100 items, first 0"
@@ -119,7 +109,7 @@ def test_a_hundred_subscribers_times_fifty_triggers_make_a_hundred_digests(api_a
         time_passes()
         wait_until(finished, 60, "every run to finish")
     finally:
-        stop(schedulers)
+        stop_all(schedulers)
     notes = list(Notification.objects.values_list("subscriber", "subject"))
     assert len(notes) == 100
     assert sorted(notes) == sorted((person, "50") for person in people)
@@ -141,7 +131,7 @@ def test_a_throttle_under_two_schedulers_lets_exactly_its_limit_through(api_a, t
                              trigger_actor=None, actor="test")  # fmt: skip
         wait_until(finished, 60, "every run to finish")
     finally:
-        stop(schedulers)
+        stop_all(schedulers)
     by_person = Counter(WorkflowRun.objects.values_list("subscriber", "status"))
     assert by_person == {("jane", "completed"): 3, ("jane", "throttled"): 7, ("joe", "completed"): 3,
                          ("joe", "throttled"): 7}  # fmt: skip
@@ -164,7 +154,7 @@ def test_each_send_step_runs_once_when_a_scheduler_is_killed_mid_batch(api_a, te
         survivor = start_scheduler(subprocess_env, logs / "s1.log", "--interval", "0.2")
         wait_until(finished, 120, "every run to finish")
     finally:
-        stop([first, survivor] if "survivor" in locals() else [first])
+        stop_all([first, survivor] if "survivor" in locals() else [first])
     assert set(WorkflowRun.objects.values_list("status", flat=True)) == {"completed"}
     per_run = Counter(Notification.objects.values_list("metadata__workflow_run_id", "metadata__step"))
     assert len(per_run) == 800 and set(per_run.values()) == {1}
