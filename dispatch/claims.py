@@ -95,16 +95,18 @@ def ready_lanes(queues: list[str] | None) -> dict[int, ratelimit.LaneSpec]:
     }
 
 
-def throttle_devices(prepared: list[Prepared]) -> None:
+def throttle_devices(prepared: list[Prepared], limited: Callable[[int], bool]) -> None:
     """Rate limits of the providers a push's devices go through besides the item's own (whose lane the
     claim took the item's token from): one token of each such provider, or its tenant's, per device
-    send (a query of their limits and one take, only when such devices are claimed); a device its
+    send (a query of their limits and one take, only when devices of a provider `limited` says is
+    rate-limited, as the provider cache read it, are claimed); a device its
     provider has no token for now is not sent this try (`Target.throttled`: pending, retried when
     the provider's next token is due), as a device past an open breaker is held."""
     wanted: dict[int, list] = {}
     for item in prepared:
         for target in item.targets or ():
-            if target.active and not target.held and target.provider_id != item.lease.provider_id:
+            if (target.active and not target.held and target.provider_id != item.lease.provider_id
+                    and limited(target.provider_id)):
                 wanted.setdefault(target.provider_id, []).append(target)
     if not wanted:
         return
@@ -226,9 +228,10 @@ class Claimer:
             devices = push_targets(prepared)
             if devices:
                 self.router.route_devices(prepared)
-                throttle_devices(prepared)
                 devices = {t.provider_id for p in prepared if p.targets for t in p.targets if t.active and not t.held}
             self.providers.load({p.provider_id for p in prepared} | devices, known=seen.versions)
+            if devices:
+                throttle_devices(prepared, self.providers.limited)
         except Exception as exc:
             if not is_connection_lost(exc):
                 raise
