@@ -92,41 +92,37 @@ def _lock(tenant: Tenant, key: str) -> Topic:
 
 # Unknown subscribers (no addresses), then the live memberships missing, then the counter by the
 # memberships' own row count: one statement.
-_ADD = """WITH ensured AS ({ensure}), added AS (
+def _counted(changes: str, sign: str) -> str:
+    """`changes` (CTEs ending in `changed`, one row per membership it changed) and the topic's
+    `subscriber_count` moved by their number, in one statement; returns (changed, count now)."""
+    return f"""WITH {changes}, counted AS (
+    UPDATE topics SET subscriber_count = subscriber_count {sign} (SELECT count(*) FROM changed), updated_at = now()
+    WHERE id = %(topic)s
+    RETURNING subscriber_count
+)
+SELECT (SELECT count(*) FROM changed), (SELECT subscriber_count FROM counted)"""  # noqa: S608 - constants
+
+
+_ADD = _counted("""ensured AS ({ensure}), changed AS (
     INSERT INTO topic_subscribers (tenant_id, topic_id, subscriber, removed_seq, added_at)
     SELECT %(tenant)s, %(topic)s, e.external_id, NULL, now()
     FROM unnest(%(external_ids)s::text[]) AS e(external_id) ORDER BY e.external_id
     ON CONFLICT (topic_id, subscriber) WHERE removed_seq IS NULL DO NOTHING
     RETURNING 1
-), counted AS (
-    UPDATE topics SET subscriber_count = subscriber_count + (SELECT count(*) FROM added), updated_at = now()
-    WHERE id = %(topic)s
-    RETURNING subscriber_count
-)
-SELECT (SELECT count(*) FROM added), (SELECT subscriber_count FROM counted)"""
+)""", "+")
 
 # A removal while a fan-out runs keeps the row, marked with the sequence's next value.
-_REMOVE_MARK = f"""WITH removed AS (
+_REMOVE_MARK = _counted(f"""changed AS (
     UPDATE topic_subscribers SET removed_seq = nextval({_SEQUENCE})
     WHERE topic_id = %(topic)s AND subscriber = ANY(%(external_ids)s::text[]) AND removed_seq IS NULL
     RETURNING 1
-), counted AS (
-    UPDATE topics SET subscriber_count = subscriber_count - (SELECT count(*) FROM removed), updated_at = now()
-    WHERE id = %(topic)s
-    RETURNING subscriber_count
-)
-SELECT (SELECT count(*) FROM removed), (SELECT subscriber_count FROM counted)"""  # noqa: S608 - a constant
+)""", "-")  # noqa: S608 - a constant
 
-_REMOVE_DELETE = """WITH removed AS (
+_REMOVE_DELETE = _counted("""changed AS (
     DELETE FROM topic_subscribers
     WHERE topic_id = %(topic)s AND subscriber = ANY(%(external_ids)s::text[]) AND removed_seq IS NULL
     RETURNING 1
-), counted AS (
-    UPDATE topics SET subscriber_count = subscriber_count - (SELECT count(*) FROM removed), updated_at = now()
-    WHERE id = %(topic)s
-    RETURNING subscriber_count
-)
-SELECT (SELECT count(*) FROM removed), (SELECT subscriber_count FROM counted)"""
+)""", "-")
 
 
 def add_members(tenant: Tenant, key: str, external_ids: Sequence[str], *, actor: str) -> int:
