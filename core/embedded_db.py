@@ -26,6 +26,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -176,7 +177,8 @@ class EmbeddedPostgres:
 
     def stop(self, timeout: float = 3.0) -> bool:
         """Stop the server (fast: sessions are ended, then a clean shutdown), `immediate` if that
-        takes longer than `timeout`; True if it was running."""
+        takes longer than `timeout`; True if it was running. It returns once the postmaster has
+        exited, not only once it removed postmaster.pid (which it does just before it exits)."""
         with self._locked():
             pid = _pid_in(self.data_dir / "postmaster.pid")
             if pid is None or not _alive(pid):
@@ -186,7 +188,10 @@ class EmbeddedPostgres:
             seconds = str(max(1, int(timeout)))
             fast = run_as_server([*pg_ctl, "-m", "fast", "-t", seconds, "stop"], user, timeout=timeout + 5, check=False)
             if fast.returncode != 0 and (self.data_dir / "postmaster.pid").exists():
-                run_as_server([*pg_ctl, "-m", "immediate", "stop"], user, check=False)
+                run_as_server([*pg_ctl, "-m", "immediate", "-t", "5", "stop"], user, timeout=10, check=False)
+            exited_by = time.monotonic() + 5
+            while _alive(pid) and time.monotonic() < exited_by:
+                time.sleep(0.02)
             return True
 
     def _prepare(self, user: pwd.struct_passwd | None) -> None:

@@ -68,6 +68,8 @@ class Command(BaseCommand):
         # Ctrl-C stops everything within 10 s: the children's grace, then the embedded server's fast shutdown.
         parser.add_argument("--grace-seconds", type=float, default=7.0)
 
+    _stopping_since: float | None = None  # when the first Ctrl-C (or SIGTERM) came
+
     def handle(self, *args, bind: str, grace_seconds: float, **options) -> None:
         try:
             self._serve(bind, grace_seconds)
@@ -101,6 +103,8 @@ class Command(BaseCommand):
 
         def on_signal(signum: int, frame: object) -> None:
             received.append(signum)
+            if self._stopping_since is None:
+                self._stopping_since = time.monotonic()
             stop.set()
 
         # Handlers go in before any child starts, so an early Ctrl-C cannot orphan one.
@@ -142,7 +146,9 @@ class Command(BaseCommand):
         if embedded is None:
             return
         connections.close_all()
-        if embedded.stop(timeout=2.0):
+        # The server's fast shutdown gets what the children left of the 10 s (at least a second).
+        remaining = 9.5 - (time.monotonic() - self._stopping_since) if self._stopping_since else 2.0
+        if embedded.stop(timeout=max(1.0, remaining)):
             self.stdout.write(f"stopped the embedded PostgreSQL server ({embedded.data_dir})")
 
     def _stop_children(
