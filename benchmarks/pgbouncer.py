@@ -47,6 +47,7 @@ class PrivatePgBouncer:
         port: int | None = None,
         pool_size: int = 20,
         max_client_conn: int = 1000,
+        server_login_retry: float = 15,
     ) -> None:
         server = urlsplit(server_url)
         self.server_host = server.hostname or "127.0.0.1"
@@ -57,6 +58,9 @@ class PrivatePgBouncer:
         self.port = port or free_port()
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
+        # after a failed login to the server, how long every client is refused (PgBouncer's default
+        # 15 s; the soak's is 1 s, so that a restart or failover of the server costs seconds, not 15)
+        self.server_login_retry = server_login_retry
         self.root = Path(tempfile.mkdtemp(prefix="omnipost-pgbouncer-"))
         self.log = self.root / "pgbouncer.log"
         self.proc: subprocess.Popen | None = None
@@ -77,6 +81,7 @@ class PrivatePgBouncer:
             "pool_mode = transaction\n"
             f"default_pool_size = {self.pool_size}\n"
             f"max_client_conn = {self.max_client_conn}\n"
+            f"server_login_retry = {self.server_login_retry:g}\n"
             "ignore_startup_parameters = extra_float_digits\n"
             f"logfile = {self.log}\n"
             f"pidfile = {self.root / 'pgbouncer.pid'}\n"
