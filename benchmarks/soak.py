@@ -726,7 +726,9 @@ class Faults:
 
     # the kinds -------------------------------------------------------------------------------
     def terminate_backends(self, fault: Fault) -> None:
-        count = self.soak.pg.sql(
+        primary = self.soak.pg
+        fault.target = f"port {primary.port}"
+        count = primary.sql(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE application_name LIKE 'omnipost%%' AND pid <> pg_backend_pid()"
         )
