@@ -116,7 +116,7 @@ class PrivatePostgres:
 
     # --- streaming replication --------------------------------------------------------------------
     def standby(
-        self, *, name: str = "omnipost_standby", synchronous: bool = True, timeout: float = 60
+        self, *, name: str = "omnipost_standby", synchronous: bool = True, timeout: float = 60, port: int | None = None
     ) -> PrivatePostgres:
         """A hot standby of this (running) server: `pg_basebackup -R` into a new directory, started on
         a port of its own and streaming. `synchronous`: this server's `synchronous_standby_names`
@@ -124,8 +124,23 @@ class PrivatePostgres:
         `synchronous_commit = on`, which the caller's settings must give this server).
 
         The standby's own `synchronous_standby_names` is empty: promoted, it commits alone (no standby
-        of its own to wait for) instead of blocking every write."""
-        replica = PrivatePostgres(settings=self.settings, init=False, bindir=self.bindir)
+        of its own to wait for) instead of blocking every write. `port`: the standby's (a free one by
+        default; the chaos soak rebuilds one on its failed primary's, so that a multi-host URL still
+        names both). A standby that does not come up is removed (and no longer waited for) before the
+        error is raised."""
+        replica = PrivatePostgres(settings=self.settings, init=False, bindir=self.bindir, port=port)
+        try:
+            self._follow(replica, name, synchronous, timeout)
+        except BaseException:
+            replica.close()
+            if synchronous:  # no commit may wait for a standby that is not there
+                with contextlib.suppress(Exception):
+                    self.sql("ALTER SYSTEM RESET synchronous_standby_names")
+                    self.sql("SELECT pg_reload_conf()")
+            raise
+        return replica
+
+    def _follow(self, replica: PrivatePostgres, name: str, synchronous: bool, timeout: float) -> None:
         self._run("pg_basebackup", "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast", "--no-sync",
                   "-d", f"host=127.0.0.1 port={self.port} user=postgres application_name={name}", timeout=timeout)
         with open(replica.data / "postgresql.auto.conf", "a") as conf:  # after the primary's, so these win
@@ -142,7 +157,6 @@ class PrivatePostgres:
                 log = replica.log.read_text()[-2000:]
                 raise RuntimeError(f"standby {name} did not reach {wanted} streaming: {log}")
             time.sleep(0.1)
-        return replica
 
     def promote(self, timeout: float = 30) -> None:
         """`pg_ctl promote`: this standby leaves recovery and accepts writes (returns once it does)."""

@@ -5,6 +5,15 @@ short one).
 What runs, all on this machine's loopback:
 
 - a private PostgreSQL server (benchmarks.pgserver: `initdb`, `pg_ctl`), migrated;
+- with `standby`: a synchronous streaming standby of it (`pg_basebackup -R`; a commit returns once
+  the standby has it, so a failover loses nothing acknowledged), the processes given both servers in
+  a multi-host URL with `target_session_attrs=read-write`, so they follow a promotion on their next
+  connection;
+- with `pooled`: PgBouncer (benchmarks.pgbouncer, transaction pooling; after a failed login to the
+  server it refuses clients for 1 s, not its default 15) in front of the primary, the processes
+  connecting through it (`OMNIPOST_DATABASE_POOLER=pgbouncer`; LISTEN on a direct
+  connection, `OMNIPOST_LISTEN_DATABASE_URL`); with a standby too, PgBouncer is repointed at the
+  promoted one by a failover (its configuration rewritten and reloaded);
 - 2 web processes (gunicorn gthread), 3 dispatchers, a scheduler and the bounce listener, each
   under a small supervisor (a thread here) that starts it again when it dies;
 - the chaos receiver (benchmarks.chaos_receiver): the webhook provider and the tenant's event
@@ -34,12 +43,20 @@ subscribers (filled through the topics API), and one CSV bulk send of BULK_ROWS 
 provider, whose notifications are counted like the rest.
 
 Faults, one every `fault_every` seconds, drawn from a seeded bag (every kind once per round, in a
-random order, so a run with at least as many faults as kinds has each kind): FAULT_KINDS. kill9's
-victims come from a bag too: every process once a round, a dispatcher first.
+random order, so a run with at least as many faults as kinds has each kind): FAULT_KINDS, less those
+whose mode the run lacks (MODE_KINDS: `pgbouncer_restart` only when pooled, `failover` only with a
+standby; naming one without its mode is an error, `unavailable`). kill9's victims come from a bag
+too: every process once a round, a dispatcher first. A failover stops the primary (`-m immediate`),
+promotes the standby and then rebuilds a new standby from the new primary, on the old primary's port
+(so the processes' URL names both servers still), in the background: the fault can recur, and until
+the new standby streams a drawn `failover` stays in the bag for a later turn. Every later fault that
+acts on the database (`terminate_backends`, `pg_restart`, the leases read at a kill) acts on
+whichever server is primary then.
 
 The ledger (`Ledger.failures`): no acknowledged notification lost; duplicates at the provider
-only for notifications in flight (leased) at a kill or a stop of a dispatcher, never more than
-were; every delivered notification's event delivered at least once; every receipt acknowledged
+only for notifications in flight (leased) at a kill or a stop of a dispatcher, or at a failover (the
+leases the promoted server holds: claims whose holders may have sent without being able to record),
+never more than were; every delivered notification's event delivered at least once; every receipt acknowledged
 and visible; the opted-out sends suppressed and never sent; the API and the provider agree on
 what was delivered; every acknowledged workflow trigger has its run, completed, with a notification
 for each send step; each topic trigger has exactly one run per member of the topic; the bulk send
@@ -74,6 +91,7 @@ from typing import Any
 import httpx
 
 from benchmarks.chaos_receiver import ChaosReceiver
+from benchmarks.pgbouncer import PrivatePgBouncer
 from benchmarks.pgserver import PrivatePostgres, free_port
 from benchmarks.push_standins import Answer, ApnsStandIn, FcmStandIn, WebPushStandIn
 
@@ -91,7 +109,27 @@ FAULT_KINDS = (
     "provider_hang",  # … does not answer at all
     "events_down",  # the event endpoint's port is closed for a while
     "scheduler_kill",  # kill -9 of the scheduler
+    "pgbouncer_restart",  # kill -9 of PgBouncer, started again on its port after a moment (pooled)
+    "failover",  # the primary stopped (immediate), the standby promoted, a new standby rebuilt (standby)
 )
+MODE_KINDS = {"pgbouncer_restart": "pooled", "failover": "standby"}  # kinds only a run in that mode can draw
+STANDBY = "soak_standby"  # its application_name (not omnipost…: terminate_backends leaves replication alone)
+
+
+def kinds_for(*, pooled: bool = False, standby: bool = False) -> tuple[str, ...]:
+    """The fault kinds a run in these modes draws from (all of them, in FAULT_KINDS' order)."""
+    modes = {"pooled": pooled, "standby": standby}
+    return tuple(kind for kind in FAULT_KINDS if modes.get(MODE_KINDS.get(kind, ""), True))
+
+
+def unavailable(kinds: tuple[str, ...], *, pooled: bool = False, standby: bool = False) -> str | None:
+    """One line saying which of `kinds` this run's modes cannot inject (None: all of them can)."""
+    lacking = [kind for kind in kinds if kind not in kinds_for(pooled=pooled, standby=standby)]
+    if not lacking:
+        return None
+    return "; ".join(f"fault kind {kind} needs --{MODE_KINDS[kind]}" for kind in lacking)
+
+
 KILLS = ("kill9", "sigstop_dispatcher", "scheduler_kill")
 RECOVERED_PICKUP = 2.0  # seconds from due to arrival that count as "flowing again" after a fault
 SUBSCRIBERS = 40  # sub-0 … sub-39; every fourth opted out of `news` on push, every fifth in-app
@@ -131,8 +169,10 @@ class SoakConfig:
     rate: float = 50.0  # notifications a second
     fault_every: float = 20.0
     seed: int = 1
-    kinds: tuple[str, ...] = FAULT_KINDS
+    kinds: tuple[str, ...] | None = None  # None: every kind the modes allow (kinds_for)
     quick: bool = False  # short faults and lease, for the test's soak
+    pooled: bool = False  # the processes through PgBouncer; `pgbouncer_restart` in the draw
+    standby: bool = False  # a streaming standby; `failover` in the draw
     provider_delay_ms: float = 100.0  # the provider's time to answer: sends are in flight when a kill comes
     dispatchers: int = 3
     webs: int = 2
@@ -142,14 +182,24 @@ class SoakConfig:
     topic_members: int = 300
     topic_triggers: int = 2  # during the run, at even intervals
 
+    def __post_init__(self) -> None:
+        if self.kinds is None:
+            self.kinds = kinds_for(pooled=self.pooled, standby=self.standby)
+        lacking = unavailable(self.kinds, pooled=self.pooled, standby=self.standby)
+        if lacking:
+            raise ValueError(lacking)
+
     @property
     def lease_seconds(self) -> float:
         return 4.0 if self.quick else 10.0
 
     def fault_seconds(self, kind: str) -> float:
         """How long a fault with a duration lasts."""
-        quick = {"provider_503": 2.5, "provider_429": 2.5, "provider_hang": 3.0, "events_down": 6.0}
-        full = {"provider_503": 8.0, "provider_429": 8.0, "provider_hang": 6.0, "events_down": 45.0}
+        # the restarts and the failover: down this long before starting again (promoting the standby)
+        quick = {"provider_503": 2.5, "provider_429": 2.5, "provider_hang": 3.0, "events_down": 6.0,
+                 "pg_restart": 0.5, "pgbouncer_restart": 0.5, "failover": 0.5}
+        full = {"provider_503": 8.0, "provider_429": 8.0, "provider_hang": 6.0, "events_down": 45.0,
+                "pg_restart": 2.0, "pgbouncer_restart": 2.0, "failover": 2.0}
         if kind == "sigstop_dispatcher":
             return self.lease_seconds + 2.0
         return (quick if self.quick else full).get(kind, 0.0)
@@ -629,11 +679,20 @@ class Faults:
         now = time.time()
         return all(f.ended is not None and now >= f.ended + margin for f in self.done)
 
-    def draw(self) -> str:
+    def draw(self) -> str | None:
+        """The next kind from the bag (refilled and shuffled when empty). A kind that cannot be injected
+        now (`ready`: a failover while the new standby is still being built) stays in the bag for a
+        later draw; None when the bag holds only such kinds."""
         if not self.bag:
-            self.bag = list(self.soak.config.kinds)
+            self.bag = list(self.soak.config.kinds or ())
             self.rng.shuffle(self.bag)
-        return self.bag.pop()
+        for i in range(len(self.bag) - 1, -1, -1):
+            if self.ready(self.bag[i]):
+                return self.bag.pop(i)
+        return None
+
+    def ready(self, kind: str) -> bool:
+        return kind != "failover" or getattr(self.soak, "standby", None) is not None
 
     def _run(self) -> None:
         # on a fixed cadence from the start: a fault that takes a while to inject (a SIGSTOP held past
@@ -643,6 +702,9 @@ class Faults:
         while not self.stopping.wait(max(0.0, next_at - time.monotonic())):
             next_at += every
             kind = self.draw()
+            if kind is None:
+                self.soak.config.progress("no fault this turn: the standby is still being rebuilt")
+                continue
             fault = Fault(kind, time.time())
             self.done.append(fault)
             self.soak.config.progress(f"fault {len(self.done)}: {kind}")
@@ -664,7 +726,9 @@ class Faults:
 
     # the kinds -------------------------------------------------------------------------------
     def terminate_backends(self, fault: Fault) -> None:
-        count = self.soak.pg.sql(
+        primary = self.soak.pg
+        fault.target = f"port {primary.port}"
+        count = primary.sql(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE application_name LIKE 'omnipost%%' AND pid <> pg_backend_pid()"
         )
@@ -672,9 +736,41 @@ class Faults:
         fault.ended = time.time()
 
     def pg_restart(self, fault: Fault) -> None:
-        down = self.soak.pg.restart("fast", down_seconds=0.5 if self.soak.config.quick else 2.0)
-        fault.detail = f"unreachable {down:.1f} s"
+        primary = self.soak.pg
+        down = primary.restart("fast", down_seconds=self.soak.config.fault_seconds("pg_restart"))
+        fault.target, fault.detail = f"port {primary.port}", f"unreachable {down:.1f} s"
         fault.ended = time.time()
+
+    def pgbouncer_restart(self, fault: Fault) -> None:
+        """PgBouncer killed (every client's connection breaks), started again on its port."""
+        bouncer = self.soak.bouncer
+        began = time.monotonic()
+        bouncer.kill()
+        time.sleep(self.soak.config.fault_seconds("pgbouncer_restart"))
+        bouncer.start()
+        fault.target, fault.detail = f"port {bouncer.port}", f"unreachable {time.monotonic() - began:.1f} s"
+        fault.ended = time.time()
+
+    def failover(self, fault: Fault) -> None:
+        """The primary stopped (`-m immediate`: no goodbye to anyone), the standby promoted, PgBouncer
+        (when pooled) repointed at it; the leases the promoted server holds are the fault's in-flight
+        set. A new standby is then built from it in the background (`Soak.rebuild_standby`)."""
+        soak = self.soak
+        old, new = soak.pg, soak.standby
+        began = time.monotonic()
+        soak.standby = None
+        old.stop("immediate")
+        time.sleep(soak.config.fault_seconds("failover"))
+        new.promote()
+        soak.pg = new
+        if soak.bouncer is not None:
+            soak.bouncer.repoint(new.port)
+        down = time.monotonic() - began
+        fault.ended = time.time()
+        fault.target = f"port {old.port} → {new.port}"
+        fault.in_flight = soak.leased()
+        fault.detail = f"no primary {down:.1f} s; {len(fault.in_flight)} leased"
+        self.later(0, lambda: soak.rebuild_standby(old, fault))
 
     def victim(self) -> str:
         """The next process for kill9: every process once a round, in a seeded order, a dispatcher
@@ -954,14 +1050,81 @@ class Soak:
         self.rng = random.Random(config.seed)  # noqa: S311 - reproducible draws, not secrets
         self.procs: dict[str, Supervised] = {}
         self.samples_started = 0.0
+        self.standby: PrivatePostgres | None = None  # None: none configured, or being rebuilt after a failover
+        self.bouncer: PrivatePgBouncer | None = None
+        self.ports: list[int] = []  # the servers' ports, primary first at the start (a failover swaps roles)
+        self.closing = threading.Event()
+        self.servers = threading.Lock()
+
+    # the servers -------------------------------------------------------------------------------
+    def _start_servers(self) -> None:
+        """The primary, its standby (with `standby`) and PgBouncer in front of the primary (`pooled`)."""
+        settings = {"max_connections": "200"}
+        if self.config.standby:  # commits wait for the standby; it retries a lost primary every 0.5 s
+            settings |= {"synchronous_commit": "on", "wal_retrieve_retry_interval": "500ms"}
+        self.pg = PrivatePostgres(settings=settings)
+        self.pg.start()
+        self.pg.create_database(DBNAME)
+        self.ports = [self.pg.port]
+        if self.config.standby:
+            self.standby = self.pg.standby(name=STANDBY)
+            self.ports.append(self.standby.port)
+        if self.config.pooled:
+            self.bouncer = PrivatePgBouncer(self.pg.url(DBNAME), server_login_retry=1).start()
+
+    def direct_url(self) -> str:
+        """The database's URL straight to the servers: every one of them, the writable one chosen."""
+        if len(self.ports) == 1:
+            return self.pg.url(DBNAME)
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        return f"postgres://postgres@{hosts}/{DBNAME}?target_session_attrs=read-write"
+
+    def rebuild_standby(self, failed: PrivatePostgres, fault: Fault) -> None:
+        """After a failover: a new standby of the new primary on the failed primary's port (its data
+        removed), retried until it streams (a pg_restart of the primary meanwhile breaks a base backup)."""
+        began = time.time()
+        port = failed.port
+        failed.close()
+        while not self.closing.is_set() and time.time() < began + 300:
+            primary = self.pg
+            try:
+                standby = primary.standby(name=STANDBY, port=port, timeout=120)
+            except Exception as exc:  # noqa: BLE001 - tried again, and said
+                self.config.progress(f"rebuilding the standby failed, again: {exc!r}"[:300])
+                self.closing.wait(1.0)
+                continue
+            with self.servers:
+                if self.closing.is_set():
+                    standby.close()
+                    return
+                self.standby = standby
+            fault.detail += f"; new standby streaming after {time.time() - began:.1f} s"
+            self.config.progress(f"new standby on port {port} after {time.time() - began:.1f} s")
+            return
+        fault.detail += "; no new standby"
+
+    def _stop_servers(self) -> None:
+        self.closing.set()
+        if self.bouncer is not None:
+            self.bouncer.close()
+        with self.servers:
+            for server in (self.standby, getattr(self, "pg", None)):
+                if server is not None:
+                    server.close()
 
     # set-up ------------------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
         from cryptography.fernet import Fernet
 
-        env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+        ours = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "OMNIPOST_DATABASE_POOLER", "OMNIPOST_LISTEN_DATABASE_URL")
+        env = {k: v for k, v in os.environ.items() if k not in ours}
+        if self.bouncer is not None:  # through the pooler; LISTEN straight to the servers
+            env |= {"DATABASE_URL": self.bouncer.url(DBNAME), "OMNIPOST_DATABASE_POOLER": "pgbouncer",
+                    "OMNIPOST_LISTEN_DATABASE_URL": self.direct_url()}
+        else:
+            env["DATABASE_URL"] = self.direct_url()
         return {
-            **env, "DATABASE_URL": self.pg.url(DBNAME), "DEBUG": "false", "SECRET_KEY": uuid.uuid4().hex * 2,
+            **env, "DEBUG": "false", "SECRET_KEY": uuid.uuid4().hex * 2,
             "ALLOWED_HOSTS": "127.0.0.1,localhost", "OMNIPOST_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
             "OMNIPOST_ALLOW_PRIVATE_DESTINATIONS": "true", "OMNIPOST_LOG_LEVEL": "WARNING",
             "OMNIPOST_RATE_LIMIT_API": "0", "OMNIPOST_RATE_LIMIT_RECEIPTS": "0", "CONN_MAX_AGE": "60",
@@ -1174,18 +1337,18 @@ class Soak:
         workdir = config.workdir or Path(tempfile.mkdtemp(prefix="omnipost-soak-"))
         workdir.mkdir(parents=True, exist_ok=True)
         began = time.time()
-        self.pg = PrivatePostgres(settings={"max_connections": "200"})
         receiver = None
         feed: list[tuple[str, float]] = []  # in-app arrivals, read before the server stops
         try:
-            self.pg.start()
-            self.pg.create_database(DBNAME)
+            self._start_servers()
             env = self._env()
             say("schema")
             if config.prepare is not None:
                 config.prepare(self.pg.dsn(DBNAME))
-            else:
-                self._manage("migrate", "--no-input", "-v", "0", env=env)
+            else:  # straight to the primary
+                direct = {k: v for k, v in env.items() if k not in ("OMNIPOST_DATABASE_POOLER",
+                                                                    "OMNIPOST_LISTEN_DATABASE_URL")}
+                self._manage("migrate", "--no-input", "-v", "0", env={**direct, "DATABASE_URL": self.pg.url(DBNAME)})
             self.receiver = receiver = ChaosReceiver(workdir / "receiver.log", provider_secret=PROVIDER_SECRET,
                                                      events_secret=EVENTS_SECRET,
                                                      delay_ms=config.provider_delay_ms)  # fmt: skip
@@ -1266,7 +1429,7 @@ class Soak:
             if hasattr(self, "api"):
                 self.api.close()
                 self.test_api.close()
-            self.pg.close()
+            self._stop_servers()
         return build_report(config, self, faults, final, accepted, api_view, alive, drained,
                             {"setup_seconds": round(setup_seconds, 1), "load_started": load_started,
                              "load_ended": load_ended, "workdir": str(workdir)})  # fmt: skip
@@ -1666,7 +1829,8 @@ def build_report(config: SoakConfig, soak: Soak, faults: Faults, final: dict, ac
     cfg = {"seconds": config.seconds, "rate": config.rate, "fault_every": config.fault_every, "seed": config.seed,
            "kinds": list(config.kinds), "quick": config.quick, "dispatchers": config.dispatchers, "webs": config.webs,
            "lease_seconds": config.lease_seconds, "provider_delay_ms": config.provider_delay_ms,
-           "circuit_open_seconds": config.circuit_open_seconds}  # fmt: skip
+           "circuit_open_seconds": config.circuit_open_seconds, "pooled": config.pooled,
+           "standby": config.standby}  # fmt: skip
     return Report(cfg, ledger, fault_rows, processes, timeline, load, failures,
                   {**meta, "machine": f"{os.cpu_count()} CPUs"})  # fmt: skip
 
@@ -1678,7 +1842,11 @@ def markdown(report: Report) -> str:
         f"(seed {cfg['seed']})", "",
         f"**{'PASS' if report.ok else 'FAIL'}**" + ("" if report.ok else ": " + "; ".join(report.failures)), "",
         f"{cfg['webs']} web, {cfg['dispatchers']} dispatchers, a scheduler and the bounce listener on a private "
-        f"PostgreSQL server; the provider answers in {cfg['provider_delay_ms']:g} ms; "
+        "PostgreSQL server"
+        + (" with a synchronous streaming standby (a failover promotes it; a new one is rebuilt from the new "
+           "primary)" if cfg.get("standby") else "")
+        + (", through PgBouncer (transaction pooling)" if cfg.get("pooled") else "")
+        + f"; the provider answers in {cfg['provider_delay_ms']:g} ms; "
         f"lease {cfg['lease_seconds']:g} s; breakers open {cfg['circuit_open_seconds']:g} s; "
         f"{report.meta.get('machine', '')}; set-up "
         f"{report.meta.get('setup_seconds')} s.", "",
@@ -1729,7 +1897,8 @@ def markdown(report: Report) -> str:
         "", "Recovery: from the fault's end (a killed process back up, a mode switched back, the server "
         "started again) to the first arrival of a notification due after it that took at most "
         f"{RECOVERED_PICKUP:g} s from due to arrival (the fault's backlog is behind it); after a scheduler's "
-        "kill, of a future-dated one; after the event endpoint's outage, of the first event.", "",
+        "kill, of a future-dated one; after the event endpoint's outage, of the first event. A failover ends "
+        "when the standby is promoted (and PgBouncer repointed), a PgBouncer restart when it listens again.", "",
         "## Processes", "",
         "RSS (MB, the process and its children) and open files, first → last sample of each incarnation; growth: "
         "median of the last quarter of its samples less that of the second quarter (incarnations sampled "
@@ -1763,7 +1932,7 @@ def png(report: Report, path: Path) -> None:
     bottom.set_yscale("log")
     bottom.set_ylabel("pickup p99 (ms, by due time)")
     bottom.set_xlabel("seconds since the load started")
-    colours = dict(zip(FAULT_KINDS, plt.get_cmap("tab10").colors, strict=False))
+    colours = dict(zip(FAULT_KINDS, plt.get_cmap("tab20").colors, strict=False))
     seen: set[str] = set()
     for f in report.faults:
         colour = colours.get(f["kind"], "grey")

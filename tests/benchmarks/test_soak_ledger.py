@@ -13,7 +13,7 @@ from benchmarks.soak import Fault, Incarnation, Sent, SoakConfig, build_report
 T0 = 1_000_000.0
 
 
-def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None, triggers=None, runs=()):  # noqa: ANN001, ANN202
+def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None, triggers=None, runs=(), faults=None):  # noqa: ANN001, ANN202, E501
     sent = sent or {
         "a": Sent("single", T0 + 1, T0 + 1, "queued", "hook"),
         "b": Sent("batch", T0 + 2, T0 + 2, "queued", "hook"),
@@ -27,8 +27,9 @@ def report(*, accepted, sent=None, kills=(), api=None, alive=None, receipts=None
     soak = SimpleNamespace(load=load, procs=procs, workflow_view=list(runs),
                            receipts=SimpleNamespace(posted=receipts if receipts is not None else {"a": 1},
                                                     failed=[]))  # fmt: skip
-    faults = SimpleNamespace(done=[Fault("kill9", T0 + 5, T0 + 6, "dispatcher0", "", list(ids)) for ids in kills],
-                             errors=[])  # fmt: skip
+    done = faults if faults is not None else [Fault("kill9", T0 + 5, T0 + 6, "dispatcher0", "", list(ids))
+                                              for ids in kills]  # fmt: skip
+    faults = SimpleNamespace(done=done, errors=[])
     return build_report(SoakConfig(kinds=("kill9",), quick=True), soak, faults, {}, accepted, api,
                         alive or {"dispatcher0": True}, True, {"load_started": T0, "load_ended": T0 + 10})  # fmt: skip
 
