@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -22,9 +24,29 @@ def pytest_configure(config: pytest.Config) -> None:
     fast_flush.install()
 
 
+# Creating and migrating a worker's test database has a limit of its own: the first test that needs
+# it would otherwise pay for it out of its own timeout (pytest-timeout's alarm covers fixtures), and
+# on a loaded machine the migrations alone can take longer than a short test's whole limit.
+DATABASE_SETUP_SECONDS = 600
+_suspended_alarm: list[float] = []
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):  # noqa: ANN001, ANN201
+    """Runs just before the test database is created: the test's alarm gives way to the setup's."""
+    if threading.current_thread() is threading.main_thread():
+        remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+        if remaining > 0:
+            _suspended_alarm.append(remaining)
+            signal.setitimer(signal.ITIMER_REAL, DATABASE_SETUP_SECONDS)
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
-    """Let Django's flush TRUNCATE the append-only audit table, on the throwaway test database only."""
+    """Let Django's flush TRUNCATE the append-only audit table, on the throwaway test database only;
+    then give the test that asked for the database the rest of its own time limit back."""
+    if _suspended_alarm:
+        signal.setitimer(signal.ITIMER_REAL, _suspended_alarm.pop())
     with django_db_blocker.unblock():
         name = connection.settings_dict["NAME"]
         with connection.cursor() as cursor:
