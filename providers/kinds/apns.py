@@ -60,7 +60,8 @@ class ApnsProvider(BaseProvider):
         origin, _ = split_url(self.config.get("base_url") or DEFAULT_BASE_URL)
         context = h2_ssl_context(self.config.get("ca_file") or None)
         self._owns_client = h2_client is None
-        self._client = h2_client or H2Client(origin, guard=ssrf.check_addresses, ssl_context=context)
+        self._client = h2_client or H2Client(origin, guard=ssrf.check_addresses, ssl_context=context,
+                                             keep_headers=frozenset({b"retry-after"}))  # all _result reads
         self._topic = self.config["topic"].encode()
         self._built = push.Built(_built)  # a notification's payload and headers, once for its devices
         self._token = b""
