@@ -78,7 +78,10 @@ class H2Request:
         self.done = True
         if self.timer is not None:
             self.timer.cancel()
-        self.on_done(response, error)
+        # dropped: the timer's arguments and a caller that keeps this request in what on_done holds
+        # would otherwise make reference cycles of each request, left to the cyclic collector
+        on_done, self.on_done, self.timer = self.on_done, _finished, None
+        on_done(response, error)
 
     def cancel(self) -> None:
         """Give the request up: its stream is reset; no callback follows."""
@@ -87,7 +90,12 @@ class H2Request:
         self.done = True
         if self.timer is not None:
             self.timer.cancel()
+        self.on_done, self.timer = _finished, None
         self.client._abandon(self)
+
+
+def _finished(response: Response | None, error: BaseException | None) -> None:
+    """A finished request's `on_done`: it is called once only."""
 
 
 class _Stream:
