@@ -419,12 +419,15 @@ class GoawayApnsStandIn(ApnsStandIn):
 
             await self(scope, receive, send)
             start, content = sent[0], sent[1].get("body", b"")
-            conn.send_headers(stream_id, [(b":status", str(start["status"]).encode()), *start["headers"]],
-                              end_stream=not content)  # fmt: skip
-            if content:
-                conn.send_data(stream_id, content, end_stream=True)
-            writer.write(conn.data_to_send())
             answering.discard(asyncio.current_task())  # type: ignore[arg-type]
+            try:
+                conn.send_headers(stream_id, [(b":status", str(start["status"]).encode()), *start["headers"]],
+                                  end_stream=not content)  # fmt: skip
+                if content:
+                    conn.send_data(stream_id, content, end_stream=True)
+            except h2.exceptions.ProtocolError:
+                pass  # the client reset the stream meanwhile (it gave up on it)
+            writer.write(conn.data_to_send())
             if last and not answering:  # the last stream the GOAWAY covered is answered
                 await writer.drain()
                 writer.close()

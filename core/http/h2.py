@@ -10,7 +10,7 @@ back once with the response or the error, on the event loop.
 - one TLS connection (ALPN `h2`), opened on first use and again after it closes or the server
   sends GOAWAY; requests wait (FIFO) while it opens or while the server's
   SETTINGS_MAX_CONCURRENT_STREAMS are all in flight;
-- one deadline per request (waiting, connecting, sending, the response), kept by a timer;
+- one deadline per request (waiting, connecting, sending, the response), kept by a sweep;
 - request bodies respect flow control (sent as the windows open); response bodies are acknowledged
   as they arrive and capped at `max_body_bytes`;
 - GOAWAY: the streams above its last-stream-id were never processed (RFC 9113 §6.8), so they start
@@ -59,7 +59,7 @@ def h2_ssl_context(cafile: str | None = None) -> ssl.SSLContext:
 
 
 class H2Request:
-    __slots__ = ("body", "client", "deadline", "done", "headers", "on_done", "stream_id", "timer")
+    __slots__ = ("body", "client", "deadline", "done", "headers", "on_done", "stream_id")
 
     def __init__(self, client: H2Client, headers: list[tuple[bytes, bytes]], body: bytes, deadline: float,
                  on_done: OnResponse) -> None:  # fmt: skip
@@ -70,17 +70,15 @@ class H2Request:
         self.on_done = on_done
         self.done = False
         self.stream_id = 0
-        self.timer: asyncio.TimerHandle | None = None
 
     def finish(self, response: Response | None, error: BaseException | None) -> None:
         if self.done:
             return
         self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-        # dropped: the timer's arguments and a caller that keeps this request in what on_done holds
-        # would otherwise make reference cycles of each request, left to the cyclic collector
-        on_done, self.on_done, self.timer = self.on_done, _finished, None
+        self.client._live.pop(self, None)
+        # dropped: a caller that keeps this request in what on_done holds would otherwise make a
+        # reference cycle of each request, left to the cyclic collector
+        on_done, self.on_done = self.on_done, _finished
         on_done(response, error)
 
     def cancel(self) -> None:
@@ -88,9 +86,8 @@ class H2Request:
         if self.done:
             return
         self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.on_done, self.timer = _finished, None
+        self.client._live.pop(self, None)
+        self.on_done = _finished
         self.client._abandon(self)
 
 
@@ -240,9 +237,13 @@ class H2Client:
         resolver: Resolver | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         keep_headers: frozenset[bytes] | None = None,
+        timeout_resolution: float = 0.025,
     ) -> None:
         """`keep_headers`: the response headers a Response carries (lower-case names; None: all). The
-        others are stepped over undecoded, which is most of what reading an answer costs."""
+        others are stepped over undecoded, which is most of what reading an answer costs.
+
+        Deadlines are kept by one sweep every `timeout_resolution` seconds while requests are live, as
+        core.http.client keeps them, not by a timer per request."""
         if not origin.tls:
             raise ValueError("HTTP/2 is spoken over TLS (https) only here")
         self.origin = origin
@@ -257,6 +258,12 @@ class H2Client:
         self._waiting: deque[H2Request] = deque()
         self._old: set[_H2Protocol] = set()  # connections after a GOAWAY, answering their last streams
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._live: dict[H2Request, None] = {}  # requests not finished, in the order they started
+        self._ordered = True  # their deadlines never decrease along `_live` (one timeout: the usual case)
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.timeout_resolution = timeout_resolution
+        self._pump_soon = False
         self.connections_opened = 0
         self.most_in_flight = 0  # the most streams in flight at once on the connection
 
@@ -271,7 +278,9 @@ class H2Client:
     ) -> H2Request:  # fmt: skip
         """Start a request now; `on_done(response, None)` or `on_done(None, error)` follows once, on the
         event loop (never from within this call) unless `cancel()` is called on the result first."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         if self._closed:
             raise HttpConnectError("client closed")
         head = [
@@ -281,9 +290,18 @@ class H2Client:
         if body:
             head.append((b"content-length", str(len(body)).encode()))
         request = H2Request(self, head, body, loop.time() + timeout, on_done)
-        request.timer = loop.call_at(request.deadline, self._expired, request)
+        live = self._live
+        if not live:
+            self._ordered = True
+            if self._sweeper is None:
+                self._sweeper = loop.call_later(self.timeout_resolution, self._sweep)
+        elif self._ordered and request.deadline < next(reversed(live)).deadline:
+            self._ordered = False
+        live[request] = None
         self._waiting.append(request)
-        loop.call_soon(self._pump)
+        if not self._pump_soon:  # one pump for all the requests started before the loop turns
+            self._pump_soon = True
+            loop.call_soon(self._pump_started)
         return request
 
     async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
@@ -300,6 +318,26 @@ class H2Client:
         except asyncio.CancelledError:
             request.cancel()
             raise
+
+    def _pump_started(self) -> None:
+        self._pump_soon = False
+        self._pump()
+
+    def _sweep(self) -> None:
+        """Fail the live requests past their deadline; again in `timeout_resolution` while any are live."""
+        now = self._loop.time()  # type: ignore[union-attr] - set by the first start()
+        expired = []
+        for request in self._live:
+            if request.deadline <= now:
+                expired.append(request)
+            elif self._ordered:
+                break
+        for request in expired:
+            self._expired(request)
+        if self._live and not self._closed:
+            self._sweeper = self._loop.call_later(self.timeout_resolution, self._sweep)  # type: ignore[union-attr]
+        else:
+            self._sweeper = None
 
     def _pump(self) -> None:
         """Start waiting requests on the connection while it has room; open it if there is none."""
@@ -366,7 +404,6 @@ class H2Client:
     def _expired(self, request: H2Request) -> None:
         if request.done:
             return
-        request.timer = None
         protocol = self._holding(request)
         if protocol is not None:
             protocol.reset(request)
@@ -413,6 +450,9 @@ class H2Client:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._opening is not None:
             self._opening.cancel()
         waiting, self._waiting = self._waiting, deque()
