@@ -47,19 +47,12 @@ def _provider_and_recipients(kind: str, n: int, stack: list) -> tuple[object, li
         provider = build_provider("webhook", {"url": receiver.url}, {"signing_secret": TEST_SIGNING_SECRET})
         return provider, [f"tok_{i:08d}" for i in range(n)]
     if kind == "webhook-hypercorn":  # the webhook kind to the server the stand-ins run on
-        from benchmarks.push_standins import AsgiServer, lifespan, read_body, respond
+        from benchmarks.push_standins import HookStandIn
         from tests.support.receivers import TEST_SIGNING_SECRET
 
-        async def app(scope: dict, receive: object, send: object) -> None:
-            if scope["type"] == "lifespan":
-                await lifespan(receive, send)
-                return
-            await read_body(receive)
-            await respond(send, 200, {"ok": True})
-
-        server = AsgiServer(app, max_requests=10**9).start()
-        stack.append(server)
-        provider = build_provider("webhook", {"url": server.origin + "/hook"}, {"signing_secret": TEST_SIGNING_SECRET})
+        hook = HookStandIn().start()
+        stack.append(hook)
+        provider = build_provider("webhook", {"url": hook.url}, {"signing_secret": TEST_SIGNING_SECRET})
         return provider, [f"tok_{i:08d}" for i in range(n)]
     # (hypercorn's GOAWAY after 1,000 requests of a connection drops the streams in flight: not APNs' habit)
     standin = (
