@@ -1,14 +1,16 @@
 """Native push through the vendors' stand-ins, side by side with the webhook kind, in one sitting.
 
-    .venv/bin/python bench/push_bench.py [--items 2000] [--dispatchers 2] [--kinds webhook,apns,fcm,webpush]
-        [--database-url URL] [--profile DIR]
+    .venv/bin/python bench/push_bench.py [--items 2000] [--dispatchers 2]
+        [--kinds webhook,webhook-hypercorn,apns,fcm,webpush] [--database-url URL] [--profile DIR]
 
 For each kind: a tenant with one provider of that kind, `--items` subscribers with one device each
-(webhook: `--items` notifications to a recipient), one push notification each, created before the
-dispatchers start; then `--dispatchers` `run_dispatcher` processes drain the queue. Printed per kind:
-sends/s (items / wall time from the first dispatcher's start-up line to an empty queue), the
-dispatchers' CPU per send (utime + stime from /proc, less what they had spent once started), and for
-APNs the most streams the stand-in saw in flight at once on its HTTP/2 connections.
+(webhook: `--items` notifications to a recipient, at tests.support.receivers.HttpReceiver;
+webhook-hypercorn: the same at the stand-ins' server, benchmarks.push_standins.HookStandIn), one
+push notification each, created before the dispatchers start; then `--dispatchers` `run_dispatcher`
+processes drain the queue. Printed per kind: sends/s (items / wall time from the first dispatcher's
+start-up line to an empty queue), the dispatchers' CPU per send (utime + stime from /proc, less what
+they had spent once started), and for APNs the most streams the stand-in saw in flight at once on
+its HTTP/2 connections.
 
 The stand-ins (benchmarks/push_standins.py: hypercorn, verifying tokens and decrypting Web Push bodies)
 run in this process, so on a small machine they, not the dispatchers, bound the rate; the CPU per
@@ -56,7 +58,7 @@ def _seed(kind: str, items: int, standin: object) -> None:
     from tests.support.receivers import TEST_SIGNING_SECRET
 
     tenant = Tenant.objects.create(name=f"bench-{kind}-{time.time_ns()}")
-    if kind == "webhook":
+    if kind in ("webhook", "webhook-hypercorn"):
         Provider.objects.create(tenant=tenant, name="p", channel="push", kind="webhook", is_default=True,
                                 config={"url": standin.url, "timeout_seconds": 10.0},
                                 secrets={"signing_secret": TEST_SIGNING_SECRET})  # fmt: skip
@@ -141,12 +143,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--dispatchers", type=int, default=2)
-    parser.add_argument("--kinds", default="webhook,apns,fcm,webpush")
+    parser.add_argument("--kinds", default="webhook,apns,fcm,webpush",
+                        help="also webhook-hypercorn: the webhook kind to the stand-ins' server")
     parser.add_argument("--database-url", default=DEFAULT_URL)
     parser.add_argument("--profile", type=Path, help="py-spy each dispatcher while it drains; raw stacks go here")
     args = parser.parse_args()
     _setup(args.database_url)
-    from benchmarks.push_standins import ApnsStandIn, FcmStandIn, WebPushStandIn
+    from benchmarks.push_standins import ApnsStandIn, FcmStandIn, HookStandIn, WebPushStandIn
     from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
     # INFO: the dispatchers' start-up line is what the bench waits for
@@ -158,6 +161,7 @@ def main() -> None:
     results = {}
     for kind in args.kinds.split(","):
         standin = {"webhook": lambda: HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=300).start(),
+                   "webhook-hypercorn": lambda: HookStandIn().start(),
                    "apns": lambda: ApnsStandIn().start(), "fcm": lambda: FcmStandIn().start(),
                    "webpush": lambda: WebPushStandIn().start()}[kind]()  # fmt: skip
         try:
@@ -165,7 +169,7 @@ def main() -> None:
             results[kind] = _drain(args.dispatchers, env, args.items, args.profile, kind)
             if kind == "apns":
                 results[kind]["apns_most_streams_in_flight"] = standin.most_in_flight
-            if kind != "webhook":
+            if not kind.startswith("webhook"):
                 results[kind]["refused_by_standin"] = len(standin.refused)
         finally:
             standin.stop()

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -35,37 +36,73 @@ os.environ.setdefault("SECRET_KEY", "omnipost-bench-only")
 os.environ.setdefault("OMNIPOST_ENCRYPTION_KEYS", "x8ROxZ3gJ9D2CFFGZuxGvUQoLhPn7cVeLBcLd2R9s0c=")
 
 
-def _provider_and_recipients(kind: str, n: int, stack: list) -> tuple[object, list[str]]:
+class _Child:
+    """A server running in a forked child process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def stop(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+
+
+def _start(server: object, stack: list, processes: bool) -> None:
+    """`server.start()`, here (its threads share this process's GIL with the loop measured) or, with
+    `processes`, in a forked child: what this process then holds is the server's address (its port),
+    for the provider's config."""
+    if not processes:
+        stack.append(server.start())
+        return
+    from benchmarks.push_standins import AsgiServer
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: serves until killed
+        try:
+            server.start()
+            port = server.port if not hasattr(server, "server") else server.server.port
+            os.write(write, str(port).encode())
+            while True:
+                time.sleep(3600)
+        finally:
+            os._exit(0)
+    os.close(write)
+    port = int(os.read(read, 32) or b"0")
+    os.close(read)
+    stack.append(_Child(pid))
+    if not port:
+        raise SystemExit("the server did not start in its child process")
+    if hasattr(server, "server"):  # a stand-in on hypercorn: its address, the server itself not started here
+        server.server = AsgiServer(server, tls=getattr(server, "tls", None))
+        server.server.port = port
+    else:
+        server.port = port
+
+
+def _provider_and_recipients(kind: str, n: int, stack: list, processes: bool = False) -> tuple[object, list[str]]:
     from benchmarks.push_standins import ApnsStandIn, FcmStandIn, WebPushStandIn
     from providers.kinds import build_provider
 
     if kind == "webhook":
         from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
-        receiver = HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=600, record=False, verify_every=1000).start()
-        stack.append(receiver)
+        receiver = HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=600, record=False, verify_every=1000)
+        _start(receiver, stack, processes)
         provider = build_provider("webhook", {"url": receiver.url}, {"signing_secret": TEST_SIGNING_SECRET})
         return provider, [f"tok_{i:08d}" for i in range(n)]
     if kind == "webhook-hypercorn":  # the webhook kind to the server the stand-ins run on
-        from benchmarks.push_standins import AsgiServer, lifespan, read_body, respond
+        from benchmarks.push_standins import HookStandIn
         from tests.support.receivers import TEST_SIGNING_SECRET
 
-        async def app(scope: dict, receive: object, send: object) -> None:
-            if scope["type"] == "lifespan":
-                await lifespan(receive, send)
-                return
-            await read_body(receive)
-            await respond(send, 200, {"ok": True})
-
-        server = AsgiServer(app, max_requests=10**9).start()
-        stack.append(server)
-        provider = build_provider("webhook", {"url": server.origin + "/hook"}, {"signing_secret": TEST_SIGNING_SECRET})
+        hook = HookStandIn()
+        _start(hook, stack, processes)
+        provider = build_provider("webhook", {"url": hook.url}, {"signing_secret": TEST_SIGNING_SECRET})
         return provider, [f"tok_{i:08d}" for i in range(n)]
     # (hypercorn's GOAWAY after 1,000 requests of a connection drops the streams in flight: not APNs' habit)
-    standin = (
-        ApnsStandIn(max_requests=10**9) if kind == "apns" else {"fcm": FcmStandIn, "webpush": WebPushStandIn}[kind]()
-    ).start()
-    stack.append(standin)
+    kinds = {"fcm": FcmStandIn, "webpush": WebPushStandIn}
+    standin = ApnsStandIn(max_requests=10**9) if kind == "apns" else kinds[kind]()
+    _start(standin, stack, processes and kind != "webpush")  # webpush subscribes in this process
     config, secrets = standin.provider_config()
     provider = build_provider(kind, config, secrets)
     if kind == "webpush":
@@ -116,10 +153,10 @@ async def _round(provider: object, recipients: list[str], concurrency: int, devi
     return (time.thread_time() - started) / len(recipients) * 1e6, failed
 
 
-async def _kind(kind: str, n: int, concurrency: int, repeat: int, devices: int = 1) -> dict:
+async def _kind(kind: str, n: int, concurrency: int, repeat: int, devices: int = 1, processes: bool = False) -> dict:
     stack: list = []
     try:
-        provider, recipients = _provider_and_recipients(kind, n, stack)
+        provider, recipients = _provider_and_recipients(kind, n, stack, processes)
         await _round(provider, recipients[: min(n, 500)], concurrency)  # connections, tokens, caches warm
         rounds = []
         for _ in range(repeat):
@@ -141,6 +178,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--kinds", default="webhook,apns,fcm,webpush")
     parser.add_argument("--devices", type=int, default=1, help="devices per notification (its sends share its content)")
+    parser.add_argument("--servers", choices=("threads", "processes"), default="threads",
+                        help="run the stand-ins in threads of this process (sharing its GIL) or in child processes")
     args = parser.parse_args()
     import django
 
@@ -152,7 +191,8 @@ def main() -> None:
     results = {}
     for kind in args.kinds.split(","):
         gc_tuning.settle_after_start_up(args.concurrency, 1000)  # the collector as a dispatcher sets it
-        results[kind] = uvloop.run(_kind(kind, args.n, args.concurrency, args.repeat, args.devices))
+        processes = args.servers == "processes"
+        results[kind] = uvloop.run(_kind(kind, args.n, args.concurrency, args.repeat, args.devices, processes))
         print(kind, json.dumps(results[kind]), flush=True)
     base = results.get("webhook", {}).get("cpu_us_per_send")
     if base:

@@ -172,6 +172,35 @@ async def lifespan(receive: Callable, send: Callable) -> None:
             return
 
 
+class HookStandIn:
+    """A webhook receiver on the stand-ins' server (hypercorn, plain HTTP): answers 200 `{"ok": true}` to
+    every request, checking nothing. The benches send the webhook kind to it beside the vendors'
+    stand-ins, so that what the server costs the client (hypercorn answers in more writes and headers
+    than tests.support.receivers.HttpReceiver) is told apart from what the kind costs."""
+
+    def __init__(self) -> None:
+        self.server: AsgiServer | None = None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        await read_body(receive)
+        await respond(send, 200, {"ok": True})
+
+    def start(self) -> HookStandIn:
+        self.server = AsgiServer(self, max_requests=10**9).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.server.origin + "/hook"  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
 @dataclass
 class Answer:
     status: int = 200
@@ -419,12 +448,15 @@ class GoawayApnsStandIn(ApnsStandIn):
 
             await self(scope, receive, send)
             start, content = sent[0], sent[1].get("body", b"")
-            conn.send_headers(stream_id, [(b":status", str(start["status"]).encode()), *start["headers"]],
-                              end_stream=not content)  # fmt: skip
-            if content:
-                conn.send_data(stream_id, content, end_stream=True)
-            writer.write(conn.data_to_send())
             answering.discard(asyncio.current_task())  # type: ignore[arg-type]
+            try:
+                conn.send_headers(stream_id, [(b":status", str(start["status"]).encode()), *start["headers"]],
+                                  end_stream=not content)  # fmt: skip
+                if content:
+                    conn.send_data(stream_id, content, end_stream=True)
+            except h2.exceptions.ProtocolError:
+                pass  # the client reset the stream meanwhile (it gave up on it)
+            writer.write(conn.data_to_send())
             if last and not answering:  # the last stream the GOAWAY covered is answered
                 await writer.drain()
                 writer.close()

@@ -521,6 +521,10 @@ async def open_connection(
 OnDone = Callable[["Response | None", "BaseException | None"], object]
 
 
+def _answered(response: Response | None, error: BaseException | None) -> None:
+    """A finished request's `on_done`: it is called once only."""
+
+
 class _Request:
     """One request from `HttpClient.start` to its callback: waiting for a connection, then awaiting
     its response on one. `on_done(response, None)` or `on_done(None, error)` is called exactly once,
@@ -575,8 +579,11 @@ class _Request:
         if self.done:
             return
         self.done = True
+        # dropped: a caller that keeps this request in what on_done holds (a handle to cancel it)
+        # would otherwise make a reference cycle of each request, left to the cyclic collector
+        on_done, self.on_done = self.on_done, _answered
         try:
-            self.on_done(response, error)
+            on_done(response, error)
         except Exception as exc:  # noqa: BLE001 - the caller's bug must not break the pool or the sweeper
             self.pool.client._loop.call_exception_handler(
                 {"message": "HTTP request callback failed", "exception": exc}

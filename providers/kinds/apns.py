@@ -60,7 +60,8 @@ class ApnsProvider(BaseProvider):
         origin, _ = split_url(self.config.get("base_url") or DEFAULT_BASE_URL)
         context = h2_ssl_context(self.config.get("ca_file") or None)
         self._owns_client = h2_client is None
-        self._client = h2_client or H2Client(origin, guard=ssrf.check_addresses, ssl_context=context)
+        self._client = h2_client or H2Client(origin, guard=ssrf.check_addresses, ssl_context=context,
+                                             keep_headers=frozenset({b"retry-after"}))  # all _result reads
         self._topic = self.config["topic"].encode()
         self._built = push.Built(_built)  # a notification's payload and headers, once for its devices
         self._token = b""
@@ -142,13 +143,12 @@ class ApnsProvider(BaseProvider):
             raise
 
     def start_send(self, message: OutboundMessage, on_result: Callable[[DeliveryResult], object]) -> Cancellable:
-        loop = asyncio.get_running_loop()
         try:
             token = message.recipient.strip().lower()
             if not DEVICE_TOKEN.fullmatch(token):
                 result = DeliveryResult(delivered=False, error_code="invalid_recipient", permanent=True,
                                         message="not an APNs device token (hexadecimal)")  # fmt: skip
-                return loop.call_soon(on_result, result)
+                return asyncio.get_running_loop().call_soon(on_result, result)
             body, priority, ttl_seconds, collapse = self._built.of(message.subject, message.body, message.push)
             if len(body) > push.APNS_MAX_PAYLOAD:
                 result = DeliveryResult(
@@ -157,7 +157,7 @@ class ApnsProvider(BaseProvider):
                     permanent=True,
                     message=f"payload of {len(body)} bytes over APNs' {push.APNS_MAX_PAYLOAD}",
                 )
-                return loop.call_soon(on_result, result)
+                return asyncio.get_running_loop().call_soon(on_result, result)
             headers = [
                 (b"apns-topic", self._topic), (b"apns-push-type", b"alert"),
                 (b"apns-id", message.notification_id.encode()),
@@ -168,7 +168,7 @@ class ApnsProvider(BaseProvider):
             if collapse:
                 headers.append((b"apns-collapse-id", collapse))
         except Exception as exc:  # noqa: BLE001 - converted to a result, never raised to the dispatcher
-            return loop.call_soon(on_result, self._failure(exc))
+            return asyncio.get_running_loop().call_soon(on_result, self._failure(exc))
         return _ApnsSend(self, f"/3/device/{token}", headers, body, on_result).start()
 
     def _result(self, response: Response) -> DeliveryResult:

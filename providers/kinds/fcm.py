@@ -56,8 +56,9 @@ _FCM_ERROR = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 _BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
 
 
-def _service_account(text: Any) -> dict[str, Any]:  # noqa: ANN401
-    """The key file's fields this provider uses; ValueError naming what is wrong."""
+def _service_account(text: Any, *, checked: bool = False) -> tuple[dict[str, Any], Any]:  # noqa: ANN401
+    """The key file's fields and its RSA key; ValueError naming what is wrong. `checked`: the text was
+    accepted by `validate` when it was saved, so the key's numbers are not checked again."""
     if not isinstance(text, str):
         raise ValueError("required: the service account key file's JSON, as a string")
     try:
@@ -73,10 +74,9 @@ def _service_account(text: Any) -> dict[str, Any]:  # noqa: ANN401
     if not isinstance(key, str):
         raise ValueError("has no private_key")
     try:
-        jws.load_rsa_private_key(key)
+        return account, jws.load_rsa_private_key(key, checked=checked)
     except ValueError as exc:
         raise ValueError(f"private_key: {exc}") from None
-    return account
 
 
 class FcmProvider(BaseProvider):
@@ -85,10 +85,10 @@ class FcmProvider(BaseProvider):
 
     def __init__(self, config: dict, secrets: dict, *, http_client: HttpClient | None = None) -> None:
         super().__init__(config, secrets)
-        account = _service_account(self.secrets.get("service_account_json"))
+        # built from a saved row, whose secrets `validate` accepted: the key is parsed once, unchecked
+        account, self._key = _service_account(self.secrets.get("service_account_json"), checked=True)
         self._email = account["client_email"]
         self._key_id = account.get("private_key_id") or ""
-        self._key = jws.load_rsa_private_key(account["private_key"])
         base_url = (self.config.get("base_url") or DEFAULT_BASE_URL).rstrip("/")
         self._origin, target = split_url(f"{base_url}/v1/projects/{quote(self.config['project_id'])}/messages:send")
         self._head_prefix = build_head("POST", self._origin, target, {"Content-Type": "application/json"}, final=False)

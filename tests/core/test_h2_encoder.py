@@ -1,10 +1,10 @@
-"""core.http.h2's stateless HPACK encoder, read back by hpack's own decoder (RFC 7541)."""
+"""core.http.h2wire's stateless HPACK encoder, read back by hpack's own decoder (RFC 7541)."""
 
 from __future__ import annotations
 
 from hpack import Decoder
 
-from core.http.h2 import _Encoder
+from core.http.h2wire import Encoder as _Encoder
 
 HEADERS = [
     (b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"api.push.apple.com"),
@@ -25,7 +25,7 @@ def test_every_block_decodes_to_the_headers_and_leaves_the_decoder_table_empty()
         assert decoder.decode(block, raw=True) == headers
     assert len(decoder.header_table.dynamic_entries) == 0
     assert encoder.encode([(b":method", b"POST")]) == b"\x83"  # static table index 3
-    encoder.header_table_size = 100  # the peer changed SETTINGS_HEADER_TABLE_SIZE: signalled again
+    encoder.resize = True  # the peer changed SETTINGS_HEADER_TABLE_SIZE: signalled again
     block = encoder.encode(HEADERS)
     assert block[0] == 0x20 and decoder.decode(block, raw=True) == HEADERS
 

@@ -73,3 +73,30 @@ def test_a_connection_that_dies_fails_its_streams_in_flight_as_transient(dying):
     # nothing is sent again by the transport: what the server processed before it died, once
     assert all(count == 1 for count in dying.seen.values())
     assert len(dying.received) + len(failed) == len(tokens)
+
+
+def test_a_stream_unanswered_by_its_deadline_times_out_and_the_connection_serves_the_next(tmp_path):
+    from core.http import HttpTimeout, split_url
+    from core.http.h2 import H2Client, h2_ssl_context
+
+    slow = GoawayApnsStandIn(tmp_path, goaway_after=0, answer_delay=1.0).start()
+    try:
+        origin, _ = split_url(slow.base_url)
+        client = H2Client(origin, guard=lambda host, addresses: None, ssl_context=h2_ssl_context(slow.tls.cafile))
+        path, body = "/3/device/" + "ab" * 32, b'{"aps":{}}'
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(HttpTimeout):
+                await client.request("POST", path, [], body, timeout=0.2)
+            waited = loop.time() - started
+            answer = await client.request("POST", path, [], body, timeout=5.0)  # after the late answer
+            await client.aclose()
+            return waited, answer
+
+        waited, answer = asyncio.run(main())
+    finally:
+        slow.stop()
+    assert 0.2 <= waited < 0.9  # the deadline (and the sweep's resolution), not the late answer
+    assert answer.status == 403 and client.connections_opened == 1  # no provider token: refused, answered
