@@ -239,16 +239,17 @@ _ANY_DELETE_DUE = f"""SELECT 1 FROM scheduled_jobs
 WHERE status = 'pending' AND run_at <= now() AND kind = '{DELETE_KIND}' LIMIT 1"""  # noqa: S608 - constants
 
 # The next chunk of a deleted topic's memberships after `deleted_through`, in id order on the index
-# (topic_id, id) (the cursor spares each chunk a walk over the entries its predecessors deleted), and
-# the topic's cursor and count moved by what it deleted: one statement.
-_DELETE_CHUNK = """WITH doomed AS (
-    SELECT id FROM topic_subscribers
-    WHERE topic_id = %(topic)s AND id > %(after)s
-    ORDER BY id
-    LIMIT %(chunk)s
-), gone AS (
-    DELETE FROM topic_subscribers m USING doomed d WHERE m.id = d.id
-    RETURNING m.id, m.removed_seq
+# (topic_id, id), deleted by their ids (an array: probes of the primary key; a join of the chunk to the
+# table was planned as a scan of all of it), and the topic's cursor and count moved by what it deleted:
+# one statement. Starting after the cursor spares each chunk a walk over the index entries its
+# predecessors deleted.
+_DELETE_CHUNK = """WITH gone AS (
+    DELETE FROM topic_subscribers
+    WHERE id = ANY(ARRAY(SELECT id FROM topic_subscribers
+                         WHERE topic_id = %(topic)s AND id > %(after)s
+                         ORDER BY id
+                         LIMIT %(chunk)s))
+    RETURNING id, removed_seq
 ), moved AS (
     UPDATE topics SET deleted_through = coalesce((SELECT max(id) FROM gone), deleted_through),
                       subscriber_count = greatest(subscriber_count - (SELECT count(*) FROM gone
