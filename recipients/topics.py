@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
 from django.conf import settings
@@ -235,9 +234,6 @@ def members_sql() -> str:
 # --- deleting a topic's members (the scheduler runs these for due jobs of kind `topic_delete`) -------------
 DELETE_KIND = "topic_delete"
 
-_ANY_DELETE_DUE = f"""SELECT 1 FROM scheduled_jobs
-WHERE status = 'pending' AND run_at <= now() AND kind = '{DELETE_KIND}' LIMIT 1"""  # noqa: S608 - constants
-
 # The next chunk of a deleted topic's memberships after `deleted_through`, in id order on the index
 # (topic_id, id), deleted by their ids (an array: probes of the primary key; a join of the chunk to the
 # table was planned as a scan of all of it), and the topic's cursor and count moved by what it deleted:
@@ -296,15 +292,5 @@ def purge_once(using: str = "default", *, chunk: int | None = None) -> int | Non
 def purge(batch_size: int, using: str) -> scheduler.Promotion:
     """Delete chunks of due topic deletions for up to OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS
     (queueing.scheduler.PromotionHandler); `promoted` counts the topics whose deletion finished."""
-    with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
-        cursor.execute(_ANY_DELETE_DUE)
-        if cursor.fetchone() is None:
-            return scheduler.Promotion(0, 0)
-    deadline = time.monotonic() + float(settings.OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS)
-    finished = 0
-    while time.monotonic() < deadline:
-        outcome = purge_once(using)
-        if outcome is None:
-            break
-        finished += outcome
-    return scheduler.Promotion(finished, 0)
+    budget = float(settings.OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS)
+    return scheduler.promote_in_steps(DELETE_KIND, purge_once, budget, using)

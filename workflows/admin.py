@@ -12,9 +12,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from rest_framework.exceptions import APIException
 
-from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin
+from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, each_selected
 from queueing.stats import CappedCountPaginator
 from workflows import services
 from workflows.models import Fanout, Workflow, WorkflowRun
@@ -94,13 +93,7 @@ class FanoutAdmin(ReadOnlyMixin, TenantScopedAdmin):
     @admin.action(description="Cancel selected fan-outs (members not reached yet get no run)", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         actor = f"user:{request.user.get_username()}"
-        done, refused = 0, 0
-        for fanout_id in queryset.order_by().values_list("pk", flat=True)[:100]:
-            try:
-                services.cancel_fanout(None, fanout_id, actor=actor)
-                done += 1
-            except APIException:
-                refused += 1
+        done, refused = each_selected(queryset, lambda pk: services.cancel_fanout(None, pk, actor=actor))
         if done:
             self.message_user(request, f"Cancelled {done} fan-out(s).", messages.SUCCESS)
         if refused:
