@@ -1,7 +1,7 @@
 """Deleting a topic of a million members: in chunks by the scheduler, against one DELETE.
 
     .venv/bin/python bench/topic_delete_bench.py [--database-url URL] [--members 1000000]
-        [--dispatchers 1] [--idle-seconds 8] [--no-baseline] [--markdown FILE]
+        [--dispatchers 1] [--idle-seconds 8] [--kill-at F] [--no-baseline] [--markdown FILE]
 
 On its own database (default `omnipost_bench_topic_delete` on the local server, dropped and created
 afresh): two topics of tenant A are filled with `--members` memberships each straight in SQL (one
@@ -14,7 +14,8 @@ every 50 ms (pickup = arrival at the receiver - return of the create), first idl
 2. `DELETE topics/{key}` through the API with one real scheduler running: the request's time, the time
    until the scheduler has deleted the last membership and the topic's row, and the longest
    transaction of the scheduler's connection seen in pg_stat_activity (sampled every 20 ms: a lower
-   bound of the true longest, by up to the interval).
+   bound of the true longest, by up to the interval). With `--kill-at F` the scheduler is killed with
+   SIGKILL once F of the members are deleted, and a new one started: it resumes from the last chunk.
 
 Checks (exit 1 when one fails): the topic's memberships and row are gone; every probe was delivered;
 the longest scheduler transaction under 5 s. Figures on a shared machine move with its load.
@@ -96,6 +97,7 @@ def main() -> int:  # noqa: C901, PLR0915
     parser.add_argument("--members", type=int, default=1_000_000)
     parser.add_argument("--dispatchers", type=int, default=1)
     parser.add_argument("--idle-seconds", type=float, default=8.0)
+    parser.add_argument("--kill-at", type=float, default=None)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--max-seconds", type=float, default=900.0)
     parser.add_argument("--markdown")
@@ -128,7 +130,8 @@ def main() -> int:  # noqa: C901, PLR0915
     keys = ["everyone"] + ([] if args.no_baseline else ["baseline"])
     for key in keys:
         assert api.put(f"/api/v1/topics/{key}", {"name": key}, format="json").status_code == 201
-    results: dict[str, object] = {"members": args.members, "chunk": settings.OMNIPOST_TOPIC_DELETE_CHUNK}
+    results: dict[str, object] = {"members": args.members, "chunk": settings.OMNIPOST_TOPIC_DELETE_CHUNK,
+                                  "kill_at": args.kill_at}  # fmt: skip
     for key in keys:
         seconds = fill(tenant_a.pk, Topic.objects.get(key=key).pk, args.members)
         print(f"filled {key}: {args.members:,} members in {seconds:.1f}s", flush=True)
@@ -184,6 +187,13 @@ def main() -> int:  # noqa: C901, PLR0915
 
         def finished() -> bool:
             procs.sample()
+            if args.kill_at and "killed_at_members_left" not in results:
+                left = Topic.objects.filter(pk=topic.pk).values_list("subscriber_count", flat=True).first() or 0
+                if left <= (1 - args.kill_at) * args.members:
+                    procs.kill9("scheduler-1")
+                    results["killed_at_members_left"] = left
+                    print(f"kill -9 of the scheduler with {left:,} members left", flush=True)
+                    procs.start("scheduler-2", "run_scheduler", "--no-jitter")
             if not gone and not Topic.objects.filter(pk=topic.pk).exists():
                 gone.append(time.monotonic() - started)
             return bool(gone)
