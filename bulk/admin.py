@@ -10,11 +10,10 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
-from rest_framework.exceptions import APIException
 
 from bulk import services
 from bulk.models import BulkSend, BulkStatus
-from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin
+from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, each_selected
 
 
 def actor(request: HttpRequest) -> str:
@@ -65,13 +64,7 @@ class BulkSendAdmin(ReadOnlyMixin, TenantScopedAdmin):
     @admin.action(description="Cancel selected bulk sends (rows not created yet are never sent)",
                   permissions=["cancel"])  # fmt: skip
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        done, refused = 0, 0
-        for bulk_id in queryset.order_by().values_list("pk", flat=True)[:100]:
-            try:
-                services.cancel(None, bulk_id, actor=actor(request))
-                done += 1
-            except APIException:
-                refused += 1
+        done, refused = each_selected(queryset, lambda pk: services.cancel(None, pk, actor=actor(request)))
         if done:
             self.message_user(request, f"Cancelled {done} bulk send(s).", messages.SUCCESS)
         if refused:

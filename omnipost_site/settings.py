@@ -150,6 +150,9 @@ OMNIPOST_STARVATION_SECONDS = number(env, "OMNIPOST_STARVATION_SECONDS", 300.0)
 # A topic fan-out: members per chunk (one transaction each), and how long a scheduler turn fans out.
 OMNIPOST_FANOUT_CHUNK = number(env, "OMNIPOST_FANOUT_CHUNK", 10000, integer=True, minimum=1)
 OMNIPOST_FANOUT_BUDGET_SECONDS = number(env, "OMNIPOST_FANOUT_BUDGET_SECONDS", 0.5, minimum=0.001)
+# A deleted topic's memberships: deleted per chunk (one transaction each), and how long a scheduler turn deletes.
+OMNIPOST_TOPIC_DELETE_CHUNK = number(env, "OMNIPOST_TOPIC_DELETE_CHUNK", 10000, integer=True, minimum=1)
+OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS = number(env, "OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS", 0.5, minimum=0.001)
 OMNIPOST_RETRY_BASE_SECONDS = number(env, "OMNIPOST_RETRY_BASE_SECONDS", 2.0)
 OMNIPOST_RETRY_MAX_SECONDS = number(env, "OMNIPOST_RETRY_MAX_SECONDS", 3600.0)
 OMNIPOST_MAX_ATTEMPTS = number(env, "OMNIPOST_MAX_ATTEMPTS", 8, minimum=1, integer=True)

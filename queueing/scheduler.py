@@ -181,6 +181,29 @@ FROM scheduled_jobs WHERE status = 'pending'
 """
 
 
+def promote_in_steps(kind: str, step: Callable[[str], int | None], budget_seconds: float,
+                     using: str = "default") -> Promotion:  # fmt: skip
+    """For a kind whose job is worked in many short transactions (a chunk each): one statement when no
+    job of `kind` is due (the usual case), else `step(using)` (1: it finished a job, 0: more remain,
+    None: nothing due this process may take) until `budget_seconds` have passed, so the scheduler's
+    other kinds keep their turns. `promoted` counts the jobs finished."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_ANY_DUE.format(kind=_kind(kind)))
+        if cursor.fetchone() is None:
+            return Promotion(0, 0)
+    deadline = time.monotonic() + budget_seconds
+    finished = 0
+    while time.monotonic() < deadline:
+        outcome = step(using)
+        if outcome is None:
+            break
+        finished += outcome
+    return Promotion(finished, 0)
+
+
+_ANY_DUE = "SELECT 1 FROM scheduled_jobs WHERE status = 'pending' AND run_at <= now() AND kind = '{kind}' LIMIT 1"
+
+
 def promote_due(batch_size: int, *, using: str = "default") -> Promotion:
     """Promote up to `batch_size` due jobs, oldest run_at first, in one transaction, through the
     registered handler (ImproperlyConfigured without one)."""

@@ -200,7 +200,11 @@ class RevokedUnsubscribeToken(TenantOwned):
 
 class Topic(TenantOwned):
     """A named group of the tenant's subscribers (recipients.topics): a workflow trigger to it starts
-    one run per member. `subscriber_count` is kept by the membership statements' row counts."""
+    one run per member. `subscriber_count` is kept by the membership statements' row counts.
+
+    A deleted topic (`deleted_at` set) is gone for the API at once, and its key is free again; its
+    memberships are deleted in the background in chunks (a scheduled job standing for `deletion_id`),
+    `deleted_through` being the highest membership id deleted so far, then the row itself."""
 
     key = models.SlugField(max_length=100)
     name = models.CharField(max_length=200, blank=True, default="")
@@ -210,11 +214,21 @@ class Topic(TenantOwned):
     active_fanouts = models.IntegerField(default=0)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deletion_id = models.UUIDField(null=True, blank=True, editable=False)  # its deletion job's opaque id
+    deleted_through = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "topics"
         ordering = ["-created_at", "-id"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="topic_key_unique_per_tenant")]
+        constraints = [
+            # one live topic per key: a deleted one's key is free while its members are being deleted
+            models.UniqueConstraint(fields=["tenant", "key"], condition=Q(deleted_at__isnull=True),
+                                    name="topic_key_unique_per_tenant"),
+            # the deletion job finds its topic by this id
+            models.UniqueConstraint(fields=["deletion_id"], condition=Q(deletion_id__isnull=False),
+                                    name="topic_deletion_id_unique"),
+        ]  # fmt: skip
 
     def __str__(self) -> str:
         return self.key

@@ -11,7 +11,15 @@
   value of that sequence (`removed_seq`), so the fan-out still reaches that member; otherwise, and
   once the last fan-out ends, removed memberships are deleted.
 - The fan-out reads members through `members_sql()`: keyset-ordered chunks by id on the index
-  (topic_id, id), inside the database.
+  (topic_id, id), inside the database. Each chunk first holds the topic's row FOR KEY SHARE
+  (`hold_for_fanout`), which membership changes (FOR NO KEY UPDATE) do not wait for and a delete
+  (FOR UPDATE) does.
+- Deleting a topic marks it deleted (gone for the API at once, its key free for a new topic) and
+  schedules a job of kind `topic_delete`; the scheduler deletes its memberships in chunks of
+  OMNIPOST_TOPIC_DELETE_CHUNK in id order, each chunk one transaction that also moves the topic's
+  `deleted_through`, so a killed scheduler resumes after its last committed chunk; the last chunk
+  deletes the topic's row and settles the job. A fan-out of the topic still running stops at its
+  next chunk.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
@@ -27,6 +36,7 @@ from rest_framework.exceptions import NotFound
 from core.api.errors import Conflict
 from core.ids import uuid7
 from core.models import AuditEvent, Tenant
+from queueing import schedule, scheduler
 from recipients.models import Topic, TopicSubscriber
 from recipients.services import ensure_subscribers_sql, no_tokens
 
@@ -38,7 +48,8 @@ _SEQUENCE = "pg_get_serial_sequence('topic_subscribers', 'id')"
 
 
 def topics_for(tenant: Tenant) -> QuerySet[Topic]:
-    return Topic.objects.for_tenant(tenant)
+    """The tenant's topics not deleted (a deleted one is still losing its members in the background)."""
+    return Topic.objects.for_tenant(tenant).filter(deleted_at__isnull=True)
 
 
 def get_topic(tenant: Tenant, key: str) -> Topic:
@@ -51,14 +62,14 @@ def get_topic(tenant: Tenant, key: str) -> Topic:
 def put_topic(tenant: Tenant, key: str, name: str, *, actor: str) -> tuple[Topic, bool]:
     """Create (True) or rename (False) the topic `key`."""
     with transaction.atomic():
-        topic = topics_for(tenant).select_for_update().filter(key=key).first()
+        topic = topics_for(tenant).select_for_update(no_key=True).filter(key=key).first()
         created = topic is None
         if created:
             try:
                 with transaction.atomic():
                     topic = Topic.objects.create(tenant=tenant, key=key, name=name)
             except IntegrityError:  # a concurrent PUT created it first: replace its name
-                topic = topics_for(tenant).select_for_update().get(key=key)
+                topic = topics_for(tenant).select_for_update(no_key=True).get(key=key)
                 created = False
         if not created:
             Topic.objects.filter(pk=topic.pk).update(name=name, updated_at=Now())
@@ -69,22 +80,27 @@ def put_topic(tenant: Tenant, key: str, name: str, *, actor: str) -> tuple[Topic
 
 
 def delete_topic(tenant: Tenant, key: str, *, actor: str) -> None:
-    """Delete the topic and its memberships (not its subscribers); 409 while a fan-out of it runs."""
+    """The topic is gone for the API at once and its key free again; its memberships (never its
+    subscribers) are deleted in the background (`purge_once`), and a fan-out of it still running stops
+    at its next chunk."""
     with transaction.atomic():
+        # FOR UPDATE, not NO KEY: waits for a fan-out chunk reading the members (it holds KEY SHARE),
+        # so each chunk either ends before this commits or sees the topic deleted.
         topic = topics_for(tenant).select_for_update().filter(key=key).first()
         if topic is None:
             raise NotFound("No topic with this key.")
-        if topic.active_fanouts:
-            raise Conflict(f"A workflow trigger to the topic {key!r} is still fanning out; delete it once done.",
-                           code="topic_in_use")  # fmt: skip
-        with connections[Topic.objects.db].cursor() as cursor:
-            cursor.execute("DELETE FROM topic_subscribers WHERE topic_id = %s", [topic.pk])
-        AuditEvent.record(actor=actor, action="topic.deleted", target=topic, details={"key": key})
-        topic.delete()
+        deletion_id = uuid7()
+        Topic.objects.filter(pk=topic.pk).update(deleted_at=Now(), deletion_id=deletion_id, updated_at=Now())
+        schedule.add_timed_jobs(tenant.pk, DELETE_KIND, [(deletion_id, None, 0.0)])
+        AuditEvent.record(actor=actor, action="topic.deleted", target=topic,
+                          details={"key": key, "subscriber_count": topic.subscriber_count})  # fmt: skip
+    logger.info("%s deleted topic %s; its %d member(s) go in the background", actor, key, topic.subscriber_count)
 
 
 def _lock(tenant: Tenant, key: str) -> Topic:
-    topic = topics_for(tenant).select_for_update().filter(key=key).first()
+    """The live topic's row, FOR NO KEY UPDATE: membership changes and triggers take turns on it, while
+    a fan-out's chunk (FOR KEY SHARE) goes on beside them."""
+    topic = topics_for(tenant).select_for_update(no_key=True).filter(key=key).first()
     if topic is None:
         raise NotFound("No topic with this key.")
     return topic
@@ -192,6 +208,18 @@ def end_fanout(topic_id: int, *, using: str = "default") -> None:
             cursor.execute(_PURGE, {"topic": topic_id})
 
 
+_HOLD = "SELECT 1 FROM topics WHERE id = %(topic)s AND deleted_at IS NULL FOR KEY SHARE"
+
+
+def hold_for_fanout(topic_id: int, *, using: str = "default") -> bool:
+    """Whether a fan-out of the topic may read its next chunk (in the chunk's transaction): False once
+    the topic is deleted. The row stays held FOR KEY SHARE until the chunk commits, so a delete waits
+    for the chunk rather than removing members under it."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_HOLD, {"topic": topic_id})
+        return cursor.fetchone() is not None
+
+
 def members_sql() -> str:
     """A SELECT of the external ids (`subscriber`) and ids of the topic %(topic)s's members at boundary
     %(boundary)s after id %(after)s, but %(actor)s, in id order, at most %(chunk)s: a fan-out's chunk."""
@@ -201,3 +229,68 @@ def members_sql() -> str:
       AND m.subscriber IS DISTINCT FROM %(actor)s
     ORDER BY m.id
     LIMIT %(chunk)s"""
+
+
+# --- deleting a topic's members (the scheduler runs these for due jobs of kind `topic_delete`) -------------
+DELETE_KIND = "topic_delete"
+
+# The next chunk of a deleted topic's memberships after `deleted_through`, in id order on the index
+# (topic_id, id), deleted by their ids (an array: probes of the primary key; a join of the chunk to the
+# table was planned as a scan of all of it), and the topic's cursor and count moved by what it deleted:
+# one statement. Starting after the cursor spares each chunk a walk over the index entries its
+# predecessors deleted.
+_DELETE_CHUNK = """WITH gone AS (
+    DELETE FROM topic_subscribers
+    WHERE id = ANY(ARRAY(SELECT id FROM topic_subscribers
+                         WHERE topic_id = %(topic)s AND id > %(after)s
+                         ORDER BY id
+                         LIMIT %(chunk)s))
+    RETURNING id, removed_seq
+), moved AS (
+    UPDATE topics SET deleted_through = coalesce((SELECT max(id) FROM gone), deleted_through),
+                      subscriber_count = greatest(subscriber_count - (SELECT count(*) FROM gone
+                                                                      WHERE removed_seq IS NULL), 0)
+    WHERE id = %(topic)s
+    RETURNING 1
+)
+SELECT count(*) FROM gone"""
+
+
+def delete_chunk_size() -> int:
+    return int(settings.OMNIPOST_TOPIC_DELETE_CHUNK)
+
+
+def _delete_chunk(cursor: object, topic_id: int, after: int, size: int) -> int:
+    cursor.execute(_DELETE_CHUNK, {"topic": topic_id, "after": after, "chunk": size})  # type: ignore[attr-defined]
+    return int(cursor.fetchone()[0])  # type: ignore[attr-defined]
+
+
+def purge_once(using: str = "default", *, chunk: int | None = None) -> int | None:
+    """One chunk of one deleted topic's memberships, in one transaction: 1 when it was the last (the
+    topic's row goes with it), 0 when more remain, None when no deletion is due (or every due one is
+    held by a peer)."""
+    size = chunk or delete_chunk_size()
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(scheduler.due_jobs_sql(DELETE_KIND), {"n": 1})
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        job_id, deletion_id, _ = row
+        topic = Topic.objects.using(using).filter(deletion_id=deletion_id).values_list("pk", "deleted_through").first()
+        if topic is None:  # pragma: no cover - only the last chunk deletes the row, settling its job with it
+            schedule.settle_jobs([], [job_id], using=using)
+            return 0
+        topic_id, after = topic
+        if _delete_chunk(cursor, topic_id, after, size) >= size:
+            return 0
+        cursor.execute("DELETE FROM topics WHERE id = %s", [topic_id])
+        schedule.settle_jobs([job_id], [], using=using)
+    logger.info("deleted topic %s: its last memberships are gone", topic_id)
+    return 1
+
+
+def purge(batch_size: int, using: str) -> scheduler.Promotion:
+    """Delete chunks of due topic deletions for up to OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS
+    (queueing.scheduler.PromotionHandler); `promoted` counts the topics whose deletion finished."""
+    budget = float(settings.OMNIPOST_TOPIC_DELETE_BUDGET_SECONDS)
+    return scheduler.promote_in_steps(DELETE_KIND, purge_once, budget, using)

@@ -1,16 +1,22 @@
-"""Workflows in the console: definitions (read-only: the API defines them) and runs, each run's steps
-as a timeline with a link to each step's notification. Staff see only their tenants' (TenantScopedAdmin)."""
+"""Workflows in the console: definitions (read-only: the API defines them), runs, each run's steps as
+a timeline with a link to each step's notification, and topic fan-outs with their progress and an
+action that cancels running ones (through workflows.services.cancel_fanout, which writes the audit
+event). Staff see only their tenants' (TenantScopedAdmin)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin
-from workflows.models import Workflow, WorkflowRun
+from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, each_selected
+from queueing.stats import CappedCountPaginator
+from workflows import services
+from workflows.models import Fanout, Workflow, WorkflowRun
 
 
 @admin.register(Workflow)
@@ -57,3 +63,38 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
             "<th>notification</th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
+
+
+@admin.register(Fanout)
+class FanoutAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    """Workflow triggers to a topic: runs created of the topic's members at the trigger, chunks, and
+    when it started and finished. Every figure is a column of the fan-out's own row."""
+
+    list_display = ["id", "workflow", "topic_key", "tenant", "status", "progress_bar", "chunks", "created_at",
+                    "finished_at"]  # fmt: skip
+    list_filter = ["status"]
+    list_select_related = ("tenant", "workflow")
+    search_fields = ["=id", "=topic_key"]
+    ordering = ["-created_at", "-id"]
+    paginator = CappedCountPaginator
+    actions = ["cancel_selected"]
+    fields = readonly_fields = ["id", "workflow", "tenant", "topic_key", "status", "progress_bar", "total", "created",
+                                "chunks", "cancellation_key", "actor", "data", "test", "created_at",
+                                "finished_at"]  # fmt: skip
+
+    @admin.display(description="progress")
+    def progress_bar(self, obj: Fanout) -> Any:  # noqa: ANN401
+        return format_html('<progress max="{}" value="{}" style="width:10em"></progress> {} / {} runs',
+                           obj.total, obj.created, f"{obj.created:,}", f"{obj.total:,}")  # fmt: skip
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("workflows.cancel_fanout")
+
+    @admin.action(description="Cancel selected fan-outs (members not reached yet get no run)", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        actor = f"user:{request.user.get_username()}"
+        done, refused = each_selected(queryset, lambda pk: services.cancel_fanout(None, pk, actor=actor))
+        if done:
+            self.message_user(request, f"Cancelled {done} fan-out(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, f"{refused} not cancelled: only running fan-outs can be.", messages.WARNING)

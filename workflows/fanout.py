@@ -71,7 +71,12 @@ def chunk_once(using: str = "default", *, chunk: int | None = None) -> int | Non
             return None
         job_id, fanout_id, _ = row
         fanout = Fanout.objects.using(using).select_for_update().filter(pk=fanout_id).first()
-        if fanout is None or fanout.status != Fanout.Status.RUNNING:  # its workflow was deleted
+        if fanout is None or fanout.status != Fanout.Status.RUNNING:  # its workflow was deleted, or cancelled
+            schedule.settle_jobs([], [job_id], using=using)
+            return 0
+        if not topics.hold_for_fanout(fanout.topic_id, using=using):  # its topic was deleted: stop here
+            fanout.stop(using=using)
+            topics.end_fanout(fanout.topic_id, using=using)
             schedule.settle_jobs([], [job_id], using=using)
             return 0
         started = time.monotonic()

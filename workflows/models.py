@@ -180,6 +180,7 @@ class Fanout(TenantOwned):
     class Status(models.TextChoices):
         RUNNING = "running"
         COMPLETED = "completed"
+        CANCELLED = "cancelled"  # by staff, or its topic was deleted: no further chunk
 
     id = models.UUIDField(primary_key=True, editable=False)  # the trigger_id of its runs
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -208,6 +209,13 @@ class Fanout(TenantOwned):
         indexes = [
             models.Index(fields=["status"], name="workflow_fanout_running_idx", condition=Q(status="running")),
         ]
+        permissions = [("cancel_fanout", "Can cancel a fan-out")]
 
     def __str__(self) -> str:
         return f"fan-out {self.id} of {self.workflow_id} to topic {self.topic_key} ({self.status})"
+
+    def stop(self, *, using: str = "default") -> bool:
+        """Running -> cancelled: no further chunk is fanned out (the runs made stay). False when it had
+        finished already (or a peer stopped it first)."""
+        running = Fanout.objects.using(using).filter(pk=self.pk, status=Fanout.Status.RUNNING)
+        return running.update(status=Fanout.Status.CANCELLED, finished_at=Now()) == 1

@@ -6,7 +6,8 @@
   subscriber and a job due now for each, in a fixed number of statements whatever their count; the
   scheduler then advances the runs (workflows.engine);
 - `cancel()` stops the unfinished runs with a cancellation key before their next step, locking their
-  jobs first (the order the scheduler takes them), and cancels the notifications they scheduled.
+  jobs first (the order the scheduler takes them), and cancels the notifications they scheduled;
+- `cancel_fanout()` stops a topic fan-out before its next chunk (the admin's action).
 """
 
 from __future__ import annotations
@@ -216,6 +217,27 @@ def trigger_topic(
 
 def fanouts_for(tenant: Tenant) -> QuerySet[Fanout]:
     return Fanout.objects.for_tenant(tenant)
+
+
+def cancel_fanout(tenant: Tenant | None, fanout_id: object, *, actor: str) -> Fanout:
+    """Stop a running fan-out (`tenant` None: any tenant's, for the admin, which scopes its own list):
+    no further chunk is fanned out; the runs made so far go on. 409 unless it is running."""
+    fanouts = Fanout.objects.all() if tenant is None else fanouts_for(tenant)
+    fanout = fanouts.filter(pk=fanout_id).first()
+    if fanout is None:
+        raise NotFound("No fan-out with this id.")
+    with transaction.atomic():
+        # Its job first (the scheduler's order: job, then fan-out): a chunk in flight is waited for.
+        schedule.cancel_jobs_for(FANOUT_KIND, [fanout.pk])
+        if not fanout.stop():
+            raise Conflict("Only a running fan-out can be cancelled; this one has finished.", code="not_running")
+        topics.end_fanout(fanout.topic_id)
+        fanout.refresh_from_db()
+        details = {"topic": fanout.topic_key, "created": fanout.created, "total": fanout.total}
+        AuditEvent.record(actor=actor, action="fanout.cancelled", target=fanout, details=details)
+    logger.info("%s cancelled fan-out %s to topic %s at %d of %d runs", actor, fanout.pk, fanout.topic_key,
+                fanout.created, fanout.total)  # fmt: skip
+    return fanout
 
 
 def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequence[str] | None, actor: str) -> int:

@@ -116,9 +116,9 @@ class TopicViewSet(StrictQueryMixin, viewsets.GenericViewSet):
         return Response(TopicSerializer(topic).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(
-        description="Delete the topic and its memberships (its subscribers stay); `409` while a workflow trigger "
-        "to it is still fanning out.",
-        responses={204: None, **errors(404, 409)},
+        description="Delete the topic: gone at once (its key free again, triggers to it refused); its memberships "
+        "are deleted in the background (its subscribers stay), and a trigger to it still fanning out stops.",
+        responses={204: None, **errors(404)},
     )
     def destroy(self, request: Request, key: str) -> Response:
         topics.delete_topic(request.tenant, key, actor=actor(request))
