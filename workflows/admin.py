@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin
-from workflows.models import Workflow, WorkflowRun
+from workflows.models import Workflow, WorkflowRun, resolve_runs
 
 
 @admin.register(Workflow)
@@ -38,8 +38,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
     search_fields = ["=subscriber", "=trigger_id"]
     ordering = ["-created_at", "-id"]
     fields = readonly_fields = ["id", "workflow", "tenant", "subscriber", "recipient_masked", "trigger_id", "status",
-                                "cancellation_key", "actor", "timeline", "data", "digest", "starts_at", "created_at",
-                                "updated_at"]  # fmt: skip
+                                "cancellation_key", "actor", "timeline", "run_data", "digest", "starts_at",
+                                "created_at", "updated_at"]  # fmt: skip
+
+    @admin.display(description="data")
+    def run_data(self, obj: WorkflowRun) -> Any:  # noqa: ANN401
+        return _resolved(obj).data
 
     @admin.display(description="steps")
     def timeline(self, obj: WorkflowRun) -> Any:  # noqa: ANN401
@@ -51,9 +55,15 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
                     state.get("reason") or "", link)  # fmt: skip
 
         rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                                (row(state) for state in obj.steps or []))  # fmt: skip
+                                (row(state) for state in _resolved(obj).steps or []))  # fmt: skip
         return format_html(
             "<table><thead><tr><th>step</th><th>type</th><th>status</th><th>resumes at</th><th>reason</th>"
             "<th>notification</th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
+
+
+def _resolved(run: WorkflowRun) -> WorkflowRun:
+    """A fan-out's run shows its fan-out's data and steps while it leaves them NULL."""
+    resolve_runs([run])
+    return run

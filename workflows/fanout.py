@@ -5,8 +5,9 @@ A trigger to a topic (workflows.services.trigger_topic) records a fan-out (its b
 topic's membership sequence, recipients.topics) and one job due now. A scheduler takes that job
 FOR UPDATE SKIP LOCKED and creates runs chunk after chunk, each chunk one transaction: one
 `INSERT … SELECT` of the next members in id order (never the whole topic in memory, nor a chunk's
-ids in Python) into `workflow_runs` and their `workflow` jobs, which also moves the fan-out's cursor
-past them. A scheduler killed anywhere loses at most the chunk it had not committed: the job is
+ids in Python) into `workflow_runs`, narrow (the data, definition and step states stay the fan-out's,
+workflows.models), with one `workflow` job they all wait on (the engine advances them in batches
+while it stays pending), which also moves the fan-out's cursor past them. A scheduler killed anywhere loses at most the chunk it had not committed: the job is
 pending again and a peer (or its restart) goes on from the cursor; the unique (trigger_id,
 subscriber) key makes a repeated chunk harmless. The last chunk (fewer members than a chunk) ends the
 fan-out and its job together.

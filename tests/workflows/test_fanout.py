@@ -11,7 +11,7 @@ from django.db import connection
 from queueing.models import ScheduledJob
 from recipients.models import Topic, TopicSubscriber
 from workflows import fanout
-from workflows.models import Fanout, WorkflowRun
+from workflows.models import Fanout, WorkflowRun, resolve_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -56,14 +56,24 @@ def test_a_topic_trigger_makes_one_run_per_member_but_the_actor(api_a, tenant_a)
     assert runs.count() == 2499 == runs.values("subscriber").distinct().count()
     assert not runs.filter(subscriber="u00007").exists()
     one = runs.first()
+    # narrow rows: the data, definition and step states are the fan-out's until the run's first step
+    assert (one.data, one.definition, one.steps) == (None, None, None)
+    resolve_runs([one])
     assert (one.data, one.cancellation_key, one.actor, one.status) == ({"eta": "1h"}, "outage-1", "u00007", "running")
-    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 2499
+    assert (one.definition, [s["status"] for s in one.steps]) == (STEPS, ["pending"])
+    # one job a chunk, its runs waiting on it together
+    jobs = ScheduledJob.objects.filter(kind="workflow", status="pending")
+    assert jobs.count() == 3 == runs.values("wake_id").distinct().count()
+    assert set(jobs.values_list("notification_id", flat=True)) == set(runs.values_list("wake_id", flat=True))
     done = Fanout.objects.get()
     assert (done.status, done.created, done.total, done.chunks) == ("completed", 2499, 2499, 3)
     assert ScheduledJob.objects.get(kind="fanout").status == "executed"
     assert Topic.objects.get().active_fanouts == 0
     listed = api_a.get(f"/api/v1/workflow-runs?trigger_id={body['trigger_id']}").json()
     assert len(listed["results"]) > 0, listed
+    assert {s["status"] for run in listed["results"] for s in run["steps"]} == {"pending"}, listed
+    alone = api_a.get(f"/api/v1/workflow-runs/{one.pk}").json()
+    assert [s["name"] for s in alone["steps"]] == ["tell"], alone
 
 
 def test_members_removed_after_the_trigger_still_get_a_run_and_new_ones_do_not(api_a, tenant_a):
@@ -101,7 +111,8 @@ def test_a_repeated_chunk_creates_nothing_twice(api_a):
     Fanout.objects.update(cursor=0, created=0)
     fan_out_all(chunk=20)
     assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"]).count() == 30
-    assert ScheduledJob.objects.filter(kind="workflow").count() == 30
+    # a job for each chunk that made runs: the first, and the repeat's second (the first chunk again made none)
+    assert ScheduledJob.objects.filter(kind="workflow").count() == 2
     assert Fanout.objects.get().created == 10  # the repeat added none of the first twenty
 
 
