@@ -327,6 +327,16 @@ def main() -> int:  # noqa: C901, PLR0915
             [tenant_a.pk],
         )
         notes, distinct_notes, delivered = cursor.fetchone()
+        # the broadcast's sends: made (created_at) and delivered (delivered_at) per second from the trigger
+        cursor.execute(
+            "SELECT extract(epoch FROM max(created_at) - %s)::float8,"
+            " extract(epoch FROM max(delivered_at) - %s)::float8"
+            " FROM notifications WHERE tenant_id = %s AND priority = 5",
+            [fan.created_at, fan.created_at, tenant_a.pk],
+        )
+        made_span, delivered_span = cursor.fetchone()
+    results["notifications_made_per_second"] = round(notes / made_span) if notes and made_span else None
+    results["delivered_per_second"] = round(delivered / delivered_span) if delivered and delivered_span else None
     results.update(
         runs=runs,
         distinct_subscribers=distinct,
