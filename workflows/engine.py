@@ -111,14 +111,17 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
 
 
 # The runs due jobs stand for, taken round-robin across the jobs (each job's first run, then each
-# one's second, …), so a fan-out chunk's thousands of runs do not hold back the single runs of the
-# jobs beside it.
+# one's second, …), so the runs of a fan-out's jobs do not hold back the single runs of the jobs
+# beside them.
 _DUE_RUNS = """SELECT r.id FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(wake, n)
 CROSS JOIN LATERAL (
     SELECT id FROM workflow_runs WHERE wake_id = w.wake AND status IN ('running', 'waiting') LIMIT %s
 ) r
 ORDER BY row_number() OVER (PARTITION BY w.n), w.n
 LIMIT %s"""
+# The jobs among these that some unfinished run still waits on (one index probe each).
+_WAITED_ON = """SELECT w.wake FROM unnest(%s::uuid[]) AS w(wake)
+WHERE EXISTS (SELECT 1 FROM workflow_runs WHERE wake_id = w.wake AND status IN ('running', 'waiting'))"""
 
 
 def _locked_runs(wakes: list[Any], using: str, *, limit: int) -> list[WorkflowRun]:
@@ -154,10 +157,9 @@ def _prepare(runs: list[WorkflowRun], using: str) -> None:
 
 def _still_waited_on(wakes: list[Any], using: str) -> set[Any]:
     """The jobs among `wakes` some unfinished run still waits on (one statement)."""
-    return set(
-        WorkflowRun.objects.using(using).filter(wake_id__in=wakes, status__in=UNFINISHED)
-        .values_list("wake_id", flat=True).distinct()
-    )  # fmt: skip
+    with connections[using].cursor() as cursor:
+        cursor.execute(_WAITED_ON, [wakes])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def _advance_alone(run: WorkflowRun, now: datetime, using: str) -> bool:

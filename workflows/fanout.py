@@ -6,10 +6,11 @@ topic's membership sequence, recipients.topics) and one job due now. A scheduler
 FOR UPDATE SKIP LOCKED and creates runs chunk after chunk, each chunk one transaction: one
 `INSERT … SELECT` of the next members in id order (never the whole topic in memory, nor a chunk's
 ids in Python) into `workflow_runs`, narrow (the data, definition and step states stay the fan-out's,
-workflows.models), with one `workflow` job they all wait on (the engine advances them in batches
-while it stays pending), which also moves the fan-out's cursor past them. A scheduler killed anywhere loses at most the chunk it had not committed: the job is
-pending again and a peer (or its restart) goes on from the cursor; the unique (trigger_id,
-subscriber) key makes a repeated chunk harmless. The last chunk (fewer members than a chunk) ends the
+workflows.models), with a `workflow` job for each engine batch of them (workflows.engine.BATCH runs
+wait on one job together), which also moves the fan-out's cursor past them. A scheduler killed
+anywhere loses at most the chunk it had not committed: the job is pending again and a peer (or its
+restart) goes on from the cursor; the unique (trigger_id, subscriber) key makes a repeated chunk
+harmless. The last chunk (fewer members than a chunk) ends the
 fan-out and its job together.
 
 A call works for up to OMNIPOST_FANOUT_BUDGET_SECONDS and then hands the scheduler back, so the
@@ -27,6 +28,7 @@ from django.db.models.functions import Now
 from queueing import schedule, scheduler
 from recipients import topics
 from workflows import statements
+from workflows.engine import BATCH
 from workflows.engine import JOB_KIND as RUN_KIND
 from workflows.models import Fanout
 
@@ -76,7 +78,7 @@ def chunk_once(using: str = "default", *, chunk: int | None = None) -> int | Non
             schedule.settle_jobs([], [job_id], using=using)
             return 0
         started = time.monotonic()
-        read = statements.fan_out_chunk(fanout, topics.members_sql(), size, RUN_KIND, using=using)
+        read = statements.fan_out_chunk(fanout, topics.members_sql(), size, RUN_KIND, BATCH, using=using)
         if read >= size:
             logger.debug("fan-out %s: %d runs (%.3fs)", fanout.pk, read, time.monotonic() - started)
             return 0

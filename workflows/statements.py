@@ -120,41 +120,45 @@ def start_rows(
 
 
 # A fan-out's chunk: the next members of the topic (recipients.topics.members_sql) become runs, narrow
-# (data, definition and steps NULL: the fan-out's), all waiting on one job due now, and the fan-out's
-# row moves past them, in one statement (one transaction with its lock).
+# (data, definition and steps NULL: the fan-out's), each %(per_job)s of them (in member order) waiting
+# on one job due now, and the fan-out's row moves past them, in one statement (one transaction with
+# its lock).
 _CHUNK = f"""WITH s AS (
-    SELECT {_UUID7} AS id, m.subscriber, m.id AS member_id FROM ({{members}}) m
-), wake AS (
-    SELECT gen_random_uuid() AS id
+    SELECT {_UUID7} AS id, m.subscriber, m.id AS member_id,
+           (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part
+    FROM ({{members}}) m
+), wakes AS (
+    SELECT part, gen_random_uuid() AS id FROM generate_series(0, (SELECT max(part) FROM s)) AS part
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id, test)
     SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
-           NULL, NULL, %(category)s, 0, NULL, NULL, (SELECT id FROM wake), %(test)s
-    FROM s
+           NULL, NULL, %(category)s, 0, NULL, NULL, w.id, %(test)s
+    FROM s JOIN wakes w USING (part)
     ON CONFLICT (trigger_id, subscriber) DO NOTHING
-    RETURNING 1
+    RETURNING wake_id
 ), moved AS (
     UPDATE workflow_fanouts SET cursor = coalesce((SELECT max(member_id) FROM s), cursor),
         created = created + (SELECT count(*) FROM runs), chunks = chunks + 1,
         last_read = (SELECT count(*) FROM s)
     WHERE id = %(trigger)s
 ), {{jobs}}"""  # noqa: S608 - constants
-_CHUNK_JOB = """(SELECT wake.id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM wake
-    WHERE EXISTS (SELECT 1 FROM runs)) s"""
+_CHUNK_JOBS = """(SELECT DISTINCT wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM runs) s"""
 
 
-def fan_out_chunk(fanout: Any, members_sql: str, chunk: int, job_kind: str, *, using: str = "default") -> int:  # noqa: ANN401
-    """Runs for the next `chunk` members of the fan-out's topic after its cursor, and the one job they
-    wait on (the caller's transaction, the fan-out's row locked); returns how many members the chunk
-    read (fewer than `chunk`: the fan-out is done)."""
+def fan_out_chunk(
+    fanout: Any, members_sql: str, chunk: int, job_kind: str, per_job: int, *, using: str = "default",  # noqa: ANN401
+) -> int:  # fmt: skip
+    """Runs for the next `chunk` members of the fan-out's topic after its cursor, and a job for each
+    `per_job` of them (the caller's transaction, the fan-out's row locked); returns how many members
+    the chunk read (fewer than `chunk`: the fan-out is done)."""
     params = {
         "tenant": fanout.tenant_id, "workflow": fanout.workflow_id, "trigger": fanout.pk,
         "cancellation_key": fanout.cancellation_key, "actor": fanout.actor, "category": fanout.category,
         "topic": fanout.topic_id, "after": fanout.cursor, "boundary": fanout.boundary, "chunk": chunk,
-        "test": fanout.test,
+        "test": fanout.test, "per_job": per_job,
     }  # fmt: skip
-    sql = _CHUNK.replace("{members}", members_sql).replace("{jobs}", schedule.timed_jobs_sql(_CHUNK_JOB, job_kind))
+    sql = _CHUNK.replace("{members}", members_sql).replace("{jobs}", schedule.timed_jobs_sql(_CHUNK_JOBS, job_kind))
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         cursor.execute("SELECT cursor, created, last_read FROM workflow_fanouts WHERE id = %s", [fanout.pk])

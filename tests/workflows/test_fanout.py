@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.db.models import Count
 
 from queueing.models import ScheduledJob
 from recipients.models import Topic, TopicSubscriber
@@ -61,10 +62,12 @@ def test_a_topic_trigger_makes_one_run_per_member_but_the_actor(api_a, tenant_a)
     resolve_runs([one])
     assert (one.data, one.cancellation_key, one.actor, one.status) == ({"eta": "1h"}, "outage-1", "u00007", "running")
     assert (one.definition, [s["status"] for s in one.steps]) == (STEPS, ["pending"])
-    # one job a chunk, its runs waiting on it together
+    # a job for each engine batch of a chunk's runs (1000 + 1000 + 499 runs: 2 + 2 + 1), waited on together
     jobs = ScheduledJob.objects.filter(kind="workflow", status="pending")
-    assert jobs.count() == 3 == runs.values("wake_id").distinct().count()
+    assert jobs.count() == 5 == runs.values("wake_id").distinct().count()
     assert set(jobs.values_list("notification_id", flat=True)) == set(runs.values_list("wake_id", flat=True))
+    sizes = sorted(runs.values("wake_id").annotate(n=Count("id")).values_list("n", flat=True))
+    assert sizes == [499, 500, 500, 500, 500]
     done = Fanout.objects.get()
     assert (done.status, done.created, done.total, done.chunks) == ("completed", 2499, 2499, 3)
     assert ScheduledJob.objects.get(kind="fanout").status == "executed"
