@@ -216,3 +216,88 @@ def test_the_fanned_out_runs_send_one_notification_each_made_together(api_a, ten
     assert len(ids) == len(set(ids)) == 100 == Notification.objects.for_tenant(tenant_a).count()
     assert {run.steps[0]["reason"] for run in runs if not run.steps[0]["notification_id"]} == {"no_address"}
     assert set(Notification.objects.values_list("body", flat=True)) == {"soon"}
+
+
+def test_fanned_out_runs_take_their_fan_outs_data_through_sends_delays_and_conditions(api_a, tenant_a, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from notifications.models import Notification
+    from workflows import engine
+
+    monkeypatch.setattr(fanout, "BATCH", 7)  # jobs of 7 runs
+    steps = [
+        {"name": "first", "type": "send", "channel": "in_app", "subject": "Hi", "body": "Down {{ data.eta }}"},
+        {"name": "wait", "type": "delay", "seconds": 3600},
+        {"name": "again", "type": "send", "channel": "in_app", "subject": "Hi", "body": "Back {{ data.eta }}",
+         "skip_if": {"step": "first", "state": "delivered"}},
+    ]  # fmt: skip
+    assert api_a.post("/api/v1/workflows", {"key": "two", "steps": steps}, format="json").status_code == 201
+    setup_topic(api_a, members=[f"u{i:02d}" for i in range(30)])
+    body = trigger(api_a, {"topic": "outage", "data": {"eta": "1h"}}, key="two").json()
+    fan_out_all(chunk=10)
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert runs.values("wake_id").distinct().count() == 6  # 7 + 3 in each chunk of 10
+    while engine.promote(100, "default").promoted:
+        pass
+    assert set(runs.values_list("status", flat=True)) == {"waiting"}
+    assert runs.values("wake_id").distinct().count() == 30  # each its own delay's job now
+    assert runs.filter(data__isnull=True, definition__isnull=True).count() == 30  # still the fan-out's
+    assert set(Notification.objects.values_list("body", flat=True)) == {"Down 1h"}
+    first = runs.get(subscriber="u03").steps[0]["notification_id"]
+    Notification.objects.filter(pk=first).update(status="delivered")
+    ScheduledJob.objects.filter(kind="workflow", status="pending").update(run_at=timezone.now() - timedelta(hours=1))
+    while engine.promote(100, "default").promoted:
+        pass
+    assert set(runs.values_list("status", flat=True)) == {"completed"}
+    assert runs.get(subscriber="u03").steps[2]["reason"] == "first delivered"
+    assert Notification.objects.filter(body="Back 1h").count() == 29
+    assert not ScheduledJob.objects.filter(kind="workflow", status="pending").exists()
+
+
+def test_a_fan_out_job_shares_a_batch_with_single_runs_and_stays_pending_until_its_runs_are_done(api_a, tenant_a):
+    from workflows import engine
+
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(7)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    fan_out_all()
+    alone = trigger(api_a, {"subscribers": ["solo"]}).json()
+    assert engine.promote(4, "default").promoted == 4  # round-robin: the single run is among the first four
+    assert WorkflowRun.objects.get(trigger_id=alone["trigger_id"]).status == "completed"
+    shared = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert shared.filter(status="completed").count() == 3
+    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 1  # the fan-out's, 4 runs left
+    assert engine.promote(4, "default").promoted == 4
+    assert set(shared.values_list("status", flat=True)) == {"completed"}
+    assert set(ScheduledJob.objects.filter(kind="workflow").values_list("status", flat=True)) == {"executed"}
+
+
+def test_cancelling_some_fanned_out_runs_leaves_their_shared_job_to_the_others(api_a, tenant_a):
+    from workflows import engine
+
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(6)])
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()
+    fan_out_all()
+    cancel = api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "k", "subscribers": ["u1", "u2"]},
+                        format="json")  # fmt: skip
+    assert cancel.status_code == 200, cancel.content
+    job = ScheduledJob.objects.get(kind="workflow")
+    assert job.status == "pending"  # four runs still wait on it
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert [s["reason"] for s in runs.get(subscriber="u1").steps] == [None]  # the fan-out's states, written
+    assert engine.promote(100, "default").promoted == 4
+    assert dict(runs.values_list("subscriber", "status")) == {
+        "u0": "completed", "u1": "cancelled", "u2": "cancelled", "u3": "completed", "u4": "completed",
+        "u5": "completed"}  # fmt: skip
+    job.refresh_from_db()
+    assert job.status == "executed"
+    # a cancel of every run of a job cancels the job
+    second = trigger(api_a, {"topic": "outage", "cancellation_key": "k2"}).json()
+    fan_out_all()
+    api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "k2"}, format="json")
+    assert set(WorkflowRun.objects.filter(trigger_id=second["trigger_id"]).values_list("status", flat=True)) == {
+        "cancelled"}  # fmt: skip
+    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 0
