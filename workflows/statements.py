@@ -70,11 +70,13 @@ _START_RUNS = """WITH s AS ({source}), runs AS (
 _LISTED = """SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[])
     AS s(id, subscriber, wake_id)"""
 
-# A version 7 UUID made by the database (core.ids.uuid7's layout: 48 bits of Unix milliseconds, the
-# version, random bits), so runs made in chunks sit in creation order in their primary key's index.
-_UUID7 = """encode(set_byte(overlay(uuid_send(gen_random_uuid())
-    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::int8) FROM 3) FROM 1 FOR 6),
-    6, (get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid"""
+# Version 7 UUIDs made by the database for a statement's rows (core.ids.uuid7's layout: 48 bits of
+# Unix milliseconds, the version, random bits), the statement's millisecond for all of them (read once:
+# per row it would cost more than the rest of the row), so the runs of successive chunks sit in
+# creation order in their primary key's index.
+_UUID7_PREFIX = """overlay(substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::int8) FROM 3)
+    PLACING '\\x70'::bytea FROM 7 FOR 0)"""
+_UUID7 = "encode(overlay(uuid_send(gen_random_uuid()) PLACING (SELECT prefix FROM v7) FROM 1 FOR 7), 'hex')::uuid"
 
 
 def start_runs(
@@ -123,7 +125,9 @@ def start_rows(
 # (data, definition and steps NULL: the fan-out's), each %(per_job)s of them (in member order) waiting
 # on one job due now, and the fan-out's row moves past them, in one statement (one transaction with
 # its lock).
-_CHUNK = f"""WITH s AS (
+_CHUNK = f"""WITH v7 AS (
+    SELECT {_UUID7_PREFIX} AS prefix
+), s AS (
     SELECT {_UUID7} AS id, m.subscriber, m.id AS member_id,
            (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part
     FROM ({{members}}) m
