@@ -301,3 +301,26 @@ def test_cancelling_some_fanned_out_runs_leaves_their_shared_job_to_the_others(a
     assert set(WorkflowRun.objects.filter(trigger_id=second["trigger_id"]).values_list("status", flat=True)) == {
         "cancelled"}  # fmt: skip
     assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 0
+
+
+def test_a_fan_out_turn_lasts_as_long_as_the_schedulers_other_work_took_within_bounds(settings):
+    settings.OMNIPOST_FANOUT_BUDGET_SECONDS = 0.5
+    assert fanout.budget(None, 100.0) == 0.5  # the first turn
+    assert fanout.budget(99.9, 100.0) == 0.5  # the others took little: the least
+    assert fanout.budget(98.8, 100.0) == pytest.approx(1.2)  # a fair half
+    assert fanout.budget(10.0, 100.0) == 2.0  # the scheduler slept meanwhile: at most SHARE_CAP times the least
+
+
+def test_a_turn_stops_at_its_budget_between_chunks(api_a, settings):
+    settings.OMNIPOST_FANOUT_BUDGET_SECONDS = 0.5
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(50)])
+    trigger(api_a, {"topic": "outage"})
+    settings.OMNIPOST_FANOUT_CHUNK = 10
+    ticks = iter([0.0, 0.0, 0.0, 0.2, 0.4, 0.6, 0.6])  # the deadline's two readings, one before each chunk, the end
+
+    assert fanout.promote(100, "default", clock=lambda: next(ticks)).promoted == 0
+    assert Fanout.objects.get().chunks == 3  # at 0.6 the 0.5 s budget was over
+    ticks = iter([5.6, 5.6, 5.6, 6.0, 7.0, 7.5, 8.0])  # 5 s of other work since: a 2 s turn, to the end
+    assert fanout.promote(100, "default", clock=lambda: next(ticks)).promoted == 1
+    assert Fanout.objects.get().status == "completed"
