@@ -216,6 +216,7 @@ class Fanout(TenantOwned):
     class Status(models.TextChoices):
         RUNNING = "running"
         COMPLETED = "completed"
+        CANCELLED = "cancelled"  # a cancel of its cancellation_key (all subscribers): no more chunks
 
     id = models.UUIDField(primary_key=True, editable=False)  # the trigger_id of its runs
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)

@@ -227,6 +227,8 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
     if subscribers is not None:
         runs = runs.filter(subscriber__in=list(subscribers))
     with transaction.atomic():
+        if subscribers is None:
+            _stop_fanouts(tenant, workflow, cancellation_key)
         # Jobs first (the scheduler's order: job, then run): one being advanced now is waited for. A
         # job other runs still wait on (a fan-out chunk's) stays: those runs go on.
         wakes = {w for w in runs.unfinished().values_list("wake_id", flat=True) if w is not None}
@@ -255,6 +257,18 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
             AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
                               details={"cancellation_key": cancellation_key, "runs": len(stopped)})  # fmt: skip
     return len(stopped)
+
+
+def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> None:
+    """The workflow's fan-outs still running with this cancellation key end `cancelled` (the caller's
+    transaction): their rows locked first, so a chunk being made commits before the runs are read, and
+    no chunk comes after."""
+    running = Fanout.objects.for_tenant(tenant).select_for_update().filter(
+        workflow=workflow, cancellation_key=cancellation_key, status=Fanout.Status.RUNNING
+    )
+    for fan in running:
+        Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
+        topics.end_fanout(fan.topic_id)
 
 
 def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: str) -> None:

@@ -324,3 +324,21 @@ def test_a_turn_stops_at_its_budget_between_chunks(api_a, settings):
     ticks = iter([5.6, 5.6, 5.6, 6.0, 7.0, 7.5, 8.0])  # 5 s of other work since: a 2 s turn, to the end
     assert fanout.promote(100, "default", clock=lambda: next(ticks)).promoted == 1
     assert Fanout.objects.get().status == "completed"
+
+
+def test_cancelling_a_fan_outs_key_stops_the_fan_out_and_its_runs(api_a, tenant_a):
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(30)])
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "storm"}).json()
+    assert fanout.chunk_once(chunk=10) == 0
+    response = api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "storm"}, format="json")
+    assert response.status_code == 200, response.content
+    assert fan_out_all(chunk=10) == 1  # the fan-out's job, ended without a chunk
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert runs.count() == 10 and set(runs.values_list("status", flat=True)) == {"cancelled"}
+    done = Fanout.objects.get()
+    assert (done.status, done.created) == ("cancelled", 10) and done.finished_at is not None
+    assert ScheduledJob.objects.get(kind="fanout").status == "cancelled"
+    assert not ScheduledJob.objects.filter(status="pending").exists()
+    assert Topic.objects.get().active_fanouts == 0
+    assert api_a.delete("/api/v1/workflows/notice").status_code == 204  # nothing runs any more
