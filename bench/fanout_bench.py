@@ -68,6 +68,28 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 once gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scheduler_cpu(pid: int) -> float:
+    """CPU seconds of a scheduler and of its database sessions (their server processes on this host):
+    a figure the machine's other load does not change, unlike the wall clock's."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", [f"omnipost-scheduler-{pid}-%"]
+        )
+        backends = [row[0] for row in cursor.fetchall()]
+    return cpu_seconds(pid) + sum(cpu_seconds(b) for b in backends)
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -272,7 +294,7 @@ def main() -> int:  # noqa: C901, PLR0915
         triggered = time.monotonic()
         print(f"triggered: {expected:,} runs to fan out", flush=True)
 
-        state = {"killed": False, "fanned": None}
+        state = {"killed": False, "fanned": None, "cpu": scheduler_cpu(procs.running["scheduler-1"].pid)}
 
         def watch() -> bool:
             procs.sample()
@@ -286,6 +308,10 @@ def main() -> int:  # noqa: C901, PLR0915
                 procs.start("scheduler-2", "run_scheduler", "--no-jitter")
             if fan["status"] == "completed" and state["fanned"] is None:
                 state["fanned"] = time.monotonic() - triggered
+                if not state["killed"]:  # the scheduler's CPU (process and sessions) during the fan-out
+                    spent = scheduler_cpu(procs.running["scheduler-1"].pid) - state["cpu"]
+                    results["fanout_scheduler_cpu_seconds"] = round(spent, 2)
+                    results["fanout_runs_per_scheduler_cpu_second"] = round(fan["created"] / spent) if spent else None
                 print(f"fan-out done in {state['fanned']:.1f}s", flush=True)
             if state["fanned"] is None:
                 return False
@@ -327,6 +353,16 @@ def main() -> int:  # noqa: C901, PLR0915
             [tenant_a.pk],
         )
         notes, distinct_notes, delivered = cursor.fetchone()
+        # the broadcast's sends: made (created_at) and delivered (delivered_at) per second from the trigger
+        cursor.execute(
+            "SELECT extract(epoch FROM max(created_at) - %s)::float8,"
+            " extract(epoch FROM max(delivered_at) - %s)::float8"
+            " FROM notifications WHERE tenant_id = %s AND priority = 5",
+            [fan.created_at, fan.created_at, tenant_a.pk],
+        )
+        made_span, delivered_span = cursor.fetchone()
+    results["notifications_made_per_second"] = round(notes / made_span) if notes and made_span else None
+    results["delivered_per_second"] = round(delivered / delivered_span) if delivered and delivered_span else None
     results.update(
         runs=runs,
         distinct_subscribers=distinct,

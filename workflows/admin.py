@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 from core.admin_scoping import ReadOnlyMixin, TenantScopedAdmin, each_selected
 from queueing.stats import CappedCountPaginator
 from workflows import services
-from workflows.models import Fanout, Workflow, WorkflowRun
+from workflows.models import Fanout, Workflow, WorkflowRun, resolve_runs
 
 
 @admin.register(Workflow)
@@ -44,8 +44,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
     search_fields = ["=subscriber", "=trigger_id"]
     ordering = ["-created_at", "-id"]
     fields = readonly_fields = ["id", "workflow", "tenant", "subscriber", "recipient_masked", "trigger_id", "status",
-                                "cancellation_key", "actor", "timeline", "data", "digest", "starts_at", "created_at",
-                                "updated_at"]  # fmt: skip
+                                "cancellation_key", "actor", "timeline", "run_data", "digest", "starts_at",
+                                "created_at", "updated_at"]  # fmt: skip
+
+    @admin.display(description="data")
+    def run_data(self, obj: WorkflowRun) -> Any:  # noqa: ANN401
+        return _resolved(obj).data
 
     @admin.display(description="steps")
     def timeline(self, obj: WorkflowRun) -> Any:  # noqa: ANN401
@@ -57,7 +61,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, TenantScopedAdmin):
                     state.get("reason") or "", link)  # fmt: skip
 
         rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                                (row(state) for state in obj.steps or []))  # fmt: skip
+                                (row(state) for state in _resolved(obj).steps or []))  # fmt: skip
         return format_html(
             "<table><thead><tr><th>step</th><th>type</th><th>status</th><th>resumes at</th><th>reason</th>"
             "<th>notification</th></tr></thead><tbody>{}</tbody></table>",
@@ -98,3 +102,9 @@ class FanoutAdmin(ReadOnlyMixin, TenantScopedAdmin):
             self.message_user(request, f"Cancelled {done} fan-out(s).", messages.SUCCESS)
         if refused:
             self.message_user(request, f"{refused} not cancelled: only running fan-outs can be.", messages.WARNING)
+
+
+def _resolved(run: WorkflowRun) -> WorkflowRun:
+    """A fan-out's run shows its fan-out's data and steps while it leaves them NULL."""
+    resolve_runs([run])
+    return run

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from core.db_faults import is_connection_lost
@@ -40,7 +41,7 @@ from receipts.models import NotificationEvent
 from recipients.models import Subscriber
 from templating import renderer
 from workflows import statements
-from workflows.models import UNFINISHED, RunStatus, StepStatus, WorkflowRun
+from workflows.models import UNFINISHED, RunStatus, StepStatus, WorkflowRun, resolve_runs
 from workflows.steps import delay_until, key_value
 
 logger = logging.getLogger("omnipost.workflows")
@@ -69,7 +70,10 @@ WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1""" 
 
 
 def promote(batch_size: int, using: str) -> scheduler.Promotion:
-    """Advance the runs of up to `batch_size` (at most BATCH) due jobs (queueing.scheduler.PromotionHandler)."""
+    """Advance the runs of due jobs, up to `batch_size` (at most BATCH) of them
+    (queueing.scheduler.PromotionHandler).
+    A job most runs wait on alone; a fan-out chunk's runs share one, which stays pending (and due)
+    while some of them still wait on it."""
     with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
         cursor.execute(_ANY_DUE)
         if cursor.fetchone() is None:
@@ -82,44 +86,80 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
                 return scheduler.Promotion(0, 0)
             cursor.execute("SELECT now()")
             (now,) = cursor.fetchone()
-        runs = _locked_runs([wake for _, wake, _ in due], using)
-        live = [(job_id, runs[wake], run_at) for job_id, wake, run_at in due if wake in runs]
-        # a job whose run is gone (cancelled meanwhile, or its workflow deleted) ends cancelled
-        cancelled = [job_id for job_id, wake, _ in due if wake not in runs]
-        executed: list[Any] = []
+        wakes = [wake for _, wake, _ in due]
+        runs = _locked_runs(wakes, using, limit=min(batch_size, BATCH))
+        advanced = len(runs)
         try:
             with transaction.atomic(using=using):
-                _advance_batch([run for _, run, _ in live], now, using)
-            executed = [job_id for job_id, _, _ in live]
+                _advance_batch(runs, now, using)
         except Exception as exc:
             if is_connection_lost(exc):
                 raise
             # A run the batch could not advance (a template gone, a step that fails to render): the
             # savepoint undid the whole batch; each run goes again on its own, so only it fails.
-            logger.info("workflow batch of %d run(s) retried run by run: %s", len(live), exc)
-            runs = _locked_runs([run.wake_id for _, run, _ in live], using)
-            for job_id, run, _ in live:
-                if _advance_alone(runs[run.wake_id], now, using):
-                    executed.append(job_id)
-                else:
-                    cancelled.append(job_id)
-        lag = max(((now - run_at).total_seconds() for job_id, _, run_at in live if job_id in executed), default=0.0)
+            logger.info("workflow batch of %d run(s) retried run by run: %s", len(runs), exc)
+            advanced = sum(_advance_alone(run, now, using) for run in _relocked(runs, using))
+        # a job some run still waits on stays pending; one whose runs are all gone (cancelled
+        # meanwhile, or their workflow deleted) ends cancelled
+        waited = _still_waited_on(wakes, using)
+        touched = {run.wake_id for run in runs}
+        executed = [job_id for job_id, wake, _ in due if wake in touched and wake not in waited]
+        cancelled = [job_id for job_id, wake, _ in due if wake not in touched and wake not in waited]
+        lag = max(((now - run_at).total_seconds() for _, wake, run_at in due if wake in touched), default=0.0)
         schedule.settle_jobs(executed, cancelled, using=using)
-    return scheduler.Promotion(len(executed), len(cancelled), max_lag=lag if executed else None)
+    return scheduler.Promotion(advanced, len(cancelled), max_lag=lag if advanced else None)
 
 
-def _locked_runs(wakes: list[Any], using: str) -> dict[Any, WorkflowRun]:
-    """The unfinished runs waiting on these jobs, locked, by wake id (one statement)."""
-    runs = {
-        run.wake_id: run
-        for run in WorkflowRun.objects.using(using)
+# The runs due jobs stand for, taken round-robin across the jobs (each job's first run, then each
+# one's second, …), so the runs of a fan-out's jobs do not hold back the single runs of the jobs
+# beside them.
+_DUE_RUNS = """SELECT r.id FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(wake, n)
+CROSS JOIN LATERAL (
+    SELECT id FROM workflow_runs WHERE wake_id = w.wake AND status IN ('running', 'waiting') LIMIT %s
+) r
+ORDER BY row_number() OVER (PARTITION BY w.n), w.n
+LIMIT %s"""
+# The jobs among these that some unfinished run still waits on (one index probe each).
+_WAITED_ON = """SELECT w.wake FROM unnest(%s::uuid[]) AS w(wake)
+WHERE EXISTS (SELECT 1 FROM workflow_runs WHERE wake_id = w.wake AND status IN ('running', 'waiting'))"""
+
+
+def _locked_runs(wakes: list[Any], using: str, *, limit: int) -> list[WorkflowRun]:
+    """Up to `limit` unfinished runs waiting on these jobs (held by the caller), locked, what fan-out
+    runs leave NULL filled from their fan-outs (one statement, and one more for the fan-outs)."""
+    runs = list(
+        WorkflowRun.objects.using(using)
         .select_related("tenant", "workflow")
         .select_for_update(of=("self",))
-        .filter(wake_id__in=wakes, status__in=UNFINISHED)
-    }
-    for run in runs.values():  # its own Tenant instance (select_related): the run's mode for its sends
-        run.tenant.test_mode = run.test
+        .filter(pk__in=RawSQL(_DUE_RUNS, [wakes, limit, limit]),  # noqa: S611 - a constant
+                wake_id__in=wakes, status__in=UNFINISHED)
+        .order_by()
+    )
+    _prepare(runs, using)
     return runs
+
+
+def _relocked(runs: list[WorkflowRun], using: str) -> list[WorkflowRun]:
+    """The same runs read again (as the undone savepoint left them; their locks are held)."""
+    again = list(
+        WorkflowRun.objects.using(using).select_related("tenant", "workflow")
+        .filter(pk__in=[run.pk for run in runs], status__in=UNFINISHED)
+    )  # fmt: skip
+    _prepare(again, using)
+    return again
+
+
+def _prepare(runs: list[WorkflowRun], using: str) -> None:
+    resolve_runs(runs, using=using)
+    for run in runs:  # its own Tenant instance (select_related): the run's mode for its sends
+        run.tenant.test_mode = run.test
+
+
+def _still_waited_on(wakes: list[Any], using: str) -> set[Any]:
+    """The jobs among `wakes` some unfinished run still waits on (one statement)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_WAITED_ON, [wakes])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def _advance_alone(run: WorkflowRun, now: datetime, using: str) -> bool:

@@ -5,19 +5,24 @@ A trigger to a topic (workflows.services.trigger_topic) records a fan-out (its b
 topic's membership sequence, recipients.topics) and one job due now. A scheduler takes that job
 FOR UPDATE SKIP LOCKED and creates runs chunk after chunk, each chunk one transaction: one
 `INSERT … SELECT` of the next members in id order (never the whole topic in memory, nor a chunk's
-ids in Python) into `workflow_runs` and their `workflow` jobs, which also moves the fan-out's cursor
-past them. A scheduler killed anywhere loses at most the chunk it had not committed: the job is
-pending again and a peer (or its restart) goes on from the cursor; the unique (trigger_id,
-subscriber) key makes a repeated chunk harmless. The last chunk (fewer members than a chunk) ends the
+ids in Python) into `workflow_runs`, narrow (the data, definition and step states stay the fan-out's,
+workflows.models), with a `workflow` job for each engine batch of them (workflows.engine.BATCH runs
+wait on one job together), which also moves the fan-out's cursor past them. A scheduler killed
+anywhere loses at most the chunk it had not committed: the job is pending again and a peer (or its
+restart) goes on from the cursor; the unique (trigger_id, subscriber) key makes a repeated chunk
+harmless. The last chunk (fewer members than a chunk) ends the
 fan-out and its job together.
 
-A call works for up to OMNIPOST_FANOUT_BUDGET_SECONDS and then hands the scheduler back, so the
-scheduler's other kinds (due notifications, run steps) keep their turn while a broadcast fans out."""
+A call works for a fair share of the scheduler and then hands it back, so the scheduler's other kinds
+(due notifications, run steps: the fan-out's own and everyone else's) keep their turn while a
+broadcast fans out: as long as those took since the fan-out's last turn, at least
+OMNIPOST_FANOUT_BUDGET_SECONDS and at most SHARE_CAP times it."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connections, transaction
@@ -26,6 +31,7 @@ from django.db.models.functions import Now
 from queueing import schedule, scheduler
 from recipients import topics
 from workflows import statements
+from workflows.engine import BATCH
 from workflows.engine import JOB_KIND as RUN_KIND
 from workflows.models import Fanout
 
@@ -42,21 +48,36 @@ _ANY_DUE = f"""SELECT 1 FROM scheduled_jobs
 WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1"""  # noqa: S608 - constants
 
 
-def promote(batch_size: int, using: str) -> scheduler.Promotion:
-    """Fan out chunks of due fan-outs for up to OMNIPOST_FANOUT_BUDGET_SECONDS
+def promote(batch_size: int, using: str, *, clock: Callable[[], float] = time.monotonic) -> scheduler.Promotion:
+    """Fan out chunks of due fan-outs for this turn's share of the scheduler (`budget`)
     (queueing.scheduler.PromotionHandler); `promoted` counts the fan-outs finished."""
     with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
         cursor.execute(_ANY_DUE)
         if cursor.fetchone() is None:
+            _turn_ended.pop(using, None)
             return scheduler.Promotion(0, 0)
-    deadline = time.monotonic() + float(settings.OMNIPOST_FANOUT_BUDGET_SECONDS)
+    deadline = clock() + budget(_turn_ended.get(using), clock())
     finished = 0
-    while time.monotonic() < deadline:
+    while clock() < deadline:
         outcome = chunk_once(using)
         if outcome is None:
             break
         finished += outcome
+    _turn_ended[using] = clock()
     return scheduler.Promotion(finished, 0)
+
+
+SHARE_CAP = 4.0
+_turn_ended: dict[str, float] = {}  # per database alias: when this scheduler's last fan-out turn ended
+
+
+def budget(last_turn_ended: float | None, now: float) -> float:
+    """Seconds of fan-out for this turn: as long as the scheduler's other work took since the last turn
+    ended (a fair half), within [OMNIPOST_FANOUT_BUDGET_SECONDS, SHARE_CAP times it]."""
+    least = float(settings.OMNIPOST_FANOUT_BUDGET_SECONDS)
+    if last_turn_ended is None:
+        return least
+    return min(max(now - last_turn_ended, least), SHARE_CAP * least)
 
 
 def chunk_once(using: str = "default", *, chunk: int | None = None) -> int | None:
@@ -80,7 +101,7 @@ def chunk_once(using: str = "default", *, chunk: int | None = None) -> int | Non
             schedule.settle_jobs([], [job_id], using=using)
             return 0
         started = time.monotonic()
-        read = statements.fan_out_chunk(fanout, topics.members_sql(), size, RUN_KIND, using=using)
+        read = statements.fan_out_chunk(fanout, topics.members_sql(), size, RUN_KIND, BATCH, using=using)
         if read >= size:
             logger.debug("fan-out %s: %d runs (%.3fs)", fanout.pk, read, time.monotonic() - started)
             return 0

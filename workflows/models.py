@@ -3,9 +3,17 @@
 A run is data: its status, the index of the step it is at, each step's state, and `wake_id`, the
 opaque id of the scheduled job (kind `workflow`) it waits on. The scheduler advances a run when that
 job is due (workflows.engine), inside the transaction that settles the job; every change of a run is
-a conditional update on its status and wake_id, so two schedulers (or a cancel) never both win."""
+a conditional update on its status and wake_id, so two schedulers (or a cancel) never both win.
+
+A topic fan-out's runs are written narrow: their `data` and `definition` are NULL, standing for their
+fan-out's (the Fanout whose id is their trigger_id), and so are their `steps` until their first step
+(the definition's steps, all pending); the runs of one chunk wait on one job together (one wake_id).
+`resolve_runs` fills them in memory for whoever reads them."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -13,8 +21,8 @@ from django.db.models.functions import Now
 
 from core.fields import EncryptedTextField
 from core.ids import uuid7
-from core.models import TenantOwned
-from core.models.tenancy import ModeOwnedQuerySet
+from core.models import Tenant, TenantOwned
+from core.models.tenancy import HOT_FK, ModeOwnedQuerySet
 
 
 class WorkflowKind(models.TextChoices):
@@ -72,7 +80,10 @@ class WorkflowRunQuerySet(ModeOwnedQuerySet):
 
 class WorkflowRun(TenantOwned):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    # A hot table (a fan-out writes tens of thousands of runs a second for one tenant and workflow): no
+    # database-level foreign keys, and no index on tenant alone (the indexes below lead with it).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, **HOT_FK)
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs", db_index=False, **HOT_FK)
     subscriber = models.CharField(max_length=200)  # the external id ("" for a sequence's enrollment)
     # A sequence's enrollment sends to one recipient, not a subscriber: stored encrypted, masked beside.
     recipient = EncryptedTextField(null=True, blank=True)
@@ -83,15 +94,16 @@ class WorkflowRun(TenantOwned):
     status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.RUNNING)
     cancellation_key = models.CharField(max_length=200, null=True, blank=True)
     actor = models.CharField(max_length=200, null=True, blank=True)
-    data = models.JSONField(default=dict, blank=True)
+    data = models.JSONField(default=dict, blank=True, null=True)  # NULL: its fan-out's (resolve_runs)
     # The workflow's steps and category as they were at the trigger: a run follows the definition it began with.
-    definition = models.JSONField(default=list)
+    definition = models.JSONField(default=list, null=True)  # NULL: its fan-out's
     category = models.CharField(max_length=100, default="general")
     step_index = models.PositiveSmallIntegerField(default=0)
-    steps = models.JSONField(default=list)  # [{name, type, status, notification_id, at, reason}]
+    # [{name, type, status, notification_id, at, reason}]; NULL: the definition's, all pending
+    steps = models.JSONField(default=list, null=True)
     digest = models.JSONField(null=True, blank=True)  # {count, items} once a digest step let this run go on
-    # The scheduled job (kind `workflow`) this run waits on; None once finished.
-    wake_id = models.UUIDField(null=True, blank=True, unique=True)
+    # The scheduled job (kind `workflow`) this run waits on (a fan-out chunk's runs share theirs); None once finished.
+    wake_id = models.UUIDField(null=True, blank=True)
     # The database's clock: a digest window opens at its first trigger's created_at.
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
@@ -106,8 +118,8 @@ class WorkflowRun(TenantOwned):
         indexes = [
             # GET workflow-runs: a tenant's newest first, cursor on (created_at, id).
             models.Index(fields=["tenant", "-created_at", "-id"], name="workflow_run_recent_idx"),
-            # GET workflow-runs?trigger_id=
-            models.Index(fields=["tenant", "trigger_id"], name="workflow_run_trigger_idx"),
+            # the runs waiting on a job (GET workflow-runs?trigger_id= uses the unique key below)
+            models.Index(fields=["wake_id"], name="workflow_run_wake_idx", condition=Q(wake_id__isnull=False)),
             # POST workflows/{key}/cancel: the unfinished runs of a workflow with a cancellation key.
             models.Index(fields=["tenant", "workflow", "cancellation_key"], name="workflow_run_cancel_idx",
                          condition=Q(status__in=["running", "waiting"], cancellation_key__isnull=False)),
@@ -119,6 +131,30 @@ class WorkflowRun(TenantOwned):
 
     def __str__(self) -> str:
         return f"run {self.id} of {self.workflow_id} for {self.subscriber} ({self.status})"
+
+
+def initial_states(definition: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's step states before its first step: every step pending."""
+    return [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
+             "reason": None} for s in definition]  # fmt: skip
+
+
+def resolve_runs(runs: Iterable[WorkflowRun], *, using: str | None = None) -> None:
+    """Fill in memory what fan-out runs leave NULL (data, definition, steps) from their fan-outs
+    (one query, only when some run needs it)."""
+    wanted = [run for run in runs if run.data is None or run.definition is None or run.steps is None]
+    if not wanted:
+        return
+    rows = Fanout.objects.using(using or Fanout.objects.db).filter(pk__in={run.trigger_id for run in wanted})
+    fanouts = {pk: (data, definition) for pk, data, definition in rows.values_list("pk", "data", "definition")}
+    for run in wanted:
+        data, definition = fanouts.get(run.trigger_id, ({}, []))
+        if run.data is None:
+            run.data = data
+        if run.definition is None:
+            run.definition = definition
+        if run.steps is None:
+            run.steps = initial_states(run.definition)
 
 
 class WorkflowThrottle(TenantOwned):
@@ -180,7 +216,7 @@ class Fanout(TenantOwned):
     class Status(models.TextChoices):
         RUNNING = "running"
         COMPLETED = "completed"
-        CANCELLED = "cancelled"  # by staff, or its topic was deleted: no further chunk
+        CANCELLED = "cancelled"  # by staff, a cancel of its cancellation_key, or its topic deleted: no more chunks
 
     id = models.UUIDField(primary_key=True, editable=False)  # the trigger_id of its runs
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)

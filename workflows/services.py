@@ -38,7 +38,7 @@ from templating.models import Template
 from workflows import statements
 from workflows.engine import JOB_KIND
 from workflows.fanout import JOB_KIND as FANOUT_KIND
-from workflows.models import Fanout, RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun
+from workflows.models import Fanout, RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun, resolve_runs
 
 logger = logging.getLogger(__name__)
 
@@ -249,12 +249,20 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
     if subscribers is not None:
         runs = runs.filter(subscriber__in=list(subscribers))
     with transaction.atomic():
-        # Jobs first (the scheduler's order: job, then run): one being advanced now is waited for.
-        wakes = [w for w in runs.unfinished().values_list("wake_id", flat=True) if w is not None]
-        schedule.cancel_jobs_for(JOB_KIND, wakes)
-        stopped = list(runs.unfinished().select_for_update().values_list("pk", "steps"))
+        if subscribers is None:
+            _stop_fanouts(tenant, workflow, cancellation_key)
+        # Jobs first (the scheduler's order: job, then run): one being advanced now is waited for. A
+        # job other runs still wait on (a fan-out chunk's) stays: those runs go on.
+        wakes = {w for w in runs.unfinished().values_list("wake_id", flat=True) if w is not None}
+        shared = set(
+            WorkflowRun.objects.filter(wake_id__in=wakes, status__in=[RunStatus.RUNNING, RunStatus.WAITING])
+            .exclude(pk__in=runs.unfinished().values("pk")).values_list("wake_id", flat=True)
+        )  # fmt: skip
+        schedule.cancel_jobs_for(JOB_KIND, list(wakes - shared))
+        stopped = list(runs.unfinished().select_for_update())
+        resolve_runs(stopped)
         notification_ids: list[str] = []
-        for pk, states in stopped:
+        for pk, states in ((run.pk, run.steps) for run in stopped):
             states = [dict(state) for state in states]
             for state in states:
                 if state.get("notification_id"):
@@ -271,6 +279,18 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
             AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
                               details={"cancellation_key": cancellation_key, "runs": len(stopped)})  # fmt: skip
     return len(stopped)
+
+
+def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> None:
+    """The workflow's fan-outs still running with this cancellation key end `cancelled` (the caller's
+    transaction): their rows locked first, so a chunk being made commits before the runs are read, and
+    no chunk comes after."""
+    running = Fanout.objects.for_tenant(tenant).select_for_update().filter(
+        workflow=workflow, cancellation_key=cancellation_key, status=Fanout.Status.RUNNING
+    )
+    for fan in running:
+        Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
+        topics.end_fanout(fan.topic_id)
 
 
 def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: str) -> None:

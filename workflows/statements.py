@@ -25,7 +25,7 @@ from django.db import connections
 from core.ids import uuid7
 from core.retention import RetainedTable
 from queueing import schedule
-from workflows.models import FINISHED, WorkflowRun
+from workflows.models import FINISHED, WorkflowRun, initial_states
 from workflows.steps import MAX_WINDOW_SECONDS, key_value
 
 MAX_ITEMS = 100
@@ -55,9 +55,8 @@ RETAINED = (
 )
 
 # A trigger's runs, each waiting on a job due now, in one statement whatever their count: from `s`
-# (columns id, subscriber, wake_id), a list the caller names, a chunk of a topic's members or a bulk send's
-# rows (with each run's data). A run
-# that exists already for the trigger and subscriber (a fan-out chunk repeated) adds nothing.
+# (columns id, subscriber, wake_id), a list the caller names or a bulk send's rows (with each run's
+# data). A run that exists already for the trigger and subscriber adds nothing.
 _START_RUNS = """WITH s AS ({source}), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id, test)
@@ -66,21 +65,18 @@ _START_RUNS = """WITH s AS ({source}), runs AS (
     FROM s
     ON CONFLICT (trigger_id, subscriber) DO NOTHING
     RETURNING wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs
-), {more}{jobs}"""
+), {jobs}"""
 
 _LISTED = """SELECT * FROM unnest(%(ids)s::uuid[], %(subscribers)s::text[], %(wakes)s::uuid[])
     AS s(id, subscriber, wake_id)"""
 
-# A version 7 UUID made by the database (core.ids.uuid7's layout: 48 bits of Unix milliseconds, the
-# version, random bits), so runs made in chunks sit in creation order in their primary key's index.
-_UUID7 = """encode(set_byte(overlay(uuid_send(gen_random_uuid())
-    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::int8) FROM 3) FROM 1 FOR 6),
-    6, (get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid"""
-
-
-def _states(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"name": s["name"], "type": s["type"], "status": "pending", "notification_id": None, "at": None,
-             "reason": None} for s in steps]  # fmt: skip
+# Version 7 UUIDs made by the database for a statement's rows (core.ids.uuid7's layout: 48 bits of
+# Unix milliseconds, the version, random bits), the statement's millisecond for all of them (read once:
+# per row it would cost more than the rest of the row), so the runs of successive chunks sit in
+# creation order in their primary key's index.
+_UUID7_PREFIX = """overlay(substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::int8) FROM 3)
+    PLACING '\\x70'::bytea FROM 7 FOR 0)"""
+_UUID7 = "encode(overlay(uuid_send(gen_random_uuid()) PLACING (SELECT prefix FROM v7) FROM 1 FOR 7), 'hex')::uuid"
 
 
 def start_runs(
@@ -93,9 +89,9 @@ def start_runs(
         "wakes": [uuid.uuid4() for _ in subscribers], "tenant": tenant_id, "workflow": workflow.pk,
         "trigger": trigger_id, "cancellation_key": cancellation_key, "actor": actor, "data": json.dumps(data),
         "definition": json.dumps(workflow.steps), "category": workflow.category,
-        "steps": json.dumps(_states(workflow.steps)), "test": test,
+        "steps": json.dumps(initial_states(workflow.steps)), "test": test,
     }  # fmt: skip
-    sql = _START_RUNS.format(source=_LISTED, data="%(data)s::jsonb", more="",
+    sql = _START_RUNS.format(source=_LISTED, data="%(data)s::jsonb",
                              jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
     with connections[WorkflowRun.objects.db].cursor() as cursor:
         cursor.execute(sql, params)
@@ -117,39 +113,56 @@ def start_rows(
         "ids": [uuid7() for _ in rows], "subscribers": [r[0] for r in rows], "wakes": [uuid.uuid4() for _ in rows],
         "datas": [json.dumps(r[1]) for r in rows], "tenant": tenant_id, "workflow": workflow.pk,
         "trigger": trigger_id, "cancellation_key": None, "actor": actor, "definition": json.dumps(workflow.steps),
-        "category": workflow.category, "steps": json.dumps(_states(workflow.steps)), "test": test,
+        "category": workflow.category, "steps": json.dumps(initial_states(workflow.steps)), "test": test,
     }  # fmt: skip
-    sql = _START_RUNS.format(source=_LISTED_WITH_DATA, data="s.data::jsonb", more="",
+    sql = _START_RUNS.format(source=_LISTED_WITH_DATA, data="s.data::jsonb",
                              jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
     with connections[WorkflowRun.objects.db].cursor() as cursor:
         cursor.execute(sql, params)
 
 
-# A fan-out's chunk: the next members of the topic (recipients.topics.members_sql) become runs with
-# their jobs, and the fan-out's row moves past them, in one statement (one transaction with its lock).
-_CHUNK_SOURCE = f"""SELECT {_UUID7} AS id, m.subscriber, gen_random_uuid() AS wake_id, m.id AS member_id
-    FROM ({{members}}) m"""  # noqa: S608 - constants
-_CHUNK_MOVE = """moved AS (
+# A fan-out's chunk: the next members of the topic (recipients.topics.members_sql) become runs, narrow
+# (data, definition and steps NULL: the fan-out's), each %(per_job)s of them (in member order) waiting
+# on one job due now, and the fan-out's row moves past them, in one statement (one transaction with
+# its lock).
+_CHUNK = f"""WITH v7 AS (
+    SELECT {_UUID7_PREFIX} AS prefix
+), s AS (
+    SELECT {_UUID7} AS id, m.subscriber, m.id AS member_id,
+           (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part
+    FROM ({{members}}) m
+), wakes AS (
+    SELECT part, gen_random_uuid() AS id FROM generate_series(0, (SELECT max(part) FROM s)) AS part
+), runs AS (
+    INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
+                               data, definition, category, step_index, steps, digest, wake_id, test)
+    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
+           NULL, NULL, %(category)s, 0, NULL, NULL, w.id, %(test)s
+    FROM s JOIN wakes w USING (part)
+    ON CONFLICT (trigger_id, subscriber) DO NOTHING
+    RETURNING wake_id
+), moved AS (
     UPDATE workflow_fanouts SET cursor = coalesce((SELECT max(member_id) FROM s), cursor),
         created = created + (SELECT count(*) FROM runs), chunks = chunks + 1,
         last_read = (SELECT count(*) FROM s)
     WHERE id = %(trigger)s
-), """
+), {{jobs}}"""  # noqa: S608 - constants
+_CHUNK_JOBS = """(SELECT DISTINCT wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM runs) s"""
 
 
-def fan_out_chunk(fanout: Any, members_sql: str, chunk: int, job_kind: str, *, using: str = "default") -> int:  # noqa: ANN401
-    """Runs for the next `chunk` members of the fan-out's topic after its cursor (the caller's
-    transaction, the fan-out's row locked); returns how many members the chunk read (fewer than
-    `chunk`: the fan-out is done)."""
+def fan_out_chunk(
+    fanout: Any, members_sql: str, chunk: int, job_kind: str, per_job: int, *, using: str = "default",  # noqa: ANN401
+) -> int:  # fmt: skip
+    """Runs for the next `chunk` members of the fan-out's topic after its cursor, and a job for each
+    `per_job` of them (the caller's transaction, the fan-out's row locked); returns how many members
+    the chunk read (fewer than `chunk`: the fan-out is done)."""
     params = {
         "tenant": fanout.tenant_id, "workflow": fanout.workflow_id, "trigger": fanout.pk,
-        "cancellation_key": fanout.cancellation_key, "actor": fanout.actor, "data": json.dumps(fanout.data),
-        "definition": json.dumps(fanout.definition), "category": fanout.category,
-        "steps": json.dumps(_states(fanout.definition)), "topic": fanout.topic_id, "after": fanout.cursor,
-        "boundary": fanout.boundary, "chunk": chunk, "test": fanout.test,
+        "cancellation_key": fanout.cancellation_key, "actor": fanout.actor, "category": fanout.category,
+        "topic": fanout.topic_id, "after": fanout.cursor, "boundary": fanout.boundary, "chunk": chunk,
+        "test": fanout.test, "per_job": per_job,
     }  # fmt: skip
-    sql = _START_RUNS.format(source=_CHUNK_SOURCE.replace("{members}", members_sql), data="%(data)s::jsonb",
-                             more=_CHUNK_MOVE, jobs=schedule.timed_jobs_sql("runs s", job_kind))  # fmt: skip
+    sql = _CHUNK.replace("{members}", members_sql).replace("{jobs}", schedule.timed_jobs_sql(_CHUNK_JOBS, job_kind))
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         cursor.execute("SELECT cursor, created, last_read FROM workflow_fanouts WHERE id = %s", [fanout.pk])

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.db.models import Count
 
 from queueing.models import ScheduledJob
 from recipients.models import Topic, TopicSubscriber
 from workflows import fanout
-from workflows.models import Fanout, WorkflowRun
+from workflows.models import Fanout, WorkflowRun, resolve_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -56,14 +57,26 @@ def test_a_topic_trigger_makes_one_run_per_member_but_the_actor(api_a, tenant_a)
     assert runs.count() == 2499 == runs.values("subscriber").distinct().count()
     assert not runs.filter(subscriber="u00007").exists()
     one = runs.first()
+    # narrow rows: the data, definition and step states are the fan-out's until the run's first step
+    assert (one.data, one.definition, one.steps) == (None, None, None)
+    resolve_runs([one])
     assert (one.data, one.cancellation_key, one.actor, one.status) == ({"eta": "1h"}, "outage-1", "u00007", "running")
-    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 2499
+    assert (one.definition, [s["status"] for s in one.steps]) == (STEPS, ["pending"])
+    # a job for each engine batch of a chunk's runs (1000 + 1000 + 499 runs: 2 + 2 + 1), waited on together
+    jobs = ScheduledJob.objects.filter(kind="workflow", status="pending")
+    assert jobs.count() == 5 == runs.values("wake_id").distinct().count()
+    assert set(jobs.values_list("notification_id", flat=True)) == set(runs.values_list("wake_id", flat=True))
+    sizes = sorted(runs.values("wake_id").annotate(n=Count("id")).values_list("n", flat=True))
+    assert sizes == [499, 500, 500, 500, 500]
     done = Fanout.objects.get()
     assert (done.status, done.created, done.total, done.chunks) == ("completed", 2499, 2499, 3)
     assert ScheduledJob.objects.get(kind="fanout").status == "executed"
     assert Topic.objects.get().active_fanouts == 0
     listed = api_a.get(f"/api/v1/workflow-runs?trigger_id={body['trigger_id']}").json()
     assert len(listed["results"]) > 0, listed
+    assert {s["status"] for run in listed["results"] for s in run["steps"]} == {"pending"}, listed
+    alone = api_a.get(f"/api/v1/workflow-runs/{one.pk}").json()
+    assert [s["name"] for s in alone["steps"]] == ["tell"], alone
 
 
 def test_members_removed_after_the_trigger_still_get_a_run_and_new_ones_do_not(api_a, tenant_a):
@@ -100,7 +113,8 @@ def test_a_repeated_chunk_creates_nothing_twice(api_a):
     Fanout.objects.update(cursor=0, created=0)
     fan_out_all(chunk=20)
     assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"]).count() == 30
-    assert ScheduledJob.objects.filter(kind="workflow").count() == 30
+    # a job for each chunk that made runs: the first, and the repeat's second (the first chunk again made none)
+    assert ScheduledJob.objects.filter(kind="workflow").count() == 2
     assert Fanout.objects.get().created == 10  # the repeat added none of the first twenty
 
 
@@ -201,3 +215,129 @@ def test_the_fanned_out_runs_send_one_notification_each_made_together(api_a, ten
     assert len(ids) == len(set(ids)) == 100 == Notification.objects.for_tenant(tenant_a).count()
     assert {run.steps[0]["reason"] for run in runs if not run.steps[0]["notification_id"]} == {"no_address"}
     assert set(Notification.objects.values_list("body", flat=True)) == {"soon"}
+
+
+def test_fanned_out_runs_take_their_fan_outs_data_through_sends_delays_and_conditions(api_a, tenant_a, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from notifications.models import Notification
+    from workflows import engine
+
+    monkeypatch.setattr(fanout, "BATCH", 7)  # jobs of 7 runs
+    steps = [
+        {"name": "first", "type": "send", "channel": "in_app", "subject": "Hi", "body": "Down {{ data.eta }}"},
+        {"name": "wait", "type": "delay", "seconds": 3600},
+        {"name": "again", "type": "send", "channel": "in_app", "subject": "Hi", "body": "Back {{ data.eta }}",
+         "skip_if": {"step": "first", "state": "delivered"}},
+    ]  # fmt: skip
+    assert api_a.post("/api/v1/workflows", {"key": "two", "steps": steps}, format="json").status_code == 201
+    setup_topic(api_a, members=[f"u{i:02d}" for i in range(30)])
+    body = trigger(api_a, {"topic": "outage", "data": {"eta": "1h"}}, key="two").json()
+    fan_out_all(chunk=10)
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert runs.values("wake_id").distinct().count() == 6  # 7 + 3 in each chunk of 10
+    while engine.promote(100, "default").promoted:
+        pass
+    assert set(runs.values_list("status", flat=True)) == {"waiting"}
+    assert runs.values("wake_id").distinct().count() == 30  # each its own delay's job now
+    assert runs.filter(data__isnull=True, definition__isnull=True).count() == 30  # still the fan-out's
+    assert set(Notification.objects.values_list("body", flat=True)) == {"Down 1h"}
+    first = runs.get(subscriber="u03").steps[0]["notification_id"]
+    Notification.objects.filter(pk=first).update(status="delivered")
+    ScheduledJob.objects.filter(kind="workflow", status="pending").update(run_at=timezone.now() - timedelta(hours=1))
+    while engine.promote(100, "default").promoted:
+        pass
+    assert set(runs.values_list("status", flat=True)) == {"completed"}
+    assert runs.get(subscriber="u03").steps[2]["reason"] == "first delivered"
+    assert Notification.objects.filter(body="Back 1h").count() == 29
+    assert not ScheduledJob.objects.filter(kind="workflow", status="pending").exists()
+
+
+def test_a_fan_out_job_shares_a_batch_with_single_runs_and_stays_pending_until_its_runs_are_done(api_a, tenant_a):
+    from workflows import engine
+
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(7)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    fan_out_all()
+    alone = trigger(api_a, {"subscribers": ["solo"]}).json()
+    assert engine.promote(4, "default").promoted == 4  # round-robin: the single run is among the first four
+    assert WorkflowRun.objects.get(trigger_id=alone["trigger_id"]).status == "completed"
+    shared = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert shared.filter(status="completed").count() == 3
+    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 1  # the fan-out's, 4 runs left
+    assert engine.promote(4, "default").promoted == 4
+    assert set(shared.values_list("status", flat=True)) == {"completed"}
+    assert set(ScheduledJob.objects.filter(kind="workflow").values_list("status", flat=True)) == {"executed"}
+
+
+def test_cancelling_some_fanned_out_runs_leaves_their_shared_job_to_the_others(api_a, tenant_a):
+    from workflows import engine
+
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(6)])
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()
+    fan_out_all()
+    cancel = api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "k", "subscribers": ["u1", "u2"]},
+                        format="json")  # fmt: skip
+    assert cancel.status_code == 200, cancel.content
+    job = ScheduledJob.objects.get(kind="workflow")
+    assert job.status == "pending"  # four runs still wait on it
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert [s["reason"] for s in runs.get(subscriber="u1").steps] == [None]  # the fan-out's states, written
+    assert engine.promote(100, "default").promoted == 4
+    assert dict(runs.values_list("subscriber", "status")) == {
+        "u0": "completed", "u1": "cancelled", "u2": "cancelled", "u3": "completed", "u4": "completed",
+        "u5": "completed"}  # fmt: skip
+    job.refresh_from_db()
+    assert job.status == "executed"
+    # a cancel of every run of a job cancels the job
+    second = trigger(api_a, {"topic": "outage", "cancellation_key": "k2"}).json()
+    fan_out_all()
+    api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "k2"}, format="json")
+    assert set(WorkflowRun.objects.filter(trigger_id=second["trigger_id"]).values_list("status", flat=True)) == {
+        "cancelled"}  # fmt: skip
+    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 0
+
+
+def test_a_fan_out_turn_lasts_as_long_as_the_schedulers_other_work_took_within_bounds(settings):
+    settings.OMNIPOST_FANOUT_BUDGET_SECONDS = 0.5
+    assert fanout.budget(None, 100.0) == 0.5  # the first turn
+    assert fanout.budget(99.9, 100.0) == 0.5  # the others took little: the least
+    assert fanout.budget(98.8, 100.0) == pytest.approx(1.2)  # a fair half
+    assert fanout.budget(10.0, 100.0) == 2.0  # the scheduler slept meanwhile: at most SHARE_CAP times the least
+
+
+def test_a_turn_stops_at_its_budget_between_chunks(api_a, settings):
+    settings.OMNIPOST_FANOUT_BUDGET_SECONDS = 0.5
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(50)])
+    trigger(api_a, {"topic": "outage"})
+    settings.OMNIPOST_FANOUT_CHUNK = 10
+    ticks = iter([0.0, 0.0, 0.0, 0.2, 0.4, 0.6, 0.6])  # the deadline's two readings, one before each chunk, the end
+
+    assert fanout.promote(100, "default", clock=lambda: next(ticks)).promoted == 0
+    assert Fanout.objects.get().chunks == 3  # at 0.6 the 0.5 s budget was over
+    ticks = iter([5.6, 5.6, 5.6, 6.0, 7.0, 7.5, 8.0])  # 5 s of other work since: a 2 s turn, to the end
+    assert fanout.promote(100, "default", clock=lambda: next(ticks)).promoted == 1
+    assert Fanout.objects.get().status == "completed"
+
+
+def test_cancelling_a_fan_outs_key_stops_the_fan_out_and_its_runs(api_a, tenant_a):
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(30)])
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "storm"}).json()
+    assert fanout.chunk_once(chunk=10) == 0
+    response = api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "storm"}, format="json")
+    assert response.status_code == 200, response.content
+    assert fan_out_all(chunk=10) == 1  # the fan-out's job, ended without a chunk
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert runs.count() == 10 and set(runs.values_list("status", flat=True)) == {"cancelled"}
+    done = Fanout.objects.get()
+    assert (done.status, done.created) == ("cancelled", 10) and done.finished_at is not None
+    assert ScheduledJob.objects.get(kind="fanout").status == "cancelled"
+    assert not ScheduledJob.objects.filter(status="pending").exists()
+    assert Topic.objects.get().active_fanouts == 0
+    assert api_a.delete("/api/v1/workflows/notice").status_code == 204  # nothing runs any more

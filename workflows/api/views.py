@@ -29,7 +29,7 @@ from workflows.api.serializers import (
     WorkflowRunSerializer,
     WorkflowSerializer,
 )
-from workflows.models import Workflow, WorkflowRun
+from workflows.models import Workflow, WorkflowRun, resolve_runs
 
 
 @extend_schema_view(
@@ -138,8 +138,14 @@ class WorkflowRunViewSet(StrictQueryMixin, mixins.ListModelMixin, mixins.Retriev
         filters.is_valid(raise_exception=True)
         return queryset.filter(**{_FILTERS[k]: v for k, v in filters.validated_data.items()})
 
+    def paginate_queryset(self, queryset: QuerySet[WorkflowRun]) -> list[WorkflowRun] | None:
+        page = super().paginate_queryset(queryset)
+        resolve_runs(page or [])  # fan-out runs not started yet: their fan-out's steps, all pending
+        return page
+
     def retrieve(self, request: Request, pk: str) -> Response:
         run = self.get_queryset().filter(pk=as_uuid(pk)).first()
         if run is None:
             raise NotFound("No workflow run with this id.")
+        resolve_runs([run])
         return Response(WorkflowRunSerializer(run).data)
