@@ -180,7 +180,7 @@ def test_one_providers_slow_server_cannot_take_every_smtp_thread(monkeypatch, se
     monkeypatch.setattr(smtp, "_pool", ThreadPoolExecutor(max_workers=3, thread_name_prefix="test-smtp"))
 
     async def scenario(tarpit_port: int, sink_port: int) -> tuple[list, list[bool]]:
-        slow = provider(tarpit_port, 3)
+        slow = provider(tarpit_port, 8)  # a deadline the fast sends beat however loaded the machine
         fast = provider(sink_port, 5)
         stuck = [asyncio.ensure_future(slow.send(message())) for _ in range(6)]
         await asyncio.sleep(0.1)
