@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connections
 from django.db.models.functions import Now
@@ -85,6 +85,15 @@ def settle_jobs(executed: Sequence[object], cancelled: Sequence[object], *, usin
         )
     if cancelled:
         ScheduledJob.objects.using(using).filter(job_id__in=cancelled).update(status=ScheduledJob.Status.CANCELLED)
+
+
+def postpone_jobs(job_ids: Sequence[object], seconds: float, *, using: str = "default") -> None:
+    """Jobs a handler took (locked) but cannot work yet: pending again, due `seconds` after the
+    database's now()."""
+    if job_ids:
+        ScheduledJob.objects.using(using).filter(job_id__in=job_ids).update(
+            run_at=Now() + timedelta(seconds=seconds)
+        )
 
 
 def cancel_jobs_for(kind: str, opaque_ids: Sequence[object], *, using: str = "default") -> int:

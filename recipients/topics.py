@@ -12,14 +12,14 @@
   once the last fan-out ends, removed memberships are deleted.
 - The fan-out reads members through `members_sql()`: keyset-ordered chunks by id on the index
   (topic_id, id), inside the database. Each chunk first holds the topic's row FOR KEY SHARE
-  (`hold_for_fanout`), which membership changes (FOR NO KEY UPDATE) do not wait for and a delete
-  (FOR UPDATE) does.
+  (`hold_for_fanout`), which membership changes and a delete (FOR NO KEY UPDATE) do not wait for.
 - Deleting a topic marks it deleted (gone for the API at once, its key free for a new topic) and
   schedules a job of kind `topic_delete`; the scheduler deletes its memberships in chunks of
   OMNIPOST_TOPIC_DELETE_CHUNK in id order, each chunk one transaction that also moves the topic's
   `deleted_through`, so a killed scheduler resumes after its last committed chunk; the last chunk
-  deletes the topic's row and settles the job. A fan-out of the topic still running stops at its
-  next chunk.
+  deletes the topic's row and settles the job. While a fan-out of the topic runs, the job waits
+  (postponed, FANOUT_WAIT_SECONDS at a time): the fan-out still makes a run for every member at its
+  trigger.
 """
 
 from __future__ import annotations
@@ -81,12 +81,10 @@ def put_topic(tenant: Tenant, key: str, name: str, *, actor: str) -> tuple[Topic
 
 def delete_topic(tenant: Tenant, key: str, *, actor: str) -> None:
     """The topic is gone for the API at once and its key free again; its memberships (never its
-    subscribers) are deleted in the background (`purge_once`), and a fan-out of it still running stops
-    at its next chunk."""
+    subscribers) are deleted in the background (`purge_once`) once no fan-out of it runs: a trigger's
+    fan-out still makes a run for every member the topic had at the trigger."""
     with transaction.atomic():
-        # FOR UPDATE, not NO KEY: waits for a fan-out chunk reading the members (it holds KEY SHARE),
-        # so each chunk either ends before this commits or sees the topic deleted.
-        topic = topics_for(tenant).select_for_update().filter(key=key).first()
+        topic = topics_for(tenant).select_for_update(no_key=True).filter(key=key).first()
         if topic is None:
             raise NotFound("No topic with this key.")
         deletion_id = uuid7()
@@ -208,13 +206,13 @@ def end_fanout(topic_id: int, *, using: str = "default") -> None:
             cursor.execute(_PURGE, {"topic": topic_id})
 
 
-_HOLD = "SELECT 1 FROM topics WHERE id = %(topic)s AND deleted_at IS NULL FOR KEY SHARE"
+_HOLD = "SELECT 1 FROM topics WHERE id = %(topic)s FOR KEY SHARE"
 
 
 def hold_for_fanout(topic_id: int, *, using: str = "default") -> bool:
-    """Whether a fan-out of the topic may read its next chunk (in the chunk's transaction): False once
-    the topic is deleted. The row stays held FOR KEY SHARE until the chunk commits, so a delete waits
-    for the chunk rather than removing members under it."""
+    """Whether a fan-out of the topic may read its next chunk (in the chunk's transaction): True while
+    the topic's row exists, deleted or not (a deleted topic's memberships wait for its fan-outs, see
+    `purge_once`). The row stays held FOR KEY SHARE until the chunk commits."""
     with connections[using].cursor() as cursor:
         cursor.execute(_HOLD, {"topic": topic_id})
         return cursor.fetchone() is not None
@@ -233,6 +231,7 @@ def members_sql() -> str:
 
 # --- deleting a topic's members (the scheduler runs these for due jobs of kind `topic_delete`) -------------
 DELETE_KIND = "topic_delete"
+FANOUT_WAIT_SECONDS = 2.0  # how often a deletion looks again while a fan-out of its topic runs
 
 # The next chunk of a deleted topic's memberships after `deleted_through`, in id order on the index
 # (topic_id, id), deleted by their ids (an array: probes of the primary key; a join of the chunk to the
@@ -276,11 +275,17 @@ def purge_once(using: str = "default", *, chunk: int | None = None) -> int | Non
         if row is None:
             return None
         job_id, deletion_id, _ = row
-        topic = Topic.objects.using(using).filter(deletion_id=deletion_id).values_list("pk", "deleted_through").first()
+        # FOR UPDATE: a fan-out ending (end_fanout's update of the row, then its purge of marked
+        # memberships) commits before this reads active_fanouts, or after this chunk.
+        topic = (Topic.objects.using(using).select_for_update().filter(deletion_id=deletion_id)
+                 .values_list("pk", "deleted_through", "active_fanouts").first())  # fmt: skip
         if topic is None:  # pragma: no cover - only the last chunk deletes the row, settling its job with it
             schedule.settle_jobs([], [job_id], using=using)
             return 0
-        topic_id, after = topic
+        topic_id, after, fanning = topic
+        if fanning:  # a fan-out still reads the members it owes a run: they go after it ends
+            schedule.postpone_jobs([job_id], FANOUT_WAIT_SECONDS, using=using)
+            return 0
         if _delete_chunk(cursor, topic_id, after, size) >= size:
             return 0
         cursor.execute("DELETE FROM topics WHERE id = %s", [topic_id])

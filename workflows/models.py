@@ -216,7 +216,7 @@ class Fanout(TenantOwned):
     class Status(models.TextChoices):
         RUNNING = "running"
         COMPLETED = "completed"
-        CANCELLED = "cancelled"  # by staff, a cancel of its cancellation_key, or its topic deleted: no more chunks
+        CANCELLED = "cancelled"  # by staff or a cancel of its cancellation_key: no more chunks
 
     id = models.UUIDField(primary_key=True, editable=False)  # the trigger_id of its runs
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+", db_index=False)

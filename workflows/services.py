@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import ProtectedError, QuerySet
 from django.db.models.functions import Now
 from rest_framework.exceptions import NotFound, ValidationError
@@ -106,6 +106,9 @@ def save_workflow(workflow: Workflow, *, actor: str, fields: Sequence[str] | Non
 def delete_workflow(workflow: Workflow, *, actor: str) -> None:
     """Delete a workflow and its runs; 409 while some are unfinished (cancel them first)."""
     with transaction.atomic():
+        # FOR UPDATE: a trigger holding the row (FOR KEY SHARE, _hold) commits its runs first, and one
+        # coming after finds no workflow; its runs have no database foreign key to fail them.
+        Workflow.objects.select_for_update().filter(pk=workflow.pk).first()
         fanning = Fanout.objects.for_tenant(workflow.tenant_id).filter(workflow=workflow, status="running")
         runs = WorkflowRun.objects.for_tenant(workflow.tenant_id).filter(workflow=workflow)
         if fanning.exists() or runs.unfinished().exists():
@@ -182,6 +185,7 @@ def trigger(
     workflow = get_workflow(tenant, key)
     trigger_id = uuid.uuid4()
     with transaction.atomic():
+        _hold(workflow)
         recipients.ensure_subscribers(tenant, subscribers)
         statements.start_runs(tenant.pk, workflow, trigger_id, list(subscribers), data=data,
                               cancellation_key=cancellation_key, actor=trigger_actor, job_kind=JOB_KIND,
@@ -201,6 +205,7 @@ def trigger_topic(
     workflow = get_workflow(tenant, key)
     trigger_id = uuid.uuid4()
     with transaction.atomic():
+        _hold(workflow)
         try:
             found, boundary, members = topics.begin_fanout(tenant, topic, trigger_actor)
         except NotFound:
@@ -215,8 +220,18 @@ def trigger_topic(
     return trigger_id, members
 
 
+def _hold(workflow: Workflow) -> None:
+    """The workflow's row FOR KEY SHARE until the caller's transaction ends (triggers do not wait for
+    each other, a delete waits for them); NotFound once it has been deleted."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM workflows WHERE id = %s FOR KEY SHARE", [workflow.pk])
+        if cursor.fetchone() is None:
+            raise NotFound("No workflow with this key.")
+
+
 def fanouts_for(tenant: Tenant) -> QuerySet[Fanout]:
-    return Fanout.objects.for_tenant(tenant)
+    """The tenant's fan-outs of the key's mode (a test key's triggers and cancels never touch live ones)."""
+    return Fanout.objects.for_tenant(tenant).filter(test=mode_of(tenant))
 
 
 def cancel_fanout(tenant: Tenant | None, fanout_id: object, *, actor: str) -> Fanout:
@@ -285,7 +300,7 @@ def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> 
     """The workflow's fan-outs still running with this cancellation key end `cancelled` (the caller's
     transaction): their rows locked first, so a chunk being made commits before the runs are read, and
     no chunk comes after."""
-    running = Fanout.objects.for_tenant(tenant).select_for_update().filter(
+    running = fanouts_for(tenant).select_for_update().filter(
         workflow=workflow, cancellation_key=cancellation_key, status=Fanout.Status.RUNNING
     )
     for fan in running:

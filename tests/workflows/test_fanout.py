@@ -5,14 +5,19 @@ scheduler mid fan-out is in test_fanout_processes.py."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.db.models import Count
 
+from core.api.errors import Conflict
+from core.models import ApiKey
 from queueing.models import ScheduledJob
 from recipients.models import Topic, TopicSubscriber
-from workflows import fanout
-from workflows.models import Fanout, WorkflowRun, resolve_runs
+from tests.conftest import client_for
+from workflows import fanout, services
+from workflows.models import Fanout, Workflow, WorkflowRun, resolve_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -341,3 +346,64 @@ def test_cancelling_a_fan_outs_key_stops_the_fan_out_and_its_runs(api_a, tenant_
     assert not ScheduledJob.objects.filter(status="pending").exists()
     assert Topic.objects.get().active_fanouts == 0
     assert api_a.delete("/api/v1/workflows/notice").status_code == 204  # nothing runs any more
+
+
+def test_a_test_keys_cancel_never_stops_a_live_fan_out_and_the_reverse(api_a, tenant_a):
+    """Runs and fan-outs belong to one mode: a cancel with the same cancellation key acts on its own."""
+    test_api = client_for(ApiKey.issue(tenant_a, name="test", test=True)[1])
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i:04d}" for i in range(30)])
+    assert trigger(api_a, {"topic": "outage", "cancellation_key": "promo"}).status_code == 202
+    assert trigger(test_api, {"topic": "outage", "cancellation_key": "promo"}).status_code == 202
+
+    cancelled = test_api.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "promo"}, format="json")
+    assert cancelled.status_code == 200
+    by_mode = dict(Fanout.objects.values_list("test", "status"))
+    assert by_mode == {True: "cancelled", False: "running"}
+    fan_out_all(chunk=10)
+    assert WorkflowRun.objects.filter(test=False).count() == 30 and not WorkflowRun.objects.filter(test=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_workflow_delete_waits_for_a_trigger_in_flight_and_refuses_while_its_runs_are_unfinished(
+    api_a, tenant_a
+):
+    """Runs have no database foreign key to their workflow: the delete and a trigger serialise on the
+    workflow's row, so no run outlives its workflow."""
+    define(api_a)
+    workflow = Workflow.objects.get()
+    triggering, release, outcome = threading.Event(), threading.Event(), []
+
+    def trigger_in_flight() -> None:
+        try:
+            with transaction.atomic():
+                services.trigger(tenant_a, "notice", subscribers=["a", "b"], data={}, cancellation_key=None,
+                                 trigger_actor=None, actor="test")  # fmt: skip
+                triggering.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    def delete() -> None:
+        try:
+            services.delete_workflow(workflow, actor="test")
+            outcome.append("deleted")
+        except Conflict:
+            outcome.append("refused")
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=trigger_in_flight)
+    first.start()
+    assert triggering.wait(10)
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    deleting.join(0.5)
+    assert deleting.is_alive() and outcome == []  # held by the trigger's transaction
+    release.set()
+    first.join(10)
+    deleting.join(10)
+    assert outcome == ["refused"]  # it saw the two runs the trigger committed
+    assert Workflow.objects.filter(pk=workflow.pk).exists()
+    assert WorkflowRun.objects.filter(workflow_id=workflow.pk).count() == 2
