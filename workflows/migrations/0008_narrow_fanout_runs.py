@@ -3,24 +3,20 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+# Every statement here changes the catalog only (no rewrite, no scan) but takes an ACCESS EXCLUSIVE
+# lock on workflow_runs: behind a long transaction that holds the table, fail after 5 s instead of
+# queueing every other query behind the waiting lock. Set first in both directions.
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '5s'"
+
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0005_apikey_test'),
-        ('workflows', '0006_fanout_cancel'),
+        ('workflows', '0007_workflow_run_wake_idx'),
     ]
 
     operations = [
-        migrations.RemoveIndex(
-            model_name='workflowrun',
-            name='workflow_run_trigger_idx',
-        ),
-        migrations.AlterField(
-            model_name='fanout',
-            name='status',
-            field=models.CharField(choices=[('running', 'Running'), ('completed', 'Completed'), ('cancelled', 'Cancelled')], default='running', max_length=10),
-        ),
+        migrations.RunSQL(LOCK_TIMEOUT, migrations.RunSQL.noop),
         migrations.AlterField(
             model_name='workflowrun',
             name='data',
@@ -38,11 +34,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AlterField(
             model_name='workflowrun',
-            name='tenant',
-            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='core.tenant'),
-        ),
-        migrations.AlterField(
-            model_name='workflowrun',
             name='wake_id',
             field=models.UUIDField(blank=True, null=True),
         ),
@@ -51,8 +42,5 @@ class Migration(migrations.Migration):
             name='workflow',
             field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='workflows.workflow'),
         ),
-        migrations.AddIndex(
-            model_name='workflowrun',
-            index=models.Index(condition=models.Q(('wake_id__isnull', False)), fields=['wake_id'], name='workflow_run_wake_idx'),
-        ),
+        migrations.RunSQL(migrations.RunSQL.noop, LOCK_TIMEOUT),
     ]
