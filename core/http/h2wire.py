@@ -188,7 +188,7 @@ class Decoder:
             if first & 0xE0 == 0x20:  # dynamic table size update (§6.3): only to 0, only first
                 new_size, pos = _read_int(block, pos, 0x1F)
                 if new_size or fields:
-                    raise HPACKError(f"table size update to {new_size} (allowed: 0, at a block's start)")
+                    raise HPACKError(f"a dynamic table size of {new_size} (allowed: 0, at a block's start)")
                 continue
             # literal (§6.2): with incremental indexing 01, without 0000, never indexed 0001
             index, pos = _read_int(block, pos, 0x3F if first & 0x40 else 0x0F)
