@@ -24,7 +24,10 @@ What it keeps of the protocol:
 - frames of a stream this side closed (reset, timed out) are read and dropped; PRIORITY and unknown
   frame types are ignored; PUSH_PROMISE (push is off), a CONTINUATION out of place, a frame over the
   size we allow or a malformed one are connection errors (PROTOCOL_ERROR, FRAME_SIZE_ERROR,
-  COMPRESSION_ERROR, FLOW_CONTROL_ERROR).
+  COMPRESSION_ERROR, FLOW_CONTROL_ERROR);
+- a response header block is kept to `MAX_HEADER_BLOCK` bytes and `MAX_CONTINUATIONS` CONTINUATION
+  frames: a server going past either (a hostile one could stream CONTINUATIONs without end) gets a
+  connection error, ENHANCE_YOUR_CALM.
 
 What it does not keep: priorities, server push, request trailers, the server's
 SETTINGS_MAX_HEADER_LIST_SIZE (the callers' headers are a few hundred bytes).
@@ -51,11 +54,14 @@ MAX_WINDOW = (1 << 31) - 1
 MAX_STREAM_ID = (1 << 31) - 1
 DEFAULT_FRAME_SIZE = 16_384
 INITIAL_MAX_STREAMS = 100  # until the server's SETTINGS say (RFC 9113 leaves it unbounded)
+MAX_HEADER_BLOCK = 64 * 1024  # the most of one response header block kept while its CONTINUATIONs come
+MAX_CONTINUATIONS = 64  # the most CONTINUATION frames one header block may take
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 
@@ -282,7 +288,8 @@ class ClientConnection:
         self.blocked: list[int] = []  # streams whose body waits for a window
         self._out = bytearray()
         self._in = bytearray()
-        self._continuing: tuple[int, int, bytearray] | None = None  # (stream, flags, block) awaiting CONTINUATION
+        # (stream, flags, block, CONTINUATION frames so far) of a header block awaiting its END_HEADERS
+        self._continuing: tuple[int, int, bytearray, int] | None = None
 
     # sending
 
@@ -468,18 +475,27 @@ class ClientConnection:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             block = block[5:]
         if not flags & END_HEADERS:
-            self._continuing = (stream_id, flags, bytearray(block))
+            self._continuing = (stream_id, flags, bytearray(block), 0)
             return
         self._block(stream_id, flags, block)
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuing is None or self._continuing[0] != stream_id:
+        continuing = self._continuing
+        if continuing is None or continuing[0] != stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION out of place")
-        self._continuing[2].extend(payload)
+        stream_id, first_flags, block, count = continuing
+        block.extend(payload)
+        count += 1
+        if len(block) > MAX_HEADER_BLOCK or count > MAX_CONTINUATIONS:
+            # a server streaming a header block without end would otherwise grow it without limit
+            raise ConnectionError_(
+                ENHANCE_YOUR_CALM, f"a header block past {MAX_HEADER_BLOCK} bytes or {MAX_CONTINUATIONS} CONTINUATIONs"
+            )
         if flags & END_HEADERS:
-            stream_id, first_flags, block = self._continuing
             self._continuing = None
             self._block(stream_id, first_flags, bytes(block))
+        else:
+            self._continuing = (stream_id, first_flags, block, count)
 
     def _block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:

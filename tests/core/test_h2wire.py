@@ -299,3 +299,23 @@ def test_the_decoder_reads_what_hpack_encodes_with_no_dynamic_table(huffman, kee
         assert decoder.decode(block) == [f for f in fields if keep is None or f[0] in keep or f[0] == b":status"]
     with pytest.raises(HPACKError):
         decoder.decode(block[:-1])
+
+
+@pytest.mark.parametrize(("size", "count"), [(h2wire.DEFAULT_FRAME_SIZE, 10), (1, 10 * h2wire.MAX_CONTINUATIONS)])
+def test_a_header_block_without_end_is_cut_off_at_its_limit(size, count):
+    pair = Pair()
+    stream_id = pair.request()
+    pair.to_server()
+    pair.client.receive(h2wire.frame(h2wire.HEADERS, 0, stream_id, b"\x88"))  # no END_HEADERS
+    continuation = h2wire.frame(h2wire.CONTINUATION, 0, stream_id, b"\x88" * size)
+    taken = 0
+    with pytest.raises(h2wire.ConnectionError_) as caught:
+        for taken in range(1, count + 1):  # noqa: B007 - counted for the assertion below
+            pair.client.receive(continuation)
+    assert caught.value.code == h2wire.ENHANCE_YOUR_CALM
+    assert taken * size <= h2wire.MAX_HEADER_BLOCK + size and taken <= h2wire.MAX_CONTINUATIONS + 1
+    (ended,) = received(pair.to_server(), h2.events.ConnectionTerminated)
+    assert ended.error_code == h2wire.ENHANCE_YOUR_CALM
+    assert pair.client.capacity() == 0 and pair.client._in == b""
+    pair.client.receive(continuation)  # the connection is closed: nothing more is kept
+    assert pair.client._in == b""
