@@ -22,7 +22,9 @@ back once with the response or the error, on the event loop.
 - request headers are encoded without a dynamic table or Huffman and not validated again: the
   callers build them (lower-case names, values checked where they come from);
 - a broken frame or header block from the server fails the connection's streams with
-  HttpProtocolError (a GOAWAY says why).
+  HttpProtocolError (a GOAWAY says why);
+- an exception from a request's callback goes to the event loop's exception handler, as in
+  core.http.client: the connection reads on.
 """
 
 from __future__ import annotations
@@ -79,7 +81,12 @@ class H2Request:
         # dropped: a caller that keeps this request in what on_done holds would otherwise make a
         # reference cycle of each request, left to the cyclic collector
         on_done, self.on_done = self.on_done, _finished
-        on_done(response, error)
+        try:
+            on_done(response, error)
+        except Exception as exc:  # noqa: BLE001 - the caller's bug must not break the connection or the sweeper
+            self.client._loop.call_exception_handler(  # type: ignore[union-attr] - set by start()
+                {"message": "HTTP/2 request callback failed", "exception": exc}
+            )
 
     def cancel(self) -> None:
         """Give the request up: its stream is reset; no callback follows."""

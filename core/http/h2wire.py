@@ -7,6 +7,8 @@ the server into calls on its `handler` (`receive`): `on_response(stream_id, stat
 `on_goaway(last_stream_id, error_code, unprocessed)` (the streams above the last-stream-id, which the
 server never processed, in the order they were opened, dropped here) and `on_writable()` (a window
 opened or the settings changed). A connection error raises `ConnectionError_` after queueing a GOAWAY that says why.
+An exception from a handler's call leaves `receive` too, with the frames up to the one it came from
+consumed: the next `receive` goes on after them, never reading one twice.
 
 What it keeps of the protocol:
 - the preface and SETTINGS (push disabled; our receive windows raised to `RECEIVE_WINDOW` for the
@@ -415,9 +417,10 @@ class ClientConnection:
                     break
         except ConnectionError_ as exc:
             self.close(exc.code)
-            del buffer[:]
+            start = len(buffer)
             raise
-        del buffer[:start]
+        finally:  # what was read is dropped even when a handler raised: it is never read twice
+            del buffer[:start]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuing is not None and kind != CONTINUATION:

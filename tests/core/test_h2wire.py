@@ -319,3 +319,28 @@ def test_a_header_block_without_end_is_cut_off_at_its_limit(size, count):
     assert pair.client.capacity() == 0 and pair.client._in == b""
     pair.client.receive(continuation)  # the connection is closed: nothing more is kept
     assert pair.client._in == b""
+
+
+def test_frames_read_before_a_handler_raised_are_not_read_again():
+    class Raising(Recorder):
+        def on_end(self, stream_id):
+            super().on_end(stream_id)
+            if len(self.events) == 3:  # the first answer's end only
+                raise RuntimeError("a caller's bug")
+
+    pair = Pair()
+    pair.client.handler = pair.recorder = Raising()
+    first, second = pair.request(b"{}"), pair.request(b"{}")
+    pair.to_server()
+    window = pair.client.send_window
+    pair.server.increment_flow_control_window(1000)  # read before the raise: applied once
+    pair.answer(first, 200, body=b"one")
+    pair.answer(second, 410, body=b"two")
+    with pytest.raises(RuntimeError):
+        pair.to_client()
+    pair.client.receive(b"")  # the rest: the first answer is not given again
+    assert pair.recorder.events == [
+        ("response", first, 200, []), ("data", first, b"one"), ("end", first),
+        ("response", second, 410, []), ("data", second, b"two"), ("end", second),
+    ]  # fmt: skip
+    assert pair.client.send_window == window + 1000 and not pair.client.streams

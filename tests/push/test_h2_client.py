@@ -1,0 +1,51 @@
+"""core.http.h2's H2Client against a real TLS HTTP/2 server (the APNs stand-in on raw h2): a request
+callback that raises, and a connection whose stream ids run out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.http import split_url
+from core.http.h2 import H2Client, h2_ssl_context
+from tests.push.standins import GoawayApnsStandIn
+
+pytestmark = pytest.mark.timeout(60)
+PATH, BODY = "/3/device/" + "ab" * 32, b'{"aps":{}}'
+
+
+@pytest.fixture
+def server(tmp_path):
+    standin = GoawayApnsStandIn(tmp_path, goaway_after=0, answer_delay=0.0).start()
+    yield standin
+    standin.stop()
+
+
+def client_of(standin: GoawayApnsStandIn) -> H2Client:
+    origin, _ = split_url(standin.base_url)
+    return H2Client(origin, guard=lambda host, addresses: None, ssl_context=h2_ssl_context(standin.tls.cafile))
+
+
+def test_a_callback_that_raises_does_not_disturb_the_next_answers(server):
+    client = client_of(server)
+    reported = []
+
+    def raising(response, error):
+        raise RuntimeError("a caller's bug")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        try:
+            for _ in range(3):  # the raising callback's answer lands among the others' frames
+                client.start("POST", PATH, [], BODY, 5.0, raising)
+                answers = await asyncio.gather(*(client.request("POST", PATH, [], BODY, 5.0) for _ in range(5)))
+                assert [a.status for a in answers] == [403] * 5  # no provider token: refused, answered
+            return await client.request("POST", PATH, [], BODY, 5.0)
+        finally:
+            await client.aclose()
+
+    last = asyncio.run(main())
+    assert last.status == 403 and client.connections_opened == 1
+    assert [type(c["exception"]) for c in reported] == [RuntimeError] * 3
