@@ -7,9 +7,9 @@ candidate, and connects to a checked address, as core.http.client does), and eve
 cost a task and several coroutines. Here a request is a stream started at once: `start()` calls
 back once with the response or the error, on the event loop.
 
-- one TLS connection (ALPN `h2`), opened on first use and again after it closes or the server
-  sends GOAWAY; requests wait (FIFO) while it opens or while the server's
-  SETTINGS_MAX_CONCURRENT_STREAMS are all in flight;
+- one TLS connection (ALPN `h2`), opened on first use and again after it closes, the server
+  sends GOAWAY or its stream ids run out (past 2^31-1: it drains as after a GOAWAY); requests wait
+  (FIFO) while it opens or while the server's SETTINGS_MAX_CONCURRENT_STREAMS are all in flight;
 - one deadline per request (waiting, connecting, sending, the response), kept by a sweep;
 - request bodies respect flow control (sent as the windows open); response bodies are acknowledged
   as they arrive and capped at `max_body_bytes`;
@@ -145,6 +145,9 @@ class _H2Protocol(asyncio.Protocol):
         stream_id = self.conn.send_request(request.headers, request.body)
         request.stream_id = stream_id
         self.streams[stream_id] = _Stream(request)
+        if self.conn.next_stream_id > h2wire.MAX_STREAM_ID:  # the last id: drained as after a GOAWAY
+            self.accepting = False
+            self.client._draining(self)
 
     def reset(self, request: H2Request) -> None:
         self.streams.pop(request.stream_id, None)
@@ -369,9 +372,13 @@ class H2Client:
             protocol.start(request)
             room -= 1
             started = True
+            if not protocol.accepting:  # its stream ids ran out
+                break
         if started:
             protocol.flush()
             self.most_in_flight = max(self.most_in_flight, len(protocol.streams))
+        if waiting and not protocol.accepting:
+            self._pump()  # the rest on a new connection
 
     async def _open(self, deadline: float) -> None:
         try:

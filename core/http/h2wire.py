@@ -312,7 +312,8 @@ class ClientConnection:
         return out
 
     def capacity(self) -> int:
-        """How many more streams may start now."""
+        """How many more streams may start now: 0 for good once the stream ids are used up (the caller
+        lets the open streams finish and opens another connection)."""
         if self.closed or self.goaway is not None or self.next_stream_id > MAX_STREAM_ID:
             return 0
         return max(0, self.max_streams - len(self.streams))
@@ -320,6 +321,8 @@ class ClientConnection:
     def send_request(self, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
         """Open a stream with `headers` (pseudo-headers first, names lower case) and `body`; its id."""
         stream_id = self.next_stream_id
+        if stream_id > MAX_STREAM_ID:
+            raise ValueError("the connection's stream ids are used up (capacity() is 0): open another")
         self.next_stream_id += 2
         block = self.encoder.encode(headers)
         stream = _Stream(body, self.stream_window)

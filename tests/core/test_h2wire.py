@@ -344,3 +344,17 @@ def test_frames_read_before_a_handler_raised_are_not_read_again():
         ("response", second, 410, []), ("data", second, b"two"), ("end", second),
     ]  # fmt: skip
     assert pair.client.send_window == window + 1000 and not pair.client.streams
+
+
+def test_the_last_stream_ids_are_used_then_no_more_streams_start():
+    pair = Pair()
+    pair.client.next_stream_id = h2wire.MAX_STREAM_ID - 2
+    streams = [pair.request(b"{}") for _ in range(2)]
+    assert streams == [h2wire.MAX_STREAM_ID - 2, h2wire.MAX_STREAM_ID] and pair.client.capacity() == 0
+    with pytest.raises(ValueError):
+        pair.request(b"{}")
+    pair.to_server()
+    for stream_id in streams:
+        pair.answer(stream_id)
+    pair.to_client()
+    assert pair.recorder.events == [e for s in streams for e in (("response", s, 200, []), ("end", s))]

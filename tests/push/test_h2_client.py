@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from core.http import split_url
+from core.http import h2wire, split_url
 from core.http.h2 import H2Client, h2_ssl_context
 from tests.push.standins import GoawayApnsStandIn
 
@@ -49,3 +49,23 @@ def test_a_callback_that_raises_does_not_disturb_the_next_answers(server):
     last = asyncio.run(main())
     assert last.status == 403 and client.connections_opened == 1
     assert [type(c["exception"]) for c in reported] == [RuntimeError] * 3
+
+
+def test_a_connection_out_of_stream_ids_drains_and_the_next_requests_go_on_a_new_one(server):
+    client = client_of(server)
+
+    async def main():
+        try:
+            first = await client.request("POST", PATH, [], BODY, 5.0)  # opens the connection
+            old = client._protocol
+            old.conn.next_stream_id = h2wire.MAX_STREAM_ID - 2  # two stream ids left
+            answers = await asyncio.gather(*(client.request("POST", PATH, [], BODY, 5.0) for _ in range(5)))
+            assert old.closed and client._protocol is not old
+            later = await client.request("POST", PATH, [], BODY, 5.0)
+            return [first, *answers, later]
+        finally:
+            await client.aclose()
+
+    answers = asyncio.run(main())
+    assert [a.status for a in answers] == [403] * 7  # no provider token: refused, answered
+    assert client.connections_opened == 2 and server.connections == 2
