@@ -1,5 +1,6 @@
 """core.http.h2's H2Client against a real TLS HTTP/2 server (the APNs stand-in on raw h2): a request
-callback that raises, and a connection whose stream ids run out."""
+callback that raises, and a connection whose stream ids run out; and against a raw peer streaming
+CONTINUATION frames without end."""
 
 from __future__ import annotations
 
@@ -69,3 +70,40 @@ def test_a_connection_out_of_stream_ids_drains_and_the_next_requests_go_on_a_new
     answers = asyncio.run(main())
     assert [a.status for a in answers] == [403] * 7  # no provider token: refused, answered
     assert client.connections_opened == 2 and server.connections == 2
+
+
+def test_endless_continuations_fail_the_streams_in_flight_as_transient():
+    from core.http.h2 import H2Request, _H2Protocol
+    from dlq.classifier import TRANSIENT_CODES
+
+    class Transport:
+        def __init__(self):
+            self.written = bytearray()
+            self.aborted = False
+
+        def write(self, data):
+            self.written += data
+
+        def abort(self):
+            self.aborted = True
+
+        def close(self):
+            self.aborted = True
+
+    origin, _ = split_url("https://localhost:1")
+    client = H2Client(origin, guard=lambda host, addresses: None)
+    protocol = _H2Protocol(client)
+    transport = Transport()
+    protocol.connection_made(transport)
+    results = []
+    request = H2Request(client, [(b":method", b"POST"), (b":path", b"/")], b"", 0.0, lambda *r: results.append(r))
+    protocol.start(request)
+    stream_id = request.stream_id
+    protocol.data_received(h2wire.frame(h2wire.HEADERS, 0, stream_id, b"\x88"))
+    continuation = h2wire.frame(h2wire.CONTINUATION, 0, stream_id, b"\x88" * h2wire.DEFAULT_FRAME_SIZE)
+    for _ in range(10):
+        protocol.data_received(continuation)
+    ((response, error),) = results
+    assert response is None and error.code in TRANSIENT_CODES and protocol.closed and transport.aborted
+    goaway = h2wire.frame(h2wire.GOAWAY, 0, 0, b"\0\0\0\0" + bytes((0, 0, 0, h2wire.ENHANCE_YOUR_CALM)))
+    assert transport.written.endswith(goaway)
