@@ -7,9 +7,9 @@ candidate, and connects to a checked address, as core.http.client does), and eve
 cost a task and several coroutines. Here a request is a stream started at once: `start()` calls
 back once with the response or the error, on the event loop.
 
-- one TLS connection (ALPN `h2`), opened on first use and again after it closes or the server
-  sends GOAWAY; requests wait (FIFO) while it opens or while the server's
-  SETTINGS_MAX_CONCURRENT_STREAMS are all in flight;
+- one TLS connection (ALPN `h2`), opened on first use and again after it closes, the server
+  sends GOAWAY or its stream ids run out (past 2^31-1: it drains as after a GOAWAY); requests wait
+  (FIFO) while it opens or while the server's SETTINGS_MAX_CONCURRENT_STREAMS are all in flight;
 - one deadline per request (waiting, connecting, sending, the response), kept by a sweep;
 - request bodies respect flow control (sent as the windows open); response bodies are acknowledged
   as they arrive and capped at `max_body_bytes`;
@@ -22,7 +22,9 @@ back once with the response or the error, on the event loop.
 - request headers are encoded without a dynamic table or Huffman and not validated again: the
   callers build them (lower-case names, values checked where they come from);
 - a broken frame or header block from the server fails the connection's streams with
-  HttpProtocolError (a GOAWAY says why).
+  HttpProtocolError (a GOAWAY says why);
+- an exception from a request's callback goes to the event loop's exception handler, as in
+  core.http.client: the connection reads on.
 """
 
 from __future__ import annotations
@@ -79,7 +81,12 @@ class H2Request:
         # dropped: a caller that keeps this request in what on_done holds would otherwise make a
         # reference cycle of each request, left to the cyclic collector
         on_done, self.on_done = self.on_done, _finished
-        on_done(response, error)
+        try:
+            on_done(response, error)
+        except Exception as exc:  # noqa: BLE001 - the caller's bug must not break the connection or the sweeper
+            self.client._loop.call_exception_handler(  # type: ignore[union-attr] - set by start()
+                {"message": "HTTP/2 request callback failed", "exception": exc}
+            )
 
     def cancel(self) -> None:
         """Give the request up: its stream is reset; no callback follows."""
@@ -138,6 +145,9 @@ class _H2Protocol(asyncio.Protocol):
         stream_id = self.conn.send_request(request.headers, request.body)
         request.stream_id = stream_id
         self.streams[stream_id] = _Stream(request)
+        if self.conn.next_stream_id > h2wire.MAX_STREAM_ID:  # the last id: drained as after a GOAWAY
+            self.accepting = False
+            self.client._draining(self)
 
     def reset(self, request: H2Request) -> None:
         self.streams.pop(request.stream_id, None)
@@ -362,9 +372,13 @@ class H2Client:
             protocol.start(request)
             room -= 1
             started = True
+            if not protocol.accepting:  # its stream ids ran out
+                break
         if started:
             protocol.flush()
             self.most_in_flight = max(self.most_in_flight, len(protocol.streams))
+        if waiting and not protocol.accepting:
+            self._pump()  # the rest on a new connection
 
     async def _open(self, deadline: float) -> None:
         try:

@@ -7,6 +7,8 @@ the server into calls on its `handler` (`receive`): `on_response(stream_id, stat
 `on_goaway(last_stream_id, error_code, unprocessed)` (the streams above the last-stream-id, which the
 server never processed, in the order they were opened, dropped here) and `on_writable()` (a window
 opened or the settings changed). A connection error raises `ConnectionError_` after queueing a GOAWAY that says why.
+An exception from a handler's call leaves `receive` too, with the frames up to the one it came from
+consumed: the next `receive` goes on after them, never reading one twice.
 
 What it keeps of the protocol:
 - the preface and SETTINGS (push disabled; our receive windows raised to `RECEIVE_WINDOW` for the
@@ -24,7 +26,10 @@ What it keeps of the protocol:
 - frames of a stream this side closed (reset, timed out) are read and dropped; PRIORITY and unknown
   frame types are ignored; PUSH_PROMISE (push is off), a CONTINUATION out of place, a frame over the
   size we allow or a malformed one are connection errors (PROTOCOL_ERROR, FRAME_SIZE_ERROR,
-  COMPRESSION_ERROR, FLOW_CONTROL_ERROR).
+  COMPRESSION_ERROR, FLOW_CONTROL_ERROR);
+- a response header block is kept to `MAX_HEADER_BLOCK` bytes and `MAX_CONTINUATIONS` CONTINUATION
+  frames: a server going past either (a hostile one could stream CONTINUATIONs without end) gets a
+  connection error, ENHANCE_YOUR_CALM.
 
 What it does not keep: priorities, server push, request trailers, the server's
 SETTINGS_MAX_HEADER_LIST_SIZE (the callers' headers are a few hundred bytes).
@@ -51,11 +56,14 @@ MAX_WINDOW = (1 << 31) - 1
 MAX_STREAM_ID = (1 << 31) - 1
 DEFAULT_FRAME_SIZE = 16_384
 INITIAL_MAX_STREAMS = 100  # until the server's SETTINGS say (RFC 9113 leaves it unbounded)
+MAX_HEADER_BLOCK = 64 * 1024  # the most of one response header block kept while its CONTINUATIONs come
+MAX_CONTINUATIONS = 64  # the most CONTINUATION frames one header block may take
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 
@@ -282,7 +290,8 @@ class ClientConnection:
         self.blocked: list[int] = []  # streams whose body waits for a window
         self._out = bytearray()
         self._in = bytearray()
-        self._continuing: tuple[int, int, bytearray] | None = None  # (stream, flags, block) awaiting CONTINUATION
+        # (stream, flags, block, CONTINUATION frames so far) of a header block awaiting its END_HEADERS
+        self._continuing: tuple[int, int, bytearray, int] | None = None
 
     # sending
 
@@ -303,7 +312,8 @@ class ClientConnection:
         return out
 
     def capacity(self) -> int:
-        """How many more streams may start now."""
+        """How many more streams may start now: 0 for good once the stream ids are used up (the caller
+        lets the open streams finish and opens another connection)."""
         if self.closed or self.goaway is not None or self.next_stream_id > MAX_STREAM_ID:
             return 0
         return max(0, self.max_streams - len(self.streams))
@@ -311,6 +321,8 @@ class ClientConnection:
     def send_request(self, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
         """Open a stream with `headers` (pseudo-headers first, names lower case) and `body`; its id."""
         stream_id = self.next_stream_id
+        if stream_id > MAX_STREAM_ID:
+            raise ValueError("the connection's stream ids are used up (capacity() is 0): open another")
         self.next_stream_id += 2
         block = self.encoder.encode(headers)
         stream = _Stream(body, self.stream_window)
@@ -408,9 +420,10 @@ class ClientConnection:
                     break
         except ConnectionError_ as exc:
             self.close(exc.code)
-            del buffer[:]
+            start = len(buffer)
             raise
-        del buffer[:start]
+        finally:  # what was read is dropped even when a handler raised: it is never read twice
+            del buffer[:start]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuing is not None and kind != CONTINUATION:
@@ -468,18 +481,27 @@ class ClientConnection:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             block = block[5:]
         if not flags & END_HEADERS:
-            self._continuing = (stream_id, flags, bytearray(block))
+            self._continuing = (stream_id, flags, bytearray(block), 0)
             return
         self._block(stream_id, flags, block)
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuing is None or self._continuing[0] != stream_id:
+        continuing = self._continuing
+        if continuing is None or continuing[0] != stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION out of place")
-        self._continuing[2].extend(payload)
+        stream_id, first_flags, block, count = continuing
+        block.extend(payload)
+        count += 1
+        if len(block) > MAX_HEADER_BLOCK or count > MAX_CONTINUATIONS:
+            # a server streaming a header block without end would otherwise grow it without limit
+            raise ConnectionError_(
+                ENHANCE_YOUR_CALM, f"a header block past {MAX_HEADER_BLOCK} bytes or {MAX_CONTINUATIONS} CONTINUATIONs"
+            )
         if flags & END_HEADERS:
-            stream_id, first_flags, block = self._continuing
             self._continuing = None
             self._block(stream_id, first_flags, bytes(block))
+        else:
+            self._continuing = (stream_id, first_flags, block, count)
 
     def _block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:

@@ -299,3 +299,62 @@ def test_the_decoder_reads_what_hpack_encodes_with_no_dynamic_table(huffman, kee
         assert decoder.decode(block) == [f for f in fields if keep is None or f[0] in keep or f[0] == b":status"]
     with pytest.raises(HPACKError):
         decoder.decode(block[:-1])
+
+
+@pytest.mark.parametrize(("size", "count"), [(h2wire.DEFAULT_FRAME_SIZE, 10), (1, 10 * h2wire.MAX_CONTINUATIONS)])
+def test_a_header_block_without_end_is_cut_off_at_its_limit(size, count):
+    pair = Pair()
+    stream_id = pair.request()
+    pair.to_server()
+    pair.client.receive(h2wire.frame(h2wire.HEADERS, 0, stream_id, b"\x88"))  # no END_HEADERS
+    continuation = h2wire.frame(h2wire.CONTINUATION, 0, stream_id, b"\x88" * size)
+    taken = 0
+    with pytest.raises(h2wire.ConnectionError_) as caught:
+        for taken in range(1, count + 1):  # noqa: B007 - counted for the assertion below
+            pair.client.receive(continuation)
+    assert caught.value.code == h2wire.ENHANCE_YOUR_CALM
+    assert taken * size <= h2wire.MAX_HEADER_BLOCK + size and taken <= h2wire.MAX_CONTINUATIONS + 1
+    (ended,) = received(pair.to_server(), h2.events.ConnectionTerminated)
+    assert ended.error_code == h2wire.ENHANCE_YOUR_CALM
+    assert pair.client.capacity() == 0 and pair.client._in == b""
+    pair.client.receive(continuation)  # the connection is closed: nothing more is kept
+    assert pair.client._in == b""
+
+
+def test_frames_read_before_a_handler_raised_are_not_read_again():
+    class Raising(Recorder):
+        def on_end(self, stream_id):
+            super().on_end(stream_id)
+            if len(self.events) == 3:  # the first answer's end only
+                raise RuntimeError("a caller's bug")
+
+    pair = Pair()
+    pair.client.handler = pair.recorder = Raising()
+    first, second = pair.request(b"{}"), pair.request(b"{}")
+    pair.to_server()
+    window = pair.client.send_window
+    pair.server.increment_flow_control_window(1000)  # read before the raise: applied once
+    pair.answer(first, 200, body=b"one")
+    pair.answer(second, 410, body=b"two")
+    with pytest.raises(RuntimeError):
+        pair.to_client()
+    pair.client.receive(b"")  # the rest: the first answer is not given again
+    assert pair.recorder.events == [
+        ("response", first, 200, []), ("data", first, b"one"), ("end", first),
+        ("response", second, 410, []), ("data", second, b"two"), ("end", second),
+    ]  # fmt: skip
+    assert pair.client.send_window == window + 1000 and not pair.client.streams
+
+
+def test_the_last_stream_ids_are_used_then_no_more_streams_start():
+    pair = Pair()
+    pair.client.next_stream_id = h2wire.MAX_STREAM_ID - 2
+    streams = [pair.request(b"{}") for _ in range(2)]
+    assert streams == [h2wire.MAX_STREAM_ID - 2, h2wire.MAX_STREAM_ID] and pair.client.capacity() == 0
+    with pytest.raises(ValueError):
+        pair.request(b"{}")
+    pair.to_server()
+    for stream_id in streams:
+        pair.answer(stream_id)
+    pair.to_client()
+    assert pair.recorder.events == [e for s in streams for e in (("response", s, 200, []), ("end", s))]
