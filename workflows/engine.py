@@ -135,6 +135,11 @@ def _locked_runs(wakes: list[Any], using: str, *, limit: int) -> list[WorkflowRu
                 wake_id__in=wakes, status__in=UNFINISHED)
         .order_by()
     )
+    # Advanced in their jobs' due order (then creation order, the ids being version 7), as the jobs
+    # were taken: of triggers joining one digest, the first accepted leads it and its items go oldest
+    # first whatever order the rows came back in.
+    position = {wake: n for n, wake in enumerate(wakes)}
+    runs.sort(key=lambda run: (position.get(run.wake_id, len(position)), run.pk))
     _prepare(runs, using)
     return runs
 
