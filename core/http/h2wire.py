@@ -508,11 +508,9 @@ class ClientConnection:
             headers = self.decoder.decode(block)
         except HPACKError as exc:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {exc}") from None
-        stream = self.streams.get(stream_id)
+        stream = self._stream(stream_id, "HEADERS")
         if stream is None:
-            if stream_id >= self.next_stream_id or not stream_id & 1:
-                raise ConnectionError_(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, never opened")
-            return  # a stream this side closed
+            return
         if not stream.responded:
             status = 0
             if headers and headers[0][0] == b":status":
@@ -535,6 +533,14 @@ class ClientConnection:
         if flags & END_STREAM:
             self._ended(stream_id, stream)
 
+    def _stream(self, stream_id: int, kind: str) -> _Stream | None:
+        """The open stream a frame of `kind` is for; None for one this side closed (the frame is
+        dropped); a connection error for one never opened."""
+        stream = self.streams.get(stream_id)
+        if stream is None and (stream_id >= self.next_stream_id or not stream_id & 1):
+            raise ConnectionError_(PROTOCOL_ERROR, f"{kind} on stream {stream_id}, never opened")
+        return stream
+
     def _ended(self, stream_id: int, stream: _Stream) -> None:
         del self.streams[stream_id]
         if not stream.ended:  # the server answered before the whole body: we stop sending it
@@ -552,11 +558,9 @@ class ClientConnection:
             self._out += frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.received))
             self.received = 0
         data = self._unpad(flags, payload)
-        stream = self.streams.get(stream_id)
+        stream = self._stream(stream_id, "DATA")
         if stream is None:
-            if stream_id >= self.next_stream_id or not stream_id & 1:
-                raise ConnectionError_(PROTOCOL_ERROR, f"DATA on stream {stream_id}, never opened")
-            return  # a stream this side closed
+            return
         if not stream.responded:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA before the response's headers")
         stream.received += size
