@@ -329,6 +329,11 @@ def main() -> int:  # noqa: C901, PLR0915
                 break
             time.sleep(0.2)
         sent_all = time.monotonic() - triggered
+        if not state["killed"] and not args.runs_only and expected:
+            # the scheduler's CPU (process and sessions) for the broadcast's sends, past the fan-out's own
+            spent = scheduler_cpu(procs.running["scheduler-1"].pid) - state["cpu"]
+            sends = spent - float(results.get("fanout_scheduler_cpu_seconds") or 0.0)
+            results["sends_scheduler_cpu_ms_per_notification"] = round(sends * 1000 / expected, 3)
         fan = Fanout.objects.get(pk=trigger_id)
         fan_seconds = (fan.finished_at - fan.created_at).total_seconds()
         results["fanout_seconds"] = round(fan_seconds, 2)

@@ -13,6 +13,9 @@ class WorkflowsConfig(AppConfig):
 
         # A run waiting on a delay (or its first step) is a scheduled job of its own kind.
         scheduler.register_promotion(engine.promote, kind=engine.JOB_KIND)
+        # A fan-out's runs wait in shares of up to engine.BATCH on jobs of their own kind, promoted in
+        # their own turn (engine.SHARE_KIND).
+        scheduler.register_promotion(engine.promote_shares, kind=engine.SHARE_KIND)
         # Past retention: finished runs, closed digest windows no unfinished run still leads, and
         # throttle windows over for longer than the longest window a step may have.
         # A trigger to a topic fans out in chunks, resumable, as a job of its own kind.

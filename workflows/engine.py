@@ -20,6 +20,7 @@ at most once, and in order."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from core.db_faults import is_connection_lost
+from core.models import Tenant
 from inbox.models import InboxItem
 from notifications import services
 from notifications.models import Notification, Status
@@ -41,14 +43,20 @@ from receipts.models import NotificationEvent
 from recipients.models import Subscriber
 from templating import renderer
 from workflows import statements
-from workflows.models import UNFINISHED, RunStatus, StepStatus, WorkflowRun, resolve_runs
+from workflows.models import UNFINISHED, RunStatus, StepStatus, Workflow, WorkflowRun, resolve_runs
 from workflows.steps import delay_until, key_value
 
 logger = logging.getLogger("omnipost.workflows")
 
+# A run's own job (a trigger's first step, a delay's end, a digest window's close): one run waits on it.
 JOB_KIND = "workflow"
+# A topic's fan-out makes its runs' first steps due at once: up to BATCH of them share one job of this
+# kind. The scheduler promotes each kind in its own turn, so a broadcast's runs never stand in front
+# of another trigger's in the due order: a password reset triggered during a million-run broadcast
+# waits for one batch of the broadcast, not for the broadcast.
+SHARE_KIND = "workflow_share"
 # Runs advanced per transaction (a fixed number of statements whatever their count): their jobs stay
-# locked until it commits. A topic's fan-out makes its runs' first steps due at once, in these batches.
+# locked until it commits.
 BATCH = 500
 NO_ADDRESS = "no_address"
 
@@ -65,29 +73,39 @@ class _Finished(Exception):
         self.status = status
 
 
-_ANY_DUE = f"""SELECT 1 FROM scheduled_jobs
-WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1"""  # noqa: S608 - constants
+_ANY_DUE = """SELECT 1 FROM scheduled_jobs
+WHERE status = 'pending' AND run_at <= now() AND kind = '{kind}' LIMIT 1"""
 
 
 def promote(batch_size: int, using: str) -> scheduler.Promotion:
-    """Advance the runs of due jobs, up to `batch_size` (at most BATCH) of them
-    (queueing.scheduler.PromotionHandler).
-    A job most runs wait on alone; a fan-out chunk's runs share one, which stays pending (and due)
-    while some of them still wait on it."""
+    """Advance the runs of due jobs of JOB_KIND, up to `batch_size` (at most BATCH) of them
+    (queueing.scheduler.PromotionHandler)."""
+    limit = min(batch_size, BATCH)
+    return _promote(JOB_KIND, limit, limit, using)
+
+
+def promote_shares(batch_size: int, using: str) -> scheduler.Promotion:
+    """Advance the runs of the oldest due fan-out share (SHARE_KIND), up to `batch_size` (at most
+    BATCH) of them: one job, which stays pending (and due) while some of its runs still wait on it."""
+    return _promote(SHARE_KIND, 1, min(batch_size, BATCH), using)
+
+
+def _promote(kind: str, jobs: int, limit: int, using: str) -> scheduler.Promotion:
+    """Up to `limit` runs of up to `jobs` due jobs of `kind`, advanced in one transaction."""
     with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
-        cursor.execute(_ANY_DUE)
+        cursor.execute(_ANY_DUE.format(kind=kind))
         if cursor.fetchone() is None:
             return scheduler.Promotion(0, 0)
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
-            cursor.execute(scheduler.due_jobs_sql(JOB_KIND), {"n": min(batch_size, BATCH)})
+            cursor.execute(scheduler.due_jobs_sql(kind), {"n": jobs})
             due = cursor.fetchall()
             if not due:
                 return scheduler.Promotion(0, 0)
             cursor.execute("SELECT now()")
             (now,) = cursor.fetchone()
         wakes = [wake for _, wake, _ in due]
-        runs = _locked_runs(wakes, using, limit=min(batch_size, BATCH))
+        runs = _locked_runs(wakes, using, limit=limit)
         advanced = len(runs)
         try:
             with transaction.atomic(using=using):
@@ -129,12 +147,12 @@ def _locked_runs(wakes: list[Any], using: str, *, limit: int) -> list[WorkflowRu
     runs leave NULL filled from their fan-outs (one statement, and one more for the fan-outs)."""
     runs = list(
         WorkflowRun.objects.using(using)
-        .select_related("tenant", "workflow")
-        .select_for_update(of=("self",))
+        .select_for_update()
         .filter(pk__in=RawSQL(_DUE_RUNS, [wakes, limit, limit]),  # noqa: S611 - a constant
                 wake_id__in=wakes, status__in=UNFINISHED)
         .order_by()
     )
+    runs = _with_owners(runs, using)
     # Advanced in their jobs' due order (then creation order, the ids being version 7), as the jobs
     # were taken: of triggers joining one digest, the first accepted leads it and its items go oldest
     # first whatever order the rows came back in.
@@ -142,6 +160,28 @@ def _locked_runs(wakes: list[Any], using: str, *, limit: int) -> list[WorkflowRu
     runs.sort(key=lambda run: (position.get(run.wake_id, len(position)), run.pk))
     _prepare(runs, using)
     return runs
+
+
+def _with_owners(runs: list[WorkflowRun], using: str) -> list[WorkflowRun]:
+    """The runs with their tenants and workflows attached, read once per batch (two queries), not once
+    per run: a fan-out's share is 500 runs of one workflow. A run whose workflow has gone is left out,
+    as a join would. Each (tenant, mode) gets its own Tenant instance: the run's mode for its sends."""
+    if not runs:
+        return runs
+    tenants = {t.pk: t for t in Tenant.objects.using(using).filter(pk__in={run.tenant_id for run in runs})}
+    workflows = {w.pk: w for w in Workflow.objects.using(using).filter(pk__in={run.workflow_id for run in runs})}
+    modes: dict[tuple[Any, bool], Tenant] = {}
+    kept = []
+    for run in runs:
+        workflow = workflows.get(run.workflow_id)
+        if workflow is None:
+            continue
+        tenant = modes.get((run.tenant_id, run.test))
+        if tenant is None:
+            tenant = modes[run.tenant_id, run.test] = copy.copy(tenants[run.tenant_id])
+        run.tenant, run.workflow = tenant, workflow
+        kept.append(run)
+    return kept
 
 
 def _relocked(runs: list[WorkflowRun], using: str) -> list[WorkflowRun]:
@@ -156,7 +196,7 @@ def _relocked(runs: list[WorkflowRun], using: str) -> list[WorkflowRun]:
 
 def _prepare(runs: list[WorkflowRun], using: str) -> None:
     resolve_runs(runs, using=using)
-    for run in runs:  # its own Tenant instance (select_related): the run's mode for its sends
+    for run in runs:  # a Tenant instance per tenant and mode (_with_owners): the run's mode for its sends
         run.tenant.test_mode = run.test
 
 

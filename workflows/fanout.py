@@ -31,8 +31,7 @@ from django.db.models.functions import Now
 from queueing import schedule, scheduler
 from recipients import topics
 from workflows import statements
-from workflows.engine import BATCH
-from workflows.engine import JOB_KIND as RUN_KIND
+from workflows.engine import BATCH, SHARE_KIND
 from workflows.models import Fanout
 
 logger = logging.getLogger("omnipost.workflows")
@@ -101,7 +100,7 @@ def chunk_once(using: str = "default", *, chunk: int | None = None) -> int | Non
             schedule.settle_jobs([], [job_id], using=using)
             return 0
         started = time.monotonic()
-        read = statements.fan_out_chunk(fanout, topics.members_sql(), size, RUN_KIND, BATCH, using=using)
+        read = statements.fan_out_chunk(fanout, topics.members_sql(), size, SHARE_KIND, BATCH, using=using)
         if read >= size:
             logger.debug("fan-out %s: %d runs (%.3fs)", fanout.pk, read, time.monotonic() - started)
             return 0

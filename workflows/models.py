@@ -146,15 +146,17 @@ def resolve_runs(runs: Iterable[WorkflowRun], *, using: str | None = None) -> No
     if not wanted:
         return
     rows = Fanout.objects.using(using or Fanout.objects.db).filter(pk__in={run.trigger_id for run in wanted})
-    fanouts = {pk: (data, definition) for pk, data, definition in rows.values_list("pk", "data", "definition")}
+    # one object each per fan-out, shared by its runs (read only: a walk changes copies of the states)
+    fanouts = {pk: (data, definition, initial_states(definition))
+               for pk, data, definition in rows.values_list("pk", "data", "definition")}  # fmt: skip
     for run in wanted:
-        data, definition = fanouts.get(run.trigger_id, ({}, []))
+        data, definition, states = fanouts.get(run.trigger_id, ({}, [], []))
         if run.data is None:
             run.data = data
         if run.definition is None:
             run.definition = definition
         if run.steps is None:
-            run.steps = initial_states(run.definition)
+            run.steps = states if definition is run.definition else initial_states(run.definition)
 
 
 class WorkflowThrottle(TenantOwned):

@@ -36,7 +36,7 @@ from recipients import topics
 from templating import renderer
 from templating.models import Template
 from workflows import statements
-from workflows.engine import JOB_KIND
+from workflows.engine import JOB_KIND, SHARE_KIND
 from workflows.fanout import JOB_KIND as FANOUT_KIND
 from workflows.models import Fanout, RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun, resolve_runs
 
@@ -273,7 +273,8 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
             WorkflowRun.objects.filter(wake_id__in=wakes, status__in=[RunStatus.RUNNING, RunStatus.WAITING])
             .exclude(pk__in=runs.unfinished().values("pk")).values_list("wake_id", flat=True)
         )  # fmt: skip
-        schedule.cancel_jobs_for(JOB_KIND, list(wakes - shared))
+        for kind in (JOB_KIND, SHARE_KIND):
+            schedule.cancel_jobs_for(kind, list(wakes - shared))
         stopped = list(runs.unfinished().select_for_update())
         resolve_runs(stopped)
         notification_ids: list[str] = []

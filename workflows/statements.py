@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import connections
 
+from core import hot_sql
 from core.ids import uuid7
 from core.retention import RetainedTable
 from queueing import schedule
@@ -258,12 +259,15 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
 
 # A batch's runs, each to its new state, in one statement: only while each still waits on the job the
 # batch holds (its wake_id) and is unfinished.
-_RECORD_RUNS = """UPDATE workflow_runs r
-SET status = u.status, step_index = u.step_index, steps = u.steps::jsonb, wake_id = u.wake,
-    digest = u.digest::jsonb, updated_at = now()
-FROM unnest(%(ids)s::uuid[], %(olds)s::uuid[], %(statuses)s::text[], %(indexes)s::int[], %(steps)s::text[],
-            %(wakes)s::uuid[], %(digests)s::text[]) AS u(id, old, status, step_index, steps, wake, digest)
-WHERE r.id = u.id AND r.wake_id = u.old AND r.status IN ('running', 'waiting')"""
+_RECORD_RUNS = """WITH recorded AS (
+    UPDATE workflow_runs r
+    SET status = u.status, step_index = u.step_index, steps = u.steps::jsonb, wake_id = u.wake,
+        digest = u.digest::jsonb, updated_at = now()
+    FROM unnest(%(ids)s::uuid[], %(olds)s::uuid[], %(statuses)s::text[], %(indexes)s::int[], %(steps)s::text[],
+                %(wakes)s::uuid[], %(digests)s::text[]) AS u(id, old, status, step_index, steps, wake, digest)
+    WHERE r.id = u.id AND r.wake_id = u.old AND r.status IN ('running', 'waiting')
+    RETURNING 1
+) SELECT count(*) FROM recorded"""
 
 
 def record_runs(changes: list[tuple[Any, Any, str, int, list[dict[str, Any]], Any, Any]], *, using: str) -> None:  # noqa: ANN401
@@ -276,7 +280,7 @@ def record_runs(changes: list[tuple[Any, Any, str, int, list[dict[str, Any]], An
         "indexes": [c[3] for c in changes], "steps": [json.dumps(c[4]) for c in changes],
         "wakes": [c[5] for c in changes], "digests": [None if c[6] is None else json.dumps(c[6]) for c in changes],
     }  # fmt: skip
-    with connections[using].cursor() as cursor:
-        cursor.execute(_RECORD_RUNS, params)
-        if cursor.rowcount != len(changes):
-            raise RuntimeError(f"{len(changes) - cursor.rowcount} run(s) changed under the batch's lock")
+    # bound on the server (core.hot_sql): seven arrays of a batch's runs, not quoted into the text
+    (recorded,) = hot_sql.fetchone(_RECORD_RUNS, params, using=using)
+    if recorded != len(changes):
+        raise RuntimeError(f"{len(changes) - recorded} run(s) changed under the batch's lock")

@@ -68,7 +68,7 @@ def test_a_topic_trigger_makes_one_run_per_member_but_the_actor(api_a, tenant_a)
     assert (one.data, one.cancellation_key, one.actor, one.status) == ({"eta": "1h"}, "outage-1", "u00007", "running")
     assert (one.definition, [s["status"] for s in one.steps]) == (STEPS, ["pending"])
     # a job for each engine batch of a chunk's runs (1000 + 1000 + 499 runs: 2 + 2 + 1), waited on together
-    jobs = ScheduledJob.objects.filter(kind="workflow", status="pending")
+    jobs = ScheduledJob.objects.filter(kind="workflow_share", status="pending")
     assert jobs.count() == 5 == runs.values("wake_id").distinct().count()
     assert set(jobs.values_list("notification_id", flat=True)) == set(runs.values_list("wake_id", flat=True))
     sizes = sorted(runs.values("wake_id").annotate(n=Count("id")).values_list("n", flat=True))
@@ -119,7 +119,7 @@ def test_a_repeated_chunk_creates_nothing_twice(api_a):
     fan_out_all(chunk=20)
     assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"]).count() == 30
     # a job for each chunk that made runs: the first, and the repeat's second (the first chunk again made none)
-    assert ScheduledJob.objects.filter(kind="workflow").count() == 2
+    assert ScheduledJob.objects.filter(kind="workflow_share").count() == 2
     assert Fanout.objects.get().created == 10  # the repeat added none of the first twenty
 
 
@@ -210,9 +210,9 @@ def test_the_fanned_out_runs_send_one_notification_each_made_together(api_a, ten
     body = trigger(api_a, {"topic": "outage", "data": {"eta": "soon"}}, key="mail").json()
     fan_out_all()
     with CaptureQueriesContext(connection) as batch:
-        assert engine.promote(100, "default").promoted == 100
+        assert engine.promote_shares(100, "default").promoted == 100
     assert len(batch.captured_queries) < 100 * 4, len(batch.captured_queries)  # not a creation per run
-    while engine.promote(100, "default").promoted:
+    while engine.promote_shares(100, "default").promoted:
         pass
     runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
     assert set(runs.values_list("status", flat=True)) == {"completed"}
@@ -243,7 +243,7 @@ def test_fanned_out_runs_take_their_fan_outs_data_through_sends_delays_and_condi
     fan_out_all(chunk=10)
     runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
     assert runs.values("wake_id").distinct().count() == 6  # 7 + 3 in each chunk of 10
-    while engine.promote(100, "default").promoted:
+    while engine.promote_shares(100, "default").promoted:
         pass
     assert set(runs.values_list("status", flat=True)) == {"waiting"}
     assert runs.values("wake_id").distinct().count() == 30  # each its own delay's job now
@@ -260,22 +260,59 @@ def test_fanned_out_runs_take_their_fan_outs_data_through_sends_delays_and_condi
     assert not ScheduledJob.objects.filter(kind="workflow", status="pending").exists()
 
 
-def test_a_fan_out_job_shares_a_batch_with_single_runs_and_stays_pending_until_its_runs_are_done(api_a, tenant_a):
+def test_a_single_trigger_is_advanced_in_its_own_turn_not_behind_a_fan_outs_shares(api_a, tenant_a):
     from workflows import engine
 
     define(api_a)
     setup_topic(api_a, members=[f"u{i}" for i in range(7)])
     body = trigger(api_a, {"topic": "outage"}).json()
     fan_out_all()
-    alone = trigger(api_a, {"subscribers": ["solo"]}).json()
-    assert engine.promote(4, "default").promoted == 4  # round-robin: the single run is among the first four
+    alone = trigger(api_a, {"subscribers": ["solo"]}).json()  # due after the fan-out's share
+    assert engine.promote(4, "default").promoted == 1  # the single run's kind: only it
     assert WorkflowRun.objects.get(trigger_id=alone["trigger_id"]).status == "completed"
     shared = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
-    assert shared.filter(status="completed").count() == 3
-    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 1  # the fan-out's, 4 runs left
-    assert engine.promote(4, "default").promoted == 4
+    assert not shared.filter(status="completed").exists()
+    assert engine.promote_shares(4, "default").promoted == 4
+    assert shared.filter(status="completed").count() == 4
+    assert ScheduledJob.objects.filter(kind="workflow_share", status="pending").count() == 1  # 3 runs left on it
+    assert engine.promote_shares(4, "default").promoted == 3
     assert set(shared.values_list("status", flat=True)) == {"completed"}
-    assert set(ScheduledJob.objects.filter(kind="workflow").values_list("status", flat=True)) == {"executed"}
+    assert set(ScheduledJob.objects.filter(kind="workflow_share").values_list("status", flat=True)) == {"executed"}
+    assert engine.promote_shares(4, "default").promoted == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_two_schedulers_advance_two_shares_of_one_fan_out_at_once(api_a, tenant_a, monkeypatch):
+    """A batch locks one share's job: a second scheduler takes the next share instead of finding nothing."""
+    from queueing import scheduler
+    from workflows import engine
+
+    monkeypatch.setattr(fanout, "BATCH", 5)
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i}" for i in range(10)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    fan_out_all()
+    assert ScheduledJob.objects.filter(kind="workflow_share", status="pending").count() == 2
+    peer: list[int] = []
+
+    def second_scheduler() -> None:
+        try:
+            peer.append(engine.promote_shares(100, "default").promoted)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():  # a scheduler mid-batch, holding the oldest share's job
+        with connection.cursor() as cursor:
+            cursor.execute(scheduler.due_jobs_sql(engine.SHARE_KIND), {"n": 1})
+            held = cursor.fetchone()[1]
+        worker = threading.Thread(target=second_scheduler)
+        worker.start()
+        worker.join(timeout=30)
+    assert peer == [5]
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    assert set(runs.filter(wake_id=held).values_list("status", flat=True)) == {"running"}
+    assert set(runs.exclude(wake_id=held).values_list("status", flat=True)) == {"completed"}
 
 
 def test_cancelling_some_fanned_out_runs_leaves_their_shared_job_to_the_others(api_a, tenant_a):
@@ -288,11 +325,11 @@ def test_cancelling_some_fanned_out_runs_leaves_their_shared_job_to_the_others(a
     cancel = api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "k", "subscribers": ["u1", "u2"]},
                         format="json")  # fmt: skip
     assert cancel.status_code == 200, cancel.content
-    job = ScheduledJob.objects.get(kind="workflow")
+    job = ScheduledJob.objects.get(kind="workflow_share")
     assert job.status == "pending"  # four runs still wait on it
     runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
     assert [s["reason"] for s in runs.get(subscriber="u1").steps] == [None]  # the fan-out's states, written
-    assert engine.promote(100, "default").promoted == 4
+    assert engine.promote_shares(100, "default").promoted == 4
     assert dict(runs.values_list("subscriber", "status")) == {
         "u0": "completed", "u1": "cancelled", "u2": "cancelled", "u3": "completed", "u4": "completed",
         "u5": "completed"}  # fmt: skip
@@ -304,7 +341,7 @@ def test_cancelling_some_fanned_out_runs_leaves_their_shared_job_to_the_others(a
     api_a.post("/api/v1/workflows/notice/cancel", {"cancellation_key": "k2"}, format="json")
     assert set(WorkflowRun.objects.filter(trigger_id=second["trigger_id"]).values_list("status", flat=True)) == {
         "cancelled"}  # fmt: skip
-    assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 0
+    assert ScheduledJob.objects.filter(kind="workflow_share", status="pending").count() == 0
 
 
 def test_a_fan_out_turn_lasts_as_long_as_the_schedulers_other_work_took_within_bounds(settings):

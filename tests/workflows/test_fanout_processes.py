@@ -68,6 +68,6 @@ def test_a_fan_out_resumes_after_kill_9_with_each_member_once(tenant_a: Tenant, 
         assert cursor.fetchone() == (runs, 0)
     assert made.filter(subscriber__in=["u000001", "u029999"]).count() == 2
     wakes = set(made.exclude(wake_id=None).values_list("wake_id", flat=True))
-    jobs = ScheduledJob.objects.filter(kind="workflow", notification_id__in=wakes)
+    jobs = ScheduledJob.objects.filter(kind__in=["workflow", "workflow_share"], notification_id__in=wakes)
     assert jobs.count() == len(wakes)  # one job per run waiting
     assert Fanout.objects.get().created == runs
