@@ -14,6 +14,10 @@ Probes: another tenant's single creates (webhook to a bench receiver) and tenant
 creates, one of each every 50 ms, first on the idle system (dispatchers running, nothing else), then
 while the fan-out and its deliveries run; pickup = arrival at the receiver - return of the create.
 
+Unless `--runs-only` or `--no-compare`: then the same count again, as the same in-app notification to
+the same members through `POST notifications/batch` (1,000 a call), delivered per second beside the
+broadcast's.
+
 Checks (exit 1 when one fails): exactly one run per member and one notification per run; peak RSS
 (VmHWM) of every process under 300 MiB; fan-out runs created per second >= 50,000 (without
 `--kill-at`); each probe tenant's pickup p99 during the broadcast within 3x of idle. With
@@ -206,6 +210,39 @@ def warm_up(tenant, provider) -> None:  # noqa: ANN001
     raise SystemExit("fanout_bench: the dispatchers delivered nothing within 300 s")
 
 
+def through_the_batch_api(api, tenant, count: int, max_seconds: float) -> dict[str, object]:  # noqa: ANN001
+    """The broadcast's count again, as the same in-app notification to the same subscribers through
+    `POST notifications/batch` (1,000 a call, in this process like the topic's fill), with the same
+    scheduler and dispatchers running: first call → last delivered. Priority 4 tells them apart."""
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from notifications.models import Notification
+
+    print(f"the same {count:,} through POST notifications/batch", flush=True)
+    started, clock = timezone.now(), time.monotonic()
+    for start in range(1, count + 1, 1000):
+        items = [
+            {"channel": "in_app", "subscriber": f"user-{i:08d}", "subject": "Outage", "body": "down", "priority": 4}
+            for i in range(start, min(start + 1000, count + 1))
+        ]
+        response = api.post("/api/v1/notifications/batch", {"notifications": items}, format="json")
+        if response.status_code != 201:
+            raise SystemExit(f"fanout_bench: a batch answered {response.status_code} {response.content[:200]}")
+    created = time.monotonic() - clock
+    ours = Notification.objects.filter(tenant=tenant, priority=4)
+    while time.monotonic() - clock < max_seconds and ours.filter(status="delivered").count() < count:
+        time.sleep(0.5)
+    delivered = ours.filter(status="delivered").count()
+    last = ours.aggregate(last=Max("delivered_at"))["last"]
+    span = (last - started).total_seconds() if last else None
+    return {
+        "notifications": count, "created_seconds": round(created, 1), "delivered": delivered,
+        "first_call_to_last_delivered_seconds": round(span, 1) if span else None,
+        "delivered_per_second": round(delivered / span) if span else None,
+    }  # fmt: skip
+
+
 def main() -> int:  # noqa: C901, PLR0915
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgres://postgres:postgres@127.0.0.1:5432/omnipost_bench_fanout")
@@ -217,6 +254,8 @@ def main() -> int:  # noqa: C901, PLR0915
     parser.add_argument(
         "--runs-only", action="store_true", help="stop once the fan-out is done: check runs, not their notifications"
     )
+    parser.add_argument("--no-compare", action="store_true",
+                        help="skip sending the same count through the batch API afterwards")  # fmt: skip
     parser.add_argument("--markdown")
     args = parser.parse_args()
 
@@ -329,9 +368,10 @@ def main() -> int:  # noqa: C901, PLR0915
                 break
             time.sleep(0.2)
         sent_all = time.monotonic() - triggered
+        broadcast_cpu = scheduler_cpu(procs.running["scheduler-1"].pid) if not state["killed"] else 0.0
         if not state["killed"] and not args.runs_only and expected:
             # the scheduler's CPU (process and sessions) for the broadcast's sends, past the fan-out's own
-            spent = scheduler_cpu(procs.running["scheduler-1"].pid) - state["cpu"]
+            spent = broadcast_cpu - state["cpu"]
             sends = spent - float(results.get("fanout_scheduler_cpu_seconds") or 0.0)
             results["sends_scheduler_cpu_ms_per_notification"] = round(sends * 1000 / expected, 3)
         fan = Fanout.objects.get(pk=trigger_id)
@@ -340,6 +380,8 @@ def main() -> int:  # noqa: C901, PLR0915
         results["fanout_runs_per_second"] = round(fan.created / fan_seconds) if fan_seconds else None
         results["chunks"] = fan.chunks
         results["trigger_to_all_delivered_seconds"] = round(sent_all, 1)
+        if not args.runs_only and not args.no_compare:
+            results["batch_api"] = through_the_batch_api(api, tenant_a, expected, args.max_seconds)
         procs.sample()
     finally:
         procs.stop_all()

@@ -309,13 +309,14 @@ def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str) -> None:
     path (its subscriber read and its one creation statement) and the waits' jobs (one INSERT), and
     every run's new state (one UPDATE)."""
     zones = _timezones(runs, using)
+    rendered = _Rendered()
     plans: list[_Plan] = []
     for run in runs:
         plan = _Plan(run, [dict(state) for state in run.steps])
 
         def send(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], index: int,
                  plan: _Plan = plan) -> dict[str, Any]:  # fmt: skip
-            outcome = _draft(run, step, states, using)
+            outcome = _draft(run, step, states, using, rendered)
             if isinstance(outcome, Draft):
                 plan.sends.append((index, outcome))
                 return {"status": StepStatus.DONE, "notification_id": None}  # its id once created below
@@ -405,8 +406,40 @@ def _context(run: WorkflowRun) -> dict[str, Any]:
     return context
 
 
-def _draft(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str) -> Draft | dict[str, Any]:
-    """The send step's notification to create, or its state when skipped (its skip_if met)."""
+class _Rendered:
+    """A batch's renders of step subjects and bodies, kept where the result cannot differ between
+    runs: a text that does not read `subscriber`, for runs sharing one `data` object (a fan-out's
+    runs share their fan-out's) and actor, without a digest. A broadcast's share of 500 runs renders
+    each text once instead of 500 times (each render deep-copies the context, up to 32 KiB of data)."""
+
+    def __init__(self) -> None:
+        self.texts: dict[tuple[str, int, str | None], str] = {}
+        self.reads_subscriber: dict[str, bool] = {}
+
+    def __call__(self, text: str, run: WorkflowRun, context: dict[str, Any]) -> str:
+        if "{" not in text:  # no tag, no variable: itself
+            return text
+        shared = run.digest is None and not self._reads_subscriber(text)
+        key = (text, id(run.data), run.actor)
+        if shared and key in self.texts:
+            return self.texts[key]
+        output = renderer.render(text, context, autoescape=False)
+        if shared:
+            self.texts[key] = output
+        return output
+
+    def _reads_subscriber(self, text: str) -> bool:
+        found = self.reads_subscriber.get(text)
+        if found is None:
+            found = self.reads_subscriber[text] = "subscriber" in renderer.variables(text)
+        return found
+
+
+def _draft(
+    run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]], using: str, rendered: _Rendered | None = None
+) -> Draft | dict[str, Any]:
+    """The send step's notification to create, or its state when skipped (its skip_if met); `rendered`:
+    the batch's renders, to share."""
     condition = step.get("skip_if")
     if condition:
         earlier = next((s for s in states if s["name"] == condition["step"]), None)
@@ -417,9 +450,10 @@ def _draft(run: WorkflowRun, step: dict[str, Any], states: list[dict[str, Any]],
     context = _context(run)
     subject, body = step.get("subject") or "", step.get("body") or ""
     if not step.get("template"):  # a step's own subject and body are templates too, on the same context
+        render = rendered or _Rendered()
         try:
-            subject = renderer.render(subject, context, autoescape=False) if subject else ""
-            body = renderer.render(body, context, autoescape=False)
+            subject = render(subject, run, context) if subject else ""
+            body = render(body, run, context)
         except renderer.TemplateError as exc:
             raise StepError(f"rendering the step's subject or body: {exc}") from None
     return Draft(

@@ -444,3 +444,30 @@ def test_a_workflow_delete_waits_for_a_trigger_in_flight_and_refuses_while_its_r
     assert outcome == ["refused"]  # it saw the two runs the trigger committed
     assert Workflow.objects.filter(pk=workflow.pk).exists()
     assert WorkflowRun.objects.filter(workflow_id=workflow.pk).count() == 2
+
+
+def test_a_share_renders_a_text_once_unless_it_reads_the_subscriber(api_a, tenant_a, monkeypatch):
+    from notifications.models import Notification
+    from templating import renderer
+    from workflows import engine
+
+    steps = [{"name": "tell", "type": "send", "channel": "in_app", "subject": "Outage {{ data.eta }}",
+              "body": "Hello {{ subscriber.external_id }}, back in {{ data.eta }}"}]  # fmt: skip
+    assert api_a.post("/api/v1/workflows", {"key": "named", "steps": steps}, format="json").status_code == 201
+    setup_topic(api_a, members=[f"u{i:02d}" for i in range(20)])
+    trigger(api_a, {"topic": "outage", "data": {"eta": "1h"}}, key="named")
+    fan_out_all()
+    renders: list[str] = []
+    original = renderer.render
+
+    def counted(text, context=None, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        renders.append(text)
+        return original(text, context, **kwargs)
+
+    monkeypatch.setattr(renderer, "render", counted)
+    assert engine.promote_shares(100, "default").promoted == 20
+    assert renders.count("Outage {{ data.eta }}") == 1  # the same for every run of the share
+    assert renders.count(steps[0]["body"]) == 20  # it reads the subscriber: once a run
+    assert set(Notification.objects.values_list("subject", flat=True)) == {"Outage 1h"}
+    bodies = sorted(Notification.objects.values_list("body", flat=True))
+    assert bodies == [f"Hello u{i:02d}, back in 1h" for i in range(20)]
