@@ -81,14 +81,19 @@ class Janitor:
     clock: Callable[[], float] = time.monotonic
     tables: tuple[str, ...] = field(default_factory=churning_tables)
     busy: Callable[[], bool] = lambda: False  # the process has a backlog: `deferred` tables wait
+    # While `busy`, a table is due only past this many times its threshold and stale statistics wait:
+    # the dispatcher's (its VACUUMs run on its one SQL thread, in front of its claims), whose dead rows
+    # a peer without a backlog (the scheduler, between its batches) clears first.
+    busy_factor: float = 1.0
     deferred: tuple[str, ...] = field(default_factory=deferred_tables)
     _last: float = field(default=float("-inf"), init=False)
     analyzed: list[str] = field(default_factory=list, init=False)  # by the last look, beside the vacuumed
     summarized: int = field(default=0, init=False)  # BRIN block ranges the last look summarised
 
-    def due(self, stats: list[tuple[str, int, int]]) -> list[str]:
-        """The tables among `(name, dead, live)` rows that should be vacuumed now."""
-        return [name for name, dead, live in stats if dead >= self.min_dead + self.live_fraction * live]
+    def due(self, stats: list[tuple[str, int, int]], *, factor: float = 1.0) -> list[str]:
+        """The tables among `(name, dead, live)` rows that should be vacuumed now (`factor` times the
+        threshold, while busy)."""
+        return [name for name, dead, live in stats if dead >= factor * (self.min_dead + self.live_fraction * live)]
 
     def stale(self, stats: list[tuple[str, int, int]]) -> list[str]:
         """The tables among `(name, rows changed since analyzed, rows the statistics know of)` whose
@@ -115,11 +120,16 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
         "WHERE s.schemaname = current_schema() AND (s.relname = ANY(%s) OR s.n_mod_since_analyze > 0)",
         [list(janitor.tables)],
     ).fetchall()
-    if janitor.busy():
+    busy = janitor.busy()
+    if busy:
         stats = [row for row in stats if row[0] not in janitor.deferred]
-    due = janitor.due([(name, dead, live) for name, dead, live, _, _ in stats if name in janitor.tables])
-    stale = [name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known in stats])
-             if name not in due]  # fmt: skip
+    factor = janitor.busy_factor if busy else 1.0
+    due = janitor.due([(name, dead, live) for name, dead, live, _, _ in stats if name in janitor.tables],
+                      factor=factor)  # fmt: skip
+    stale = [] if factor > 1.0 else [
+        name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known in stats])
+        if name not in due
+    ]  # fmt: skip
     janitor.analyzed = []
     janitor.summarized = summarize_brin(conn, [name for name, _, _, changed, _ in stats if changed > 0])
     if not due and not stale:

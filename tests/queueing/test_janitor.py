@@ -123,6 +123,32 @@ def test_event_tables_wait_while_the_process_has_a_backlog(tenant_a):
         assert "events" in janitor.analyzed
 
 
+def test_a_busy_dispatchers_janitor_waits_for_more_dead_rows_and_leaves_stale_statistics(tenant_a):
+    """The dispatcher's janitor (busy_factor 5): while the process has a backlog a table is due only
+    past five times its threshold, and no stale table is analyzed; without one, as any janitor."""
+    leave_dead_queue_rows(tenant_a, 3000)
+    with connection.cursor() as cursor:  # stale statistics of a table that is not churning
+        cursor.execute("ANALYZE subscribers")
+        cursor.execute("INSERT INTO subscribers (id, tenant_id, external_id, email_masked, phone_masked, push_tokens, "
+                       "push_tokens_masked, timezone, preferences) SELECT gen_random_uuid(), %s, 'j' || n, '', '', '', "
+                       "'[]', '', '{}' FROM generate_series(1, 1500) n", [tenant_a.pk])  # fmt: skip
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    connection.close()
+    backlog = [True]
+    keeper = Janitor(min_dead=1000, analyze_min=1000, every=0.0, busy=lambda: backlog[0], busy_factor=5.0)
+    with autocommit_connection() as conn:
+        assert keeper.maybe_vacuum(conn) == [] and keeper.analyzed == []  # 3,000 < 5 x 1,000
+        assert dead_rows(conn, "queue_state") >= 3000
+        leave_dead_queue_rows(tenant_a, 3000)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        assert keeper.maybe_vacuum(conn) == ["queue_state"]  # 6,000 dead: past five times
+        assert keeper.analyzed == []
+        backlog[0] = False
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        keeper.maybe_vacuum(conn)
+        assert "subscribers" in keeper.analyzed
+
+
 def test_nothing_due_nothing_vacuumed(tenant_a):
     leave_dead_queue_rows(tenant_a, 10)
     with autocommit_connection() as conn:
