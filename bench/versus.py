@@ -378,10 +378,25 @@ def settle(database_url: str) -> None:
         conn.execute("CHECKPOINT")
 
 
+def check_database(database_url: str) -> None:
+    """Failure, in one line, unless DATABASE_URL reaches a database OmniPost's migrations have built."""
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
+            migrated = conn.execute("SELECT to_regclass('queue_state') IS NOT NULL").fetchone()[0]
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())
+        raise Failure(f"cannot reach DATABASE_URL's database ({reason}); create it and run manage.py migrate") from None
+    if not migrated:
+        raise Failure("DATABASE_URL's database has no OmniPost tables: run manage.py migrate against it first")
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     database_url = os.environ.get("DATABASE_URL", "")
     if not database_url:
         raise Failure("DATABASE_URL is not set (the OmniPost bench database, already migrated)")
+    check_database(database_url)
     anchor_url = anchor_database_url(database_url)
     if args.only != "omnipost":
         check_node()

@@ -1,5 +1,6 @@
 """bench/versus.py's pieces that bench/per_delivery.py measures through: the phase gate it speaks
-with `omnipost_bench --phase-gate`, and the CPU a worker spent in its life, read at its exit."""
+with `omnipost_bench --phase-gate`, and the CPU a worker spent in its life, read at its exit; and its one
+readable line for a database it cannot use."""
 
 from __future__ import annotations
 
@@ -61,3 +62,29 @@ def test_reap_returns_the_cpu_of_the_worker_s_whole_life_and_its_exit_status():
     seconds = versus.reap(proc, time.time() + 60)
     assert seconds >= 0.3
     assert proc.returncode == 5 and proc.poll() == 5
+
+
+def test_a_missing_or_unmigrated_database_exits_1_with_one_readable_line(tmp_path):
+    import os
+
+    import psycopg
+    from django.db import connection
+
+    base = connection.settings_dict
+    url = f"postgres://{base['USER']}:{base['PASSWORD'] or ''}@{base['HOST']}:{base['PORT']}"
+    empty = f"omnipost_versus_empty_{os.getpid()}"
+    with psycopg.connect(f"{url}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{empty}"')
+        admin.execute(f'CREATE DATABASE "{empty}"')
+    try:
+        for name, says in ((f"omnipost_versus_absent_{os.getpid()}", "does not exist"), (empty, "manage.py migrate")):
+            done = subprocess.run(  # noqa: S603
+                [sys.executable, str(ROOT / "bench" / "versus.py"), "--only", "omnipost", "-n", "10"],
+                env={**os.environ, "DATABASE_URL": f"{url}/{name}"}, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 1, done.stderr
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("versus: FAILED: ") and says in lines[0], done.stderr
+    finally:
+        with psycopg.connect(f"{url}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{empty}"')
