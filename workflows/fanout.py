@@ -16,7 +16,8 @@ fan-out and its job together.
 A call works for a fair share of the scheduler and then hands it back, so the scheduler's other kinds
 (due notifications, run steps: the fan-out's own and everyone else's) keep their turn while a
 broadcast fans out: as long as those took since the fan-out's last turn, at least
-OMNIPOST_FANOUT_BUDGET_SECONDS and at most SHARE_CAP times it."""
+OMNIPOST_FANOUT_BUDGET_SECONDS and at most SHARE_CAP times it. The fan-out's own shares wait for
+its last chunk (`promote_shares`)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from django.db.models.functions import Now
 
 from queueing import schedule, scheduler
 from recipients import topics
-from workflows import statements
+from workflows import engine, statements
 from workflows.engine import BATCH, SHARE_KIND
 from workflows.models import Fanout
 
@@ -64,6 +65,24 @@ def promote(batch_size: int, using: str, *, clock: Callable[[], float] = time.mo
         finished += outcome
     _turn_ended[using] = clock()
     return scheduler.Promotion(finished, 0)
+
+
+# A due fan-out this scheduler could take now (one a peer is chunking is locked, and skipped).
+_TAKEABLE = f"""SELECT 1 FROM scheduled_jobs
+WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1
+FOR UPDATE SKIP LOCKED"""  # noqa: S608 - constants
+
+
+def promote_shares(batch_size: int, using: str) -> scheduler.Promotion:
+    """The runs of a due fan-out share (workflows.engine.promote_shares), unless a due fan-out waits
+    for this scheduler: a broadcast's runs are all made first (some 50,000 a second), its sends
+    after, so that its shares do not halve the fan-out's pace. A peer scheduler, finding the fan-out
+    held by the one chunking it, sends meanwhile."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_TAKEABLE)
+        if cursor.fetchone() is not None:
+            return scheduler.Promotion(0, 0)
+    return engine.promote_shares(batch_size, using)
 
 
 SHARE_CAP = 4.0

@@ -471,3 +471,62 @@ def test_a_share_renders_a_text_once_unless_it_reads_the_subscriber(api_a, tenan
     assert set(Notification.objects.values_list("subject", flat=True)) == {"Outage 1h"}
     bodies = sorted(Notification.objects.values_list("body", flat=True))
     assert bodies == [f"Hello u{i:02d}, back in 1h" for i in range(20)]
+
+
+def test_a_schedulers_shares_wait_while_a_fan_out_it_could_take_is_due(api_a, settings, monkeypatch):
+    """One scheduler makes a broadcast's runs first, then its sends: while a fan-out is due and not
+    held by a peer, the shares' turn passes; once it has ended, they go. A peer chunking it holds it:
+    then the shares go (the test of two schedulers below)."""
+    import itertools
+
+    settings.OMNIPOST_FANOUT_CHUNK = 10
+    monkeypatch.setattr(fanout, "budget", lambda last, now: 0.5)
+    ticks = itertools.count(0.0, 0.2)  # the deadline's two readings, then one chunk before it passes
+
+    def clock() -> float:
+        return next(ticks)
+
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i:02d}" for i in range(25)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    runs = WorkflowRun.objects.filter(trigger_id=body["trigger_id"])
+    for made in (10, 20):
+        fanout.promote(100, "default", clock=clock)
+        assert runs.count() == made
+        assert fanout.promote_shares(100, "default").promoted == 0  # the fan-out is still due
+    fanout.promote(100, "default", clock=clock)  # its last chunk (5) ends it
+    assert (Fanout.objects.get().status, runs.count()) == ("completed", 25)
+    assert fanout.promote_shares(100, "default").promoted == 10  # one share a batch
+    assert fanout.promote_shares(100, "default").promoted == 10
+    assert fanout.promote_shares(100, "default").promoted == 5
+    assert set(runs.values_list("status", flat=True)) == {"completed"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_peer_sends_the_shares_while_one_scheduler_holds_the_fan_out(api_a, settings):
+    settings.OMNIPOST_FANOUT_CHUNK = 10
+    define(api_a)
+    setup_topic(api_a, members=[f"u{i:02d}" for i in range(25)])
+    body = trigger(api_a, {"topic": "outage"}).json()
+    assert fanout.chunk_once(chunk=10) == 0  # one share made, the fan-out still due
+    assert fanout.promote_shares(100, "default").promoted == 0  # this scheduler would fan out first
+    peer: list[int] = []
+
+    def peer_scheduler() -> None:
+        try:
+            peer.append(fanout.promote_shares(100, "default").promoted)
+        finally:
+            connections.close_all()
+
+    from queueing import scheduler
+
+    with transaction.atomic():  # a scheduler mid-chunk, holding the fan-out's job
+        with connection.cursor() as cursor:
+            cursor.execute(scheduler.due_jobs_sql(fanout.JOB_KIND), {"n": 1})
+            assert cursor.fetchone() is not None
+        worker = threading.Thread(target=peer_scheduler)
+        worker.start()
+        worker.join(timeout=30)
+    assert peer == [10]
+    assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"], status="completed").count() == 10
