@@ -65,6 +65,7 @@ def deferred_tables() -> tuple[str, ...]:
     return tuple(_DEFERRED)
 
 
+TENDED_SECONDS = 60  # a table vacuumed within this long is being looked after (busy_factor)
 LOCK_KEY = 0x6F6D6E6970_7661  # "omnip" "va": one key for every OmniPost janitor
 
 
@@ -81,9 +82,10 @@ class Janitor:
     clock: Callable[[], float] = time.monotonic
     tables: tuple[str, ...] = field(default_factory=churning_tables)
     busy: Callable[[], bool] = lambda: False  # the process has a backlog: `deferred` tables wait
-    # While `busy`, a table is due only past this many times its threshold and stale statistics wait:
-    # the dispatcher's (its VACUUMs run on its one SQL thread, in front of its claims), whose dead rows
-    # a peer without a backlog (the scheduler, between its batches) clears first.
+    # While `busy`, a table some process (a peer's janitor: the scheduler's, between its batches; or
+    # autovacuum) vacuumed in the last TENDED_SECONDS is due only past this many times its threshold,
+    # and stale statistics are left to that process: the dispatcher's, whose VACUUMs run on its one SQL
+    # thread in front of its claims. Nobody tending them, it vacuums and analyzes as any janitor.
     busy_factor: float = 1.0
     deferred: tuple[str, ...] = field(default_factory=deferred_tables)
     _last: float = field(default=float("-inf"), init=False)
@@ -115,23 +117,29 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     vacuumed (`janitor.analyzed` lists the others analyzed)."""
     stats = conn.execute(
         # the rows the statistics know of (pg_class.reltuples, as of the last ANALYZE or VACUUM; -1: never)
-        "SELECT s.relname, s.n_dead_tup, s.n_live_tup, s.n_mod_since_analyze, greatest(c.reltuples, 0)::bigint "
+        "SELECT s.relname, s.n_dead_tup, s.n_live_tup, s.n_mod_since_analyze, greatest(c.reltuples, 0)::bigint, "
+        # vacuumed lately (by a peer's janitor, or autovacuum): what lets a busy janitor hold back
+        "coalesce(greatest(s.last_vacuum, s.last_autovacuum) > now() - %s * interval '1 second', false) "
         "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
         "WHERE s.schemaname = current_schema() AND (s.relname = ANY(%s) OR s.n_mod_since_analyze > 0)",
-        [list(janitor.tables)],
+        [TENDED_SECONDS, list(janitor.tables)],
     ).fetchall()
     busy = janitor.busy()
     if busy:
         stats = [row for row in stats if row[0] not in janitor.deferred]
-    factor = janitor.busy_factor if busy else 1.0
-    due = janitor.due([(name, dead, live) for name, dead, live, _, _ in stats if name in janitor.tables],
-                      factor=factor)  # fmt: skip
-    stale = [] if factor > 1.0 else [
-        name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known in stats])
+    # Busy, a janitor with a busy_factor holds back on the tables somebody else vacuumed lately, and
+    # leaves stale statistics to that somebody; with nobody tending them, it does the work itself.
+    holding = busy and janitor.busy_factor > 1.0
+    churning = [row for row in stats if row[0] in janitor.tables]
+    due = [name for name, dead, live, _, _, tended in churning
+           if janitor.due([(name, dead, live)], factor=janitor.busy_factor if holding and tended else 1.0)]  # fmt: skip
+    tended_lately = any(row[5] for row in churning)
+    stale = [] if holding and tended_lately else [
+        name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known, _ in stats])
         if name not in due
     ]  # fmt: skip
     janitor.analyzed = []
-    janitor.summarized = summarize_brin(conn, [name for name, _, _, changed, _ in stats if changed > 0])
+    janitor.summarized = summarize_brin(conn, [name for name, _, _, changed, _, _ in stats if changed > 0])
     if not due and not stale:
         return []
     pooled = pooling.pooled()

@@ -1,4 +1,5 @@
-"""Advancing workflow runs: the handler the scheduler runs for due jobs of kind `workflow`.
+"""Advancing workflow runs: the handlers the scheduler runs for due jobs of kind `workflow` (a run
+waiting alone) and `workflow_share` (a fan-out's runs waiting together, up to BATCH a job).
 
 A run waits on one scheduled job at a time (its `wake_id`): a trigger schedules it for now, a delay
 for the delay's end, a digest window for the window's close. One batch is one transaction:
@@ -109,7 +110,7 @@ def _promote(kind: str, jobs: int, limit: int, using: str) -> scheduler.Promotio
         advanced = len(runs)
         try:
             with transaction.atomic(using=using):
-                _advance_batch(runs, now, using)
+                _advance_batch(runs, now, using, kind)
         except Exception as exc:
             if is_connection_lost(exc):
                 raise
@@ -164,23 +165,31 @@ def _locked_runs(wakes: list[Any], using: str, *, limit: int) -> list[WorkflowRu
 
 def _with_owners(runs: list[WorkflowRun], using: str) -> list[WorkflowRun]:
     """The runs with their tenants and workflows attached, read once per batch (two queries), not once
-    per run: a fan-out's share is 500 runs of one workflow. A run whose workflow has gone is left out,
-    as a join would. Each (tenant, mode) gets its own Tenant instance: the run's mode for its sends."""
+    per run: a fan-out's share is 500 runs of one workflow. A run whose workflow or tenant has gone
+    (runs carry no foreign keys) ends `failed` here, in the batch's transaction, so that its job
+    settles instead of coming back at every turn in front of the shares behind it. Each (tenant,
+    mode) gets its own Tenant instance: the run's mode for its sends."""
     if not runs:
         return runs
     tenants = {t.pk: t for t in Tenant.objects.using(using).filter(pk__in={run.tenant_id for run in runs})}
     workflows = {w.pk: w for w in Workflow.objects.using(using).filter(pk__in={run.workflow_id for run in runs})}
     modes: dict[tuple[Any, bool], Tenant] = {}
-    kept = []
+    kept, orphans = [], []
     for run in runs:
         workflow = workflows.get(run.workflow_id)
-        if workflow is None:
+        if workflow is None or run.tenant_id not in tenants:
+            orphans.append(run.pk)
             continue
         tenant = modes.get((run.tenant_id, run.test))
         if tenant is None:
             tenant = modes[run.tenant_id, run.test] = copy.copy(tenants[run.tenant_id])
         run.tenant, run.workflow = tenant, workflow
         kept.append(run)
+    if orphans:
+        logger.warning("%d workflow run(s) whose workflow or tenant is gone end failed", len(orphans))
+        WorkflowRun.objects.using(using).filter(pk__in=orphans).update(
+            status=RunStatus.FAILED, wake_id=None, updated_at=Now()
+        )
     return kept
 
 
@@ -302,13 +311,15 @@ class _Plan:
     sends: list[tuple[int, Draft]] = field(default_factory=list)
 
 
-def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str) -> None:
+def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str, kind: str = JOB_KIND) -> None:
     """Advance `runs` together (in the caller's savepoint, their rows locked), in a fixed number of
     statements whatever their count, besides each throttle, digest and skip_if step's own: the time
     zones the delays need (one query), per tenant the sends' notifications through the batch creation
     path (its subscriber read and its one creation statement) and the waits' jobs (one INSERT), and
-    every run's new state (one UPDATE)."""
+    every run's new state (one UPDATE). A share's runs (`kind` SHARE_KIND) that wait until the same
+    time wait on one job of that kind again: a broadcast's delay stays out of the single runs' turn."""
     zones = _timezones(runs, using)
+    shared_wakes: dict[tuple[Any, datetime], uuid.UUID] = {}
     rendered = _Rendered()
     plans: list[_Plan] = []
     for run in runs:
@@ -327,7 +338,10 @@ def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str) -> None:
 
         plan.status, plan.index, plan.at = _walk(run, now, plan.states, send, zone)
         if plan.at is not None:
-            plan.wake = uuid.uuid4()
+            if kind == SHARE_KIND:
+                plan.wake = shared_wakes.setdefault((run.tenant_id, plan.at), uuid.uuid4())
+            else:
+                plan.wake = uuid.uuid4()
         plans.append(plan)
     by_tenant: dict[Any, list[tuple[_Plan, int, Draft]]] = {}
     for plan in plans:
@@ -341,12 +355,12 @@ def _advance_batch(runs: list[WorkflowRun], now: datetime, using: str) -> None:
          plan.wake, plan.run.digest)
         for plan in plans
     ], using=using)  # fmt: skip
-    waits: dict[Any, list[tuple[Any, datetime | None, float]]] = {}
+    waits: dict[Any, dict[Any, tuple[Any, datetime | None, float]]] = {}
     for plan in plans:
-        if plan.wake is not None:
-            waits.setdefault(plan.run.tenant_id, []).append((plan.wake, plan.at, 0.0))
+        if plan.wake is not None:  # one job per wake (a share's runs may share one)
+            waits.setdefault(plan.run.tenant_id, {})[plan.wake] = (plan.wake, plan.at, 0.0)
     for tenant_id, timed in waits.items():
-        schedule.add_timed_jobs(tenant_id, JOB_KIND, timed, using=using)
+        schedule.add_timed_jobs(tenant_id, kind, list(timed.values()), using=using)
 
 
 def _create(sends: list[tuple[_Plan, int, Draft]]) -> None:
@@ -408,18 +422,19 @@ def _context(run: WorkflowRun) -> dict[str, Any]:
 
 class _Rendered:
     """A batch's renders of step subjects and bodies, kept where the result cannot differ between
-    runs: a text that does not read `subscriber`, for runs sharing one `data` object (a fan-out's
-    runs share their fan-out's) and actor, without a digest. A broadcast's share of 500 runs renders
-    each text once instead of 500 times (each render deep-copies the context, up to 32 KiB of data)."""
+    runs: a text that never names `subscriber` (as text: a loop or `with` variable of that name
+    hides a read of the real one from renderer.variables) nor `random`, for runs sharing one `data`
+    object (a fan-out's runs share their fan-out's) and actor, without a digest. A broadcast's share
+    of 500 runs renders each text once instead of 500 times (each render deep-copies the context, up
+    to 32 KiB of data)."""
 
     def __init__(self) -> None:
         self.texts: dict[tuple[str, int, str | None], str] = {}
-        self.reads_subscriber: dict[str, bool] = {}
 
     def __call__(self, text: str, run: WorkflowRun, context: dict[str, Any]) -> str:
         if "{" not in text:  # no tag, no variable: itself
             return text
-        shared = run.digest is None and not self._reads_subscriber(text)
+        shared = run.digest is None and "subscriber" not in text and "random" not in text
         key = (text, id(run.data), run.actor)
         if shared and key in self.texts:
             return self.texts[key]
@@ -428,11 +443,6 @@ class _Rendered:
             self.texts[key] = output
         return output
 
-    def _reads_subscriber(self, text: str) -> bool:
-        found = self.reads_subscriber.get(text)
-        if found is None:
-            found = self.reads_subscriber[text] = "subscriber" in renderer.variables(text)
-        return found
 
 
 def _draft(

@@ -6,8 +6,8 @@ topic's membership sequence, recipients.topics) and one job due now. A scheduler
 FOR UPDATE SKIP LOCKED and creates runs chunk after chunk, each chunk one transaction: one
 `INSERT … SELECT` of the next members in id order (never the whole topic in memory, nor a chunk's
 ids in Python) into `workflow_runs`, narrow (the data, definition and step states stay the fan-out's,
-workflows.models), with a `workflow` job for each engine batch of them (workflows.engine.BATCH runs
-wait on one job together), which also moves the fan-out's cursor past them. A scheduler killed
+workflows.models), with a `workflow_share` job for each engine batch of them (workflows.engine.BATCH
+runs wait on one job together), which also moves the fan-out's cursor past them. A scheduler killed
 anywhere loses at most the chunk it had not committed: the job is pending again and a peer (or its
 restart) goes on from the cursor; the unique (trigger_id, subscriber) key makes a repeated chunk
 harmless. The last chunk (fewer members than a chunk) ends the

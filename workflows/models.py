@@ -1,9 +1,10 @@
 """Workflows (a tenant's named list of steps) and their runs (one per trigger and subscriber).
 
 A run is data: its status, the index of the step it is at, each step's state, and `wake_id`, the
-opaque id of the scheduled job (kind `workflow`) it waits on. The scheduler advances a run when that
-job is due (workflows.engine), inside the transaction that settles the job; every change of a run is
-a conditional update on its status and wake_id, so two schedulers (or a cancel) never both win.
+opaque id of the scheduled job (kind `workflow`, or `workflow_share` for a fan-out's) it waits on.
+The scheduler advances a run when that job is due (workflows.engine), inside the transaction that
+settles the job; every change of a run is a conditional update on its status and wake_id, so two
+schedulers (or a cancel) never both win.
 
 A topic fan-out's runs are written narrow: their `data` and `definition` are NULL, standing for their
 fan-out's (the Fanout whose id is their trigger_id), and so are their `steps` until their first step
@@ -102,7 +103,7 @@ class WorkflowRun(TenantOwned):
     # [{name, type, status, notification_id, at, reason}]; NULL: the definition's, all pending
     steps = models.JSONField(default=list, null=True)
     digest = models.JSONField(null=True, blank=True)  # {count, items} once a digest step let this run go on
-    # The scheduled job (kind `workflow`) this run waits on (a fan-out chunk's runs share theirs); None once finished.
+    # The scheduled job this run waits on (kind `workflow`; `workflow_share`, shared, a fan-out's); None once finished.
     wake_id = models.UUIDField(null=True, blank=True)
     # The database's clock: a digest window opens at its first trigger's created_at.
     created_at = models.DateTimeField(db_default=Now())

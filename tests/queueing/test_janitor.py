@@ -124,8 +124,11 @@ def test_event_tables_wait_while_the_process_has_a_backlog(tenant_a):
 
 
 def test_a_busy_dispatchers_janitor_waits_for_more_dead_rows_and_leaves_stale_statistics(tenant_a):
-    """The dispatcher's janitor (busy_factor 5): while the process has a backlog a table is due only
-    past five times its threshold, and no stale table is analyzed; without one, as any janitor."""
+    """The dispatcher's janitor (busy_factor 5): while the process has a backlog, a table another
+    process vacuumed lately is due only past five times its threshold, and no stale table is analyzed;
+    without a backlog, as any janitor."""
+    with autocommit_connection() as conn:
+        conn.execute("VACUUM queue_state")  # as the scheduler's janitor does between its batches
     leave_dead_queue_rows(tenant_a, 3000)
     with connection.cursor() as cursor:  # stale statistics of a table that is not churning
         cursor.execute("ANALYZE subscribers")
@@ -147,6 +150,15 @@ def test_a_busy_dispatchers_janitor_waits_for_more_dead_rows_and_leaves_stale_st
         conn.execute("SELECT pg_stat_clear_snapshot()")
         keeper.maybe_vacuum(conn)
         assert "subscribers" in keeper.analyzed
+
+
+def test_a_busy_janitor_that_nobody_else_helps_vacuums_as_any_janitor(tenant_a, monkeypatch):
+    """Busy, but no process vacuumed the table lately (no scheduler runs): the factor does not apply."""
+    monkeypatch.setattr(janitor, "TENDED_SECONDS", 0)  # whatever the tests before did, not "lately"
+    leave_dead_queue_rows(tenant_a, 3000)
+    keeper = Janitor(min_dead=1000, every=0.0, busy=lambda: True, busy_factor=5.0)
+    with autocommit_connection() as conn:
+        assert keeper.maybe_vacuum(conn) == ["queue_state"]
 
 
 def test_nothing_due_nothing_vacuumed(tenant_a):

@@ -246,18 +246,23 @@ def test_fanned_out_runs_take_their_fan_outs_data_through_sends_delays_and_condi
     while engine.promote_shares(100, "default").promoted:
         pass
     assert set(runs.values_list("status", flat=True)) == {"waiting"}
-    assert runs.values("wake_id").distinct().count() == 30  # each its own delay's job now
+    # each share's runs wait for the delay's end together, on one job of the shares' kind again: a
+    # broadcast's second step stays out of the single runs' turn
+    assert runs.values("wake_id").distinct().count() == 6
+    assert not ScheduledJob.objects.filter(kind="workflow").exists()
     assert runs.filter(data__isnull=True, definition__isnull=True).count() == 30  # still the fan-out's
     assert set(Notification.objects.values_list("body", flat=True)) == {"Down 1h"}
     first = runs.get(subscriber="u03").steps[0]["notification_id"]
     Notification.objects.filter(pk=first).update(status="delivered")
-    ScheduledJob.objects.filter(kind="workflow", status="pending").update(run_at=timezone.now() - timedelta(hours=1))
-    while engine.promote(100, "default").promoted:
+    waiting = ScheduledJob.objects.filter(kind="workflow_share", status="pending")
+    assert waiting.count() == 6
+    waiting.update(run_at=timezone.now() - timedelta(hours=1))
+    while engine.promote_shares(100, "default").promoted:
         pass
     assert set(runs.values_list("status", flat=True)) == {"completed"}
     assert runs.get(subscriber="u03").steps[2]["reason"] == "first delivered"
     assert Notification.objects.filter(body="Back 1h").count() == 29
-    assert not ScheduledJob.objects.filter(kind="workflow", status="pending").exists()
+    assert not ScheduledJob.objects.filter(status="pending").exists()
 
 
 def test_a_single_trigger_is_advanced_in_its_own_turn_not_behind_a_fan_outs_shares(api_a, tenant_a):
@@ -530,3 +535,41 @@ def test_a_peer_sends_the_shares_while_one_scheduler_holds_the_fan_out(api_a, se
         worker.join(timeout=30)
     assert peer == [10]
     assert WorkflowRun.objects.filter(trigger_id=body["trigger_id"], status="completed").count() == 10
+
+
+def test_a_share_whose_workflow_is_gone_fails_its_runs_and_lets_the_next_share_go(api_a, tenant_a):
+    """Runs carry no foreign key to their workflow: a share of runs whose workflow vanished (a tenant
+    deleted mid-chunk) must not come back at every turn in front of the others."""
+    from workflows import engine
+
+    define(api_a)
+    define(api_a, key="other")
+    setup_topic(api_a, members=[f"u{i}" for i in range(5)])
+    gone = trigger(api_a, {"topic": "outage"}).json()
+    fan_out_all()
+    kept = trigger(api_a, {"topic": "outage"}, key="other").json()
+    fan_out_all()
+    WorkflowRun.objects.filter(trigger_id=gone["trigger_id"]).update(workflow_id=10**9)  # no such workflow
+    assert engine.promote_shares(100, "default").promoted == 0  # the first share: its runs fail
+    orphans = WorkflowRun.objects.filter(trigger_id=gone["trigger_id"])
+    assert set(orphans.values_list("status", flat=True)) == {"failed"}
+    assert engine.promote_shares(100, "default").promoted == 5  # the next share goes
+    assert set(WorkflowRun.objects.filter(trigger_id=kept["trigger_id"]).values_list("status", flat=True)) == {
+        "completed"}  # fmt: skip
+    assert not ScheduledJob.objects.filter(kind="workflow_share", status="pending").exists()
+
+
+def test_a_text_naming_subscriber_anywhere_is_rendered_run_by_run(api_a, tenant_a):
+    """A loop variable called `subscriber` hides the real read from renderer.variables: the batch's
+    render cache must not hand one member's text to the others."""
+    from notifications.models import Notification
+    from workflows import engine
+
+    body = "{% for subscriber in data.vips %}{{ subscriber }} {% endfor %}Hi {{ subscriber.external_id }}"
+    steps = [{"name": "tell", "type": "send", "channel": "in_app", "subject": "S", "body": body}]
+    assert api_a.post("/api/v1/workflows", {"key": "loop", "steps": steps}, format="json").status_code == 201
+    setup_topic(api_a, members=[f"u{i}" for i in range(5)])
+    trigger(api_a, {"topic": "outage", "data": {"vips": ["boss"]}}, key="loop")
+    fan_out_all()
+    assert engine.promote_shares(100, "default").promoted == 5
+    assert sorted(Notification.objects.values_list("body", flat=True)) == [f"boss Hi u{i}" for i in range(5)]
