@@ -519,11 +519,11 @@ _RECORD_SQL = """
     ), dev_in AS (
         -- a push's devices (notification_devices), for the items still ours: each device's result; the
         -- devices the vendor called dead deactivated, with their device.deactivated events; last_used_at
-        SELECT v.* FROM unnest(%(dv_notification)s::uuid[], %(dv_device)s::uuid[], %(dv_status)s::text[],
-                               %(dv_code)s::text[], %(dv_reason)s::text[], %(dv_provider)s::bigint[],
-                               %(dv_sent_through)s::bigint[], %(dv_sent_outcome)s::text[], %(dv_http)s::int[])
-                        AS v(notification_id, device_id, status, code, reason, provider_id, sent_through, sent_outcome,
-                             http_status)
+        -- (one JSON array of DeviceOutcome objects: serialised in C by orjson, where nine arrays were
+        -- dumped element by element in Python on the dispatcher's DB thread)
+        SELECT v.* FROM json_to_recordset(%(devices)s::json)
+                        AS v(notification_id uuid, device_id uuid, status text, code text, reason text,
+                             provider_id bigint, sent_through bigint, sent_outcome text, http_status int)
         WHERE v.notification_id IN (SELECT notification_id FROM ours)
     ), sends AS (
         -- what each provider was sent, for its counters and its breaker: an item's attempt, or for a
@@ -625,16 +625,8 @@ def record_statement(outcomes: Sequence[Outcome]) -> tuple[str, dict[str, Any]]:
         "d_status_code": [d.status_code if d else None for d in dead],
         "d_count": [(d.attempt.number if d.attempt else 0) if d else None for d in dead],
     }
-    results = [r for o in outcomes if o.devices for r in o.devices]
-    params["dv_notification"] = [r.notification_id for r in results]
-    params["dv_device"] = [r.device_id for r in results]
-    params["dv_status"] = [r.status for r in results]
-    params["dv_code"] = [r.code for r in results]
-    params["dv_reason"] = [r.reason for r in results]
-    params["dv_provider"] = [r.provider_id for r in results]
-    params["dv_sent_through"] = [r.sent_through for r in results]
-    params["dv_sent_outcome"] = [r.sent_outcome for r in results]
-    params["dv_http"] = [r.http_status for r in results]
+    # every field of each DeviceOutcome, by its name (json_to_recordset in dev_in reads the ones it names)
+    params["devices"] = orjson.dumps([r for o in outcomes if o.devices for r in o.devices]).decode()
     dead_tokens = [(o.lease, o.dead_token, index) for o in outcomes if o.dead_token for index in o.dead_token[1]]
     params["rd_notification"] = [lease.notification_id for lease, _, _ in dead_tokens]
     params["rd_tenant"] = [lease.tenant_id for lease, _, _ in dead_tokens]
