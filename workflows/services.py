@@ -5,8 +5,9 @@
 - `trigger()` creates the subscribers it meets for the first time (no addresses), one run per
   subscriber and a job due now for each, in a fixed number of statements whatever their count; the
   scheduler then advances the runs (workflows.engine);
-- `cancel()` stops the unfinished runs with a cancellation key before their next step, locking their
-  jobs first (the order the scheduler takes them), and cancels the notifications they scheduled;
+- `cancel()` stops the unfinished runs with a cancellation key before their next step, in chunks of a
+  fixed number of set-based statements, locking their jobs first (the order the scheduler takes them),
+  and cancels the notifications they scheduled;
 - `cancel_fanout()` stops a topic fan-out before its next chunk (the admin's action).
 """
 
@@ -28,7 +29,6 @@ from core.models import AuditEvent, Tenant, mode_of
 from core.services import save_audited
 from core.validation import NAME
 from notifications import services as notifications
-from notifications.models import Notification, Status
 from providers.models import Provider
 from queueing import schedule
 from recipients import services as recipients
@@ -38,7 +38,7 @@ from templating.models import Template
 from workflows import statements
 from workflows.engine import JOB_KIND
 from workflows.fanout import JOB_KIND as FANOUT_KIND
-from workflows.models import Fanout, RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun, resolve_runs
+from workflows.models import Fanout, Workflow, WorkflowKind, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -255,45 +255,41 @@ def cancel_fanout(tenant: Tenant | None, fanout_id: object, *, actor: str) -> Fa
     return fanout
 
 
+CANCEL_CHUNK = 10_000  # runs a cancel stops per transaction
+
+
 def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequence[str] | None, actor: str) -> int:
     """Stop the workflow's unfinished runs with this cancellation key (of these subscribers, if given):
     they take no further step, and the notifications they scheduled end `cancelled`. Returns how many
-    runs it stopped (0 on a repeat)."""
+    runs it stopped (0 on a repeat).
+
+    Without `subscribers`, first, in one short transaction, the running fan-outs of the workflow with
+    this key stop, their rows locked (a chunk being made commits first; the members they have not
+    reached get no run). Then the runs, CANCEL_CHUNK at a time, each chunk its own transaction of a fixed number of
+    statements (statements.cancel_runs, then the notifications, set-based): a cancel of a broadcast
+    never holds a million runs and their jobs locked, nor the table's oldest snapshot, for its whole
+    length, and every committed chunk is whole (runs, their jobs and notifications together). Killed
+    midway, it has stopped some runs; a repeat stops the rest (and counts only those)."""
     workflow = get_workflow(tenant, key)
-    runs = WorkflowRun.objects.for_tenant(tenant).filter(workflow=workflow, cancellation_key=cancellation_key)
-    if subscribers is not None:
-        runs = runs.filter(subscriber__in=list(subscribers))
-    with transaction.atomic():
-        if subscribers is None:
+    named = None if subscribers is None else list(dict.fromkeys(subscribers))
+    stopped = 0
+    if named is None:
+        with transaction.atomic():
             _stop_fanouts(tenant, workflow, cancellation_key)
-        # Jobs first (the scheduler's order: job, then run): one being advanced now is waited for. A
-        # job other runs still wait on (a fan-out chunk's) stays: those runs go on.
-        wakes = {w for w in runs.unfinished().values_list("wake_id", flat=True) if w is not None}
-        shared = set(
-            WorkflowRun.objects.filter(wake_id__in=wakes, status__in=[RunStatus.RUNNING, RunStatus.WAITING])
-            .exclude(pk__in=runs.unfinished().values("pk")).values_list("wake_id", flat=True)
-        )  # fmt: skip
-        schedule.cancel_jobs_for(JOB_KIND, list(wakes - shared))
-        stopped = list(runs.unfinished().select_for_update())
-        resolve_runs(stopped)
-        notification_ids: list[str] = []
-        for pk, states in ((run.pk, run.steps) for run in stopped):
-            states = [dict(state) for state in states]
-            for state in states:
-                if state.get("notification_id"):
-                    notification_ids.append(state["notification_id"])
-                if state["status"] == StepStatus.WAITING:
-                    state.update(status=StepStatus.SKIPPED, reason="cancelled")
-            changed = WorkflowRun.objects.filter(pk=pk, status__in=[RunStatus.RUNNING, RunStatus.WAITING]).update(
-                status=RunStatus.CANCELLED, steps=states, wake_id=None, updated_at=Now()
-            )
-            if changed != 1:  # pragma: no cover - the row is locked
-                raise Conflict("A run changed while it was being cancelled; retry.", code="conflict")
-        _cancel_scheduled(tenant, notification_ids, actor)
-        if stopped:
-            AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
-                              details={"cancellation_key": cancellation_key, "runs": len(stopped)})  # fmt: skip
-    return len(stopped)
+    while True:
+        with transaction.atomic():
+            picked, changed, notification_ids = statements.cancel_runs(
+                tenant.pk, workflow.pk, cancellation_key, subscribers=named, test=getattr(tenant, "test_mode", None),
+                chunk=CANCEL_CHUNK, job_kind=JOB_KIND,
+            )  # fmt: skip
+            notifications.cancel_scheduled(tenant, notification_ids, actor=actor)
+        stopped += changed
+        if picked < CANCEL_CHUNK:
+            break
+    if stopped:
+        AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
+                          details={"cancellation_key": cancellation_key, "runs": stopped})  # fmt: skip
+    return stopped
 
 
 def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> None:
@@ -306,19 +302,6 @@ def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> 
     for fan in running:
         Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
         topics.end_fanout(fan.topic_id)
-
-
-def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: str) -> None:
-    """The runs' notifications still `scheduled` (held by quiet hours) end `cancelled`, with their jobs."""
-    if not notification_ids:
-        return
-    scheduled = Notification.objects.for_tenant(tenant).filter(pk__in=notification_ids, status=Status.SCHEDULED)
-    for notification_id in scheduled.values_list("pk", flat=True):
-        try:
-            with transaction.atomic():
-                notifications.cancel_notification(tenant, notification_id, actor=actor)
-        except (Conflict, NotFound):
-            pass  # promoted or sent meanwhile: it goes, as any notification past `scheduled`
 
 
 def runs_for(tenant: Tenant) -> QuerySet[WorkflowRun]:

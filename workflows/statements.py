@@ -256,6 +256,69 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
     return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
 
 
+# A cancel's chunk, two statements whatever its size. First, up to %(chunk)s of the matching unfinished
+# runs (no order: the partial index workflow_run_cancel_idx, whose entries the chunks before left),
+# and the pending jobs they wait on that no other unfinished run waits on (a fan-out chunk's job shared
+# with runs not cancelled stays) cancelled, locked first (the scheduler's order: job, then run: a batch
+# advancing one of them is waited for). Returns the runs' ids.
+_CANCEL_PICK = """WITH picked AS (
+    SELECT id, wake_id FROM workflow_runs
+    WHERE tenant_id = %(tenant)s AND workflow_id = %(workflow)s AND cancellation_key = %(key)s
+      AND status IN ('running', 'waiting') AND (%(test)s::boolean IS NULL OR test = %(test)s::boolean)
+      {named}
+    LIMIT %(chunk)s
+), ids AS (
+    SELECT array_agg(id) AS ids FROM picked
+), lone AS (
+    SELECT DISTINCT p.wake_id AS notification_id FROM picked p
+    WHERE p.wake_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM workflow_runs o
+        WHERE o.wake_id = p.wake_id AND o.status IN ('running', 'waiting') AND o.id NOT IN (SELECT id FROM picked))
+), jobs AS (
+    {jobs}
+)
+SELECT coalesce((SELECT ids FROM ids), '{{}}'), (SELECT count(*) FROM jobs)"""
+# Second, those runs still unfinished end `cancelled`, waiting on nothing, their `waiting` step (a
+# delay's, a digest's) `skipped` with reason `cancelled` (a narrow run's NULL steps stay: it took no
+# step, every one is pending); returns how many, and the ids of the notifications their steps made.
+_CANCEL_RUNS = """WITH stopped AS (
+    UPDATE workflow_runs r
+    SET status = 'cancelled', wake_id = NULL, updated_at = now(),
+        steps = CASE WHEN r.steps IS NULL THEN NULL ELSE coalesce((
+            SELECT jsonb_agg(CASE WHEN t.e ->> 'status' = 'waiting'
+                                  THEN t.e || jsonb_build_object('status', 'skipped', 'reason', 'cancelled')
+                                  ELSE t.e END ORDER BY t.i)
+            FROM jsonb_array_elements(r.steps) WITH ORDINALITY AS t(e, i)), '[]'::jsonb) END
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.status IN ('running', 'waiting')
+    RETURNING r.steps
+)
+SELECT (SELECT count(*) FROM stopped),
+       ARRAY(SELECT e ->> 'notification_id' FROM stopped, jsonb_array_elements(stopped.steps) AS e
+             WHERE e ->> 'notification_id' IS NOT NULL)"""
+
+
+def cancel_runs(
+    tenant_id: Any, workflow_id: Any, cancellation_key: str, *, subscribers: list[str] | None,  # noqa: ANN401
+    test: bool | None, chunk: int, job_kind: str, using: str = "default",
+) -> tuple[int, int, list[str]]:  # fmt: skip
+    """Cancel up to `chunk` of the workflow's unfinished runs with this cancellation key (of
+    `subscribers`, if given; of mode `test` unless None) with the jobs only they wait on, in two
+    statements (the caller's transaction). Returns (runs picked, runs cancelled, the ids of the
+    notifications their steps made): fewer picked than `chunk`, none are left."""
+    named = "" if subscribers is None else "AND subscriber = ANY(%(subscribers)s::text[])"
+    params = {"tenant": tenant_id, "workflow": workflow_id, "key": cancellation_key, "test": test,
+              "subscribers": subscribers, "chunk": chunk}  # fmt: skip
+    jobs = schedule.cancel_pending_jobs_sql("lone", f"j.kind = '{job_kind}'")
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CANCEL_PICK.format(named=named, jobs=jobs), params)
+        ids, _ = cursor.fetchone()
+        if not ids:
+            return 0, 0, []
+        cursor.execute(_CANCEL_RUNS, {"ids": ids})
+        stopped, notification_ids = cursor.fetchone()
+    return len(ids), int(stopped), list(notification_ids)
+
+
 # A batch's runs, each to its new state, in one statement: only while each still waits on the job the
 # batch holds (its wake_id) and is unfinished.
 _RECORD_RUNS = """UPDATE workflow_runs r
