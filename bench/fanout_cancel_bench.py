@@ -51,11 +51,13 @@ def main() -> int:
         assert api.post("/api/v1/topics/everyone/subscribers", {"subscribers": ids}, format="json").status_code == 200
     body = {"topic": "everyone", "cancellation_key": "storm"}
     assert api.post("/api/v1/workflows/outage/trigger", body, format="json").status_code == 202
+    started = time.monotonic()
     while fanout.chunk_once() is not None:
         pass
+    fanned = time.monotonic() - started
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE workflow_runs")
-    print(f"{WorkflowRun.objects.count():,} runs fanned out", flush=True)
+    print(f"{WorkflowRun.objects.count():,} runs fanned out in {fanned:.2f}s", flush=True)
 
     named = [f"user-{i:08d}" for i in range(0, args.members, max(1, args.members // max(1, args.named)))]
     named = named[: args.named]

@@ -229,6 +229,17 @@ def members_sql() -> str:
     LIMIT %(chunk)s"""
 
 
+def member_ahead_sql(subscriber: str) -> str:
+    """A boolean SQL expression: whether the external id `subscriber` (an SQL expression) is a member of
+    topic %(topic)s at boundary %(boundary)s after id %(after)s, but %(actor)s: one that a fan-out's
+    chunk has still to reach. A live membership is one probe of its unique index; one removed since
+    the boundary is looked for only then (along the topic's members after the cursor)."""
+    common = f"""m.topic_id = %(topic)s AND m.subscriber = {subscriber} AND m.id > %(after)s AND m.id <= %(boundary)s
+        AND m.subscriber IS DISTINCT FROM %(actor)s"""
+    return f"""(EXISTS (SELECT 1 FROM topic_subscribers m WHERE {common} AND m.removed_seq IS NULL)
+    OR EXISTS (SELECT 1 FROM topic_subscribers m WHERE {common} AND m.removed_seq > %(boundary)s))"""  # noqa: S608
+
+
 # --- deleting a topic's members (the scheduler runs these for due jobs of kind `topic_delete`) -------------
 DELETE_KIND = "topic_delete"
 FANOUT_WAIT_SECONDS = 2.0  # how often a deletion looks again while a fan-out of its topic runs

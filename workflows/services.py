@@ -7,7 +7,8 @@
   scheduler then advances the runs (workflows.engine);
 - `cancel()` stops the unfinished runs with a cancellation key before their next step, in chunks of a
   fixed number of set-based statements, locking their jobs first (the order the scheduler takes them),
-  and cancels the notifications they scheduled;
+  and cancels the notifications they scheduled; named subscribers a running fan-out has not reached
+  yet get their runs `cancelled` when it does;
 - `cancel_fanout()` stops a topic fan-out before its next chunk (the admin's action).
 """
 
@@ -261,21 +262,22 @@ CANCEL_CHUNK = 10_000  # runs a cancel stops per transaction
 def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequence[str] | None, actor: str) -> int:
     """Stop the workflow's unfinished runs with this cancellation key (of these subscribers, if given):
     they take no further step, and the notifications they scheduled end `cancelled`. Returns how many
-    runs it stopped (0 on a repeat).
+    runs it stopped: the unfinished runs it found, plus, for named subscribers, those a running fan-out
+    with this key has not reached yet (their runs will be created `cancelled`); 0 on a repeat.
 
-    Without `subscribers`, first, in one short transaction, the running fan-outs of the workflow with
-    this key stop, their rows locked (a chunk being made commits first; the members they have not
-    reached get no run). Then the runs, CANCEL_CHUNK at a time, each chunk its own transaction of a fixed number of
+    First, in one short transaction, the running fan-outs of the workflow with this key, their rows
+    locked (a chunk being made commits first, and the next one sees what this one wrote): without
+    `subscribers` they stop (the members they have not reached get no run); with them, the named
+    members not reached yet are recorded, so each still has exactly one run and it is `cancelled`.
+    Then the runs, CANCEL_CHUNK at a time, each chunk its own transaction of a fixed number of
     statements (statements.cancel_runs, then the notifications, set-based): a cancel of a broadcast
     never holds a million runs and their jobs locked, nor the table's oldest snapshot, for its whole
     length, and every committed chunk is whole (runs, their jobs and notifications together). Killed
     midway, it has stopped some runs; a repeat stops the rest (and counts only those)."""
     workflow = get_workflow(tenant, key)
     named = None if subscribers is None else list(dict.fromkeys(subscribers))
-    stopped = 0
-    if named is None:
-        with transaction.atomic():
-            _stop_fanouts(tenant, workflow, cancellation_key)
+    with transaction.atomic():
+        stopped = _stop_fanouts(tenant, workflow, cancellation_key, named)
     while True:
         with transaction.atomic():
             picked, changed, notification_ids = statements.cancel_runs(
@@ -292,16 +294,22 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
     return stopped
 
 
-def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> None:
-    """The workflow's fan-outs still running with this cancellation key end `cancelled` (the caller's
-    transaction): their rows locked first, so a chunk being made commits before the runs are read, and
-    no chunk comes after."""
+def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str, subscribers: list[str] | None) -> int:
+    """The workflow's fan-outs still running with this cancellation key (the caller's transaction),
+    their rows locked first, so a chunk being made commits before, and the next one comes after: without
+    `subscribers` they end `cancelled`; with them, each records the named members it has not reached
+    (their runs are made `cancelled`). Returns how many runs will be made cancelled."""
     running = fanouts_for(tenant).select_for_update().filter(
         workflow=workflow, cancellation_key=cancellation_key, status=Fanout.Status.RUNNING
     )
+    ahead = 0
     for fan in running:
-        Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
-        topics.end_fanout(fan.topic_id)
+        if subscribers is None:
+            Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
+            topics.end_fanout(fan.topic_id)
+        elif subscribers:
+            ahead += statements.cancel_ahead(fan, topics.member_ahead_sql, subscribers)
+    return ahead
 
 
 def runs_for(tenant: Tenant) -> QuerySet[WorkflowRun]:

@@ -124,20 +124,25 @@ def start_rows(
 # A fan-out's chunk: the next members of the topic (recipients.topics.members_sql) become runs, narrow
 # (data, definition and steps NULL: the fan-out's), each %(per_job)s of them (in member order) waiting
 # on one job due now, and the fan-out's row moves past them, in one statement (one transaction with
-# its lock).
+# its lock). A member a cancel named ahead of the fan-out (workflow_fanout_cancels, cancel_ahead) gets
+# its run `cancelled`, waiting on nothing (steps NULL: every step pending, none taken); an engine
+# batch of such runs only gets no job.
 _CHUNK = f"""WITH v7 AS (
     SELECT {_UUID7_PREFIX} AS prefix
 ), s AS (
     SELECT {_UUID7} AS id, m.subscriber, m.id AS member_id,
-           (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part
+           (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part,
+           EXISTS (SELECT 1 FROM workflow_fanout_cancels c
+                   WHERE c.fanout_id = %(trigger)s AND c.subscriber = m.subscriber) AS cancelled
     FROM ({{members}}) m
 ), wakes AS (
     SELECT part, gen_random_uuid() AS id FROM generate_series(0, (SELECT max(part) FROM s)) AS part
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id, test)
-    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
-           NULL, NULL, %(category)s, 0, NULL, NULL, w.id, %(test)s
+    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s,
+           CASE WHEN s.cancelled THEN 'cancelled' ELSE 'running' END, %(cancellation_key)s, %(actor)s,
+           NULL, NULL, %(category)s, 0, NULL, NULL, CASE WHEN s.cancelled THEN NULL ELSE w.id END, %(test)s
     FROM s JOIN wakes w USING (part)
     ON CONFLICT (trigger_id, subscriber) DO NOTHING
     RETURNING wake_id
@@ -147,7 +152,8 @@ _CHUNK = f"""WITH v7 AS (
         last_read = (SELECT count(*) FROM s)
     WHERE id = %(trigger)s
 ), {{jobs}}"""  # noqa: S608 - constants
-_CHUNK_JOBS = """(SELECT DISTINCT wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM runs) s"""
+_CHUNK_JOBS = """(SELECT DISTINCT wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM runs
+    WHERE wake_id IS NOT NULL) s"""
 
 
 def fan_out_chunk(
@@ -254,6 +260,33 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
         return {"count": 1, "items": [run.data]}
     count, items = row
     return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
+
+
+# A cancel naming subscribers while a fan-out with its cancellation key runs (the caller holds the
+# fan-out's row, so no chunk is in flight): each named subscriber the fan-out has not reached yet (no
+# run of its trigger) is recorded, and its run will be created `cancelled`; returns how many of those
+# newly recorded are members the fan-out will reach (a non-member's record does nothing).
+_CANCEL_AHEAD = """WITH named AS (
+    SELECT DISTINCT subscriber FROM unnest(%(subscribers)s::text[]) AS n(subscriber)
+), ahead AS (
+    INSERT INTO workflow_fanout_cancels (fanout_id, subscriber)
+    SELECT %(trigger)s, n.subscriber FROM named n
+    WHERE NOT EXISTS (SELECT 1 FROM workflow_runs r WHERE r.trigger_id = %(trigger)s AND r.subscriber = n.subscriber)
+    ON CONFLICT (fanout_id, subscriber) DO NOTHING
+    RETURNING subscriber
+)
+SELECT count(*) FROM ahead a WHERE {member}"""
+
+
+def cancel_ahead(fanout: Any, member_sql: Any, subscribers: list[str], *, using: str = "default") -> int:  # noqa: ANN401
+    """Record `subscribers` the running `fanout` (its row locked by the caller) has not reached, so its
+    chunks create their runs `cancelled`; returns how many of them it will reach (one statement).
+    `member_sql` is recipients.topics.member_ahead_sql."""
+    params = {"trigger": fanout.pk, "subscribers": subscribers, "topic": fanout.topic_id, "after": fanout.cursor,
+              "boundary": fanout.boundary, "actor": fanout.actor}  # fmt: skip
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CANCEL_AHEAD.format(member=member_sql("a.subscriber")), params)
+        return int(cursor.fetchone()[0])
 
 
 # A cancel's chunk, two statements whatever its size. First, up to %(chunk)s of the matching unfinished

@@ -1,13 +1,16 @@
-"""Cancelling a topic fan-out's runs: in chunks, each shared job cancelled with its last run, exact
-counts; a cancel's statements do not grow with its runs (set-based chunks, the notifications they
-scheduled included)."""
+"""Cancelling a workflow's runs while, and after, a topic fan-out makes them: a named member the
+fan-out has not reached yet gets a `cancelled` run and never a send, the others theirs, with exact
+counts; a cancel racing a chunk in flight (threads, bounded); a cancel's statements do not grow with
+its runs (set-based chunks, the notifications they scheduled included)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -17,8 +20,8 @@ from queueing.models import ScheduledJob
 from recipients.models import Subscriber
 from tests import factories
 from tests.workflows.test_fanout import define, fan_out_all, setup_topic, trigger
-from workflows import engine, services
-from workflows.models import WorkflowRun, resolve_runs
+from workflows import engine, fanout, services
+from workflows.models import Fanout, FanoutCancel, WorkflowRun, resolve_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -38,6 +41,66 @@ def run_engine() -> None:
 
 def statuses(trigger_id) -> dict[str, str]:  # noqa: ANN001
     return dict(WorkflowRun.objects.filter(trigger_id=trigger_id).values_list("subscriber", "status"))
+
+
+def test_a_named_member_not_fanned_out_yet_gets_a_cancelled_run_and_no_send(api_a, tenant_a):
+    define(api_a)
+    setup_topic(api_a, members=MEMBERS)
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "k", "actor": "u20"}).json()
+    assert body["runs"] == 24
+    assert fanout.chunk_once(chunk=10) == 0  # u00..u09 have runs, the rest not yet
+    # u03 has a run; u15 and u22 have none yet; u20 is the actor (never a run); "ghost" is no member
+    named = ["u03", "u15", "u22", "u20", "ghost", "u15"]
+    assert cancel(api_a, {"cancellation_key": "k", "subscribers": named}) == 3
+    assert cancel(api_a, {"cancellation_key": "k", "subscribers": named}) == 0  # a repeat
+    assert fan_out_all(chunk=10) == 2
+    runs = statuses(body["trigger_id"])
+    assert len(runs) == 24 and "u20" not in runs  # exactly one run per member at the trigger
+    assert {s for s, status in runs.items() if status == "cancelled"} == {"u03", "u15", "u22"}
+    done = Fanout.objects.get()
+    assert (done.status, done.created, done.total) == ("completed", 24, 24)
+    ahead = WorkflowRun.objects.get(trigger_id=body["trigger_id"], subscriber="u22")
+    assert (ahead.wake_id, ahead.steps, ahead.cancellation_key) == (None, None, "k")
+    run_engine()
+    runs = statuses(body["trigger_id"])
+    assert sorted(s for s, status in runs.items() if status == "completed") == sorted(
+        set(MEMBERS) - {"u03", "u15", "u20", "u22"})  # fmt: skip
+    sent = {n.recipient for n in Notification.objects.for_tenant(tenant_a)}
+    assert len(sent) == 21 and not sent & {"u03", "u15", "u20", "u22"}
+    assert not ScheduledJob.objects.filter(kind="workflow", status="pending").exists()
+    listed = api_a.get(f"/api/v1/workflow-runs?trigger_id={body['trigger_id']}&subscriber=u15").json()["results"]
+    assert [(r["status"], [(s["status"], s["notification_id"]) for s in r["steps"]]) for r in listed] == [
+        ("cancelled", [("pending", None)])]  # fmt: skip
+    audit = AuditEvent.objects.get(action="workflow.cancelled")
+    assert audit.details == {"cancellation_key": "k", "runs": 3}
+
+
+def test_a_member_removed_after_the_trigger_is_still_reached_and_cancelled_and_other_keys_are_not(api_a):
+    define(api_a)
+    setup_topic(api_a, members=MEMBERS)
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()
+    other = trigger(api_a, {"topic": "outage", "cancellation_key": "other"}).json()
+    removed = api_a.delete("/api/v1/topics/outage/subscribers", {"subscribers": ["u24"]}, format="json")
+    assert removed.json() == {"removed": 1}
+    assert cancel(api_a, {"cancellation_key": "k", "subscribers": ["u24", "u01"]}) == 2
+    assert FanoutCancel.objects.filter(fanout_id=other["trigger_id"]).count() == 0
+    fan_out_all()
+    assert statuses(body["trigger_id"])["u24"] == statuses(body["trigger_id"])["u01"] == "cancelled"
+    assert list(statuses(body["trigger_id"]).values()).count("cancelled") == 2
+    assert set(statuses(other["trigger_id"]).values()) == {"running"}
+    assert len(statuses(other["trigger_id"])) == 25
+
+
+def test_a_cancel_of_every_run_stops_the_fan_out_and_counts_the_runs_made(api_a):
+    define(api_a)
+    setup_topic(api_a, members=MEMBERS)
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()
+    assert fanout.chunk_once(chunk=10) == 0
+    assert cancel(api_a, {"cancellation_key": "k", "subscribers": ["u02", "u12"]}) == 2
+    assert cancel(api_a, {"cancellation_key": "k"}) == 9  # u02's run was stopped already; u12 has none yet
+    assert fan_out_all() == 1  # the fan-out's job, settled
+    assert set(statuses(body["trigger_id"]).values()) == {"cancelled"} and len(statuses(body["trigger_id"])) == 10
+    assert Fanout.objects.get().status == "cancelled"
 
 
 def test_a_cancel_in_chunks_stops_every_run_once_and_cancels_each_shared_job_with_its_last_run(
@@ -103,3 +166,56 @@ def test_a_cancels_statements_are_as_many_for_3_runs_as_for_30(api_a, tenant_a, 
 # the runs' jobs, the runs, then the notifications' jobs, the notifications, their fallbacks (2) and
 # their audit rows; the workflow's audit row. The same for 3 runs as for 30: none per run.
 EXPECTED_QUERIES = 14
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_racing_a_chunk_in_flight_waits_for_it_and_reaches_the_members_after_it(api_a, tenant_a):
+    """A chunk holds its fan-out's row while a cancel names a member it is making and one after it: the
+    cancel waits, then stops the first's run and records the second (the next chunk makes it cancelled)."""
+    define(api_a)
+    setup_topic(api_a, members=MEMBERS)
+    trigger_id = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()["trigger_id"]
+    in_chunk, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def chunk() -> None:
+        try:
+            with transaction.atomic():
+                outcome["chunk"] = fanout.chunk_once(chunk=10)  # u00..u09, held until released
+                in_chunk.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    def cancelling() -> None:
+        try:
+            outcome["cancelled"] = services.cancel(tenant_a, "notice", "k", subscribers=["u05", "u15"], actor="t")
+        finally:
+            connections.close_all()
+
+    maker = threading.Thread(target=chunk)
+    maker.start()
+    assert in_chunk.wait(20)
+    canceller = threading.Thread(target=cancelling)
+    canceller.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _waiting_on_a_lock():
+        time.sleep(0.02)
+    assert _waiting_on_a_lock()  # the cancel waits for the chunk's fan-out row
+    assert "cancelled" not in outcome
+    release.set()
+    maker.join(20)
+    canceller.join(20)
+    assert not maker.is_alive() and not canceller.is_alive()
+    assert outcome == {"chunk": 0, "cancelled": 2}
+    fan_out_all(chunk=10)
+    runs = statuses(trigger_id)
+    assert len(runs) == 25
+    assert {s for s, status in runs.items() if status == "cancelled"} == {"u05", "u15"}
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                       " AND wait_event_type = 'Lock'")  # fmt: skip
+        return cursor.fetchone()[0] > 0
