@@ -104,7 +104,7 @@ def test_a_cancel_of_every_run_stops_the_fan_out_and_counts_the_runs_made(api_a)
 
 
 def test_a_cancel_in_chunks_stops_every_run_once_and_cancels_each_shared_job_with_its_last_run(
-    api_a, monkeypatch
+    api_a, tenant_a, monkeypatch
 ):  # fmt: skip
     monkeypatch.setattr(services, "CANCEL_CHUNK", 7)
     define(api_a)
@@ -114,7 +114,11 @@ def test_a_cancel_in_chunks_stops_every_run_once_and_cancels_each_shared_job_wit
     keep = trigger(api_a, {"topic": "outage", "cancellation_key": "keep"}).json()
     fan_out_all()
     assert ScheduledJob.objects.filter(kind="workflow", status="pending").count() == 2  # one per fan-out
-    assert cancel(api_a, {"cancellation_key": "k"}) == 25  # four chunks: 7, 7, 7, 4
+    with CaptureQueriesContext(connection) as queries:
+        assert services.cancel(tenant_a, "notice", "k", subscribers=None, actor="t") == 25  # 7, 7, 7 and 4
+    # the workflow, its fan-outs (3), 4 a chunk (a savepoint, the pick, the runs, its release: no
+    # notification to cancel), the audit row
+    assert len(queries.captured_queries) == 1 + 3 + 4 * 4 + 1, [q["sql"][:60] for q in queries.captured_queries]
     assert set(statuses(body["trigger_id"]).values()) == {"cancelled"}
     assert set(statuses(keep["trigger_id"]).values()) == {"running"}
     jobs = ScheduledJob.objects.filter(kind="workflow").values_list("notification_id", "status")
@@ -122,6 +126,21 @@ def test_a_cancel_in_chunks_stops_every_run_once_and_cancels_each_shared_job_wit
     assert sorted(status for _, status in jobs) == ["cancelled", "pending"]
     assert {opaque for opaque, status in jobs if status == "pending"} == wakes
     assert cancel(api_a, {"cancellation_key": "k"}) == 0
+
+
+def test_a_chunk_undone_after_a_cancel_named_a_member_makes_its_run_cancelled_when_repeated(api_a):
+    define(api_a)
+    setup_topic(api_a, members=MEMBERS)
+    body = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()
+    assert cancel(api_a, {"cancellation_key": "k", "subscribers": ["u05"]}) == 1
+    with pytest.raises(RuntimeError), transaction.atomic():  # a scheduler killed before its chunk commits
+        fanout.chunk_once(chunk=10)
+        assert statuses(body["trigger_id"])["u05"] == "cancelled"
+        raise RuntimeError("killed")
+    assert statuses(body["trigger_id"]) == {} and Fanout.objects.get().cursor == 0
+    fan_out_all(chunk=10)
+    runs = statuses(body["trigger_id"])
+    assert len(runs) == 25 and [s for s, status in runs.items() if status == "cancelled"] == ["u05"]
 
 
 def quiet_broadcast(api, tenant, members: list[str]) -> str:  # noqa: ANN001
