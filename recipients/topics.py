@@ -230,14 +230,14 @@ def members_sql() -> str:
 
 
 def member_ahead_sql(subscriber: str) -> str:
-    """A boolean SQL expression: whether the external id `subscriber` (an SQL expression) is a member of
-    topic %(topic)s at boundary %(boundary)s after id %(after)s, but %(actor)s: one that a fan-out's
-    chunk has still to reach. A live membership is one probe of its unique index; one removed since
-    the boundary is looked for only then (along the topic's members after the cursor)."""
-    common = f"""m.topic_id = %(topic)s AND m.subscriber = {subscriber} AND m.id > %(after)s AND m.id <= %(boundary)s
-        AND m.subscriber IS DISTINCT FROM %(actor)s"""
-    return f"""(EXISTS (SELECT 1 FROM topic_subscribers m WHERE {common} AND m.removed_seq IS NULL)
-    OR EXISTS (SELECT 1 FROM topic_subscribers m WHERE {common} AND m.removed_seq > %(boundary)s))"""  # noqa: S608
+    """A boolean SQL expression: whether the external id `subscriber` (an SQL expression) is a live
+    member of topic %(topic)s that a fan-out at boundary %(boundary)s has still to reach after id
+    %(after)s, but %(actor)s: one probe of the live memberships' unique index. A member removed since
+    the boundary (the fan-out still reaches it) is not looked for: no index finds a removed membership
+    by its subscriber, and a cancel must not scan a topic of millions while it holds its fan-out."""
+    return f"""EXISTS (SELECT 1 FROM topic_subscribers m
+    WHERE m.topic_id = %(topic)s AND m.subscriber = {subscriber} AND m.removed_seq IS NULL
+      AND m.id > %(after)s AND m.id <= %(boundary)s AND m.subscriber IS DISTINCT FROM %(actor)s)"""  # noqa: S608
 
 
 # --- deleting a topic's members (the scheduler runs these for due jobs of kind `topic_delete`) -------------

@@ -263,7 +263,9 @@ def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequ
     """Stop the workflow's unfinished runs with this cancellation key (of these subscribers, if given):
     they take no further step, and the notifications they scheduled end `cancelled`. Returns how many
     runs it stopped: the unfinished runs it found, plus, for named subscribers, those a running fan-out
-    with this key has not reached yet (their runs will be created `cancelled`); 0 on a repeat.
+    with this key has not reached yet (their runs will be created `cancelled`), if they are members of
+    the topic now (one removed since the trigger still gets its cancelled run, uncounted: a removed
+    membership has no index by subscriber to find it); 0 on a repeat.
 
     First, in one short transaction, the running fan-outs of the workflow with this key, their rows
     locked (a chunk being made commits first, and the next one sees what this one wrote): without

@@ -265,7 +265,9 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
 # A cancel naming subscribers while a fan-out with its cancellation key runs (the caller holds the
 # fan-out's row, so no chunk is in flight): each named subscriber the fan-out has not reached yet (no
 # run of its trigger) is recorded, and its run will be created `cancelled`; returns how many of those
-# newly recorded are members the fan-out will reach (a non-member's record does nothing).
+# newly recorded are live members the fan-out will reach (recipients.topics.member_ahead_sql: one
+# removed from the topic since the trigger gets its `cancelled` run uncounted; a non-member's record
+# does nothing).
 _CANCEL_AHEAD = """WITH named AS (
     SELECT DISTINCT subscriber FROM unnest(%(subscribers)s::text[]) AS n(subscriber)
 ), ahead AS (
@@ -280,7 +282,8 @@ SELECT count(*) FROM ahead a WHERE {member}"""
 
 def cancel_ahead(fanout: Any, member_sql: Any, subscribers: list[str], *, using: str = "default") -> int:  # noqa: ANN401
     """Record `subscribers` the running `fanout` (its row locked by the caller) has not reached, so its
-    chunks create their runs `cancelled`; returns how many of them it will reach (one statement).
+    chunks create their runs `cancelled`; returns how many of them are live members it will reach (one
+    statement).
     `member_sql` is recipients.topics.member_ahead_sql."""
     params = {"trigger": fanout.pk, "subscribers": subscribers, "topic": fanout.topic_id, "after": fanout.cursor,
               "boundary": fanout.boundary, "actor": fanout.actor}  # fmt: skip

@@ -75,14 +75,15 @@ def test_a_named_member_not_fanned_out_yet_gets_a_cancelled_run_and_no_send(api_
     assert audit.details == {"cancellation_key": "k", "runs": 3}
 
 
-def test_a_member_removed_after_the_trigger_is_still_reached_and_cancelled_and_other_keys_are_not(api_a):
+def test_a_member_removed_after_the_trigger_still_gets_a_cancelled_run_and_other_keys_run_on(api_a):
     define(api_a)
     setup_topic(api_a, members=MEMBERS)
     body = trigger(api_a, {"topic": "outage", "cancellation_key": "k"}).json()
     other = trigger(api_a, {"topic": "outage", "cancellation_key": "other"}).json()
     removed = api_a.delete("/api/v1/topics/outage/subscribers", {"subscribers": ["u24"]}, format="json")
     assert removed.json() == {"removed": 1}
-    assert cancel(api_a, {"cancellation_key": "k", "subscribers": ["u24", "u01"]}) == 2
+    # both will have a cancelled run; only the live member is counted (no index finds a removed one)
+    assert cancel(api_a, {"cancellation_key": "k", "subscribers": ["u24", "u01"]}) == 1
     assert FanoutCancel.objects.filter(fanout_id=other["trigger_id"]).count() == 0
     fan_out_all()
     assert statuses(body["trigger_id"])["u24"] == statuses(body["trigger_id"])["u01"] == "cancelled"
