@@ -283,8 +283,7 @@ SELECT count(*) FROM ahead a WHERE {member}"""
 def cancel_ahead(fanout: Any, member_sql: Any, subscribers: list[str], *, using: str = "default") -> int:  # noqa: ANN401
     """Record `subscribers` the running `fanout` (its row locked by the caller) has not reached, so its
     chunks create their runs `cancelled`; returns how many of them are live members it will reach (one
-    statement).
-    `member_sql` is recipients.topics.member_ahead_sql."""
+    statement; `member_sql` is recipients.topics.member_ahead_sql)."""
     params = {"trigger": fanout.pk, "subscribers": subscribers, "topic": fanout.topic_id, "after": fanout.cursor,
               "boundary": fanout.boundary, "actor": fanout.actor}  # fmt: skip
     with connections[using].cursor() as cursor:
@@ -293,10 +292,11 @@ def cancel_ahead(fanout: Any, member_sql: Any, subscribers: list[str], *, using:
 
 
 # A cancel's chunk, two statements whatever its size. First, up to %(chunk)s of the matching unfinished
-# runs (no order: the partial index workflow_run_cancel_idx, whose entries the chunks before left),
-# and the pending jobs they wait on that no other unfinished run waits on (a fan-out chunk's job shared
-# with runs not cancelled stays) cancelled, locked first (the scheduler's order: job, then run: a batch
-# advancing one of them is waited for). Returns the runs' ids.
+# runs (in no order: along the partial index workflow_run_cancel_idx, where a sort would read every
+# match each chunk; `picked`, read three times, is materialised once), and the pending jobs they wait on
+# that no other unfinished run waits on (a fan-out chunk's job shared with runs not cancelled stays)
+# cancelled, locked first (the scheduler's order: job, then run: a batch advancing one of them is
+# waited for). Returns the runs' ids.
 _CANCEL_PICK = """WITH picked AS (
     SELECT id, wake_id FROM workflow_runs
     WHERE tenant_id = %(tenant)s AND workflow_id = %(workflow)s AND cancellation_key = %(key)s
