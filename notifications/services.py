@@ -906,6 +906,32 @@ def cancel_notification(tenant: Tenant, notification_id: uuid.UUID | str, *, act
     return notification
 
 
+def cancel_scheduled(tenant: Tenant, notification_ids: Sequence[uuid.UUID | str], *, actor: str) -> int:
+    """The notifications among `notification_ids` still `scheduled` (held for their time or quiet
+    hours) end `cancelled`, with their pending jobs and their fallbacks, each audited as
+    `cancel_notification` does, in a fixed number of statements whatever their count (the caller's
+    transaction). Any other is left to go on: one promoted meanwhile is sent, as any notification past
+    `scheduled`. A scheduled notification has no queue item. Returns how many it cancelled."""
+    if not notification_ids:
+        return 0
+    ids = [str(pk) for pk in notification_ids]
+    scheduled = Notification.objects.filter(tenant_id=tenant.pk, pk__in=ids, status=Status.SCHEDULED)
+    # Jobs first (the scheduler's order: job, then notification): a promotion in flight is waited for,
+    # and its notification is no longer `scheduled` after it.
+    jobs = ScheduledJob.objects.filter(tenant_id=tenant.pk, status=ScheduledJob.Status.PENDING,
+                                       notification_id__in=scheduled.values("pk"))  # fmt: skip
+    jobs.update(status=ScheduledJob.Status.CANCELLED)
+    cancelled = statements.cancel_scheduled(tenant.pk, ids)
+    if cancelled:
+        fallback.cancel_with(tenant.pk, cancelled)
+        AuditEvent.objects.bulk_create([
+            AuditEvent(actor=actor, action="notification.cancelled", target_type=Notification._meta.label_lower,
+                       target_id=str(pk), tenant_id=tenant.pk)
+            for pk in cancelled
+        ])  # fmt: skip
+    return len(cancelled)
+
+
 def cancel_scheduled_job(tenant: Tenant, job_id: uuid.UUID | str, *, actor: str) -> ScheduledJob:
     """pending → cancelled, and its notification → cancelled. 404 / 409 once executed or cancelled."""
     jobs = ScheduledJob.objects.for_tenant(tenant).filter(kind=DEFAULT_JOB_KIND)  # a workflow's wait is its run's

@@ -260,3 +260,16 @@ def record_devices_sql(source: str) -> str:
         FROM {source} v
         WHERE nd.notification_id = v.notification_id AND nd.device_id = v.device_id AND nd.status = 'pending'
         RETURNING nd.notification_id"""  # noqa: S608 - the caller's CTE name
+
+
+_CANCEL_SCHEDULED = """UPDATE notifications SET status = 'cancelled', updated_at = now()
+WHERE tenant_id = %(tenant)s AND id = ANY(%(ids)s::uuid[]) AND status = 'scheduled'
+RETURNING id"""
+
+
+def cancel_scheduled(tenant_id: Any, ids: list[str], *, using: str = "default") -> list[Any]:  # noqa: ANN401
+    """The tenant's notifications among `ids` still `scheduled` end `cancelled` (one statement);
+    returns their ids."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CANCEL_SCHEDULED, {"tenant": tenant_id, "ids": ids})
+        return [row[0] for row in cursor.fetchall()]

@@ -229,6 +229,17 @@ def members_sql() -> str:
     LIMIT %(chunk)s"""
 
 
+def member_ahead_sql(subscriber: str) -> str:
+    """A boolean SQL expression: whether the external id `subscriber` (an SQL expression) is a live
+    member of topic %(topic)s that a fan-out at boundary %(boundary)s has still to reach after id
+    %(after)s, but %(actor)s: one probe of the live memberships' unique index. A member removed since
+    the boundary (the fan-out still reaches it) is not looked for: no index finds a removed membership
+    by its subscriber, and a cancel must not scan a topic of millions while it holds its fan-out."""
+    return f"""EXISTS (SELECT 1 FROM topic_subscribers m
+    WHERE m.topic_id = %(topic)s AND m.subscriber = {subscriber} AND m.removed_seq IS NULL
+      AND m.id > %(after)s AND m.id <= %(boundary)s AND m.subscriber IS DISTINCT FROM %(actor)s)"""  # noqa: S608
+
+
 # --- deleting a topic's members (the scheduler runs these for due jobs of kind `topic_delete`) -------------
 DELETE_KIND = "topic_delete"
 FANOUT_WAIT_SECONDS = 2.0  # how often a deletion looks again while a fan-out of its topic runs

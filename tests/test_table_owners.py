@@ -76,6 +76,7 @@ OWNERS: dict[str, str] = {
     "bulk_sends": "bulk/services.py",
     "bulk_send_chunks": "bulk/services.py",
     "workflow_fanouts": "workflows/statements.py",  # a chunk moves its fan-out's cursor
+    "workflow_fanout_cancels": "workflows/statements.py",  # a cancel's named members ahead of its fan-out
     # inbound receipts
     "notification_events": "receipts/services.py",
     "receipt_counters": "receipts/services.py",

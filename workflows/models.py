@@ -258,3 +258,22 @@ class Fanout(TenantOwned):
         finished already (or a peer stopped it first)."""
         running = Fanout.objects.using(using).filter(pk=self.pk, status=Fanout.Status.RUNNING)
         return running.update(status=Fanout.Status.CANCELLED, finished_at=Now()) == 1
+
+
+class FanoutCancel(models.Model):
+    """A member of a running fan-out's topic named by a cancel before the fan-out reached them: the
+    chunk that reaches them creates their run `cancelled` (workflows.statements.fan_out_chunk), so
+    they still have exactly one run and it never takes a step."""
+
+    fanout = models.ForeignKey(Fanout, on_delete=models.CASCADE, related_name="+", db_index=False)
+    subscriber = models.CharField(max_length=200)  # the external id
+
+    class Meta:
+        db_table = "workflow_fanout_cancels"
+        constraints = [
+            # a chunk's lookup of each member (fanout_id, subscriber), and a repeated cancel adds nothing
+            models.UniqueConstraint(fields=["fanout", "subscriber"], name="workflow_fanout_cancel_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} cancelled ahead of fan-out {self.fanout_id}"

@@ -5,8 +5,10 @@
 - `trigger()` creates the subscribers it meets for the first time (no addresses), one run per
   subscriber and a job due now for each, in a fixed number of statements whatever their count; the
   scheduler then advances the runs (workflows.engine);
-- `cancel()` stops the unfinished runs with a cancellation key before their next step, locking their
-  jobs first (the order the scheduler takes them), and cancels the notifications they scheduled;
+- `cancel()` stops the unfinished runs with a cancellation key before their next step, in chunks of a
+  fixed number of set-based statements, locking their jobs first (the order the scheduler takes them),
+  and cancels the notifications they scheduled; named subscribers a running fan-out has not reached
+  yet get their runs `cancelled` when it does;
 - `cancel_fanout()` stops a topic fan-out before its next chunk (the admin's action).
 """
 
@@ -28,7 +30,6 @@ from core.models import AuditEvent, Tenant, mode_of
 from core.services import save_audited
 from core.validation import NAME
 from notifications import services as notifications
-from notifications.models import Notification, Status
 from providers.models import Provider
 from queueing import schedule
 from recipients import services as recipients
@@ -38,7 +39,7 @@ from templating.models import Template
 from workflows import statements
 from workflows.engine import JOB_KIND, SHARE_KIND
 from workflows.fanout import JOB_KIND as FANOUT_KIND
-from workflows.models import Fanout, RunStatus, StepStatus, Workflow, WorkflowKind, WorkflowRun, resolve_runs
+from workflows.models import Fanout, Workflow, WorkflowKind, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -255,71 +256,62 @@ def cancel_fanout(tenant: Tenant | None, fanout_id: object, *, actor: str) -> Fa
     return fanout
 
 
+CANCEL_CHUNK = 10_000  # runs a cancel stops per transaction
+
+
 def cancel(tenant: Tenant, key: str, cancellation_key: str, *, subscribers: Sequence[str] | None, actor: str) -> int:
     """Stop the workflow's unfinished runs with this cancellation key (of these subscribers, if given):
     they take no further step, and the notifications they scheduled end `cancelled`. Returns how many
-    runs it stopped (0 on a repeat)."""
+    runs it stopped: the unfinished runs it found, plus, for named subscribers, those a running fan-out
+    with this key has not reached yet (their runs will be created `cancelled`), if they are members of
+    the topic now (one removed since the trigger still gets its cancelled run, uncounted: a removed
+    membership has no index by subscriber to find it); 0 on a repeat.
+
+    First, in one short transaction, the running fan-outs of the workflow with this key, their rows
+    locked (a chunk being made commits first, and the next one sees what this one wrote): without
+    `subscribers` they stop (the members they have not reached get no run); with them, the named
+    members not reached yet are recorded, so each still has exactly one run and it is `cancelled`.
+    Then the runs, CANCEL_CHUNK at a time, each chunk its own transaction of a fixed number of
+    statements (statements.cancel_runs, then the notifications, set-based): a cancel of a broadcast
+    never holds a million runs and their jobs locked, nor the table's oldest snapshot, for its whole
+    length, and every committed chunk is whole (runs, their jobs and notifications together). Killed
+    midway, it has stopped some runs; a repeat stops the rest (and counts only those)."""
     workflow = get_workflow(tenant, key)
-    runs = WorkflowRun.objects.for_tenant(tenant).filter(workflow=workflow, cancellation_key=cancellation_key)
-    if subscribers is not None:
-        runs = runs.filter(subscriber__in=list(subscribers))
+    named = None if subscribers is None else list(dict.fromkeys(subscribers))
     with transaction.atomic():
-        if subscribers is None:
-            _stop_fanouts(tenant, workflow, cancellation_key)
-        # Jobs first (the scheduler's order: job, then run): one being advanced now is waited for. A
-        # job other runs still wait on (a fan-out chunk's) stays: those runs go on.
-        wakes = {w for w in runs.unfinished().values_list("wake_id", flat=True) if w is not None}
-        shared = set(
-            WorkflowRun.objects.filter(wake_id__in=wakes, status__in=[RunStatus.RUNNING, RunStatus.WAITING])
-            .exclude(pk__in=runs.unfinished().values("pk")).values_list("wake_id", flat=True)
-        )  # fmt: skip
-        for kind in (JOB_KIND, SHARE_KIND):
-            schedule.cancel_jobs_for(kind, list(wakes - shared))
-        stopped = list(runs.unfinished().select_for_update())
-        resolve_runs(stopped)
-        notification_ids: list[str] = []
-        for pk, states in ((run.pk, run.steps) for run in stopped):
-            states = [dict(state) for state in states]
-            for state in states:
-                if state.get("notification_id"):
-                    notification_ids.append(state["notification_id"])
-                if state["status"] == StepStatus.WAITING:
-                    state.update(status=StepStatus.SKIPPED, reason="cancelled")
-            changed = WorkflowRun.objects.filter(pk=pk, status__in=[RunStatus.RUNNING, RunStatus.WAITING]).update(
-                status=RunStatus.CANCELLED, steps=states, wake_id=None, updated_at=Now()
-            )
-            if changed != 1:  # pragma: no cover - the row is locked
-                raise Conflict("A run changed while it was being cancelled; retry.", code="conflict")
-        _cancel_scheduled(tenant, notification_ids, actor)
-        if stopped:
-            AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
-                              details={"cancellation_key": cancellation_key, "runs": len(stopped)})  # fmt: skip
-    return len(stopped)
+        stopped = _stop_fanouts(tenant, workflow, cancellation_key, named)
+    while True:
+        with transaction.atomic():
+            picked, changed, notification_ids = statements.cancel_runs(
+                tenant.pk, workflow.pk, cancellation_key, subscribers=named, test=getattr(tenant, "test_mode", None),
+                chunk=CANCEL_CHUNK, job_kinds=(JOB_KIND, SHARE_KIND),
+            )  # fmt: skip
+            notifications.cancel_scheduled(tenant, notification_ids, actor=actor)
+        stopped += changed
+        if picked < CANCEL_CHUNK:
+            break
+    if stopped:
+        AuditEvent.record(actor=actor, action="workflow.cancelled", target=workflow,
+                          details={"cancellation_key": cancellation_key, "runs": stopped})  # fmt: skip
+    return stopped
 
 
-def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str) -> None:
-    """The workflow's fan-outs still running with this cancellation key end `cancelled` (the caller's
-    transaction): their rows locked first, so a chunk being made commits before the runs are read, and
-    no chunk comes after."""
+def _stop_fanouts(tenant: Tenant, workflow: Workflow, cancellation_key: str, subscribers: list[str] | None) -> int:
+    """The workflow's fan-outs still running with this cancellation key (the caller's transaction),
+    their rows locked first, so a chunk being made commits before, and the next one comes after: without
+    `subscribers` they end `cancelled`; with them, each records the named members it has not reached
+    (their runs are made `cancelled`). Returns how many runs will be made cancelled."""
     running = fanouts_for(tenant).select_for_update().filter(
         workflow=workflow, cancellation_key=cancellation_key, status=Fanout.Status.RUNNING
     )
+    ahead = 0
     for fan in running:
-        Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
-        topics.end_fanout(fan.topic_id)
-
-
-def _cancel_scheduled(tenant: Tenant, notification_ids: Sequence[str], actor: str) -> None:
-    """The runs' notifications still `scheduled` (held by quiet hours) end `cancelled`, with their jobs."""
-    if not notification_ids:
-        return
-    scheduled = Notification.objects.for_tenant(tenant).filter(pk__in=notification_ids, status=Status.SCHEDULED)
-    for notification_id in scheduled.values_list("pk", flat=True):
-        try:
-            with transaction.atomic():
-                notifications.cancel_notification(tenant, notification_id, actor=actor)
-        except (Conflict, NotFound):
-            pass  # promoted or sent meanwhile: it goes, as any notification past `scheduled`
+        if subscribers is None:
+            Fanout.objects.filter(pk=fan.pk).update(status=Fanout.Status.CANCELLED, finished_at=Now())
+            topics.end_fanout(fan.topic_id)
+        elif subscribers:
+            ahead += statements.cancel_ahead(fan, topics.member_ahead_sql, subscribers)
+    return ahead
 
 
 def runs_for(tenant: Tenant) -> QuerySet[WorkflowRun]:

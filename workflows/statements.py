@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -125,20 +126,25 @@ def start_rows(
 # A fan-out's chunk: the next members of the topic (recipients.topics.members_sql) become runs, narrow
 # (data, definition and steps NULL: the fan-out's), each %(per_job)s of them (in member order) waiting
 # on one job due now, and the fan-out's row moves past them, in one statement (one transaction with
-# its lock).
+# its lock). A member a cancel named ahead of the fan-out (workflow_fanout_cancels, cancel_ahead) gets
+# its run `cancelled`, waiting on nothing (steps NULL: every step pending, none taken); an engine
+# batch of such runs only gets no job.
 _CHUNK = f"""WITH v7 AS (
     SELECT {_UUID7_PREFIX} AS prefix
 ), s AS (
     SELECT {_UUID7} AS id, m.subscriber, m.id AS member_id,
-           (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part
+           (row_number() OVER (ORDER BY m.id) - 1) / %(per_job)s AS part,
+           EXISTS (SELECT 1 FROM workflow_fanout_cancels c
+                   WHERE c.fanout_id = %(trigger)s AND c.subscriber = m.subscriber) AS cancelled
     FROM ({{members}}) m
 ), wakes AS (
     SELECT part, gen_random_uuid() AS id FROM generate_series(0, (SELECT max(part) FROM s)) AS part
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, subscriber, trigger_id, status, cancellation_key, actor,
                                data, definition, category, step_index, steps, digest, wake_id, test)
-    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s, 'running', %(cancellation_key)s, %(actor)s,
-           NULL, NULL, %(category)s, 0, NULL, NULL, w.id, %(test)s
+    SELECT s.id, %(tenant)s, %(workflow)s, s.subscriber, %(trigger)s,
+           CASE WHEN s.cancelled THEN 'cancelled' ELSE 'running' END, %(cancellation_key)s, %(actor)s,
+           NULL, NULL, %(category)s, 0, NULL, NULL, CASE WHEN s.cancelled THEN NULL ELSE w.id END, %(test)s
     FROM s JOIN wakes w USING (part)
     ON CONFLICT (trigger_id, subscriber) DO NOTHING
     RETURNING wake_id
@@ -148,7 +154,8 @@ _CHUNK = f"""WITH v7 AS (
         last_read = (SELECT count(*) FROM s)
     WHERE id = %(trigger)s
 ), {{jobs}}"""  # noqa: S608 - constants
-_CHUNK_JOBS = """(SELECT DISTINCT wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM runs) s"""
+_CHUNK_JOBS = """(SELECT DISTINCT wake_id AS opaque_id, NULL::timestamptz AS at, 0::float8 AS secs FROM runs
+    WHERE wake_id IS NOT NULL) s"""
 
 
 def fan_out_chunk(
@@ -255,6 +262,99 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
         return {"count": 1, "items": [run.data]}
     count, items = row
     return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
+
+
+# A cancel naming subscribers while a fan-out with its cancellation key runs (the caller holds the
+# fan-out's row, so no chunk is in flight): each named subscriber the fan-out has not reached yet (no
+# run of its trigger) is recorded, and its run will be created `cancelled`; returns how many of those
+# newly recorded are live members the fan-out will reach (recipients.topics.member_ahead_sql: one
+# removed from the topic since the trigger gets its `cancelled` run uncounted; a non-member's record
+# does nothing).
+_CANCEL_AHEAD = """WITH named AS (
+    SELECT DISTINCT subscriber FROM unnest(%(subscribers)s::text[]) AS n(subscriber)
+), ahead AS (
+    INSERT INTO workflow_fanout_cancels (fanout_id, subscriber)
+    SELECT %(trigger)s, n.subscriber FROM named n
+    WHERE NOT EXISTS (SELECT 1 FROM workflow_runs r WHERE r.trigger_id = %(trigger)s AND r.subscriber = n.subscriber)
+    ON CONFLICT (fanout_id, subscriber) DO NOTHING
+    RETURNING subscriber
+)
+SELECT count(*) FROM ahead a WHERE {member}"""
+
+
+def cancel_ahead(fanout: Any, member_sql: Any, subscribers: list[str], *, using: str = "default") -> int:  # noqa: ANN401
+    """Record `subscribers` the running `fanout` (its row locked by the caller) has not reached, so its
+    chunks create their runs `cancelled`; returns how many of them are live members it will reach (one
+    statement; `member_sql` is recipients.topics.member_ahead_sql)."""
+    params = {"trigger": fanout.pk, "subscribers": subscribers, "topic": fanout.topic_id, "after": fanout.cursor,
+              "boundary": fanout.boundary, "actor": fanout.actor}  # fmt: skip
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CANCEL_AHEAD.format(member=member_sql("a.subscriber")), params)
+        return int(cursor.fetchone()[0])
+
+
+# A cancel's chunk, two statements whatever its size. First, up to %(chunk)s of the matching unfinished
+# runs (in no order: along the partial index workflow_run_cancel_idx, where a sort would read every
+# match each chunk; `picked`, read three times, is materialised once), and the pending jobs they wait on
+# that no other unfinished run waits on (a fan-out chunk's job shared with runs not cancelled stays)
+# cancelled, locked first (the scheduler's order: job, then run: a batch advancing one of them is
+# waited for). Returns the runs' ids.
+_CANCEL_PICK = """WITH picked AS (
+    SELECT id, wake_id FROM workflow_runs
+    WHERE tenant_id = %(tenant)s AND workflow_id = %(workflow)s AND cancellation_key = %(key)s
+      AND status IN ('running', 'waiting') AND (%(test)s::boolean IS NULL OR test = %(test)s::boolean)
+      {named}
+    LIMIT %(chunk)s
+), ids AS (
+    SELECT array_agg(id) AS ids FROM picked
+), lone AS (
+    SELECT DISTINCT p.wake_id AS notification_id FROM picked p
+    WHERE p.wake_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM workflow_runs o
+        WHERE o.wake_id = p.wake_id AND o.status IN ('running', 'waiting') AND o.id NOT IN (SELECT id FROM picked))
+), jobs AS (
+    {jobs}
+)
+SELECT coalesce((SELECT ids FROM ids), '{{}}'), (SELECT count(*) FROM jobs)"""
+# Second, those runs still unfinished end `cancelled`, waiting on nothing, their `waiting` step (a
+# delay's, a digest's) `skipped` with reason `cancelled` (a narrow run's NULL steps stay: it took no
+# step, every one is pending); returns how many, and the ids of the notifications their steps made.
+_CANCEL_RUNS = """WITH stopped AS (
+    UPDATE workflow_runs r
+    SET status = 'cancelled', wake_id = NULL, updated_at = now(),
+        steps = CASE WHEN r.steps IS NULL THEN NULL ELSE coalesce((
+            SELECT jsonb_agg(CASE WHEN t.e ->> 'status' = 'waiting'
+                                  THEN t.e || jsonb_build_object('status', 'skipped', 'reason', 'cancelled')
+                                  ELSE t.e END ORDER BY t.i)
+            FROM jsonb_array_elements(r.steps) WITH ORDINALITY AS t(e, i)), '[]'::jsonb) END
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.status IN ('running', 'waiting')
+    RETURNING r.steps
+)
+SELECT (SELECT count(*) FROM stopped),
+       ARRAY(SELECT e ->> 'notification_id' FROM stopped, jsonb_array_elements(stopped.steps) AS e
+             WHERE e ->> 'notification_id' IS NOT NULL)"""
+
+
+def cancel_runs(
+    tenant_id: Any, workflow_id: Any, cancellation_key: str, *, subscribers: list[str] | None,  # noqa: ANN401
+    test: bool | None, chunk: int, job_kinds: Sequence[str], using: str = "default",
+) -> tuple[int, int, list[str]]:  # fmt: skip
+    """Cancel up to `chunk` of the workflow's unfinished runs with this cancellation key (of
+    `subscribers`, if given; of mode `test` unless None) with the jobs only they wait on, in two
+    statements (the caller's transaction). Returns (runs picked, runs cancelled, the ids of the
+    notifications their steps made): fewer picked than `chunk`, none are left."""
+    named = "" if subscribers is None else "AND subscriber = ANY(%(subscribers)s::text[])"
+    params = {"tenant": tenant_id, "workflow": workflow_id, "key": cancellation_key, "test": test,
+              "subscribers": subscribers, "chunk": chunk, "kinds": list(job_kinds)}  # fmt: skip
+    jobs = schedule.cancel_pending_jobs_sql("lone", "j.kind = ANY(%(kinds)s::text[])")
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CANCEL_PICK.format(named=named, jobs=jobs), params)
+        ids, _ = cursor.fetchone()
+        if not ids:
+            return 0, 0, []
+        cursor.execute(_CANCEL_RUNS, {"ids": ids})
+        stopped, notification_ids = cursor.fetchone()
+    return len(ids), int(stopped), list(notification_ids)
 
 
 # A batch's runs, each to its new state, in one statement: only while each still waits on the job the
