@@ -67,10 +67,14 @@ def promote(batch_size: int, using: str, *, clock: Callable[[], float] = time.mo
     return scheduler.Promotion(finished, 0)
 
 
-# A due fan-out this scheduler could take now (one a peer is chunking is locked, and skipped).
-_TAKEABLE = f"""SELECT 1 FROM scheduled_jobs
-WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1
-FOR UPDATE SKIP LOCKED"""  # noqa: S608 - constants
+# Whether a share is due and no due fan-out waits for this scheduler (one a peer is chunking is
+# locked, and skipped): one statement, the shares' turn's only one when none is due.
+_SHARES_GO = f"""SELECT EXISTS (
+    SELECT 1 FROM scheduled_jobs WHERE status = 'pending' AND run_at <= now() AND kind = '{SHARE_KIND}'
+) AND NOT EXISTS (
+    SELECT 1 FROM scheduled_jobs WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}'
+    LIMIT 1 FOR UPDATE SKIP LOCKED
+)"""  # noqa: S608 - constants
 
 
 def promote_shares(batch_size: int, using: str) -> scheduler.Promotion:
@@ -79,10 +83,9 @@ def promote_shares(batch_size: int, using: str) -> scheduler.Promotion:
     after, so that its shares do not halve the fan-out's pace. A peer scheduler, finding the fan-out
     held by the one chunking it, sends meanwhile."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_TAKEABLE)
-        if cursor.fetchone() is not None:
-            return scheduler.Promotion(0, 0)
-    return engine.promote_shares(batch_size, using)
+        cursor.execute(_SHARES_GO)
+        (go,) = cursor.fetchone()
+    return engine.promote_shares(batch_size, using) if go else scheduler.Promotion(0, 0)
 
 
 SHARE_CAP = 4.0
