@@ -153,7 +153,10 @@ def main() -> None:
     from tests.support.receivers import TEST_SIGNING_SECRET, HttpReceiver
 
     # INFO: the dispatchers' start-up line is what the bench waits for
-    env = {**os.environ, "DATABASE_URL": args.database_url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test",
+    # The dispatchers run as in production, DEBUG off (on, Django logs every statement it runs with its
+    # parameters: CPU a send would not cost there); the keys and destinations are the bench process's.
+    env = {**os.environ, "DATABASE_URL": args.database_url, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings",
+           "DEBUG": "false", "SECRET_KEY": os.environ.get("SECRET_KEY") or "omnipost-bench-only",
            "OMNIPOST_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}  # fmt: skip
     from queueing.models import QueueItem
 
