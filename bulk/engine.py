@@ -37,8 +37,6 @@ from workflows.engine import JOB_KIND as RUN_KIND
 
 logger = logging.getLogger("omnipost.bulk")
 
-_ANY_DUE = f"""SELECT 1 FROM scheduled_jobs
-WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1"""  # noqa: S608 - constants
 # Chunks created per handler call (each its own transaction): the scheduler's other kinds run between calls.
 CHUNKS_PER_CALL = 1
 
@@ -47,10 +45,8 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
     """Create the notifications of due chunks (queueing.scheduler.PromotionHandler)."""
     done = scheduler.Promotion(0, 0)
     for _ in range(CHUNKS_PER_CALL):
-        with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
-            cursor.execute(_ANY_DUE)
-            if cursor.fetchone() is None:
-                break
+        if not scheduler.any_due(JOB_KIND, using=using):  # one statement when none is due (the usual case)
+            break
         step = run_chunk(using=using)
         done = done.plus(step)
         if not step.claimed:

@@ -187,10 +187,8 @@ def promote_in_steps(kind: str, step: Callable[[str], int | None], budget_second
     job of `kind` is due (the usual case), else `step(using)` (1: it finished a job, 0: more remain,
     None: nothing due this process may take) until `budget_seconds` have passed, so the scheduler's
     other kinds keep their turns. `promoted` counts the jobs finished."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_ANY_DUE.format(kind=_kind(kind)))
-        if cursor.fetchone() is None:
-            return Promotion(0, 0)
+    if not any_due(kind, using=using):
+        return Promotion(0, 0)
     deadline = time.monotonic() + budget_seconds
     finished = 0
     while time.monotonic() < deadline:
@@ -202,6 +200,16 @@ def promote_in_steps(kind: str, step: Callable[[str], int | None], budget_second
 
 
 _ANY_DUE = "SELECT 1 FROM scheduled_jobs WHERE status = 'pending' AND run_at <= now() AND kind = '{kind}' LIMIT 1"
+
+
+def any_due(kind: str, *, using: str = "default", takeable: bool = False) -> bool:
+    """Whether a pending job of `kind` is due (one statement: a handler's check before its batch, the
+    usual answer being no). `takeable`: one this process could take now, not one a peer holds
+    (FOR UPDATE SKIP LOCKED; the lock ends with the statement outside a transaction)."""
+    sql = _ANY_DUE.format(kind=_kind(kind)) + (" FOR UPDATE SKIP LOCKED" if takeable else "")
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchone() is not None
 
 
 def promote_due(batch_size: int, *, using: str = "default") -> Promotion:

@@ -74,10 +74,6 @@ class _Finished(Exception):
         self.status = status
 
 
-_ANY_DUE = """SELECT 1 FROM scheduled_jobs
-WHERE status = 'pending' AND run_at <= now() AND kind = '{kind}' LIMIT 1"""
-
-
 def promote(batch_size: int, using: str) -> scheduler.Promotion:
     """Advance the runs of due jobs of JOB_KIND, up to `batch_size` (at most BATCH) of them
     (queueing.scheduler.PromotionHandler)."""
@@ -85,18 +81,17 @@ def promote(batch_size: int, using: str) -> scheduler.Promotion:
     return _promote(JOB_KIND, limit, limit, using)
 
 
-def promote_shares(batch_size: int, using: str) -> scheduler.Promotion:
+def promote_shares(batch_size: int, using: str, *, due: bool = False) -> scheduler.Promotion:
     """Advance the runs of the oldest due fan-out share (SHARE_KIND), up to `batch_size` (at most
-    BATCH) of them: one job, which stays pending (and due) while some of its runs still wait on it."""
-    return _promote(SHARE_KIND, 1, min(batch_size, BATCH), using)
+    BATCH) of them: one job, which stays pending (and due) while some of its runs still wait on it.
+    `due`: the caller has just seen one due (workflows.fanout.promote_shares)."""
+    return _promote(SHARE_KIND, 1, min(batch_size, BATCH), using, due=due)
 
 
-def _promote(kind: str, jobs: int, limit: int, using: str) -> scheduler.Promotion:
+def _promote(kind: str, jobs: int, limit: int, using: str, *, due: bool = False) -> scheduler.Promotion:
     """Up to `limit` runs of up to `jobs` due jobs of `kind`, advanced in one transaction."""
-    with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
-        cursor.execute(_ANY_DUE.format(kind=kind))
-        if cursor.fetchone() is None:
-            return scheduler.Promotion(0, 0)
+    if not due and not scheduler.any_due(kind, using=using):  # one statement when none is due (the usual case)
+        return scheduler.Promotion(0, 0)
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
             cursor.execute(scheduler.due_jobs_sql(kind), {"n": jobs})
@@ -442,7 +437,6 @@ class _Rendered:
         if shared:
             self.texts[key] = output
         return output
-
 
 
 def _draft(

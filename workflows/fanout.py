@@ -44,18 +44,12 @@ def chunk_size() -> int:
     return int(settings.OMNIPOST_FANOUT_CHUNK)
 
 
-_ANY_DUE = f"""SELECT 1 FROM scheduled_jobs
-WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}' LIMIT 1"""  # noqa: S608 - constants
-
-
 def promote(batch_size: int, using: str, *, clock: Callable[[], float] = time.monotonic) -> scheduler.Promotion:
     """Fan out chunks of due fan-outs for this turn's share of the scheduler (`budget`)
     (queueing.scheduler.PromotionHandler); `promoted` counts the fan-outs finished."""
-    with connections[using].cursor() as cursor:  # one statement when none is due (the usual case)
-        cursor.execute(_ANY_DUE)
-        if cursor.fetchone() is None:
-            _turn_ended.pop(using, None)
-            return scheduler.Promotion(0, 0)
+    if not scheduler.any_due(JOB_KIND, using=using):  # one statement when none is due (the usual case)
+        _turn_ended.pop(using, None)
+        return scheduler.Promotion(0, 0)
     deadline = clock() + budget(_turn_ended.get(using), clock())
     finished = 0
     while clock() < deadline:
@@ -67,25 +61,14 @@ def promote(batch_size: int, using: str, *, clock: Callable[[], float] = time.mo
     return scheduler.Promotion(finished, 0)
 
 
-# Whether a share is due and no due fan-out waits for this scheduler (one a peer is chunking is
-# locked, and skipped): one statement, the shares' turn's only one when none is due.
-_SHARES_GO = f"""SELECT EXISTS (
-    SELECT 1 FROM scheduled_jobs WHERE status = 'pending' AND run_at <= now() AND kind = '{SHARE_KIND}'
-) AND NOT EXISTS (
-    SELECT 1 FROM scheduled_jobs WHERE status = 'pending' AND run_at <= now() AND kind = '{JOB_KIND}'
-    LIMIT 1 FOR UPDATE SKIP LOCKED
-)"""  # noqa: S608 - constants
-
-
 def promote_shares(batch_size: int, using: str) -> scheduler.Promotion:
     """The runs of a due fan-out share (workflows.engine.promote_shares), unless a due fan-out waits
     for this scheduler: a broadcast's runs are all made first (some 50,000 a second), its sends
     after, so that its shares do not halve the fan-out's pace. A peer scheduler, finding the fan-out
-    held by the one chunking it, sends meanwhile."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_SHARES_GO)
-        (go,) = cursor.fetchone()
-    return engine.promote_shares(batch_size, using) if go else scheduler.Promotion(0, 0)
+    held by the one chunking it, sends meanwhile. One statement when no share is due (the usual case)."""
+    if not scheduler.any_due(SHARE_KIND, using=using) or scheduler.any_due(JOB_KIND, using=using, takeable=True):
+        return scheduler.Promotion(0, 0)
+    return engine.promote_shares(batch_size, using, due=True)
 
 
 SHARE_CAP = 4.0
