@@ -49,7 +49,7 @@ from providers.services import ensure_inbox_provider
 from queueing import queue
 from queueing.models import DEFAULT_JOB_KIND, ScheduledJob
 from queueing.queue import NOTIFY_CHANNEL, insert_items_sql, ring_after_commit
-from queueing.schedule import insert_jobs_sql, ring_schedulers
+from queueing.schedule import cancel_jobs_for, insert_jobs_sql, ring_schedulers
 from recipients import devices, suppressions
 from recipients.models import GENERAL, Category, Subscriber
 from routing import quiet_hours
@@ -915,12 +915,9 @@ def cancel_scheduled(tenant: Tenant, notification_ids: Sequence[uuid.UUID | str]
     if not notification_ids:
         return 0
     ids = [str(pk) for pk in notification_ids]
-    scheduled = Notification.objects.filter(tenant_id=tenant.pk, pk__in=ids, status=Status.SCHEDULED)
     # Jobs first (the scheduler's order: job, then notification): a promotion in flight is waited for,
-    # and its notification is no longer `scheduled` after it.
-    jobs = ScheduledJob.objects.filter(tenant_id=tenant.pk, status=ScheduledJob.Status.PENDING,
-                                       notification_id__in=scheduled.values("pk"))  # fmt: skip
-    jobs.update(status=ScheduledJob.Status.CANCELLED)
+    # and its notification is no longer `scheduled` after it. Only a scheduled one has a pending job.
+    cancel_jobs_for(DEFAULT_JOB_KIND, ids)
     cancelled = statements.cancel_scheduled(tenant.pk, ids)
     if cancelled:
         fallback.cancel_with(tenant.pk, cancelled)
