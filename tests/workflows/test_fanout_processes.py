@@ -71,3 +71,34 @@ def test_a_fan_out_resumes_after_kill_9_with_each_member_once(tenant_a: Tenant, 
     jobs = ScheduledJob.objects.filter(kind__in=["workflow", "workflow_share"], notification_id__in=wakes)
     assert jobs.count() == len(wakes)  # one job per run waiting
     assert Fanout.objects.get().created == runs
+
+
+def test_a_trigger_made_during_a_broadcast_is_advanced_before_the_broadcast_ends(
+    tenant_a: Tenant, subprocess_env, tmp_path
+):  # fmt: skip
+    """A real scheduler sending a broadcast's in-app step share by share: a single trigger made meanwhile
+    is advanced in its own turn, while most of the broadcast's runs still wait."""
+    send = [{"name": "tell", "type": "send", "channel": "in_app", "subject": "Hi", "body": "{{ data.n }}"}]
+    Workflow.objects.create(tenant=tenant_a, key="notice", steps=send)
+    Workflow.objects.create(tenant=tenant_a, key="reset", steps=send)
+    members = 20_000
+    topics.put_topic(tenant_a, "all", "All", actor="test")
+    for start in range(0, members, 1000):
+        topics.add_members(tenant_a, "all", [f"u{i:06d}" for i in range(start, start + 1000)], actor="test")
+    broadcast, _ = services.trigger_topic(tenant_a, "notice", topic="all", data={"n": 1}, cancellation_key=None,
+                                          trigger_actor=None, actor="test")  # fmt: skip
+    proc = start_scheduler(subprocess_env, tmp_path / "s.log", "--interval", "0.2")
+    try:
+        wait_for_text(tmp_path / "s.log", "scheduler ready", proc)
+        runs = WorkflowRun.objects.filter(trigger_id=broadcast)
+        wait_until(lambda: runs.filter(status="completed").count() >= 1000, 120, "the broadcast's first shares")
+        single, _ = services.trigger(tenant_a, "reset", subscribers=["solo"], data={"n": 2}, cancellation_key=None,
+                                     trigger_actor=None, actor="test")  # fmt: skip
+        alone = WorkflowRun.objects.filter(trigger_id=single)
+        wait_until(lambda: alone.filter(status="completed").exists(), 60, "the single trigger's run")
+        waiting = runs.exclude(status="completed").count()
+        wait_until(lambda: not runs.exclude(status="completed").exists(), 240, "the broadcast's end")
+    finally:
+        stop(proc)
+    assert waiting > members // 2, waiting  # the single run did not wait for the broadcast
+    assert runs.count() == members and alone.count() == 1
