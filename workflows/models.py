@@ -195,6 +195,7 @@ class WorkflowDigest(TenantOwned):
     closes_at = models.DateTimeField()
     leader_id = models.UUIDField()  # the run that goes on when the window closes
     count = models.PositiveIntegerField()
+    # [[trigger time in µs, data], …] of the oldest 100 joined triggers, oldest first (workflows.statements)
     items = models.JSONField(default=list)
 
     class Meta:

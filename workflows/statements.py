@@ -6,7 +6,7 @@ statements whose row counts decide who goes on, under any number of schedulers.
   its limit; the (limit+1)-th run of a window matches nothing and ends `throttled`.
 - Digest: one `open` window at most per (workflow, step, subscriber, key) (a partial unique index).
   A run reaching the step joins the open window if its trigger came before the window closes (one
-  UPDATE adding its count and, among the first 100, its data); else it opens a window itself (one
+  UPDATE adding its count and, among the 100 oldest triggers, its data); else it opens a window itself (one
   INSERT … ON CONFLICT DO NOTHING, at its trigger's time) and leads it: it waits until the window's
   end, then closes it (one UPDATE, status `closed`: no join after that) and goes on with its count and
   items. Row locks order a join and the close, so every joined trigger is counted once, in exactly one
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -31,6 +31,7 @@ from workflows.models import FINISHED, WorkflowRun, initial_states
 from workflows.steps import MAX_WINDOW_SECONDS, key_value
 
 MAX_ITEMS = 100
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _FINISHED = ", ".join(f"'{status}'" for status in FINISHED)
 # What `prune` deletes past retention (core.retention), in this order: a digest window is kept while
@@ -199,11 +200,26 @@ def pass_throttle(run: WorkflowRun, step: str, key: str, limit: int, window_seco
         return cursor.fetchone() is not None
 
 
+# A window's items are kept as [trigger time in µs, data] pairs, oldest trigger first, at most 100:
+# schedulers advance runs in parallel, so a trigger may reach the step after a later one did (the later
+# one then leads; the earlier one's time opens the window). A join at the end appends; one from an
+# earlier trigger re-sorts the at most 101 entries and keeps the oldest 100.
 _JOIN = """
 UPDATE workflow_digests d SET
     count = d.count + 1,
-    items = CASE WHEN jsonb_array_length(d.items) < %(max_items)s THEN d.items || jsonb_build_array(%(data)s::jsonb)
+    opened_at = least(d.opened_at, %(triggered)s),
+    items = CASE
+        WHEN jsonb_array_length(d.items) = 0 OR (d.items -> -1 ->> 0)::bigint <= %(stamp)s THEN
+            CASE WHEN jsonb_array_length(d.items) < %(max_items)s
+                 THEN d.items || jsonb_build_array(jsonb_build_array(%(stamp)s::bigint, %(data)s::jsonb))
                  ELSE d.items END
+        ELSE (SELECT jsonb_agg(e ORDER BY (e ->> 0)::bigint, n)
+              FROM (SELECT e, n
+                    FROM jsonb_array_elements(
+                             d.items || jsonb_build_array(jsonb_build_array(%(stamp)s::bigint, %(data)s::jsonb))
+                         ) WITH ORDINALITY AS x(e, n)
+                    ORDER BY (e ->> 0)::bigint, n LIMIT %(max_items)s) AS kept)
+    END
 WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(step)s
   AND d.subscriber = %(subscriber)s AND d.key = %(key)s AND d.status = 'open' AND d.closes_at > %(triggered)s
 RETURNING d.id
@@ -219,7 +235,7 @@ _OPEN = """
 INSERT INTO workflow_digests (tenant_id, workflow_id, step, subscriber, key, status, opened_at, closes_at, leader_id,
                               count, items)
 VALUES (%(tenant)s, %(workflow)s, %(step)s, %(subscriber)s, %(key)s, 'open', %(triggered)s, %(closes)s, %(run)s,
-        1, jsonb_build_array(%(data)s::jsonb))
+        1, jsonb_build_array(jsonb_build_array(%(stamp)s::bigint, %(data)s::jsonb)))
 ON CONFLICT (tenant_id, workflow_id, step, subscriber, key) WHERE status = 'open' DO NOTHING
 RETURNING closes_at
 """
@@ -237,7 +253,7 @@ def join_digest(run: WorkflowRun, step: dict[str, Any], now: datetime) -> dateti
         "tenant": run.tenant_id, "workflow": run.workflow_id, "step": step["name"], "subscriber": run.subscriber,
         "key": key_value(run.data, step.get("key")), "data": json.dumps(run.data), "triggered": run.created_at,
         "closes": run.created_at + timedelta(seconds=float(step["window_seconds"])), "run": run.pk,
-        "max_items": MAX_ITEMS,
+        "max_items": MAX_ITEMS, "stamp": (run.created_at - _EPOCH) // timedelta(microseconds=1),
     }  # fmt: skip
     with connections[WorkflowRun.objects.db].cursor() as cursor:
         for _ in range(5):
@@ -260,8 +276,9 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
         row = cursor.fetchone()
     if row is None:
         return {"count": 1, "items": [run.data]}
-    count, items = row
-    return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
+    count, entries = row
+    entries = json.loads(entries) if isinstance(entries, str) else entries
+    return {"count": int(count), "items": [data for _stamp, data in entries]}
 
 
 # A cancel naming subscribers while a fan-out with its cancellation key runs (the caller holds the

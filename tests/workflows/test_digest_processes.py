@@ -88,8 +88,9 @@ def test_a_thousand_triggers_make_one_digest_while_processes_die(api_a, tenant_a
     (note,) = Notification.objects.all()
     assert note.subject == "1000" and note.body == "100 items, first 0"
     assert note.status == "delivered" and InboxItem.objects.count() == 1
+    # the first run to reach the step leads (schedulers in parallel may bring a later trigger first)
     leader = WorkflowRun.objects.get(status="completed")
-    assert leader.data == {"n": 0} and leader.steps[1]["notification_id"] == str(note.pk)
+    assert leader.steps[1]["notification_id"] == str(note.pk)
 
 
 def test_a_hundred_subscribers_times_fifty_triggers_make_a_hundred_digests(api_a, tenant_a, subprocess_env, tmp_path):

@@ -1,0 +1,56 @@
+"""A digest's items are its triggers' data oldest first, whatever order schedulers working in parallel
+bring the runs to the step: a trigger that reaches the step after a later one did joins the window that
+one opened, goes in front of it, and moves the window's opening back to its own time; past 100 items the
+oldest 100 are kept."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from workflows import services, statements
+from workflows.models import Workflow, WorkflowDigest, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STEP = {"name": "collect", "type": "digest", "window_seconds": 300}
+
+
+def runs(api, tenant, count: int) -> list[WorkflowRun]:  # noqa: ANN001
+    steps = [STEP, {"name": "tell", "type": "send", "channel": "in_app", "subject": "s", "body": "b"}]
+    assert api.post("/api/v1/workflows", {"key": "comments", "steps": steps}, format="json").status_code == 201
+    workflow = Workflow.objects.get()
+    for n in range(count):
+        services.trigger(tenant, workflow.key, subscribers=["jane"], data={"n": n}, cancellation_key=None,
+                         trigger_actor=None, actor="test")  # fmt: skip
+    made = sorted(WorkflowRun.objects.all(), key=lambda run: (run.created_at, run.data["n"]))
+    assert [run.data["n"] for run in made] == list(range(count))
+    return made
+
+
+def test_an_earlier_trigger_reaching_the_step_late_goes_first(api_a, tenant_a):
+    first, second, third = runs(api_a, tenant_a, 3)
+    assert statements.join_digest(third, STEP, timezone.now()) is not None  # the latest trigger opens and leads
+    assert statements.join_digest(first, STEP, timezone.now()) is None
+    assert statements.join_digest(second, STEP, timezone.now()) is None
+    assert WorkflowDigest.objects.get().opened_at == first.created_at
+    assert statements.close_digest(third, "collect") == {"count": 3, "items": [{"n": 0}, {"n": 1}, {"n": 2}]}
+
+
+def test_past_a_hundred_items_the_oldest_hundred_are_kept(api_a, tenant_a):
+    made = runs(api_a, tenant_a, 103)
+    newest, *older = reversed(made)  # the newest opens the window, then the others, newest first
+    assert statements.join_digest(newest, STEP, timezone.now()) is not None
+    for run in older:
+        assert statements.join_digest(run, STEP, timezone.now()) is None
+    digest = statements.close_digest(newest, "collect")
+    assert digest["count"] == 103 and digest["items"] == [{"n": n} for n in range(100)]
+
+
+def test_joins_in_order_append(api_a, tenant_a):
+    leader, *others = runs(api_a, tenant_a, 102)
+    assert statements.join_digest(leader, STEP, timezone.now()) is not None
+    for run in others:
+        assert statements.join_digest(run, STEP, timezone.now()) is None
+    digest = statements.close_digest(leader, "collect")
+    assert digest["count"] == 102 and digest["items"] == [{"n": n} for n in range(100)]
