@@ -56,10 +56,11 @@ from routing.failover import Router
 logger = logging.getLogger("omnipost.dispatcher")
 
 MIN_POLL = 0.05
-# With a backlog, the janitor's VACUUM on the DB thread holds up every claim behind it (a fifth of that
+# With work coming, the janitor's VACUUM on the DB thread holds up every claim behind it (a fifth of that
 # thread's time during a broadcast, measured): it waits for five times the dead rows, which the
-# scheduler's janitor, between its batches, clears first where one runs.
+# scheduler's janitor, between its batches, clears first where one runs, and leaves ANALYZE to it.
 BUSY_VACUUM_FACTOR = 5.0
+WORKING_SECONDS = 2.0
 MAX_POLL = 1.0
 
 __all__ = ["Dispatcher", "DispatcherConfig", "Observer", "SessionLost"]
@@ -125,6 +126,7 @@ class Dispatcher:
             )  # fmt: skip
             self.recorder.after_write = self._nudge_event_lane
         self._full_claim_at = 0.0  # time.monotonic() of the last claim that found as many as it asked for
+        self._found_at = float("-inf")  # time.monotonic() of the last claim that found anything
         self.event_lane_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
         # Rings answered on the doorbell thread (`_answer_ring`): items claimed there and not yet
@@ -187,7 +189,7 @@ class Dispatcher:
                 upkeep.sweep_providers(self.db, self.providers.sweep, self.config.provider_sweep_seconds)
             ),
             asyncio.create_task(upkeep.maintain(self.db, keeper=janitor.Janitor(
-                every=0.0, busy=self._busy, busy_factor=BUSY_VACUUM_FACTOR))),
+                every=0.0, busy=self._busy, working=self._working, busy_factor=BUSY_VACUUM_FACTOR))),
         ]
         try:
             await self._fetch_loop()
@@ -259,6 +261,11 @@ class Dispatcher:
         that find fewer than they ask for) it sends as events come."""
         return (len(self.sender.inflight) >= self.config.concurrency
                 or time.monotonic() - self._full_claim_at < 0.2)  # fmt: skip
+
+    def _working(self) -> bool:
+        """Claims found work within the last WORKING_SECONDS: a backlog, or sends kept up with as they
+        come (a broadcast's, made by the scheduler at its pace). The janitor holds back then."""
+        return time.monotonic() - self._found_at < WORKING_SECONDS
 
     def _nudge_event_lane(self, recorded: Recorded) -> None:
         if recorded.batched:  # the record statement filled the outbox: open it into events and send them soon
@@ -442,7 +449,10 @@ class Dispatcher:
         if claimed.relaned:  # failed over to a rate-limited provider: into its lane, untried
             self.recorder.extend(self.sender.to_lane(p) for p in claimed.relaned)
         self._start_all(claimed.send)
-        self.claimed += len(claimed.send) + len(claimed.skipped) + len(claimed.suppressed)
+        found = len(claimed.send) + len(claimed.skipped) + len(claimed.suppressed)
+        if found:
+            self._found_at = time.monotonic()
+        self.claimed += found
         self.claimed_by_tenant.update(p.tenant_key for p in claimed.send)
 
     def _start_all(self, prepared: list[Prepared]) -> None:

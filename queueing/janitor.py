@@ -10,7 +10,9 @@ of one item took 87 ms with 800,000 dead rows behind it and 0.35 ms after a VACU
 their threshold, and summarises the full block ranges of the BRIN indexes of the tables whose rows
 changed (`summarize_brin`), which VACUUM would do where autovacuum runs. It also ANALYZEs any table
 of the schema whose statistics are stale: more rows changed since they were taken than they counted,
-plus 1,000 (once per doubling of a growing table; autovacuum, where it runs, analyzes sooner).
+plus 1,000 (once per doubling of a growing table; autovacuum, where it runs, analyzes sooner); for a
+churning table, whose rows all change at the queue's pace, its size moved that far (a queue of a
+steady depth keeps its statistics: analyzed every 2 s, every statement reading it was planned again).
 PostgreSQL re-plans a prepared statement once the statistics of a table it reads change, and the
 dispatchers keep one generic plan per statement (dispatch.delivery): without fresh statistics, on a
 server with autovacuum off, a statement prepared while a table was empty kept the plan made for an
@@ -33,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
+from django.conf import settings
 from psycopg import sql
 
 from core import pooling
@@ -65,7 +68,7 @@ def deferred_tables() -> tuple[str, ...]:
     return tuple(_DEFERRED)
 
 
-TENDED_SECONDS = 60  # a table vacuumed within this long is being looked after (busy_factor)
+TENDED_SECONDS = 60  # a table autovacuum vacuumed within this long is being looked after (busy_factor)
 LOCK_KEY = 0x6F6D6E6970_7661  # "omnip" "va": one key for every OmniPost janitor
 
 
@@ -82,10 +85,14 @@ class Janitor:
     clock: Callable[[], float] = time.monotonic
     tables: tuple[str, ...] = field(default_factory=churning_tables)
     busy: Callable[[], bool] = lambda: False  # the process has a backlog: `deferred` tables wait
-    # While `busy`, a table some process (a peer's janitor: the scheduler's, between its batches; or
-    # autovacuum) vacuumed in the last TENDED_SECONDS is due only past this many times its threshold,
-    # and stale statistics are left to that process: the dispatcher's, whose VACUUMs run on its one SQL
-    # thread in front of its claims. Nobody tending them, it vacuums and analyzes as any janitor.
+    # The process has work (a backlog, or sends it keeps up with as they come): the dispatcher's, whose
+    # VACUUMs and ANALYZEs run on its one SQL thread in front of its claims (an ANALYZE of `notifications`
+    # held every claim of a dispatcher for 1.0-1.5 s during a broadcast, measured). While it works and
+    # the tables are tended (a live scheduler, whose janitor runs between its batches and never holds
+    # back; or autovacuum, which vacuumed one of them in the last TENDED_SECONDS), a table is due only past
+    # `busy_factor` times its threshold and stale statistics are left to them. Nobody tending them, it
+    # vacuums and analyzes as any janitor.
+    working: Callable[[], bool] = lambda: False
     busy_factor: float = 1.0
     deferred: tuple[str, ...] = field(default_factory=deferred_tables)
     _last: float = field(default=float("-inf"), init=False)
@@ -112,29 +119,37 @@ class Janitor:
         return vacuum_if_needed(conn, self)
 
 
+_STATS = """
+SELECT s.relname, s.n_dead_tup, s.n_live_tup,
+       -- rows changed since the statistics: a churning table's churn (a queue's insert and delete of
+       -- each row) leaves its statistics as true as they were; its size moving away from what they
+       -- know (pg_class.reltuples, as of the last ANALYZE or VACUUM; -1: never) makes them stale
+       CASE WHEN s.relname = ANY(%(churning)s) THEN abs(s.n_live_tup - greatest(c.reltuples, 0))::bigint
+            ELSE s.n_mod_since_analyze END,
+       greatest(c.reltuples, 0)::bigint,
+       -- vacuumed lately by autovacuum: tended (a working janitor holds back)
+       coalesce(s.last_autovacuum > now() - %(tended)s * interval '1 second', false)
+FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE s.schemaname = current_schema() AND (s.relname = ANY(%(churning)s) OR s.n_mod_since_analyze > 0)
+"""
+# A live scheduler: its janitor looks between its batches and never holds back (queueing.scheduler).
+_SCHEDULER_LIVE = """
+SELECT EXISTS (SELECT 1 FROM workers WHERE kind = 'scheduler' AND stopped_at IS NULL
+                                       AND last_seen > now() - %s * interval '1 second')
+"""
+
+
 def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     """Vacuum (and so analyze) the due churning tables, analyze the other stale ones; return the
     vacuumed (`janitor.analyzed` lists the others analyzed)."""
-    stats = conn.execute(
-        # the rows the statistics know of (pg_class.reltuples, as of the last ANALYZE or VACUUM; -1: never)
-        "SELECT s.relname, s.n_dead_tup, s.n_live_tup, s.n_mod_since_analyze, greatest(c.reltuples, 0)::bigint, "
-        # vacuumed lately (by a peer's janitor, or autovacuum): what lets a busy janitor hold back
-        "coalesce(greatest(s.last_vacuum, s.last_autovacuum) > now() - %s * interval '1 second', false) "
-        "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
-        "WHERE s.schemaname = current_schema() AND (s.relname = ANY(%s) OR s.n_mod_since_analyze > 0)",
-        [TENDED_SECONDS, list(janitor.tables)],
-    ).fetchall()
-    busy = janitor.busy()
-    if busy:
+    stats = conn.execute(_STATS, {"churning": list(janitor.tables), "tended": TENDED_SECONDS}).fetchall()
+    if janitor.busy():
         stats = [row for row in stats if row[0] not in janitor.deferred]
-    # Busy, a janitor with a busy_factor holds back on the tables somebody else vacuumed lately, and
-    # leaves stale statistics to that somebody; with nobody tending them, it does the work itself.
-    holding = busy and janitor.busy_factor > 1.0
-    churning = [row for row in stats if row[0] in janitor.tables]
-    due = [name for name, dead, live, _, _, tended in churning
-           if janitor.due([(name, dead, live)], factor=janitor.busy_factor if holding and tended else 1.0)]  # fmt: skip
-    tended_lately = any(row[5] for row in churning)
-    stale = [] if holding and tended_lately else [
+    # Working, a janitor with a busy_factor holds back while somebody else tends the tables.
+    holding = janitor.busy_factor > 1.0 and janitor.working() and _tended(conn, stats)
+    due = [name for name, dead, live, *_ in stats if name in janitor.tables
+           and janitor.due([(name, dead, live)], factor=janitor.busy_factor if holding else 1.0)]  # fmt: skip
+    stale = [] if holding else [
         name for name in janitor.stale([(name, changed, known) for name, _, _, changed, known, _ in stats])
         if name not in due
     ]  # fmt: skip
@@ -155,6 +170,12 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     finally:
         if not pooled:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+
+
+def _tended(conn, stats: list[tuple]) -> bool:  # noqa: ANN001
+    if any(row[5] for row in stats):
+        return True
+    return conn.execute(_SCHEDULER_LIVE, [settings.OMNIPOST_WORKER_STALE_SECONDS]).fetchone()[0]
 
 
 # Every full block range of each BRIN index of the given tables, summarised if it is not yet (a range

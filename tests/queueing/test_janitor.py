@@ -123,22 +123,30 @@ def test_event_tables_wait_while_the_process_has_a_backlog(tenant_a):
         assert "events" in janitor.analyzed
 
 
-def test_a_busy_dispatchers_janitor_waits_for_more_dead_rows_and_leaves_stale_statistics(tenant_a):
-    """The dispatcher's janitor (busy_factor 5): while the process has a backlog, a table another
-    process vacuumed lately is due only past five times its threshold, and no stale table is analyzed;
-    without a backlog, as any janitor."""
-    with autocommit_connection() as conn:
-        conn.execute("VACUUM queue_state")  # as the scheduler's janitor does between its batches
-    leave_dead_queue_rows(tenant_a, 3000)
-    with connection.cursor() as cursor:  # stale statistics of a table that is not churning
-        cursor.execute("ANALYZE subscribers")
+def stale_subscribers(tenant, prefix: str = "j", count: int = 1500, *, analyze: bool = True) -> None:  # noqa: ANN001
+    """Statistics of `subscribers` (a table that is not churning) made stale by `count` new rows."""
+    with connection.cursor() as cursor:
+        if analyze:
+            cursor.execute("ANALYZE subscribers")
         cursor.execute("INSERT INTO subscribers (id, tenant_id, external_id, email_masked, phone_masked, push_tokens, "
-                       "push_tokens_masked, timezone, preferences) SELECT gen_random_uuid(), %s, 'j' || n, '', '', '', "
-                       "'[]', '', '{}' FROM generate_series(1, 1500) n", [tenant_a.pk])  # fmt: skip
+                       "push_tokens_masked, timezone, preferences) SELECT gen_random_uuid(), %s, %s || n, '', '', '', "
+                       "'[]', '', '{}' FROM generate_series(1, %s) n", [tenant.pk, prefix, count])  # fmt: skip
         cursor.execute("SELECT pg_stat_force_next_flush()")
     connection.close()
-    backlog = [True]
-    keeper = Janitor(min_dead=1000, analyze_min=1000, every=0.0, busy=lambda: backlog[0], busy_factor=5.0)
+
+
+def test_a_working_dispatchers_janitor_leaves_the_work_to_a_live_scheduler(tenant_a, monkeypatch):
+    """The dispatcher's janitor (busy_factor 5): while its claims find work and a scheduler is alive (its
+    janitor runs between its batches and never holds back), a table is due only past five times its
+    threshold and no stale table is analyzed; without work, it vacuums and analyzes as any janitor."""
+    from queueing import heartbeat
+
+    monkeypatch.setattr(janitor, "TENDED_SECONDS", 0)  # autovacuum's work does not count here
+    scheduler = heartbeat.register("scheduler")
+    leave_dead_queue_rows(tenant_a, 3000)
+    stale_subscribers(tenant_a)
+    working = [True]
+    keeper = Janitor(min_dead=1000, analyze_min=1000, every=0.0, working=lambda: working[0], busy_factor=5.0)
     with autocommit_connection() as conn:
         assert keeper.maybe_vacuum(conn) == [] and keeper.analyzed == []  # 3,000 < 5 x 1,000
         assert dead_rows(conn, "queue_state") >= 3000
@@ -146,19 +154,54 @@ def test_a_busy_dispatchers_janitor_waits_for_more_dead_rows_and_leaves_stale_st
         conn.execute("SELECT pg_stat_clear_snapshot()")
         assert keeper.maybe_vacuum(conn) == ["queue_state"]  # 6,000 dead: past five times
         assert keeper.analyzed == []
-        backlog[0] = False
+        working[0] = False
         conn.execute("SELECT pg_stat_clear_snapshot()")
         keeper.maybe_vacuum(conn)
         assert "subscribers" in keeper.analyzed
+        # a stopped scheduler tends nothing: working, the dispatcher's janitor does it all itself
+        heartbeat.stop(scheduler)
+        working[0] = True
+        stale_subscribers(tenant_a, "k", 3000, analyze=False)  # past 1,000 + the 1,500 known
+        leave_dead_queue_rows(tenant_a, 3000)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        assert keeper.maybe_vacuum(conn) == ["queue_state"] and "subscribers" in keeper.analyzed
 
 
-def test_a_busy_janitor_that_nobody_else_helps_vacuums_as_any_janitor(tenant_a, monkeypatch):
-    """Busy, but no process vacuumed the table lately (no scheduler runs): the factor does not apply."""
+def test_a_working_janitor_that_nobody_else_helps_vacuums_as_any_janitor(tenant_a, monkeypatch):
+    """Working, but no scheduler runs and autovacuum vacuumed nothing lately: the factor does not apply."""
     monkeypatch.setattr(janitor, "TENDED_SECONDS", 0)  # whatever the tests before did, not "lately"
     leave_dead_queue_rows(tenant_a, 3000)
-    keeper = Janitor(min_dead=1000, every=0.0, busy=lambda: True, busy_factor=5.0)
+    keeper = Janitor(min_dead=1000, every=0.0, busy=lambda: True, working=lambda: True, busy_factor=5.0)
     with autocommit_connection() as conn:
         assert keeper.maybe_vacuum(conn) == ["queue_state"]
+
+
+def test_a_churning_tables_statistics_go_stale_with_its_size_not_its_churn(tenant_a):
+    """A queue of steady depth rewrites every row without its statistics growing false: analyzing it at
+    each look (every 2 s) planned every statement reading it again. Grown past them, it is analyzed."""
+    provider = factories.provider(tenant_a)
+    with autocommit_connection() as conn:
+        conn.execute("VACUUM ANALYZE queue_state")
+    for _ in range(3):  # 4,500 rows in and out: churn, the size unchanged
+        factories.queued(tenant_a, provider, 1500)
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM queue_state")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    connection.close()
+    keeper = Janitor(min_dead=10**9, analyze_min=1000, every=0.0)
+    with autocommit_connection() as conn:
+        changed = conn.execute("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'queue_state'")
+        assert changed.fetchone()[0] >= 4500
+        keeper.maybe_vacuum(conn)
+        assert "queue_state" not in keeper.analyzed
+        factories.queued(tenant_a, provider, 1500)  # grown from 0 to 1,500 rows
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        connection.close()
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        keeper.maybe_vacuum(conn)
+        assert "queue_state" in keeper.analyzed
 
 
 def test_nothing_due_nothing_vacuumed(tenant_a):
