@@ -146,7 +146,7 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     if janitor.busy():
         stats = [row for row in stats if row[0] not in janitor.deferred]
     # Working, a janitor with a busy_factor holds back while somebody else tends the tables.
-    holding = janitor.busy_factor > 1.0 and janitor.working() and _tended(conn, stats)
+    holding = janitor.busy_factor > 1.0 and janitor.working() and _tended(conn, stats, janitor.tables)
     due = [name for name, dead, live, *_ in stats if name in janitor.tables
            and janitor.due([(name, dead, live)], factor=janitor.busy_factor if holding else 1.0)]  # fmt: skip
     stale = [] if holding else [
@@ -172,8 +172,9 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
 
 
-def _tended(conn, stats: list[tuple]) -> bool:  # noqa: ANN001
-    if any(row[5] for row in stats):
+def _tended(conn, stats: list[tuple], tables: Sequence[str]) -> bool:  # noqa: ANN001
+    """Autovacuum vacuumed one of the churning `tables` lately, or a scheduler is alive."""
+    if any(row[5] for row in stats if row[0] in tables):
         return True
     return conn.execute(_SCHEDULER_LIVE, [settings.OMNIPOST_WORKER_STALE_SECONDS]).fetchone()[0]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 from django.db.models.functions import Now
 
 from core.fields import EncryptedTextField
@@ -195,8 +195,10 @@ class WorkflowDigest(TenantOwned):
     closes_at = models.DateTimeField()
     leader_id = models.UUIDField()  # the run that goes on when the window closes
     count = models.PositiveIntegerField()
-    # [[trigger time in µs, data], …] of the oldest 100 joined triggers, oldest first (workflows.statements)
-    items = models.JSONField(default=list)
+    items = models.JSONField(default=list)  # the data of the oldest 100 joined triggers, oldest first
+    # each item's trigger time in µs since the epoch, in step with `items` (workflows.statements); an
+    # item written by a version that kept none (during an upgrade) has none, and counts as the newest
+    item_stamps = models.JSONField(db_default=Value([], output_field=models.JSONField()))
 
     class Meta:
         db_table = "workflow_digests"

@@ -202,26 +202,28 @@ def pass_throttle(run: WorkflowRun, step: str, key: str, limit: int, window_seco
         return cursor.fetchone() is not None
 
 
-# A window's items are kept as [trigger time in µs, data] pairs, oldest trigger first, at most 100:
-# schedulers advance runs in parallel, so a trigger may reach the step after a later one did (the later
-# one then leads; the earlier one's time opens the window). A join at the end appends; one from an
-# earlier trigger re-sorts the at most 101 entries and keeps the oldest 100.
+# A window keeps its items oldest trigger first, at most 100, with each one's trigger time in µs in
+# `item_stamps`: schedulers advance runs in parallel, so a trigger may reach the step after a later one
+# did (which then leads). A join sorts the items and the new one by trigger time and keeps the oldest
+# 100 (one sort of at most 101 small values); an item without a time (written by the version before,
+# during an upgrade) counts as the newest. A trigger older than the window's opening moves the window to
+# its own time, opening and end (the leader's job still closes it at the later end; a trigger after the
+# earlier end starts the next window), unless its own window would have ended before this one opened.
 _JOIN = """
 UPDATE workflow_digests d SET
     count = d.count + 1,
-    opened_at = least(d.opened_at, %(triggered)s),
-    items = CASE
-        WHEN jsonb_array_length(d.items) = 0 OR (d.items -> -1 ->> 0)::bigint <= %(stamp)s THEN
-            CASE WHEN jsonb_array_length(d.items) < %(max_items)s
-                 THEN d.items || jsonb_build_array(jsonb_build_array(%(stamp)s::bigint, %(data)s::jsonb))
-                 ELSE d.items END
-        ELSE (SELECT jsonb_agg(e ORDER BY (e ->> 0)::bigint, n)
-              FROM (SELECT e, n
-                    FROM jsonb_array_elements(
-                             d.items || jsonb_build_array(jsonb_build_array(%(stamp)s::bigint, %(data)s::jsonb))
-                         ) WITH ORDINALITY AS x(e, n)
-                    ORDER BY (e ->> 0)::bigint, n LIMIT %(max_items)s) AS kept)
-    END
+    opened_at = CASE WHEN %(closes)s > d.opened_at THEN least(d.opened_at, %(triggered)s) ELSE d.opened_at END,
+    closes_at = CASE WHEN %(closes)s > d.opened_at THEN least(d.closes_at, %(closes)s) ELSE d.closes_at END,
+    (items, item_stamps) = (
+        SELECT coalesce(jsonb_agg(k.item ORDER BY k.stamp NULLS LAST, k.n), '[]'::jsonb),
+               coalesce(jsonb_agg(k.stamp ORDER BY k.stamp NULLS LAST, k.n), '[]'::jsonb)
+        FROM (SELECT a.item, a.stamp, a.n
+              FROM (SELECT x.item, (d.item_stamps ->> (x.n - 1)::int)::bigint AS stamp, x.n
+                    FROM jsonb_array_elements(d.items) WITH ORDINALITY AS x(item, n)
+                    UNION ALL
+                    SELECT %(data)s::jsonb, %(stamp)s::bigint, jsonb_array_length(d.items) + 1) AS a
+              ORDER BY a.stamp NULLS LAST, a.n LIMIT %(max_items)s) AS k
+    )
 WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(step)s
   AND d.subscriber = %(subscriber)s AND d.key = %(key)s AND d.status = 'open' AND d.closes_at > %(triggered)s
 RETURNING d.id
@@ -235,9 +237,9 @@ WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(s
 """
 _OPEN = """
 INSERT INTO workflow_digests (tenant_id, workflow_id, step, subscriber, key, status, opened_at, closes_at, leader_id,
-                              count, items)
+                              count, items, item_stamps)
 VALUES (%(tenant)s, %(workflow)s, %(step)s, %(subscriber)s, %(key)s, 'open', %(triggered)s, %(closes)s, %(run)s,
-        1, jsonb_build_array(jsonb_build_array(%(stamp)s::bigint, %(data)s::jsonb)))
+        1, jsonb_build_array(%(data)s::jsonb), jsonb_build_array(%(stamp)s::bigint))
 ON CONFLICT (tenant_id, workflow_id, step, subscriber, key) WHERE status = 'open' DO NOTHING
 RETURNING closes_at
 """
@@ -278,9 +280,8 @@ def close_digest(run: WorkflowRun, step: str) -> dict[str, Any]:
         row = cursor.fetchone()
     if row is None:
         return {"count": 1, "items": [run.data]}
-    count, entries = row
-    entries = json.loads(entries) if isinstance(entries, str) else entries
-    return {"count": int(count), "items": [data for _stamp, data in entries]}
+    count, items = row
+    return {"count": int(count), "items": json.loads(items) if isinstance(items, str) else items}
 
 
 # A cancel naming subscribers while a fan-out with its cancellation key runs (the caller holds the
@@ -396,9 +397,9 @@ def record_runs(changes: list[tuple[Any, Any, str, int, list[dict[str, Any]], An
         return
     runs = [{"id": run, "old": old, "status": str(status), "step_index": index, "steps": steps, "wake": wake,
              "digest": digest} for run, old, status, index, steps, wake, digest in changes]  # fmt: skip
-    # one JSON document, written by orjson where the values are plain (core.plain_json): a share's 500
-    # runs as seven arrays went through psycopg's list dumpers, in Python (≈ 9 % of a scheduler's time
-    # sending a broadcast, sampled)
+    # one JSON document: a share's 500 runs as seven arrays went through psycopg's list dumpers, in
+    # Python, and a json.dumps per run (≈ 9 % of a scheduler's time sending a broadcast, sampled). The
+    # states hold StepStatus members, not plain for orjson (core.plain_json): json.dumps writes it.
     (recorded,) = hot_sql.fetchone(_RECORD_RUNS, {"runs": json_text(runs, DjangoJSONEncoder)}, using=using)
     if recorded != len(changes):
         raise RuntimeError(f"{len(changes) - recorded} run(s) changed under the batch's lock")
