@@ -205,24 +205,27 @@ def pass_throttle(run: WorkflowRun, step: str, key: str, limit: int, window_seco
 # A window keeps its items oldest trigger first, at most 100, with each one's trigger time in µs in
 # `item_stamps`: schedulers advance runs in parallel, so a trigger may reach the step after a later one
 # did (which then leads). A join sorts the items and the new one by trigger time and keeps the oldest
-# 100 (one sort of at most 101 small values); an item without a time (written by the version before,
-# during an upgrade) counts as the newest. A trigger older than the window's opening moves the window to
-# its own time, opening and end (the leader's job still closes it at the later end; a trigger after the
-# earlier end starts the next window), unless its own window would have ended before this one opened.
+# 100 (one sort of at most 101 small values). An item without a time (appended by the version before,
+# during an upgrade) takes the time of the item before it, or the window's opening: it keeps its place.
+# A trigger older than the window's opening moves the opening back to its time; the end stays the
+# leader's (its job closes the window then).
 _JOIN = """
 UPDATE workflow_digests d SET
     count = d.count + 1,
-    opened_at = CASE WHEN %(closes)s > d.opened_at THEN least(d.opened_at, %(triggered)s) ELSE d.opened_at END,
-    closes_at = CASE WHEN %(closes)s > d.opened_at THEN least(d.closes_at, %(closes)s) ELSE d.closes_at END,
+    opened_at = least(d.opened_at, %(triggered)s),
     (items, item_stamps) = (
-        SELECT coalesce(jsonb_agg(k.item ORDER BY k.stamp NULLS LAST, k.n), '[]'::jsonb),
-               coalesce(jsonb_agg(k.stamp ORDER BY k.stamp NULLS LAST, k.n), '[]'::jsonb)
+        SELECT coalesce(jsonb_agg(k.item ORDER BY k.stamp, k.n), '[]'::jsonb),
+               coalesce(jsonb_agg(k.stamp ORDER BY k.stamp, k.n), '[]'::jsonb)
         FROM (SELECT a.item, a.stamp, a.n
-              FROM (SELECT x.item, (d.item_stamps ->> (x.n - 1)::int)::bigint AS stamp, x.n
+              FROM (SELECT x.item, x.n,
+                           coalesce((d.item_stamps ->> (x.n - 1)::int)::bigint,
+                                    max((d.item_stamps ->> (x.n - 1)::int)::bigint)
+                                        OVER (ORDER BY x.n ROWS UNBOUNDED PRECEDING),
+                                    (extract(epoch FROM d.opened_at) * 1000000)::bigint) AS stamp
                     FROM jsonb_array_elements(d.items) WITH ORDINALITY AS x(item, n)
                     UNION ALL
-                    SELECT %(data)s::jsonb, %(stamp)s::bigint, jsonb_array_length(d.items) + 1) AS a
-              ORDER BY a.stamp NULLS LAST, a.n LIMIT %(max_items)s) AS k
+                    SELECT %(data)s::jsonb, jsonb_array_length(d.items) + 1, %(stamp)s::bigint) AS a
+              ORDER BY a.stamp, a.n LIMIT %(max_items)s) AS k
     )
 WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(step)s
   AND d.subscriber = %(subscriber)s AND d.key = %(key)s AND d.status = 'open' AND d.closes_at > %(triggered)s

@@ -1,7 +1,7 @@
 """A digest's items are its triggers' data oldest first, whatever order schedulers working in parallel
 bring the runs to the step: a trigger that reaches the step after a later one did joins the window that
-one opened, goes in front of it, and moves the window back to its own time; past 100 items the oldest 100
-are kept."""
+one opened, goes in front of it, and moves the window's opening back to its own time; past 100 items the
+oldest 100 are kept."""
 
 from __future__ import annotations
 
@@ -37,13 +37,14 @@ def test_an_earlier_trigger_reaching_the_step_late_goes_first(api_a, tenant_a):
     assert statements.join_digest(first, STEP, timezone.now()) is None
     assert statements.join_digest(second, STEP, timezone.now()) is None
     window = WorkflowDigest.objects.get()
-    # the window is the first trigger's: opened at its time, over a window's length after it
+    # opened at the first trigger's time; it ends when its leader's wait does
     assert window.opened_at == first.created_at
-    assert window.closes_at == first.created_at + timedelta(seconds=STEP["window_seconds"])
+    assert window.closes_at == third.created_at + timedelta(seconds=STEP["window_seconds"])
     assert statements.close_digest(third, "collect") == {"count": 3, "items": [{"n": 0}, {"n": 1}, {"n": 2}]}
 
 
-def test_an_item_the_version_before_wrote_without_a_time_counts_as_the_newest(api_a, tenant_a):
+def test_an_item_the_version_before_wrote_without_a_time_keeps_its_place(api_a, tenant_a):
+    """It takes the time of the item before it (the version before appended in join order)."""
     first, second, third = runs(api_a, tenant_a, 3)
     assert statements.join_digest(second, STEP, timezone.now()) is not None
     # the version before joins as it did: the data appended, no trigger time
@@ -53,7 +54,7 @@ def test_an_item_the_version_before_wrote_without_a_time_counts_as_the_newest(ap
     assert statements.join_digest(first, STEP, timezone.now()) is None
     assert statements.join_digest(third, STEP, timezone.now()) is None
     digest = statements.close_digest(second, "collect")
-    assert digest == {"count": 4, "items": [{"n": 0}, {"n": 1}, {"n": 2}, {"n": "old"}]}
+    assert digest == {"count": 4, "items": [{"n": 0}, {"n": 1}, {"n": "old"}, {"n": 2}]}
 
 
 def test_past_a_hundred_items_the_oldest_hundred_are_kept(api_a, tenant_a):
