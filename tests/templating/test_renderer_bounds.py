@@ -80,7 +80,9 @@ def peak_while(func) -> tuple[int, float, BaseException | None]:  # noqa: ANN001
 def test_budgets_stop_the_render_as_it_runs(text, context, reason):
     peak, elapsed, error = peak_while(lambda: render(text, context))
     assert isinstance(error, renderer.TemplateError) and reason in str(error), error
-    assert elapsed < 1.0, elapsed
+    # stopped as it runs: the deadline (0.5 s) is checked between nodes, and one regroup of the last case
+    # takes 0.55 s of CPU on this machine on a slow day (Django's own render of all 200: ~110 s)
+    assert elapsed < 2.0, elapsed
     assert peak < 48 * MiB, f"peak {peak / MiB:.1f} MiB"
 
 
