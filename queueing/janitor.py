@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
-from django.conf import settings
 from psycopg import sql
 
 from core import pooling
@@ -132,11 +131,6 @@ SELECT s.relname, s.n_dead_tup, s.n_live_tup,
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 WHERE s.schemaname = current_schema() AND (s.relname = ANY(%(churning)s) OR s.n_mod_since_analyze > 0)
 """
-# A live scheduler: its janitor looks between its batches and never holds back (queueing.scheduler).
-_SCHEDULER_LIVE = """
-SELECT EXISTS (SELECT 1 FROM workers WHERE kind = 'scheduler' AND stopped_at IS NULL
-                                       AND last_seen > now() - %s * interval '1 second')
-"""
 
 
 def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
@@ -146,7 +140,7 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
     if janitor.busy():
         stats = [row for row in stats if row[0] not in janitor.deferred]
     # Working, a janitor with a busy_factor holds back while somebody else tends the tables.
-    holding = janitor.busy_factor > 1.0 and janitor.working() and _tended(conn, stats, janitor.tables)
+    holding = janitor.busy_factor > 1.0 and janitor.working() and _tended(stats, janitor.tables)
     due = [name for name, dead, live, *_ in stats if name in janitor.tables
            and janitor.due([(name, dead, live)], factor=janitor.busy_factor if holding else 1.0)]  # fmt: skip
     stale = [] if holding else [
@@ -172,11 +166,14 @@ def vacuum_if_needed(conn, janitor: Janitor) -> list[str]:  # noqa: ANN001
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
 
 
-def _tended(conn, stats: list[tuple], tables: Sequence[str]) -> bool:  # noqa: ANN001
-    """Autovacuum vacuumed one of the churning `tables` lately, or a scheduler is alive."""
+def _tended(stats: list[tuple], tables: Sequence[str]) -> bool:
+    """Autovacuum vacuumed one of the churning `tables` lately, or a scheduler is alive (its janitor
+    looks between its batches and never holds back; the worker registry's rule of alive)."""
     if any(row[5] for row in stats if row[0] in tables):
         return True
-    return conn.execute(_SCHEDULER_LIVE, [settings.OMNIPOST_WORKER_STALE_SECONDS]).fetchone()[0]
+    from queueing.models import Worker
+
+    return Worker.objects.live().filter(kind=Worker.Kind.SCHEDULER).exists()
 
 
 # Every full block range of each BRIN index of the given tables, summarised if it is not yet (a range

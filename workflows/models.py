@@ -197,7 +197,7 @@ class WorkflowDigest(TenantOwned):
     count = models.PositiveIntegerField()
     items = models.JSONField(default=list)  # the data of the oldest 100 joined triggers, oldest first
     # each item's trigger time in µs since the epoch, in step with `items` (workflows.statements); an
-    # item written by a version that kept none (during an upgrade) has none, and counts as the newest
+    # item the version before appended (during an upgrade) has none and takes the time of the one before
     item_stamps = models.JSONField(db_default=Value([], output_field=models.JSONField()))
 
     class Meta:

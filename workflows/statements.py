@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -33,7 +33,6 @@ from workflows.models import FINISHED, WorkflowRun, initial_states
 from workflows.steps import MAX_WINDOW_SECONDS, key_value
 
 MAX_ITEMS = 100
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _FINISHED = ", ".join(f"'{status}'" for status in FINISHED)
 # What `prune` deletes past retention (core.retention), in this order: a digest window is kept while
@@ -224,7 +223,8 @@ UPDATE workflow_digests d SET
                                     (extract(epoch FROM d.opened_at) * 1000000)::bigint) AS stamp
                     FROM jsonb_array_elements(d.items) WITH ORDINALITY AS x(item, n)
                     UNION ALL
-                    SELECT %(data)s::jsonb, jsonb_array_length(d.items) + 1, %(stamp)s::bigint) AS a
+                    SELECT %(data)s::jsonb, jsonb_array_length(d.items) + 1,
+                           (extract(epoch FROM %(triggered)s::timestamptz) * 1000000)::bigint) AS a
               ORDER BY a.stamp, a.n LIMIT %(max_items)s) AS k
     )
 WHERE d.tenant_id = %(tenant)s AND d.workflow_id = %(workflow)s AND d.step = %(step)s
@@ -242,7 +242,8 @@ _OPEN = """
 INSERT INTO workflow_digests (tenant_id, workflow_id, step, subscriber, key, status, opened_at, closes_at, leader_id,
                               count, items, item_stamps)
 VALUES (%(tenant)s, %(workflow)s, %(step)s, %(subscriber)s, %(key)s, 'open', %(triggered)s, %(closes)s, %(run)s,
-        1, jsonb_build_array(%(data)s::jsonb), jsonb_build_array(%(stamp)s::bigint))
+        1, jsonb_build_array(%(data)s::jsonb),
+        jsonb_build_array((extract(epoch FROM %(triggered)s::timestamptz) * 1000000)::bigint))
 ON CONFLICT (tenant_id, workflow_id, step, subscriber, key) WHERE status = 'open' DO NOTHING
 RETURNING closes_at
 """
@@ -260,7 +261,7 @@ def join_digest(run: WorkflowRun, step: dict[str, Any], now: datetime) -> dateti
         "tenant": run.tenant_id, "workflow": run.workflow_id, "step": step["name"], "subscriber": run.subscriber,
         "key": key_value(run.data, step.get("key")), "data": json.dumps(run.data), "triggered": run.created_at,
         "closes": run.created_at + timedelta(seconds=float(step["window_seconds"])), "run": run.pk,
-        "max_items": MAX_ITEMS, "stamp": (run.created_at - _EPOCH) // timedelta(microseconds=1),
+        "max_items": MAX_ITEMS,
     }  # fmt: skip
     with connections[WorkflowRun.objects.db].cursor() as cursor:
         for _ in range(5):

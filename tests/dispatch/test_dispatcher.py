@@ -246,3 +246,17 @@ def test_a_delivered_outcome_records_what_the_classifier_would():
     )
     assert a.error_message == result.message[:500] and a.error_class == ""
     assert started <= a.finished_at <= datetime.now(UTC)
+
+
+def test_a_dispatcher_works_while_its_claims_find_something_and_its_janitor_is_told(tenant_a, webhook_receiver):
+    """`_working`, what the dispatcher's janitor holds back on (queueing.janitor): true once a claim found
+    work, false before any and WORKING_SECONDS after the last."""
+    from dispatch import dispatcher as module
+
+    idle = run_once()
+    assert not idle._working()  # nothing claimed
+    factories.queued(tenant_a, hook_for(tenant_a, webhook_receiver), 3)
+    busy = run_once()
+    assert webhook_receiver.wait_for(3) and busy._working()
+    busy._found_at -= module.WORKING_SECONDS
+    assert not busy._working()

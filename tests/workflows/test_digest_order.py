@@ -74,3 +74,18 @@ def test_joins_in_order_append(api_a, tenant_a):
         assert statements.join_digest(run, STEP, timezone.now()) is None
     digest = statements.close_digest(leader, "collect")
     assert digest["count"] == 102 and digest["items"] == [{"n": n} for n in range(100)]
+
+
+def test_a_window_the_version_before_opened_keeps_its_first_item_first(api_a, tenant_a):
+    """The version before opens without trigger times (the column's default): its item counts as
+    opened at the window's opening, before any later trigger."""
+    first, second = runs(api_a, tenant_a, 2)
+    with connection.cursor() as cursor:  # the version before's open: no item_stamps
+        cursor.execute(
+            "INSERT INTO workflow_digests (tenant_id, workflow_id, step, subscriber, key, status, opened_at, "
+            "closes_at, leader_id, count, items) VALUES (%s, %s, 'collect', %s, '', 'open', %s, %s, %s, 1, %s)",
+            [first.tenant_id, first.workflow_id, first.subscriber, first.created_at,
+             first.created_at + timedelta(seconds=300), first.pk, '[{"n": 0}]'],
+        )  # fmt: skip
+    assert statements.join_digest(second, STEP, timezone.now()) is None
+    assert statements.close_digest(first, "collect") == {"count": 2, "items": [{"n": 0}, {"n": 1}]}
