@@ -100,7 +100,8 @@ def test_breaker_opens_traffic_moves_to_the_next_provider_and_returns(tenant_a, 
             #    and the failures open the first's breaker (shared: three dispatchers add to it).
             wave1 = _send(tenant_a, first, 20)
             assert wait_until(lambda: _done(n.id for n in wave1), 30)
-            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == OPEN, 5)
+            # the records that open it may land a few seconds after the last delivery on a loaded machine
+            assert wait_until(lambda: circuits.states([first.pk])[first.pk] == OPEN, 20)
             seen_by_first = len(first_rx.requests)
             assert 10 <= seen_by_first <= 20
             # the dispatchers' view of the breakers (routing.failover.REFRESH_SECONDS, 0.5 s), with room for a
