@@ -14,6 +14,8 @@ environment of their own: the benchmarks' dispatchers, the tests' workers), a un
 (the embedded server's) as libpq's `?host=/dir` query parameter.
 
 PostgreSQL is the only database: a URL of any other scheme stops start-up, in one line.
+
+`turn_jit_off(options)`: direct connections start with `-c jit=off` (see there).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ def database_url(db: dict[str, Any]) -> str:
         k: v for k, v in (db.get("OPTIONS") or {}).items()
         if k != "application_name" and isinstance(v, str | int) and not isinstance(v, bool)
     }
+    # and turns JIT off itself where its connections are direct (a URL may be a pooler's)
+    if (startup := str(options.pop("options", "")).replace(JIT_OFF, "").strip()):
+        options["options"] = startup
     if str(db.get("HOST") or "").startswith("/"):  # a unix-socket directory: libpq's host= parameter
         options = {"host": db["HOST"], **({"port": db["PORT"]} if db.get("PORT") else {}), **options}
         db = {**db, "HOST": "", "PORT": ""}
@@ -85,3 +90,21 @@ def database_url(db: dict[str, Any]) -> str:
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     query = f"?{urlencode(options)}" if options else ""
     return f"postgres://{auth}{netloc}/{quote(str(db.get('NAME') or ''), safe='')}{query}"
+
+
+# PostgreSQL compiles a statement with LLVM whenever its estimated cost passes jit_above_cost
+# (100,000), at every execution: a prepared statement keeps its plan, not the compiled code. Our
+# statements are short ones, whose estimates pass that line only when the statistics they were
+# planned on are off (a queue analyzed while every item was leased); a dispatcher's claim then
+# compiled 102 functions at each call, 50–140 ms a claim instead of 1–3 during a broadcast, and
+# another tenant's pickup p99 went from 10 to 190 ms (bench/fanout_bench.py). JIT pays off for
+# long analytical queries, which OmniPost does not run.
+JIT_OFF = "-c jit=off"
+
+
+def turn_jit_off(options: dict[str, Any]) -> None:
+    """Add `-c jit=off` to libpq's startup `options` in a connection's OPTIONS (once). Only for direct
+    connections: PgBouncer refuses startup options (behind it, `ALTER DATABASE … SET jit = off`)."""
+    current = str(options.get("options", ""))
+    if "jit=" not in current:
+        options["options"] = f"{current} {JIT_OFF}".strip()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import environ
 
-from core.db_url import parse_database_url
+from core.db_url import parse_database_url, turn_jit_off
 from core.embedded_db import EmbeddedPostgres
 from omnipost_site.config import checked, choice, fail, number
 from omnipost_site.keys import load_encryption_keys
@@ -120,6 +120,8 @@ if OMNIPOST_LISTEN_DATABASE_URL and not OMNIPOST_LISTEN_DATABASE_URL.startswith(
 if OMNIPOST_DATABASE_POOLER == "pgbouncer":
     _db["OPTIONS"]["prepare_threshold"] = None
     _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+else:
+    turn_jit_off(_db["OPTIONS"])  # short statements only: no LLVM compile at each execution (core.db_url)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -9,7 +9,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from core.db_url import database_url, parse_database_url
+from core.db_url import database_url, parse_database_url, turn_jit_off
 from tests.core.conftest import REPO, clean_env
 
 
@@ -119,3 +119,16 @@ def test_the_written_url_leaves_out_the_processes_own_application_name():
     config = parse_database_url("postgres://u@h1,h2/db?target_session_attrs=read-write")
     config["OPTIONS"]["application_name"] = "omnipost-web"
     assert "application_name" not in database_url(config)
+
+
+def test_jit_goes_off_once_and_stays_out_of_the_written_url():
+    """Each process turns JIT off on its direct connections itself: a URL handed to another process
+    (which may go through a pooler, which refuses startup options) carries only the URL's own."""
+    config = parse_database_url("postgres://u@h/db?options=-c%20search_path%3Dapp")
+    turn_jit_off(config["OPTIONS"])
+    turn_jit_off(config["OPTIONS"])
+    assert config["OPTIONS"]["options"] == "-c search_path=app -c jit=off"
+    assert parse_database_url(database_url(config))["OPTIONS"] == {"options": "-c search_path=app"}
+    bare = parse_database_url("postgres://u@h/db")
+    turn_jit_off(bare.setdefault("OPTIONS", {}))
+    assert bare["OPTIONS"] == {"options": "-c jit=off"} and "options" not in database_url(bare)

@@ -172,9 +172,11 @@ def test_bad_pooler_settings_stop_start_up_with_one_line(env, message):
 
 
 def test_pooled_settings_turn_off_prepares_and_server_side_cursors():
+    """…and send no startup `options` (PgBouncer refuses them: the direct connections' `-c jit=off`)."""
     code = (
         "import django; django.setup(); from django.conf import settings; d = settings.DATABASES['default']; "
-        "print(d['OPTIONS']['prepare_threshold'], d['DISABLE_SERVER_SIDE_CURSORS'], settings.OMNIPOST_DATABASE_POOLER)"
+        "print(d['OPTIONS']['prepare_threshold'], d['DISABLE_SERVER_SIDE_CURSORS'], settings.OMNIPOST_DATABASE_POOLER, "
+        "d['OPTIONS'].get('options', '-'))"
     )
     result = subprocess.run(  # noqa: S603
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -182,4 +184,18 @@ def test_pooled_settings_turn_off_prepares_and_server_side_cursors():
              "OMNIPOST_DATABASE_POOLER": "PgBouncer"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["None", "True", "pgbouncer"]
+    assert result.stdout.split() == ["None", "True", "pgbouncer", "-"]
+
+
+def test_direct_connections_and_the_listen_one_run_without_jit():
+    """A statement whose estimate passes jit_above_cost is compiled at every execution (a claim planned
+    on off statistics: 50–140 ms of LLVM a claim): every direct connection starts with jit off."""
+    connection.close()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == ("off",)
+    params = pooling.listen_params("default", "omnipost-test-jit")
+    with psycopg.connect(**params) as conn:  # the doorbell's, on which a ring may be claimed
+        assert conn.execute("SHOW jit").fetchone() == ("off",)
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "options"}) as plain:
+        assert plain.execute("SHOW jit").fetchone() == ("on",)  # the server's default, which the test changes
