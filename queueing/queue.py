@@ -505,13 +505,7 @@ def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = Fa
     an item a peer re-claimed is not ours, and neither CTE returns it. `reroute`: `source` also has
     `provider_id`, the provider a released item's next try goes through (null: the same one); an
     item that changes provider changes lane too (`rate_limited`, from that provider's and its
-    tenant's limits, as `insert_items_sql` decides it: a re-route stays within the item's tenant).
-
-    Each CTE reads `queue_state` by its own index condition on the batch's item ids, not only through
-    the join: the queue's size swings within a second, so the statistics a generic plan was made on
-    (an ANALYZE of a nearly empty queue) may say one row, and the join was then planned as the whole
-    queue read by primary key with the batch rescanned for each row, 40 → 300 ms a record as a
-    broadcast's queue grew to 3,000 items, and every claim waited behind it on the DB thread."""
+    tenant's limits, as `insert_items_sql` decides it: a re-route stays within the item's tenant)."""
     provider = (
         f""", provider_id = coalesce(o.provider_id, q.provider_id),
             rate_limited = CASE WHEN o.provider_id IS NULL OR o.provider_id = q.provider_id THEN q.rate_limited
@@ -521,8 +515,7 @@ def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = Fa
     )
     return f"""acked AS (
         DELETE FROM queue_state q USING {source} o
-        WHERE q.item_id = ANY(ARRAY(SELECT item_id FROM {source} WHERE settle = 'ack'))
-          AND q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle = 'ack'
+        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle = 'ack'
         RETURNING {returning}
     ), released AS (
         UPDATE queue_state q
@@ -535,8 +528,7 @@ def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = Fa
             enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
             attempts = greatest(q.attempts - CASE WHEN o.settle = 'refund' THEN 1 ELSE 0 END, 0){provider}
         FROM {source} o
-        WHERE q.item_id = ANY(ARRAY(SELECT item_id FROM {source} WHERE settle IN ('release', 'refund')))
-          AND q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle IN ('release', 'refund')
+        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle IN ('release', 'refund')
         RETURNING {returning}
     )"""
 
