@@ -94,17 +94,16 @@ def database_url(db: dict[str, Any]) -> str:
 
 # PostgreSQL compiles a statement with LLVM whenever its estimated cost passes jit_above_cost
 # (100,000), at every execution: a prepared statement keeps its plan, not the compiled code. Our
-# statements are short ones, whose estimates pass that line only when the statistics they were
-# planned on are off (a queue analyzed while every item was leased); a dispatcher's claim then
-# compiled 102 functions at each call, 50–140 ms a claim instead of 1–3 during a broadcast, and
-# another tenant's pickup p99 went from 10 to 190 ms (bench/fanout_bench.py). JIT pays off for
-# long analytical queries, which OmniPost does not run.
+# statements are short ones, whose estimates pass that line only when the statistics they are planned
+# on are off (a queue analyzed while every item is leased); a dispatcher's claim then compiles 102
+# functions at each call, 50–140 ms instead of 1–3 (auto_explain during bench/fanout_bench.py). JIT
+# pays off for long analytical queries, which OmniPost does not run.
 JIT_OFF = "-c jit=off"
 
 
 def turn_jit_off(options: dict[str, Any]) -> None:
-    """Add `-c jit=off` to libpq's startup `options` in a connection's OPTIONS (once). Only for direct
-    connections: PgBouncer refuses startup options (behind it, `ALTER DATABASE … SET jit = off`)."""
+    """Add `-c jit=off` to libpq's startup `options` in a connection's OPTIONS (once). Not through
+    PgBouncer, which refuses startup options (there: `ALTER DATABASE … SET jit = off`)."""
     current = str(options.get("options", ""))
     if "jit=" not in current:
         options["options"] = f"{current} {JIT_OFF}".strip()

@@ -120,7 +120,7 @@ if OMNIPOST_LISTEN_DATABASE_URL and not OMNIPOST_LISTEN_DATABASE_URL.startswith(
 if OMNIPOST_DATABASE_POOLER == "pgbouncer":
     _db["OPTIONS"]["prepare_threshold"] = None
     _db["DISABLE_SERVER_SIDE_CURSORS"] = True
-else:
+elif env.bool("OMNIPOST_DATABASE_JIT_OFF", default=True):  # false: a proxy in between refuses startup options
     turn_jit_off(_db["OPTIONS"])  # short statements only: no LLVM compile at each execution (core.db_url)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
