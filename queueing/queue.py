@@ -497,25 +497,37 @@ def ack(leases: Sequence[Lease], *, using: str = "default") -> set[int]:
 
 
 def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = False) -> str:
-    """`acked AS (DELETE …), released AS (UPDATE …)`: a batch's leases settled inside a caller's
-    single statement (the dispatcher's record, dispatch.delivery), as `claim_ctes` is a claim.
-    `source` is a relation with columns item_id, lock_token, settle and delay: settle 'ack' removes
-    the item; 'release' puts it back after `delay` seconds (a retry: ready again once it is due);
-    'refund' puts it back and undoes the claim's attempt (given back untried). Fenced by lock_token:
-    an item a peer re-claimed is not ours, and neither CTE returns it. `reroute`: `source` also has
+    """`settle_found AS (…), acked AS (DELETE …), released AS (UPDATE …)`: a batch's leases settled
+    inside a caller's single statement (the dispatcher's record, dispatch.delivery), as `claim_ctes`
+    is a claim. `source` is a relation with columns item_id, lock_token, settle and delay: settle
+    'ack' removes the item; 'release' puts it back after `delay` seconds (a retry: ready again once it
+    is due); 'refund' puts it back and undoes the claim's attempt (given back untried). A released
+    item's `rate_limited` is decided again from the limits as they are now. Fenced by lock_token: an
+    item a peer re-claimed is not ours, and neither CTE returns it. `reroute`: `source` also has
     `provider_id`, the provider a released item's next try goes through (null: the same one); an
-    item that changes provider changes lane too (`rate_limited`, from that provider's and its
-    tenant's limits, as `insert_items_sql` decides it: a re-route stays within the item's tenant)."""
-    provider = (
-        f""", provider_id = coalesce(o.provider_id, q.provider_id),
-            rate_limited = CASE WHEN o.provider_id IS NULL OR o.provider_id = q.provider_id THEN q.rate_limited
-                                ELSE {_limited_now("o.provider_id", "q.tenant_id")} END"""
-        if reroute
-        else ""
+    item that changes provider changes lane too (a re-route stays within the item's tenant).
+
+    Each item is found by its primary key, one probe per row of `source` (`settle_found`, a LATERAL
+    kept apart by OFFSET 0, so the batch is always the outer side), and settled by the row address
+    the probe found: the only other way into `queue_state` by address is a sequential scan, which
+    the planner costs by the table's pages as they are now. Joined by item id alone, a generic plan
+    made on the statistics of a nearly empty queue (one live row on many pages) reads the whole
+    queue by primary key and rescans the batch for each row. A row keeps its address while its
+    lease holds, because nothing but its holder updates a leased row (`sync_rate_limited` leaves
+    them alone); any other update also changes lock_token, which the settle checks again on the
+    row's newest version. `source` is read once: a CTE or table name, or a subquery."""
+    lane = "coalesce(o.provider_id, q.provider_id)" if reroute else "q.provider_id"
+    provider = (", provider_id = coalesce(o.provider_id, q.provider_id)" if reroute else "") + (
+        f", rate_limited = {_lane_flag_now(lane, 'q.tenant_id', 'q.rate_limited')}"
     )
-    return f"""acked AS (
-        DELETE FROM queue_state q USING {source} o
-        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle = 'ack'
+    return f"""settle_found AS (
+        SELECT o.*, x.ctid AS found_at FROM {source} o
+        CROSS JOIN LATERAL (
+            SELECT q.ctid FROM queue_state q WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token OFFSET 0
+        ) x
+    ), acked AS (
+        DELETE FROM queue_state q USING settle_found o
+        WHERE q.ctid = o.found_at AND q.lock_token = o.lock_token AND o.settle = 'ack'
         RETURNING {returning}
     ), released AS (
         UPDATE queue_state q
@@ -527,8 +539,8 @@ def settle_ctes(source: str, *, returning: str = "q.item_id", reroute: bool = Fa
             ready = o.delay <= 0,
             enqueued_at = CASE WHEN o.delay > 0 THEN now() + o.delay * interval '1 second' ELSE q.enqueued_at END,
             attempts = greatest(q.attempts - CASE WHEN o.settle = 'refund' THEN 1 ELSE 0 END, 0){provider}
-        FROM {source} o
-        WHERE q.item_id = o.item_id AND q.lock_token = o.lock_token AND o.settle IN ('release', 'refund')
+        FROM settle_found o
+        WHERE q.ctid = o.found_at AND q.lock_token = o.lock_token AND o.settle IN ('release', 'refund')
         RETURNING {returning}
     )"""
 
@@ -553,7 +565,7 @@ def release(
     refund = 1 if refund_attempt else 0
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             UPDATE queue_state q
             SET lock_token = NULL, locked_until = NULL,
                 available_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
@@ -561,11 +573,12 @@ def release(
                 ready = mine.delay <= 0,
                 enqueued_at = CASE WHEN mine.delay > 0 THEN now() + mine.delay * interval '1 second'
                                    ELSE q.enqueued_at END,
-                attempts = greatest(q.attempts - %s, 0)
+                attempts = greatest(q.attempts - %s, 0),
+                rate_limited = {_lane_flag_now("q.provider_id", "q.tenant_id", "q.rate_limited")}
             FROM unnest(%s::bigint[], %s::uuid[], %s::float8[]) AS mine(item_id, lock_token, delay)
             WHERE q.item_id = mine.item_id AND q.lock_token = mine.lock_token
             RETURNING q.item_id
-            """,
+            """,  # noqa: S608 - fixed fragments
             [refund, ids, tokens, per_item],
         )
         return {row[0] for row in cursor.fetchall()}
@@ -628,6 +641,13 @@ def stage(limit: int = STAGE_LIMIT, *, using: str = "default") -> Staged:
 
 
 # --- rate limits that changed under queued items -----------------------------------------------------
+def _lane_flag_now(lane: str, tenant: str, current: str) -> str:
+    """`rate_limited` for an item coming back from a lease (SQL): decided from its lane's and tenant's
+    limits as they are now, as `sync_rate_limited` leaves leased items alone; `current` for an item
+    without a lane, which no limit changes."""
+    return f"CASE WHEN {lane} IS NULL THEN {current} ELSE {_limited_now(lane, tenant)} END"
+
+
 def _limited_now(lane: str, tenant: str) -> str:
     """Whether an item of `lane` and `tenant` (SQL expressions) goes through its lane, from the
     limits as they are now: one probe of `lane_limits` and one of `tenants`."""
@@ -664,7 +684,13 @@ def sync_rate_limited(
     tenants, from their limits as they are now (in the caller's transaction: whoever saves a limit
     calls it there). Returns how many items changed lanes. Finds the items by lane or tenant, with
     no index of their own: a limit changes rarely, and a scan of the live queue once per change
-    costs less than an index written by every enqueue and claim."""
+    costs less than an index written by every enqueue and claim.
+
+    Items under a lease are left alone: the lane is a claim's concern, and an item in flight gets its
+    flag when it comes back (`settle_ctes`' release, `release`, `release_claim`). Moving a leased
+    row would also move it from under its holder's settle, which finds it by row address. An item
+    whose holder died keeps its flag until it is settled: its first claim after the lease ran out
+    goes by the limit as it was."""
     if not provider_ids and not tenant_ids:
         return 0
     with connections[using].cursor() as cursor:
@@ -672,7 +698,7 @@ def sync_rate_limited(
             f"""
             UPDATE queue_state q SET rate_limited = NOT q.rate_limited
             WHERE q.provider_id IS NOT NULL AND (q.provider_id = ANY(%s::bigint[]) OR q.tenant_id = ANY(%s::uuid[]))
-              AND q.rate_limited <> {_limited_now("q.provider_id", "q.tenant_id")}
+              AND q.lock_token IS NULL AND q.rate_limited <> {_limited_now("q.provider_id", "q.tenant_id")}
             """,  # noqa: S608 - fixed fragments
             [list(provider_ids), list(tenant_ids)],
         )
@@ -727,12 +753,13 @@ def release_claim(tokens: Sequence[uuid.UUID], *, using: str = "default") -> int
         return 0
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """
-            UPDATE queue_state
+            f"""
+            UPDATE queue_state q
             SET lock_token = NULL, locked_until = NULL, available_at = least(available_at, now()), ready = true,
-                attempts = greatest(attempts - 1, 0)
+                attempts = greatest(attempts - 1, 0),
+                rate_limited = {_lane_flag_now("q.provider_id", "q.tenant_id", "q.rate_limited")}
             WHERE lock_token = ANY(%s::uuid[])
-            """,
+            """,  # noqa: S608 - fixed fragments
             [list(tokens)],
         )
         return cursor.rowcount

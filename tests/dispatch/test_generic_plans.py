@@ -125,3 +125,43 @@ def test_the_event_lanes_claim_reads_deliveries_and_the_outbox_by_index_under_a_
     # event made from outcomes
     budget = {"due-deliveries": 4000, "fan-out": 4000, "outcomes": 12_000}[stage]
     assert explained.plan["Plan"]["Shared Hit Blocks"] + explained.plan["Plan"].get("Shared Read Blocks", 0) < budget
+
+
+def test_the_record_statement_planned_on_an_empty_queue_reads_only_the_batchs_items_as_it_grows(tenant_a):
+    """The queue's size swings within a second: a generic plan made on the statistics of a nearly
+    empty queue (an ANALYZE between two of a broadcast's shares) must still read the queue by the
+    batch's item ids once thousands of items wait. Joined only through its CTE, the settle was planned
+    as the whole queue read by primary key with the batch rescanned for each row (40 → 300 ms a
+    record during a broadcast)."""
+    provider = factories.provider(tenant_a)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_state SET (autovacuum_enabled = false)")  # statistics stay ours
+        try:
+            # a queue that held thousands (its pages) and is nearly empty when analyzed: one row
+            factories.bulk_queued_sql(tenant_a, provider, 3_000)
+            cursor.execute("DELETE FROM queue_state WHERE item_id > (SELECT min(item_id) FROM queue_state)")
+            cursor.execute("VACUUM (ANALYZE, TRUNCATE false) queue_state")  # as the janitor does
+            cursor.execute("SELECT reltuples, relpages FROM pg_class WHERE relname = 'queue_state'")
+            assert cursor.fetchone()[0] == 1
+            factories.bulk_queued_sql(tenant_a, provider, 3_000)  # the queue grows; nothing re-analyzes it
+            prepared, _ = claim_and_start(100, lease_seconds=30)
+            assert len(prepared) == 100
+            sql, params = record_statement(_outcomes(prepared))
+            connection.ensure_connection()
+
+            def left(cursor):  # noqa: ANN001, ANN202
+                cursor.execute("SELECT count(*) FROM queue_state")
+                return cursor.fetchone()[0]
+
+            explained = plans.explain_generic(connection.connection, sql, params, inside=left)
+        finally:
+            cursor.execute("ALTER TABLE queue_state RESET (autovacuum_enabled)")
+    assert explained.generic_plans == 1
+    assert explained.seen == 3_001 - 90  # the 90 acked left; the 10 retries stay, released
+    queue_read = [(n["Node Type"], (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"])
+                  for n in plans.nodes(explained.plan["Plan"]) if n.get("Relation Name") == "queue_state"]  # fmt: skip
+    assert queue_read and max(rows for _, rows in queue_read) <= 100, queue_read
+    assert ("Seq Scan", "queue_state") not in plans.scans(explained.plan["Plan"])
+    rescans = [(n["Node Type"], n.get("CTE Name"), n["Actual Loops"]) for n in plans.nodes(explained.plan["Plan"])
+               if n["Node Type"] in _RESCANNED and n["Actual Loops"] > 1]  # fmt: skip
+    assert rescans == [], rescans

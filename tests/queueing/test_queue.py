@@ -162,10 +162,38 @@ def test_a_released_item_that_changes_lane_is_rate_limited_by_the_new_lanes_limi
              "%s::bigint AS provider_id)"
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {queue.settle_ctes(source, reroute=True)} SELECT count(*) FROM released",
-                       [lease.item_id, lease.lock_token, limited.pk] * 2)
+                       [lease.item_id, lease.lock_token, limited.pk])
         assert cursor.fetchone() == (1,)
     item = QueueItem.objects.get(notification_id=note.id)
     assert (item.provider_id, item.rate_limited, item.ready) == (limited.pk, True, True)
+
+
+def test_a_limit_set_while_an_item_is_leased_applies_when_it_comes_back(tenant_a, hook):
+    """A leased row is moved only by its holder (its settle finds it by row address): a limit set
+    meanwhile leaves the leased item alone, and the item's release decides its lane anew, whether it
+    comes back through the record's settle, a give-back or the give-back of a lost claim."""
+    notes = factories.queued(tenant_a, hook, 3)
+    leases = {lease.notification_id: lease for lease in queue.claim(3)}
+    assert len(leases) == 3
+
+    def row(note):  # noqa: ANN001, ANN202
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT ctid::text, rate_limited FROM queue_state WHERE notification_id = %s", [note.id])
+            return cursor.fetchone()
+
+    before = [row(n) for n in notes]
+    assert queue.set_lane_limit(hook.pk, tenant_id=tenant_a.pk, rate_per_second=1.0) == 0  # all three leased
+    assert [row(n) for n in notes] == before  # not moved, flags as they were
+    first, second, third = (leases[n.id] for n in notes)
+    source = "(SELECT %s::bigint AS item_id, %s::uuid AS lock_token, 'release' AS settle, 0::float8 AS delay)"
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {queue.settle_ctes(source)} SELECT count(*) FROM released",
+                       [first.item_id, first.lock_token])
+        assert cursor.fetchone() == (1,)
+    assert queue.release([second]) == {second.item_id}
+    assert queue.release_claim([third.lock_token]) == 1
+    assert [row(n)[1] for n in notes] == [True, True, True]  # each by the limit as it is now
+    assert queue.set_lane_limit(hook.pk, tenant_id=tenant_a.pk, rate_per_second=None) == 3  # unleased: re-decided
 
 
 def test_queue_filter(tenant_a, hook):
