@@ -690,7 +690,8 @@ def sync_rate_limited(
     flag when it comes back (`settle_ctes`' release, `release`, `release_claim`). Moving a leased
     row would also move it from under its holder's settle, which finds it by row address. An item
     whose holder died keeps its flag until it is settled: its first claim after the lease ran out
-    goes by the limit as it was."""
+    goes by the limit as it was; so does an item released while the transaction saving a limit is
+    still open (its release reads the limits committed before), until its next release."""
     if not provider_ids and not tenant_ids:
         return 0
     with connections[using].cursor() as cursor:
