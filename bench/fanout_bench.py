@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fanout_bench.py [--database-url URL] [--members 1000000] [--kill-at 0.5]
         [--dispatchers 2] [--idle-seconds 10] [--max-seconds 3600] [--runs-only] [--markdown FILE]
-        [--probes FILE]
+        [--probes FILE] [--history N]
 
 On its own database (default `omnipost_bench_fanout` on the local server, dropped and created
 afresh): tenant A's topic is filled through the API (`POST topics/{key}/subscribers`, 1,000
@@ -10,6 +10,10 @@ external ids a call, the WSGI application in this process), then a workflow of o
 is triggered to it (`POST workflows/{key}/trigger {"topic"}`) with one real scheduler and
 `--dispatchers` real dispatchers running. With `--kill-at F` the scheduler is killed with SIGKILL
 once the fan-out has created F of the runs, and a new one is started.
+
+With `--history N`, `notifications` first holds N delivered notifications of the other tenant (a
+running system's table; on a fresh one, plans made while it holds a few hundred rows are kept while
+the broadcast adds thousands a second, until the janitor's next ANALYZE).
 
 Probes: another tenant's single creates (webhook to a bench receiver) and tenant A's own priority-9
 creates, one of each every 50 ms, first on the idle system (dispatchers running, nothing else), then
@@ -196,6 +200,30 @@ def probe_phase(tenants, providers, receiver_arrivals, seconds: float, stop_when
     return prober.sent
 
 
+def history(tenant, provider, count: int) -> None:  # noqa: ANN001
+    """`count` delivered notifications of a day ago for `tenant` (one INSERT … SELECT), analyzed: the
+    table of a running system rather than a fresh install's, whose statistics (and every plan made on
+    them) still say a few hundred rows while the broadcast adds thousands a second."""
+    from django.db import connection
+
+    from notifications.models import Notification
+
+    sample = Notification(tenant=tenant, provider=provider, channel="webhook", recipient="https://example.test/h")
+    token = Notification._meta.get_field("recipient").get_prep_value(sample.recipient)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
+                   subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
+                   created_at, updated_at, delivered_at)
+               SELECT gen_random_uuid(), %s, 'webhook', %s, 'h***', %s, '{}', 's', 'b', 3, 'default', 'delivered',
+                      '{}', 1, 0, '', now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+               FROM generate_series(1, %s)""",
+            [tenant.pk, token, provider.pk, count],
+        )
+        cursor.execute("VACUUM ANALYZE notifications")
+    print(f"history: {count:,} delivered notifications of another tenant", flush=True)
+
+
 def warm_up(tenant, provider) -> None:  # noqa: ANN001
     """Until the dispatchers deliver: the idle figures are then a running system's, not its start-up's."""
     from notifications.models import Notification
@@ -260,6 +288,8 @@ def main() -> int:  # noqa: C901, PLR0915
                         help="skip sending the same count through the batch API afterwards")  # fmt: skip
     parser.add_argument("--markdown")
     parser.add_argument("--probes", help="write every probe's creation time and pickup to this TSV file")
+    parser.add_argument("--history", type=int, default=0,
+                        help="first, this many delivered notifications of another tenant (a running system's table)")
     args = parser.parse_args()
 
     from benchmarks.receiver import ReceiverProcess
@@ -309,6 +339,8 @@ def main() -> int:  # noqa: C901, PLR0915
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE topic_subscribers")
         cursor.execute("VACUUM ANALYZE subscribers")
+    if args.history:
+        history(tenant_b, hooks[1], args.history)
 
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"fanout-bench-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
