@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -194,6 +195,52 @@ def test_a_limit_set_while_an_item_is_leased_applies_when_it_comes_back(tenant_a
     assert queue.release_claim([third.lock_token]) == 1
     assert [row(n)[1] for n in notes] == [True, True, True]  # each by the limit as it is now
     assert queue.set_lane_limit(hook.pk, tenant_id=tenant_a.pk, rate_per_second=None) == 3  # unleased: re-decided
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("settle", ["ack", "release"])
+def test_a_settle_that_meets_a_peers_reclaim_of_the_row_it_found_leaves_it_to_the_peer(tenant_a, hook, settle):
+    """The settle finds each item's row address by primary key, then deletes or updates that row. A
+    peer re-claiming the item between the two (its lease ran out; the peer's update is committed
+    while the settle waits on its lock) leaves a newer version there: the settle re-checks it,
+    sees another lock_token and leaves the item to the peer, neither removed nor released."""
+    from tests.queueing.test_janitor import autocommit_connection
+
+    factories.queued(tenant_a, hook, 1)
+    [lease] = queue.claim(1)
+    peer_token = uuid.uuid4()
+    source = "(SELECT %s::bigint AS item_id, %s::uuid AS lock_token, %s::text AS settle, 0::float8 AS delay)"
+    with autocommit_connection() as peer, autocommit_connection() as late:
+        peer.execute("BEGIN")
+        peer.execute("UPDATE queue_state SET lock_token = %s, attempts = attempts + 1 WHERE item_id = %s",
+                     [peer_token, lease.item_id])  # the peer's claim, not yet committed
+        pid = late.info.backend_pid
+        settled: dict = {}
+
+        def settle_late() -> None:
+            settled["row"] = late.execute(
+                f"WITH {queue.settle_ctes(source)} "
+                "SELECT (SELECT count(*) FROM settle_found), (SELECT count(*) FROM acked), "
+                "(SELECT count(*) FROM released)",
+                [lease.item_id, lease.lock_token, settle],
+            ).fetchone()
+
+        thread = threading.Thread(target=settle_late, daemon=True)
+        thread.start()
+        waiting = False
+        for _ in range(100):  # the late settle found the row and waits on the peer's lock
+            waiting = peer.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                   [pid]).fetchone()[0]
+            if waiting:
+                break
+            time.sleep(0.05)
+        assert waiting, "the late settle never waited on the peer's lock"
+        peer.execute("COMMIT")
+        thread.join(10)
+        assert not thread.is_alive()
+    assert settled["row"] == (1, 0, 0)  # found under its snapshot, then not ours
+    item = QueueItem.objects.get(item_id=lease.item_id)
+    assert (item.lock_token, item.attempts) == (peer_token, lease.attempts + 1)  # the peer's, untouched
 
 
 def test_queue_filter(tenant_a, hook):
