@@ -1,7 +1,8 @@
 """Native push through the vendors' stand-ins, side by side with the webhook kind, in one sitting.
 
     .venv/bin/python bench/push_bench.py [--items 2000] [--dispatchers 2]
-        [--kinds webhook,webhook-hypercorn,apns,fcm,webpush] [--database-url URL] [--profile DIR]
+        [--kinds webhook,webhook-hypercorn,apns,fcm,webpush] [--rate SENDS_PER_S] [--rounds R]
+        [--database-url URL] [--profile DIR]
 
 For each kind: a tenant with one provider of that kind, `--items` subscribers with one device each
 (webhook: `--items` notifications to a recipient, at tests.support.receivers.HttpReceiver;
@@ -14,7 +15,11 @@ its HTTP/2 connections.
 
 The stand-ins (benchmarks/push_standins.py: hypercorn, verifying tokens and decrypting Web Push bodies)
 run in this process, so on a small machine they, not the dispatchers, bound the rate; the CPU per
-send is the dispatchers' own. Uses (creates, migrates, overwrites) its own database, by default
+send is the dispatchers' own. Released all at once, a kind whose stand-in answers faster keeps the
+dispatchers busier, their claims fuller and their CPU per send lower: compare kinds' CPU with
+`--rate` under the slowest stand-in's rate (the items then go to the dispatchers' queue at that pace,
+so every kind is sent at one load), over `--rounds` (the kinds in turn; medians, and each round's
+ratios to the webhook kind). Uses (creates, migrates, overwrites) its own database, by default
 `omnipost_push_bench`.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,9 +93,30 @@ def _seed(kind: str, items: int, standin: object) -> None:
         services.create_notifications(tenant, services.build_specs(tenant, batch, cached=False), actor="bench")
 
 
-def _drain(dispatchers: int, env: dict, items: int, profile: Path | None = None, kind: str = "") -> dict:
+def _release(rate: float, started: float, released: int, items: int) -> int:
+    """Move what `rate` sends/s owes by now (all at once when 0) from the held queue to the
+    dispatchers' and ring their doorbell; the count released so far."""
+    from django.db import connection
+
     from queueing.models import QueueItem
     from queueing.queue import NOTIFY_CHANNEL
+
+    owed = items if rate <= 0 else min(items, int((time.monotonic() - started) * rate) + 1)
+    if owed <= released:
+        return released
+    if owed >= items:
+        QueueItem.objects.filter(queue_name="held").update(queue_name="go")
+    else:
+        ids = list(QueueItem.objects.filter(queue_name="held").values_list("pk", flat=True)[: owed - released])
+        QueueItem.objects.filter(pk__in=ids).update(queue_name="go")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, 'go')", [NOTIFY_CHANNEL])
+    return owed
+
+
+def _drain(dispatchers: int, env: dict, items: int, profile: Path | None = None, kind: str = "",
+           rate: float = 0) -> dict:  # fmt: skip
+    from queueing.models import QueueItem
 
     logs = Path(tempfile.mkdtemp(prefix="push-bench-"))
     procs = []
@@ -115,16 +142,14 @@ def _drain(dispatchers: int, env: dict, items: int, profile: Path | None = None,
         time.sleep(1.0)
     cpu0 = sum(_cpu(p.pid) for p in procs)
     started = time.monotonic()
-    # the items were created in a queue nobody claims; now, all at once, in the dispatchers' queue
-    QueueItem.objects.filter(queue_name="held").update(queue_name="go")
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, 'go')", [NOTIFY_CHANNEL])
-    while QueueItem.objects.exists():
-        if time.monotonic() - started > 110:
+    # the items were created in a queue nobody claims; now in the dispatchers' queue, all at once or
+    # paced at `rate` a second
+    released = _release(rate, started, 0, items)
+    while released < items or QueueItem.objects.exists():
+        if time.monotonic() - started > 110 + (items / rate if rate > 0 else 0):
             break
         time.sleep(0.02)
+        released = _release(rate, started, released, items)
     wall = time.monotonic() - started
     cpu = sum(_cpu(p.pid) for p in procs) - cpu0
     for spy in spies:
@@ -147,6 +172,10 @@ def main() -> None:
                         help="also webhook-hypercorn: the webhook kind to the stand-ins' server")
     parser.add_argument("--database-url", default=DEFAULT_URL)
     parser.add_argument("--profile", type=Path, help="py-spy each dispatcher while it drains; raw stacks go here")
+    parser.add_argument("--rate", type=float, default=0,
+                        help="release the items at this many a second (0: all at once): CPU per send compared "
+                             "at one load, every kind's stand-in keeping up")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1, help="the kinds in turn, this many times; medians")
     args = parser.parse_args()
     _setup(args.database_url)
     from benchmarks.push_standins import ApnsStandIn, FcmStandIn, HookStandIn, WebPushStandIn
@@ -161,29 +190,42 @@ def main() -> None:
     from queueing.models import QueueItem
 
     QueueItem.objects.all().delete()  # what an earlier, interrupted run left queued
-    results = {}
-    for kind in args.kinds.split(","):
-        standin = {"webhook": lambda: HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=300).start(),
-                   "webhook-hypercorn": lambda: HookStandIn().start(),
-                   # hypercorn's GOAWAY after 1,000 requests of a connection leaves the streams in
-                   # flight unanswered (they time out after 15 s, then are retried): not APNs' habit
-                   "apns": lambda: ApnsStandIn(max_requests=10**9).start(), "fcm": lambda: FcmStandIn().start(),
-                   "webpush": lambda: WebPushStandIn().start()}[kind]()  # fmt: skip
-        try:
-            _seed(kind, args.items, standin)
-            results[kind] = _drain(args.dispatchers, env, args.items, args.profile, kind)
-            if kind == "apns":
-                results[kind]["apns_most_streams_in_flight"] = standin.most_in_flight
-            if not kind.startswith("webhook"):
-                results[kind]["refused_by_standin"] = len(standin.refused)
-        finally:
-            standin.stop()
-        print(kind, json.dumps(results[kind]), flush=True)
-    base = results.get("webhook", {}).get("dispatcher_cpu_us_per_send")
-    if base:
-        for figures in results.values():
-            figures["cpu_vs_webhook"] = round(figures["dispatcher_cpu_us_per_send"] / base, 2)
-    print(json.dumps(results, indent=2))
+    kinds = args.kinds.split(",")
+    rounds: list[dict[str, dict]] = []
+    for _ in range(args.rounds):
+        results: dict[str, dict] = {}
+        for kind in kinds:
+            standin = {"webhook": lambda: HttpReceiver(secret=TEST_SIGNING_SECRET, max_seconds=300).start(),
+                       "webhook-hypercorn": lambda: HookStandIn().start(),
+                       # hypercorn's GOAWAY after 1,000 requests of a connection leaves the streams in
+                       # flight unanswered (they time out after 15 s, then are retried): not APNs' habit
+                       "apns": lambda: ApnsStandIn(max_requests=10**9).start(), "fcm": lambda: FcmStandIn().start(),
+                       "webpush": lambda: WebPushStandIn().start()}[kind]()  # fmt: skip
+            try:
+                _seed(kind, args.items, standin)
+                results[kind] = _drain(args.dispatchers, env, args.items, args.profile, kind, args.rate)
+                if kind == "apns":
+                    results[kind]["apns_most_streams_in_flight"] = standin.most_in_flight
+                if not kind.startswith("webhook"):
+                    results[kind]["refused_by_standin"] = len(standin.refused)
+            finally:
+                standin.stop()
+            print(kind, json.dumps(results[kind]), flush=True)
+        for base in ("webhook", "webhook-hypercorn"):
+            if results.get(base, {}).get("dispatcher_cpu_us_per_send"):
+                for figures in results.values():
+                    figures[f"cpu_vs_{base}"] = round(
+                        figures["dispatcher_cpu_us_per_send"] / results[base]["dispatcher_cpu_us_per_send"], 2)
+        rounds.append(results)
+    summary = {}
+    for kind in kinds:
+        runs = [r[kind] for r in rounds]
+        summary[kind] = {name: statistics.median(run[name] for run in runs) for name in runs[0]
+                         if isinstance(runs[0][name], int | float)}  # fmt: skip
+        for name in runs[0]:
+            if name.startswith("cpu_"):
+                summary[kind][f"{name}_per_round"] = [run[name] for run in runs]
+    print(json.dumps({"rate": args.rate, "items": args.items, "rounds": args.rounds, "median": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -266,6 +266,7 @@ class ApnsStandIn(_StandIn):
         self.stale_tokens: set[str] = set()  # provider tokens answered 403 ExpiredProviderToken
         self.expire_next = False  # the next provider token seen becomes stale
         self.provider_tokens: Counter[str] = Counter()
+        self.verified: dict[str, tuple[dict, dict]] = {}  # provider token → its (header, claims), signature good
 
     def start(self) -> ApnsStandIn:
         self.server = AsgiServer(self, tls=self.tls, max_requests=self.max_requests).start()
@@ -286,10 +287,15 @@ class ApnsStandIn(_StandIn):
         if not auth.startswith("bearer "):
             return 403, "MissingProviderToken"
         jwt = auth[7:]
-        try:
-            header, claims = verify_jwt(jwt, self.key.public_key(), "ES256")
-        except JwtRefused:
-            return 403, "InvalidProviderToken"
+        verified = self.verified.get(jwt)
+        if verified is None:  # each provider token's signature checked once, its claims at every request
+            try:
+                verified = verify_jwt(jwt, self.key.public_key(), "ES256")
+            except JwtRefused:
+                return 403, "InvalidProviderToken"
+            with self.lock:
+                self.verified[jwt] = verified
+        header, claims = verified
         if header.get("kid") != self.KEY_ID or claims.get("iss") != self.TEAM_ID:
             return 403, "InvalidProviderToken"
         iat = claims.get("iat")
