@@ -2,8 +2,8 @@
 lanes, claim (one statement), read the claimed items' providers. A fixed number of statements
 per batch; the lane arithmetic is dispatch.policy's.
 
-A ring that finds the dispatcher idle is claimed on the doorbell thread instead, on the LISTEN
-connection (`claim_rung`): that connection's server process is awake the moment the ring arrives,
+A ring is claimed on the doorbell thread as well, on the LISTEN connection (`claim_rung`), while the
+fetch loop sleeps or waits on the DB thread: that connection's server process is awake the moment the ring arrives,
 and neither the event loop nor the DB thread has to wake before the claim. The same fair claim, with
 no lanes (the fetch loop takes those) and no starvation scan (the fetch loop looks once a second);
 what follows the claim (suppressions, routing, providers) is done from memory when nothing needs
@@ -170,15 +170,22 @@ class Claimer:
         result.skipped, result.next_token_in = skipped, (next_token_in if not result.unready else None)
         return result
 
-    def claim_rung(self, conn: object, want: int) -> tuple[list[Prepared], list[DispatchLease], ClaimSeen] | None:
+    def claim_rung(
+        self, conn: object, want: int | Callable[[], int]
+    ) -> tuple[list[Prepared], list[DispatchLease], ClaimSeen] | None:
         """On the doorbell thread, with the LISTEN connection `conn` (see the module's docstring):
-        claim up to `want` items for a ring. None, claiming nothing, when a claim is under way on the
-        DB thread, when rate-limited lanes may hold work or a lost claim awaits its give-back (the
-        fetch loop's). A failed claim may have committed: its token goes to `orphans`."""
-        if want <= 0 or self.any_limits or not self.lock.acquire(blocking=False):
+        claim up to `want` items for a ring (a function: asked once the lock is held, as `claim`'s).
+        None, claiming nothing, when a claim is under way on the DB thread, when rate-limited lanes
+        may hold work or a lost claim awaits its give-back (the fetch loop's), or when `want` is 0. A
+        failed claim may have committed: its token goes to `orphans`."""
+        if self.any_limits or not self.lock.acquire(blocking=False):
             return None
         try:
             if self.orphans:
+                return None
+            if callable(want):
+                want = want()
+            if want <= 0:
                 return None
             prepare_when_asked(conn)  # planned once, as on the DB thread
             seen, token = ClaimSeen(), uuid.uuid4()

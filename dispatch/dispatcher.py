@@ -129,10 +129,12 @@ class Dispatcher:
         self._found_at = float("-inf")  # time.monotonic() of the last claim that found anything
         self.event_lane_stop = asyncio.Event()  # the lane's own: in --once it outlives the fetch loop
         self.notifications_recorded = asyncio.Event()
-        # Rings answered on the doorbell thread (`_answer_ring`): items claimed there and not yet
-        # started or given back on the event loop are `_handed - _taken` (one writer each).
+        # Slots taken by claims whose items are not in flight yet, so that neither claimer overfills
+        # `concurrency`: rings answered on the doorbell thread (`_answer_ring`) hold `_handed - _taken`
+        # (written there and on the event loop, one writer each), the fetch loop's claim `_reserved`
+        # (set under the claimer's lock on the DB thread, cleared on the event loop once handled).
         self._idle = False  # the fetch loop sleeps, its last claim having found nothing
-        self._handed = self._taken = 0
+        self._handed = self._taken = self._reserved = 0
         self.rings_answered = 0  # claims made on the doorbell thread (tests, benchmarks)
         self._takeovers: set[asyncio.Task] = set()
 
@@ -284,37 +286,49 @@ class Dispatcher:
             self.loop.call_soon_threadsafe(self._rung)
 
     def _free(self) -> int:
-        """Slots left, counting the items claimed on the doorbell thread that are not in flight yet."""
-        return self.config.concurrency - len(self.sender.inflight) - (self._handed - self._taken)
+        """Slots left, counting the items claimed (on either thread) that are not in flight yet."""
+        return self.config.concurrency - len(self.sender.inflight) - (self._handed - self._taken) - self._reserved
 
-    def _cap(self, want: int) -> int:
-        return min(want, self._free())
+    def _reserve(self, want: int, cap: bool) -> int:
+        """The fetch loop's claim size, asked under the claimer's lock: `want`, capped (`cap`) to the
+        slots a claim on the doorbell thread left, and held as `_reserved` until the claim is handled.
+        (Uncapped: a claim for the spare slots, over the concurrency by design.)"""
+        self._reserved = max(0, min(want, self._free()) if cap else want)
+        return self._reserved
 
     def _answer_ring(self, conn: Any, payload: str) -> bool:  # noqa: ANN401 - the LISTEN psycopg connection
-        """On the doorbell thread, for a ring that finds the fetch loop asleep: claim on the LISTEN
-        connection (dispatch.claims.Claimer.claim_rung) and hand what it got to the event loop. False
-        (the fetch loop is woken instead) when busy, stopping, or the claim could not be made."""
-        if not self._idle or self.stopping.is_set() or not self._wants(payload):
+        """On the doorbell thread: claim for a ring on the LISTEN connection (dispatch.claims.Claimer.
+        claim_rung) and hand what it got to the event loop, whether the fetch loop sleeps or waits on
+        the DB thread (behind a record statement, say: the ring's items need not wait there). False
+        (the fetch loop is woken instead) when stopping, with no free slot, when the claim could not
+        be made, or when it found nothing while the fetch loop works (lanes are the fetch loop's)."""
+        if self.stopping.is_set() or not self._wants(payload):
             return False
-        want = min(self.config.batch_size, self._free())
-        if want <= 0:
-            return False
-        self._handed += want  # the slots are taken from now on: a claim on the DB thread sees them so
+        idle = self._idle
+        asked = 0
+
+        def slots() -> int:  # under the claimer's lock: a claim on the DB thread sees these slots taken
+            nonlocal asked
+            asked = max(0, min(self.config.batch_size, self._free()))
+            self._handed += asked
+            return asked
+
         claimed = None
         try:
-            claimed = self.claimer.claim_rung(conn, want)
+            claimed = self.claimer.claim_rung(conn, slots)
         except Exception as exc:  # noqa: BLE001 - the fetch loop claims instead (and gives back a lost claim)
             logger.warning("claim on the LISTEN connection failed (%s); waking the fetch loop", type(exc).__name__)
         finally:
-            self._handed -= want - (len(claimed[0]) if claimed else 0)
+            self._handed -= asked - (len(claimed[0]) if claimed else 0)
         if claimed is None:
             return False
         prepared, skipped, seen = claimed
         self.rings_answered += 1
         if prepared or skipped:
-            full = len(prepared) + len(skipped) >= want
+            full = len(prepared) + len(skipped) >= asked
             self.loop.call_soon_threadsafe(self._take_over, prepared, skipped, seen, full)
-        return True  # nothing found: a peer was faster, and lanes (the fetch loop's) hold nothing
+            return True
+        return idle  # nothing found: a peer was faster; a working fetch loop looks at its lanes too
 
     def _take_over(self, prepared: list[Prepared], skipped: list[DispatchLease], seen: ClaimSeen, full: bool) -> None:
         """On the event loop: start what the doorbell thread claimed, sorted from memory when that
@@ -326,9 +340,10 @@ class Dispatcher:
             task.add_done_callback(self._takeovers.discard)
             return
         result.skipped = skipped
-        self._taken += len(prepared)
         self._handle(result)
+        self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
         if full:
+            self._full_claim_at = time.monotonic()
             self.wake.set()
 
     async def _sort_then_take_over(
@@ -342,9 +357,10 @@ class Dispatcher:
             logger.exception("sorting %d items claimed on the LISTEN connection failed", len(prepared))
             result = ClaimResult(unready=prepared)
         result.skipped = skipped
-        self._taken += len(prepared)
         self._handle(result)
+        self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
         if full:
+            self._full_claim_at = time.monotonic()
             self.wake.set()
 
     def _rung(self) -> None:
@@ -400,9 +416,10 @@ class Dispatcher:
                 # a long-running dispatcher stages below, after the sends; a single pass (--once) first
                 # without leave_out, capped once the claim lock is held: by then a claim on the doorbell
                 # thread may have taken slots (a spare-slot claim is over the concurrency by design)
-                wanted = want if leave_out else functools.partial(self._cap, want)
+                wanted = functools.partial(self._reserve, want, not leave_out)
                 claimed = await self.db(self.claimer.claim, wanted, leave_out, self.config.once)
             except SessionLost as exc:
+                self._reserved = 0
                 delay = self._outage.next()
                 logger.warning("database unavailable while claiming (%s); retrying in %.2fs", exc, delay)
                 await self._sleep(delay)
@@ -410,7 +427,11 @@ class Dispatcher:
             self._outage.reset()
             if claim_started:  # traces are exported: the claim's window, for the claim spans of its sends
                 self.sender.claim_window = (claim_started, tracing.now())
+            reserved = self._reserved
             self._handle(claimed)
+            self._reserved = 0  # after: its sends are in flight
+            if reserved == 0:  # claims on the doorbell thread took the slots first: wait for one
+                continue
             # Due retries come back into the ready set after the claim's sends have started: a ring's
             # claim never waits behind the stager (every STAGE_SECONDS). What it brings back is claimed next.
             if not self.config.once and not self.stopping.is_set() and self.claimer.stage_is_due():

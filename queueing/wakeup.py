@@ -7,7 +7,7 @@ re-issued each time. Behind PgBouncer (transaction pooling loses LISTEN) it is
 
 A ring may be answered on the doorbell's own connection (`answer`, given the connection and the
 payload): its server process is awake the moment the notification arrives, where the woken loop's
-connection would first have to wake its own. The dispatcher claims there when it is idle, on a
+connection would first have to wake its own. The dispatcher claims there (unless a claim is under way), on a
 direct connection only (dispatch.claims); when `answer` declines, `on_ring` wakes the loop.
 """
 
