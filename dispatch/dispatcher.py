@@ -3,10 +3,11 @@
 One process keeps up to `concurrency` provider calls in flight on one event loop. All database
 work runs on one dedicated thread (one connection), in short transactions with a fixed number of
 statements per batch: [stage] [take tokens] → claim + read providers' versions → … sends … →
-record outcomes. A second connection LISTENs for enqueues (queueing.wakeup): a ring that
-finds the dispatcher idle is claimed at once on that connection, on the doorbell thread
-(dispatch.claims: its server process is awake, and no thread has to wake before the claim); any
-other ring wakes the fetch loop, which claims; without rings it polls with backoff.
+record outcomes. A second connection LISTENs for enqueues (queueing.wakeup): a ring is
+claimed at once on that connection, on the doorbell thread, unless a claim is under way
+(dispatch.claims: its server process is awake, and no thread has to wake before the claim, nor
+wait for the DB thread's statements); any other ring wakes the fetch loop, which claims; without
+rings it polls with backoff.
 
 The class orchestrates; its collaborators do the work: `Claimer` (dispatch.claims), `Sender`
 (dispatch.sending, which asks dispatch.policy what to do with each result), `Recorder`
@@ -286,8 +287,11 @@ class Dispatcher:
             self.loop.call_soon_threadsafe(self._rung)
 
     def _free(self) -> int:
-        """Slots left, counting the items claimed (on either thread) that are not in flight yet."""
-        return self.config.concurrency - len(self.sender.inflight) - (self._handed - self._taken) - self._reserved
+        """Slots left, counting the items claimed (on either thread) that are not in flight yet. The
+        claims' counts are read before the sends in flight: their writers start the sends first and
+        lower the counts after, so an item is in one or the other whichever thread reads."""
+        pending = self._reserved + self._handed - self._taken
+        return self.config.concurrency - pending - len(self.sender.inflight)
 
     def _reserve(self, want: int, cap: bool) -> int:
         """The fetch loop's claim size, asked under the claimer's lock: `want`, capped (`cap`) to the
@@ -319,7 +323,10 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - the fetch loop claims instead (and gives back a lost claim)
             logger.warning("claim on the LISTEN connection failed (%s); waking the fetch loop", type(exc).__name__)
         finally:
-            self._handed -= asked - (len(claimed[0]) if claimed else 0)
+            unused = asked - (len(claimed[0]) if claimed else 0)
+            self._handed -= unused
+            if unused:  # a fetch loop waiting for a slot looks again
+                self.loop.call_soon_threadsafe(self.sender.capacity.set)
         if claimed is None:
             return False
         prepared, skipped, seen = claimed
@@ -340,8 +347,11 @@ class Dispatcher:
             task.add_done_callback(self._takeovers.discard)
             return
         result.skipped = skipped
-        self._handle(result)
-        self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
+        try:
+            self._handle(result)
+        finally:
+            self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
+            self.sender.capacity.set()  # what was not started left its slots free: a waiting fetch loop looks
         if full:
             self._full_claim_at = time.monotonic()
             self.wake.set()
@@ -357,8 +367,11 @@ class Dispatcher:
             logger.exception("sorting %d items claimed on the LISTEN connection failed", len(prepared))
             result = ClaimResult(unready=prepared)
         result.skipped = skipped
-        self._handle(result)
-        self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
+        try:
+            self._handle(result)
+        finally:
+            self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
+            self.sender.capacity.set()  # what was not started left its slots free: a waiting fetch loop looks
         if full:
             self._full_claim_at = time.monotonic()
             self.wake.set()
@@ -450,7 +463,7 @@ class Dispatcher:
             if self.config.once:
                 return
             next_token_in = claimed.next_token_in
-            self._idle = True  # a ring from here on is claimed on the doorbell thread
+            self._idle = True  # a ring from here on that finds nothing leaves the loop asleep
             try:
                 await self._sleep(poll if next_token_in is None else min(poll, max(0.005, next_token_in)))
             finally:

@@ -1,7 +1,8 @@
-"""A ring that finds the dispatcher idle is claimed on the doorbell thread, on the LISTEN connection
-(dispatch.claims.Claimer.claim_rung): each notification still goes out exactly once; a ring the
-dispatcher cannot take (no free slot, a claim under way, a LISTEN connection that carries LISTEN
-only) wakes the fetch loop instead; items claimed there just before a stop are given back unsent.
+"""A ring is claimed on the doorbell thread, on the LISTEN connection (dispatch.claims.Claimer.
+claim_rung), whether the fetch loop sleeps or waits on the DB thread: each notification still goes
+out exactly once, and the two claimers together stay within the concurrency; a ring the dispatcher
+cannot take (no free slot, a claim under way, a LISTEN connection that carries LISTEN only) wakes the
+fetch loop instead; items claimed there just before a stop are given back unsent.
 
 The idle poll is made a minute long, so a delivery within seconds was rung."""
 
@@ -20,6 +21,7 @@ from dispatch import dispatcher as dispatcher_module
 from dispatch.dispatcher import Dispatcher, DispatcherConfig
 from notifications.models import Notification
 from queueing.models import QueueItem
+from recipients import suppressions
 from tests import factories
 from tests.queueing.dispatch_support import wait_until
 from tests.support.receivers import TEST_SIGNING_SECRET
@@ -98,8 +100,17 @@ def asked(calls: list):  # noqa: ANN201
     return claim_rung
 
 
-def test_a_ring_with_no_free_slot_is_left_to_the_fetch_loop(tenant_a, webhook_receiver):
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop for a dispatcher whose doorbell methods are called directly (not run)."""
+    made = asyncio.new_event_loop()
+    yield made
+    made.close()
+
+
+def test_a_ring_with_no_free_slot_is_left_to_the_fetch_loop(tenant_a, webhook_receiver, loop):
     dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=1, batch_size=10, event_lane=False))
+    dispatcher.bind(loop)
     calls: list = []
     dispatcher.claimer.claim_rung = asked(calls)  # type: ignore[method-assign]
     dispatcher._idle = True
@@ -114,11 +125,12 @@ def test_a_ring_with_no_free_slot_is_left_to_the_fetch_loop(tenant_a, webhook_re
     assert dispatcher._answer_ring(object(), "default") is False, "nothing found: a working fetch loop is woken"
 
 
-def test_the_two_claimers_never_take_the_same_slots(tenant_a, webhook_receiver):
+def test_the_two_claimers_never_take_the_same_slots(tenant_a, webhook_receiver, loop):
     """The fetch loop's claim holds its slots from the moment it is sized (under the claimer's lock)
     until its sends are in flight, and a doorbell claim's from its sizing until its hand-over: each
     sees the other's, so together they never go past the concurrency."""
     dispatcher = Dispatcher(DispatcherConfig(jitter=False, concurrency=10, batch_size=8, event_lane=False))
+    dispatcher.bind(loop)
     calls: list = []
     dispatcher.claimer.claim_rung = asked(calls)  # type: ignore[method-assign]
     dispatcher._idle = True
@@ -189,6 +201,7 @@ def test_a_backlog_claimed_by_both_threads_never_exceeds_the_concurrency(tenant_
     assert result["code"] == 0
     assert 0 < most[0] <= 8
     assert dispatcher.rings_answered > 0
+    assert dispatcher._handed == dispatcher._taken and dispatcher._reserved == 0
     assert len(webhook_receiver.requests) == 200
     assert len({r.payload["id"] for r in webhook_receiver.requests}) == 200
     assert not QueueItem.objects.exists()
@@ -227,3 +240,28 @@ def test_items_claimed_on_the_doorbell_thread_as_a_stop_comes_are_given_back_uns
     note.refresh_from_db()
     assert note.status == "queued"
     assert dispatcher.rings_answered == 1
+
+
+def test_slots_a_ring_claimed_and_did_not_send_wake_a_fetch_loop_waiting_for_one(tenant_a, webhook_receiver):
+    """The fetch loop's claim, queued behind the DB thread, finds every slot taken by a ring's claim
+    and waits for one; the ring's items are then suppressed (sorted on the DB thread): no send starts
+    or finishes, yet their slots are free again, and the loop must look (it goes round and sleeps)
+    rather than wait for a ring that may never come."""
+    hook = hook_for(tenant_a, webhook_receiver)
+    config = DispatcherConfig(jitter=False, concurrency=2, batch_size=2, event_lane=False, spare_slots=0)
+    dispatcher = Dispatcher(config)
+    blocked = "https://example.test/blocked"
+    suppressions.suppress(tenant_a.pk, "webhook", blocked, "manual")
+    with running(dispatcher) as result:
+        answered = dispatcher.rings_answered
+        held = asyncio.run_coroutine_threadsafe(dispatcher.db(time.sleep, 1.0), dispatcher.loop)
+        dispatcher.loop.call_soon_threadsafe(dispatcher._rung)  # the fetch loop wakes, its claim queued behind
+        assert wait_until(lambda: not dispatcher._idle, 2)
+        factories.queued(tenant_a, hook, 2, recipient=blocked)  # one ring: its claim takes both slots
+        assert wait_until(lambda: dispatcher.rings_answered == answered + 1, 2) and not held.done()
+        held.result(10)
+        assert wait_until(lambda: Notification.objects.filter(status="suppressed").count() == 2, 5)
+        assert wait_until(lambda: dispatcher._idle, 5), "the fetch loop still waits for a slot"
+    assert result["code"] == 0
+    assert webhook_receiver.requests == []
+    assert dispatcher._handed == dispatcher._taken == 2 and dispatcher._reserved == 0
