@@ -339,22 +339,14 @@ class Dispatcher:
 
     def _take_over(self, prepared: list[Prepared], skipped: list[DispatchLease], seen: ClaimSeen, full: bool) -> None:
         """On the event loop: start what the doorbell thread claimed, sorted from memory when that
-        needs no statement, else on the DB thread first. A full claim wakes the fetch loop for more."""
+        needs no statement, else on the DB thread first (`_start_handed`)."""
         result = self.claimer.sort_in_memory(prepared, seen)
         if result is None:
             task = self.loop.create_task(self._sort_then_take_over(prepared, skipped, seen, full))
             self._takeovers.add(task)
             task.add_done_callback(self._takeovers.discard)
             return
-        result.skipped = skipped
-        try:
-            self._handle(result)
-        finally:
-            self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
-            self.sender.capacity.set()  # what was not started left its slots free: a waiting fetch loop looks
-        if full:
-            self._full_claim_at = time.monotonic()
-            self.wake.set()
+        self._start_handed(result, len(prepared), skipped, full)
 
     async def _sort_then_take_over(
         self, prepared: list[Prepared], skipped: list[DispatchLease], seen: ClaimSeen, full: bool
@@ -366,11 +358,17 @@ class Dispatcher:
         except Exception:  # noqa: BLE001 - never lost: given back untried
             logger.exception("sorting %d items claimed on the LISTEN connection failed", len(prepared))
             result = ClaimResult(unready=prepared)
+        self._start_handed(result, len(prepared), skipped, full)
+
+    def _start_handed(self, result: ClaimResult, handed: int, skipped: list[DispatchLease], full: bool) -> None:
+        """A doorbell claim's `handed` items, sorted into `result`, to their places; their slots then
+        count as in flight (or free) instead of held. A full claim marks the dispatcher busy and wakes
+        the fetch loop for more."""
         result.skipped = skipped
         try:
             self._handle(result)
         finally:
-            self._taken += len(prepared)  # after: the doorbell thread never sees them neither held nor in flight
+            self._taken += handed  # after: the doorbell thread never sees them neither held nor in flight
             self.sender.capacity.set()  # what was not started left its slots free: a waiting fetch loop looks
         if full:
             self._full_claim_at = time.monotonic()
