@@ -206,20 +206,15 @@ def history(tenant, provider, count: int) -> None:  # noqa: ANN001
     them) still say a few hundred rows while the broadcast adds thousands a second."""
     from django.db import connection
 
+    from benchmarks.seeding import notifications_insert
     from notifications.models import Notification
 
     sample = Notification(tenant=tenant, provider=provider, channel="webhook", recipient="https://example.test/h")
     token = Notification._meta.get_field("recipient").get_prep_value(sample.recipient)
+    insert, params = notifications_insert(tenant.pk, provider.pk, count, recipient=token, recipient_masked="h***",
+                                          subject="s", body="b", priority=3, status="delivered", age_seconds=86_400)
     with connection.cursor() as cursor:
-        cursor.execute(
-            """INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
-                   subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
-                   created_at, updated_at, delivered_at)
-               SELECT gen_random_uuid(), %s, 'webhook', %s, 'h***', %s, '{}', 's', 'b', 3, 'default', 'delivered',
-                      '{}', 1, 0, '', now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-               FROM generate_series(1, %s)""",
-            [tenant.pk, token, provider.pk, count],
-        )
+        cursor.execute(insert, params)
         cursor.execute("VACUUM ANALYZE notifications")
     print(f"history: {count:,} delivered notifications of another tenant", flush=True)
 

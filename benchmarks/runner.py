@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection
 
 from benchmarks.receiver import ReceiverProcess, first_to_last_rate, steady_rate
+from benchmarks.seeding import notifications_insert
 from core import partitions
 from core.db_url import database_url
 from queueing import queue
@@ -628,24 +629,17 @@ def _fill_noop(tenant, count: int, *, priority: int) -> None:  # noqa: ANN001
     with connection.cursor() as cursor:
         for start in range(0, count, chunk):
             n = min(chunk, count - start)
+            insert, params = notifications_insert(tenant.pk, provider.pk, n, priority=priority, queue="bench")
             cursor.execute(
-                """
-                WITH notes AS (
-                    INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id,
-                        context, subject, body, priority, queue, status, metadata, attempt_count, attempt_offset,
-                        last_error_code, created_at, updated_at)
-                    SELECT gen_random_uuid(), %s, 'webhook', 'noop', 'noop', %s, '{}', '', '', %s, 'bench', 'queued',
-                           '{}', 0, 0, '', now(), now()
-                    FROM generate_series(1, %s)
-                    RETURNING id
-                ), items AS (
-                    SELECT 'bench' AS queue_name, %s AS priority, '{}'::jsonb AS payload, 0::float8 AS delay,
+                f"""
+                WITH notes AS ({insert} RETURNING id), items AS (
+                    SELECT 'bench' AS queue_name, %s AS priority, '{{}}'::jsonb AS payload, 0::float8 AS delay,
                            %s::uuid AS tenant_id, id AS notification_id, %s::bigint AS provider_id
                     FROM notes
                 )
-                """
+                """  # noqa: S608 - fixed fragments
                 + queue.insert_items_sql("items s"),
-                [tenant.pk, provider.pk, priority, n, priority, tenant.pk, provider.pk],
+                [*params, priority, tenant.pk, provider.pk],
             )
 
 

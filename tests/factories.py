@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from benchmarks.seeding import notifications_insert
 from core.masking import mask_recipient
 from core.models import Tenant
 from notifications.models import Notification
@@ -60,19 +61,12 @@ def bulk_queued_sql(
 
     sample = Notification(tenant=tenant, provider=prov, channel=prov.channel, recipient="https://example.test/h")
     token = Notification._meta.get_field("recipient").get_prep_value(sample.recipient)
+    insert, params = notifications_insert(
+        tenant.pk, prov.pk, count, channel=prov.channel, recipient=token, recipient_masked="h***", subject="s",
+        body="b", priority=priority, queue=queue_name,
+    )  # fmt: skip
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO notifications (id, tenant_id, channel, recipient, recipient_masked, provider_id, context,
-                subject, body, priority, queue, status, metadata, attempt_count, attempt_offset, last_error_code,
-                created_at, updated_at)
-            SELECT gen_random_uuid(), %s, %s, %s, 'h***', %s, '{}', 's', 'b', %s, %s, 'queued', '{}', 0, 0, '',
-                   now(), now()
-            FROM generate_series(1, %s)
-            RETURNING id
-            """,
-            [tenant.pk, prov.channel, token, prov.pk, priority, queue_name, count],
-        )
+        cursor.execute(insert + " RETURNING id", params)
         ids = [row[0] for row in cursor.fetchall()]
         cursor.execute(
             """
