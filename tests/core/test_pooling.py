@@ -198,3 +198,19 @@ def test_direct_connections_and_the_listen_one_run_without_jit():
     with psycopg.connect(**params) as conn:  # the doorbell's, on which a ring may be claimed
         jit = conn.execute("SELECT setting, source FROM pg_settings WHERE name = 'jit'").fetchone()
         assert jit == ("off", "client")
+
+
+@pytest.mark.parametrize(("switch", "sent"), [({}, True), ({"OMNIPOST_DATABASE_JIT_OFF": "false"}, False)])
+def test_the_jit_switch_decides_what_a_direct_connection_sends(switch, sent):
+    """`OMNIPOST_DATABASE_JIT_OFF=false` (a proxy in between that refuses startup options): the
+    connection sends none, and the server's own jit setting holds."""
+    code = (
+        "import django; django.setup(); from django.db import connection; c = connection.cursor(); "
+        "c.execute(\"SELECT source FROM pg_settings WHERE name = 'jit'\"); print(c.fetchone()[0])"
+    )
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "omnipost_site.settings_test", **switch},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (result.stdout.split() == ["client"]) is sent, result.stdout  # else the server's own setting
